@@ -1,0 +1,1 @@
+"""Authentication: Shared Access Signature tokens as Service Bus issues and checks them."""

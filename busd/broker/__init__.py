@@ -1,0 +1,1 @@
+"""Entities, sessions, dispatch and settlement: the broker's rules, on top of the Store API."""
