@@ -1,0 +1,281 @@
+"""Settings and the entities file (the Service Bus emulator's Config.json, read as is)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from busd.config import (
+    ConfigError,
+    Settings,
+    load_entities,
+    normalize_entity_name,
+    parse_duration_ms,
+)
+from busd.storage.api import QueueSpec
+
+SAMPLE = Path(__file__).resolve().parents[1] / "config" / "Config.json"
+
+
+def write_config(tmp_path, queues=None, topics=None, namespaces=None):
+    if namespaces is None:
+        namespaces = [{"Name": "sbemulatorns", "Queues": queues or [], "Topics": topics or []}]
+    doc = {"UserConfig": {"Namespaces": namespaces, "Logging": {"Type": "File"}}}
+    path = tmp_path / "Config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def one_queue(tmp_path, **props):
+    queues, warnings = load_entities(write_config(tmp_path, [{"Name": "q", "Properties": props}]))
+    assert len(queues) == 1
+    return queues[0], warnings
+
+
+# --- durations ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        ("PT1M", 60_000),
+        ("PT5S", 5_000),
+        ("PT0.5S", 500),
+        ("P14D", 14 * 86_400_000),
+        ("PT1H30M", 5_400_000),
+        ("P1DT2H3M4.25S", 86_400_000 + 7_200_000 + 180_000 + 4_250),
+        ("P1W", 7 * 86_400_000),
+        ("00:01:30", 90_000),  # .NET TimeSpan text
+    ],
+)
+def test_iso8601_durations_parse_to_milliseconds(text, ms):
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize(
+    "text", ["P10675199DT2H48M5.4775807S", "P10675199D", "P30000Y", "10675199.02:48:05.4775807"]
+)
+def test_timespan_max_value_means_unbounded(text):
+    assert parse_duration_ms(text) is None
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1M", "PT1X", "one minute", "PT-1S"])
+def test_malformed_durations_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_duration_ms(text)
+
+
+# --- the sample file and the emulator format ----------------------------------------------------
+
+
+def test_sample_config_loads_as_the_emulator_writes_it():
+    doc = json.loads(SAMPLE.read_text())
+    assert doc["UserConfig"]["Namespaces"][0]["Name"] == "sbemulatorns"
+    assert "Logging" in doc["UserConfig"]
+    queues, warnings = load_entities(SAMPLE)
+    by_name = {q.name: q for q in queues}
+    assert warnings == []
+    assert by_name["queue.1"] == QueueSpec(
+        name="queue.1", lock_duration_ms=60_000, max_delivery_count=3, default_ttl_ms=3_600_000
+    )
+    assert by_name["session-queue"].requires_session
+    dlq_on_expiry = [q for q in queues if q.dead_letter_on_expiration]
+    assert dlq_on_expiry and dlq_on_expiry[0].default_ttl_ms is not None
+
+
+def test_defaults_when_properties_are_absent(tmp_path):
+    queues, warnings = load_entities(write_config(tmp_path, [{"Name": "plain"}]))
+    assert queues == [QueueSpec(name="plain")]
+    spec = queues[0]
+    assert spec.lock_duration_ms == 60_000
+    assert spec.max_delivery_count == 10
+    assert spec.default_ttl_ms is None
+    assert spec.duplicate_detection_window_ms is None
+    assert spec.max_message_size == 1024 * 1024
+    assert warnings == []
+
+
+def test_every_queue_property_is_read(tmp_path):
+    spec, warnings = one_queue(
+        tmp_path,
+        RequiresSession=True,
+        LockDuration="PT5S",
+        MaxDeliveryCount=25,  # above the emulator's cap of 10: busd has no such cap
+        DefaultMessageTimeToLive="P14D",
+        DeadLetteringOnMessageExpiration=True,
+        RequiresDuplicateDetection=True,
+        DuplicateDetectionHistoryTimeWindow="PT20S",
+        MaxMessageSizeInKilobytes=4096,
+    )
+    assert spec == QueueSpec(
+        name="q",
+        requires_session=True,
+        lock_duration_ms=5_000,
+        max_delivery_count=25,
+        default_ttl_ms=14 * 86_400_000,
+        dead_letter_on_expiration=True,
+        duplicate_detection_window_ms=20_000,
+        max_message_size=4 * 1024 * 1024,
+    )
+    assert warnings == []
+
+
+def test_ttl_of_timespan_max_value_is_unbounded(tmp_path):
+    spec, _ = one_queue(tmp_path, DefaultMessageTimeToLive="P10675199DT2H48M5.4775807S")
+    assert spec.default_ttl_ms is None
+
+
+def test_duplicate_detection_defaults_to_ten_minutes(tmp_path):
+    spec, _ = one_queue(tmp_path, RequiresDuplicateDetection=True)
+    assert spec.duplicate_detection_window_ms == 600_000
+
+
+def test_duplicate_window_without_detection_leaves_detection_off(tmp_path):
+    spec, _ = one_queue(tmp_path, DuplicateDetectionHistoryTimeWindow="PT20S")
+    assert spec.duplicate_detection_window_ms is None
+
+
+def test_default_max_message_size_can_be_raised(tmp_path):
+    path = write_config(tmp_path, [{"Name": "big"}])
+    queues, _ = load_entities(path, default_max_message_size=50 * 1024 * 1024)
+    assert queues[0].max_message_size == 50 * 1024 * 1024
+
+
+def test_names_are_lower_cased_and_duplicates_refused(tmp_path):
+    queues, _ = load_entities(write_config(tmp_path, [{"Name": "Orders.EU/Incoming_1"}]))
+    assert queues[0].name == "orders.eu/incoming_1"
+    path = write_config(tmp_path, [{"Name": "Orders"}, {"Name": "orders"}])
+    with pytest.raises(ConfigError, match="declared twice"):
+        load_entities(path)
+
+
+def test_topics_and_forwarding_are_warnings_not_errors(tmp_path):
+    path = write_config(
+        tmp_path,
+        queues=[{"Name": "q", "Properties": {"ForwardTo": "other", "ForwardDeadLetteredMessagesTo": ""}}],
+        topics=[{"Name": "topic.1", "Subscriptions": [{"Name": "s1"}, {"Name": "s2"}]}],
+    )
+    queues, warnings = load_entities(path)
+    assert [q.name for q in queues] == ["q"]
+    assert any("ForwardTo" in w and "'other'" in w for w in warnings)
+    assert not any("ForwardDeadLetteredMessagesTo" in w for w in warnings)  # empty: nothing asked
+    assert any("topic.1" in w and "2 subscription" in w for w in warnings)
+
+
+def test_unknown_properties_are_reported(tmp_path):
+    _, warnings = one_queue(tmp_path, EnablePartitioning=True)
+    assert any("EnablePartitioning" in w for w in warnings)
+
+
+def test_several_namespaces_are_merged_with_a_warning(tmp_path):
+    path = write_config(
+        tmp_path,
+        namespaces=[{"Name": "a", "Queues": [{"Name": "q1"}]}, {"Name": "b", "Queues": [{"Name": "q2"}]}],
+    )
+    queues, warnings = load_entities(path)
+    assert [q.name for q in queues] == ["q1", "q2"]
+    assert any("namespaces" in w for w in warnings)
+
+
+# --- errors name the file, the entity and the reason ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "props, fragment",
+    [
+        ({"LockDuration": "PT0.5S"}, "LockDuration"),
+        ({"LockDuration": "PT6M"}, "LockDuration"),
+        ({"LockDuration": "soon"}, "LockDuration"),
+        ({"MaxDeliveryCount": 0}, "MaxDeliveryCount"),
+        ({"MaxDeliveryCount": "3"}, "MaxDeliveryCount"),
+        ({"RequiresSession": "yes"}, "RequiresSession"),
+        ({"DefaultMessageTimeToLive": "PT0S"}, "DefaultMessageTimeToLive"),
+        ({"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P8D"}, "DuplicateDetection"),
+        ({"MaxMessageSizeInKilobytes": 102401}, "MaxMessageSizeInKilobytes"),
+    ],
+)
+def test_out_of_range_properties_are_config_errors(tmp_path, props, fragment):
+    path = write_config(tmp_path, [{"Name": "Bad.Queue", "Properties": props}])
+    with pytest.raises(ConfigError) as info:
+        load_entities(path)
+    message = str(info.value)
+    assert fragment in message and "'Bad.Queue'" in message and str(path) in message
+
+
+def test_lock_duration_bounds_are_inclusive(tmp_path):
+    assert one_queue(tmp_path, LockDuration="PT1S")[0].lock_duration_ms == 1_000
+    assert one_queue(tmp_path, LockDuration="PT5M")[0].lock_duration_ms == 300_000
+
+
+@pytest.mark.parametrize("name", ["my queue", "q$", "ünïcode", "a//b", "/a", "a/", "", "x" * 261, "t/Subscriptions/s"])
+def test_invalid_entity_names_are_config_errors(tmp_path, name):
+    with pytest.raises(ConfigError, match="queue name"):
+        load_entities(write_config(tmp_path, [{"Name": name}]))
+
+
+def test_entity_name_rules():
+    assert normalize_entity_name("A-b.c_d/E") == "a-b.c_d/e"
+    assert normalize_entity_name("x" * 260) == "x" * 260
+
+
+def test_malformed_json_names_the_file_and_the_reason(tmp_path):
+    path = tmp_path / "Config.json"
+    path.write_text('{"UserConfig": {"Namespaces": [}')
+    with pytest.raises(ConfigError) as info:
+        load_entities(path)
+    assert str(path) in str(info.value) and "line 1" in str(info.value)
+
+
+def test_wrong_shape_and_missing_file_are_config_errors(tmp_path):
+    path = tmp_path / "Config.json"
+    path.write_text('{"Queues": []}')
+    with pytest.raises(ConfigError, match="UserConfig"):
+        load_entities(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_entities(tmp_path / "missing.json")
+
+
+def test_byte_order_mark_is_tolerated(tmp_path):
+    path = tmp_path / "Config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + SAMPLE.read_bytes())
+    assert len(load_entities(path)[0]) == 3
+
+
+# --- Settings -----------------------------------------------------------------------------------
+
+
+def test_settings_defaults_match_the_emulator_credentials():
+    s = Settings()
+    s.validate()
+    assert (s.host, s.port, s.http_port, s.redis_url) == ("127.0.0.1", 5672, 5300, None)
+    assert s.sas_keys == {"RootManageSharedAccessKey": "SAS_KEY_VALUE"}
+    assert s.max_message_size == 1024 * 1024
+    assert s.connection_string() == (
+        "Endpoint=sb://localhost:5672;SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"port": 70000},
+        {"http_port": -1},
+        {"log_level": "loud"},
+        {"log_format": "xml"},
+        {"max_message_size": 100 * 1024 * 1024 + 1},
+        {"sweep_interval_s": 0},
+        {"sas_keys": {}},
+        {"redis_url": "localhost:6379"},
+        {"config_path": "/nonexistent/Config.json"},
+    ],
+)
+def test_settings_validation_refuses_bad_values(changes):
+    with pytest.raises(ConfigError):
+        Settings(**changes).validate()
+
+
+def test_settings_accept_100_mib_messages_and_any_case_log_level():
+    s = Settings(max_message_size=100 * 1024 * 1024, log_level="DEBUG", log_format="JSON")
+    s.validate()
+    assert (s.log_level, s.log_format) == ("debug", "json")
