@@ -1,0 +1,60 @@
+"""The embedded Valkey: a real server whose data survives a restart on the same directory."""
+
+import pytest
+import redis
+
+from busd.storage.embedded import EmbeddedStoreError, EmbeddedValkey
+
+
+def test_data_survives_a_restart_on_the_same_directory(tmp_path):
+    store = EmbeddedValkey(tmp_path / "data")
+    store.start()
+    try:
+        client = redis.Redis.from_url(store.url)
+        client.set("busd:test:key", "kept")
+        client.rpush("busd:test:list", "a", "b")
+        client.close()
+    finally:
+        store.stop()
+    assert not store.running
+    assert (tmp_path / "data" / "appendonlydir").is_dir()
+
+    store.start()
+    try:
+        client = redis.Redis.from_url(store.url)
+        assert client.get("busd:test:key") == b"kept"
+        assert client.lrange("busd:test:list", 0, -1) == [b"a", b"b"]
+        client.close()
+    finally:
+        store.stop()
+
+
+def test_server_is_durable_and_never_evicts(tmp_path):
+    with EmbeddedValkey(tmp_path) as store:
+        assert store.url.startswith("redis://127.0.0.1:")
+        client = redis.Redis.from_url(store.url, decode_responses=True)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("bind")["bind"].split()[0] == "127.0.0.1"
+        client.close()
+
+
+def test_a_second_server_on_a_directory_in_use_is_refused(tmp_path):
+    with EmbeddedValkey(tmp_path):
+        second = EmbeddedValkey(tmp_path)
+        with pytest.raises(EmbeddedStoreError, match="in use"):
+            second.start()
+        assert not second.running
+
+
+def test_two_servers_on_two_directories_get_their_own_ports(tmp_path):
+    with EmbeddedValkey(tmp_path / "a") as a, EmbeddedValkey(tmp_path / "b") as b:
+        assert a.url != b.url
+
+
+def test_url_before_start_and_double_stop(tmp_path):
+    store = EmbeddedValkey(tmp_path)
+    with pytest.raises(EmbeddedStoreError):
+        store.url
+    store.stop()  # nothing to stop: no error
