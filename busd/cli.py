@@ -1,0 +1,130 @@
+"""The `busd` command line. Every option is also an environment variable: `--redis-url` is
+`BUSD_REDIS_URL`, `--port` is `BUSD_PORT`, and so on.
+
+Users meet a bad setting as one line on stderr and a named exit code, not a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from busd import __version__
+from busd.config import LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the server stopped on an error at run time
+EXIT_CONFIG = 78  # sysexits EX_CONFIG: a setting or the entities file is wrong
+EXIT_STARTUP = 69  # sysexits EX_UNAVAILABLE: the store or a port could not be had
+
+_DEFAULTS = Settings()
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"busd: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _parse_sas_keys(values: tuple[str, ...]) -> dict[str, str] | None:
+    if not values:
+        return None
+    keys: dict[str, str] = {}
+    for value in values:
+        name, sep, key = value.partition("=")
+        if not sep or not name or not key:
+            raise ConfigError(f"--sas-key takes NAME=KEY, got {value!r}")
+        keys[name] = key
+    return keys
+
+
+@click.group(context_settings={"auto_envvar_prefix": "BUSD", "help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="busd")
+def cli() -> None:
+    """busd: Azure Service Bus sessions over AMQP 1.0, with its state in Redis or Valkey."""
+
+
+@cli.command()
+@click.option("--host", envvar="BUSD_HOST", default=_DEFAULTS.host, show_default=True,
+              help="Address to listen on for AMQP (0.0.0.0 in a container).")
+@click.option("--port", envvar="BUSD_PORT", type=int, default=_DEFAULTS.port, show_default=True,
+              help="AMQP port.")
+@click.option("--config", "config_path", envvar="BUSD_CONFIG", default=None,
+              type=click.Path(dir_okay=False),
+              help="Entities file: the Service Bus emulator's Config.json, as is.")
+@click.option("--redis-url", envvar="BUSD_REDIS_URL", default=None,
+              help="Redis/Valkey to keep state in; none: start an embedded Valkey.")
+@click.option("--data-dir", envvar="BUSD_DATA_DIR", default=_DEFAULTS.data_dir,
+              show_default=True, help="Where the embedded Valkey keeps its files.")
+@click.option("--http-port", envvar="BUSD_HTTP_PORT", type=int, default=_DEFAULTS.http_port,
+              show_default=True, help="Port for health, metrics and admin over HTTP.")
+@click.option("--log-level", envvar="BUSD_LOG_LEVEL", default=_DEFAULTS.log_level,
+              show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@click.option("--log-format", envvar="BUSD_LOG_FORMAT", default=_DEFAULTS.log_format,
+              show_default=True, type=click.Choice(LOG_FORMATS, case_sensitive=False))
+@click.option("--sas-key", "sas_keys", envvar="BUSD_SAS_KEY", multiple=True, metavar="NAME=KEY",
+              help="A shared access key clients may sign tokens with (repeatable); "
+                   "default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
+def serve(
+    host: str,
+    port: int,
+    config_path: str | None,
+    redis_url: str | None,
+    data_dir: str,
+    http_port: int,
+    log_level: str,
+    log_format: str,
+    sas_keys: tuple[str, ...],
+) -> None:
+    """Run the broker until interrupted."""
+    try:
+        settings = Settings(
+            host=host,
+            port=port,
+            redis_url=redis_url or None,
+            data_dir=data_dir,
+            config_path=config_path or None,
+            http_port=http_port,
+            log_level=log_level,
+            log_format=log_format,
+        )
+        keys = _parse_sas_keys(sas_keys)
+        if keys:
+            settings.sas_keys = keys
+        settings.validate()
+    except ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+
+    from busd.server import run  # late: `busd --help` need not import the whole broker
+    from busd.storage.embedded import EmbeddedStoreError
+
+    try:
+        code = run(settings)
+    except ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+    except EmbeddedStoreError as e:
+        _fail(str(e), EXIT_STARTUP)
+    except OSError as e:  # typically a port already in use
+        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    sys.exit(code or EXIT_OK)
+
+
+@cli.command("sas-token")
+@click.option("--audience", required=True,
+              help="What the token grants, e.g. sb://localhost:5672/myqueue (or sb://localhost:5672/ for all).")
+@click.option("--key-name", envvar="BUSD_SAS_KEY_NAME", default="RootManageSharedAccessKey",
+              show_default=True)
+@click.option("--key", envvar="BUSD_SAS_KEY_VALUE", default="SAS_KEY_VALUE", show_default=True)
+@click.option("--ttl", type=int, default=3600, show_default=True, help="Seconds of validity.")
+def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
+    """Print a SharedAccessSignature token, as the Service Bus SDKs make them."""
+    from busd.auth.sas import generate_sas_token
+
+    click.echo(generate_sas_token(audience, key_name, key, int(time.time()) + ttl))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="busd", auto_envvar_prefix="BUSD")

@@ -1,0 +1,65 @@
+"""The command line: options and BUSD_* variables, one-line errors with named exit codes."""
+
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+
+from busd import __version__
+from busd.auth.sas import verify_sas_token
+from busd.cli import EXIT_CONFIG, cli
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, list(args), env=env, prog_name="busd")
+
+
+def test_python_dash_m_busd_runs_the_cli():
+    result = subprocess.run(
+        [sys.executable, "-m", "busd", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert __version__ in result.stdout
+
+
+def test_serve_lists_every_option():
+    result = run("serve", "--help")
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
+                   "--log-level", "--log-format"):
+        assert option in result.output
+
+
+def test_bad_port_from_environment_is_a_one_line_config_error():
+    result = run("serve", env={"BUSD_PORT": "70000"})
+    assert result.exit_code == EXIT_CONFIG
+    assert result.output.strip().splitlines() == [
+        "busd: error: port must be a TCP port (0..65535), got 70000"
+    ]
+
+
+def test_missing_entities_file_is_a_config_error(tmp_path):
+    result = run("serve", "--config", str(tmp_path / "nope.json"))
+    assert result.exit_code == EXIT_CONFIG
+    assert "nope.json" in result.output and "Traceback" not in result.output
+
+
+def test_bad_sas_key_option_is_a_config_error():
+    result = run("serve", "--sas-key", "no-equals-sign")
+    assert result.exit_code == EXIT_CONFIG
+    assert "NAME=KEY" in result.output
+
+
+def test_unknown_log_level_is_a_usage_error():
+    result = run("serve", "--log-level", "loud")
+    assert result.exit_code == 2
+
+
+def test_sas_token_command_makes_a_verifiable_token():
+    result = run("sas-token", "--audience", "sb://localhost:5672/q", "--ttl", "60")
+    assert result.exit_code == 0
+    token = result.output.strip()
+    parsed = verify_sas_token(token, {"RootManageSharedAccessKey": "SAS_KEY_VALUE"})
+    assert parsed.audience == "sb://localhost:5672/q"
+    assert parsed.expiry <= time.time() + 61
