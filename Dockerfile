@@ -1,14 +1,21 @@
-FROM python:3.11-slim
+# python-qpid-proton ships as source only: build every wheel in a stage with a compiler,
+# then install the wheels in a slim image that has no build tools.
+FROM python:3.11-slim AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential libssl-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml ./
+COPY busd ./busd
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
+FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-
-WORKDIR /src
-COPY pyproject.toml ./
-COPY busd ./busd
-RUN pip install . && rm -rf /src
+COPY --from=build /wheels /wheels
+RUN pip install --no-index --find-links=/wheels busd && rm -rf /wheels
 
 # Runs unprivileged; /data holds the embedded store when no --redis-url is given.
 RUN useradd --system --create-home --uid 10001 busd \
