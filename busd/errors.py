@@ -1,0 +1,111 @@
+"""Errors as clients see them: AMQP conditions, and the store's status codes mapped onto them.
+
+Deep code raises `BusdError`; the nearest protocol boundary (link refusal, rejected outcome,
+settlement echo, `$management` response, connection close) turns it into the AMQP error the
+SDK maps to the right exception (spec §8).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Condition(str, enum.Enum):
+    """AMQP error conditions busd sends (spec §8.1 lists what the SDK makes of each)."""
+
+    NOT_FOUND = "amqp:not-found"
+    UNAUTHORIZED = "amqp:unauthorized-access"
+    NOT_ALLOWED = "amqp:not-allowed"
+    NOT_IMPLEMENTED = "amqp:not-implemented"
+    DECODE_ERROR = "amqp:decode-error"
+    INTERNAL = "amqp:internal-error"
+    INVALID_FIELD = "amqp:invalid-field"
+    RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+    FRAMING_ERROR = "amqp:connection:framing-error"
+    MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+    DETACH_FORCED = "amqp:link:detach-forced"
+    SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
+    MESSAGE_LOCK_LOST = "com.microsoft:message-lock-lost"
+    SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
+    MESSAGE_NOT_FOUND = "com.microsoft:message-not-found"
+    TIMEOUT = "com.microsoft:timeout"
+    ARGUMENT_ERROR = "com.microsoft:argument-error"
+    ARGUMENT_OUT_OF_RANGE = "com.microsoft:argument-out-of-range"
+    SERVER_BUSY = "com.microsoft:server-busy"
+    DEAD_LETTER = "com.microsoft:dead-letter"
+
+
+# HTTP-like status codes used in `$management` responses for each condition.
+_STATUS = {
+    Condition.NOT_FOUND: 404,
+    Condition.UNAUTHORIZED: 401,
+    Condition.NOT_ALLOWED: 400,
+    Condition.NOT_IMPLEMENTED: 501,
+    Condition.DECODE_ERROR: 400,
+    Condition.INVALID_FIELD: 400,
+    Condition.MESSAGE_SIZE_EXCEEDED: 413,
+    Condition.SESSION_LOCK_LOST: 410,
+    Condition.MESSAGE_LOCK_LOST: 410,
+    Condition.SESSION_CANNOT_BE_LOCKED: 409,
+    Condition.MESSAGE_NOT_FOUND: 404,
+    Condition.TIMEOUT: 408,
+    Condition.ARGUMENT_ERROR: 400,
+    Condition.ARGUMENT_OUT_OF_RANGE: 400,
+    Condition.SERVER_BUSY: 503,
+}
+
+
+class BusdError(Exception):
+    """A failure that reaches the client as an AMQP error condition."""
+
+    def __init__(self, condition: Condition, description: str) -> None:
+        super().__init__(f"{condition.value}: {description}")
+        self.condition = condition
+        self.description = description
+
+    @property
+    def status_code(self) -> int:
+        return _STATUS.get(self.condition, 500)
+
+
+class StoreStatus(enum.IntEnum):
+    """Status codes returned by the Lua scripts (negative = failure; see each script's header)."""
+
+    OK = 0
+    MESSAGE_LOCK_LOST = -1
+    SESSION_LOCK_LOST = -2
+    SESSION_CANNOT_BE_LOCKED = -3
+    MESSAGE_NOT_FOUND = -4
+    NO_SESSION_AVAILABLE = -5
+
+
+_STORE_ERRORS = {
+    StoreStatus.MESSAGE_LOCK_LOST: (
+        Condition.MESSAGE_LOCK_LOST,
+        "The lock supplied is invalid: it expired, or the message was already settled.",
+    ),
+    StoreStatus.SESSION_LOCK_LOST: (
+        Condition.SESSION_LOCK_LOST,
+        "The session lock was lost: it expired or is held by another receiver.",
+    ),
+    StoreStatus.SESSION_CANNOT_BE_LOCKED: (
+        Condition.SESSION_CANNOT_BE_LOCKED,
+        "The requested session is locked by another receiver.",
+    ),
+    StoreStatus.MESSAGE_NOT_FOUND: (
+        Condition.MESSAGE_NOT_FOUND,
+        "No message with that sequence number is available in this state.",
+    ),
+    StoreStatus.NO_SESSION_AVAILABLE: (
+        Condition.TIMEOUT,
+        "No session with available messages could be locked within the timeout.",
+    ),
+}
+
+
+def store_error(status: int, detail: str = "") -> BusdError:
+    """The client-facing error for a failed store status code."""
+    condition, description = _STORE_ERRORS[StoreStatus(status)]
+    if detail:
+        description = f"{description} {detail}"
+    return BusdError(condition, description)

@@ -1,0 +1,268 @@
+"""The semantic store interface the broker talks to.
+
+The broker never sees Redis: it calls these methods, each of which is one atomic Lua script
+(sometimes a few batched in one pipeline). The store is stateless on the Python side; every
+call carries the `QueueSpec` it needs, so any number of broker processes can share one store.
+
+Times are integer milliseconds since the Unix epoch, taken from the store server's clock
+(`TIME` inside the scripts) so that every broker process agrees on them.
+
+Lock tokens are 16 random bytes chosen by the caller (RFC 4122 byte order, i.e. what
+`uuid.UUID(bytes=token)` reads); the delivery tag on the wire is the .NET layout of the same
+GUID, a concern of the AMQP front only.
+
+Failures are raised as `busd.errors.BusdError` built by `busd.errors.store_error(status)`,
+except where a method documents a per-item status list (settlement answers each delivery).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """What the store needs to know about a queue. Names are lower-cased (Service Bus names are
+    case-insensitive)."""
+
+    name: str
+    requires_session: bool = False
+    lock_duration_ms: int = 60_000
+    max_delivery_count: int = 10
+    default_ttl_ms: int | None = None  # None: unbounded; else also the ceiling of a message's ttl
+    dead_letter_on_expiration: bool = False
+    duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
+    max_message_size: int = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRef:
+    """A receivable entity: a queue, or its dead-letter sub-queue."""
+
+    queue: QueueSpec
+    dlq: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"{self.queue.name}/$deadletterqueue" if self.dlq else self.queue.name
+
+
+class ReceiveMode(enum.IntEnum):
+    PEEK_LOCK = 1
+    RECEIVE_AND_DELETE = 0
+
+
+class MessageState(enum.IntEnum):
+    """Values of the `x-opt-message-state` annotation."""
+
+    ACTIVE = 0
+    DEFERRED = 1
+    SCHEDULED = 2
+
+
+class Outcome(enum.Enum):
+    COMPLETE = "complete"  # delete
+    ABANDON = "abandon"  # unlock, delivery count + 1 (DLQ at MaxDeliveryCount)
+    DEFER = "defer"  # unlock, hide until fetched by sequence number
+    DEAD_LETTER = "dead-letter"  # move to the DLQ with reason and description
+    RELEASE = "release"  # unlock, delivery count unchanged (AMQP `released`)
+
+
+@dataclass(slots=True)
+class NewMessage:
+    """A message as the broker hands it to the store on send."""
+
+    blob: bytes  # opaque stored form (busd.amqp.codec); the store never looks inside
+    session_id: str | None = None
+    message_id: str | None = None  # for duplicate detection
+    ttl_ms: int | None = None  # the sender's header.ttl; capped by QueueSpec.default_ttl_ms
+    scheduled_ms: int | None = None  # x-opt-scheduled-enqueue-time: invisible until then
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A message as the store hands it back (received, peeked or fetched by sequence number)."""
+
+    seq: int
+    blob: bytes
+    delivery_count: int
+    enqueued_ms: int
+    session_id: str | None = None
+    lock_token: bytes | None = None  # set when locked by this call (peek-lock)
+    locked_until_ms: int | None = None  # set when locked
+    expires_ms: int | None = None
+    state: MessageState = MessageState.ACTIVE
+    dead_letter_reason: str | None = None
+    dead_letter_description: str | None = None
+    properties_patch: bytes | None = None  # opaque, from Settlement.properties_patch
+
+
+@dataclass(slots=True)
+class Settlement:
+    token: bytes  # the lock token of the delivery being settled
+    outcome: Outcome
+    session_id: str | None = None  # set for session messages: the lock checked is the session's
+    dead_letter_reason: str | None = None
+    dead_letter_description: str | None = None
+    properties_patch: bytes | None = None  # opaque (codec-encoded application-properties changes)
+
+
+@dataclass(slots=True)
+class SessionLock:
+    session_id: str
+    locked_until_ms: int
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    session_id: str
+    message_count: int
+    locked_until_ms: int | None  # None when not locked (or the lock expired)
+    state_size: int
+    updated_ms: int
+
+
+@dataclass(slots=True)
+class SweepResult:
+    expired_message_locks: int = 0
+    expired_session_locks: list[str] = field(default_factory=list)
+    expired_messages: int = 0
+    activated_scheduled: int = 0
+
+
+@dataclass(slots=True)
+class EntityCounts:
+    active: int = 0  # available to receive now
+    locked: int = 0
+    scheduled: int = 0
+    deferred: int = 0
+    dead_letter: int = 0
+    sessions: int = 0  # sessions with messages or state
+    locked_sessions: int = 0
+
+
+WakeCallback = Callable[[str], None]  # called with a queue name when messages may be available
+
+
+class Store(Protocol):
+    # --- lifecycle -----------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Open connections, load scripts, check the server (version, maxmemory-policy)."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def subscribe(self, on_wake: WakeCallback) -> None:
+        """Start listening for wake-ups from every process: `on_wake(queue_name)` is called
+        whenever a queue may have newly available messages or sessions (send, abandon, release,
+        lock expiry, scheduled message due, session released)."""
+
+    # --- send ------------------------------------------------------------------------------
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        """Enqueue atomically (all or none). Returns the sequence number of each message, 0 for a
+        duplicate dropped by duplicate detection. Scheduled messages get their number now."""
+
+    # --- non-session receive ----------------------------------------------------------------
+    async def receive(
+        self, entity: EntityRef, count: int, mode: ReceiveMode, tokens: list[bytes]
+    ) -> list[StoredMessage]:
+        """Take up to `count` available messages in sequence order. Peek-lock: lock each for
+        LockDuration under tokens[i]. Receive-and-delete: delete them. Expired messages met on
+        the way are expired (dropped or dead-lettered), not returned."""
+
+    # --- sessions --------------------------------------------------------------------------
+    async def accept_session(
+        self, queue: QueueSpec, session_id: str | None, holder: str
+    ) -> SessionLock | None:
+        """Lock a specific session (it may have no messages) or, with session_id None, the next
+        session that has available messages and no holder. Returns None when no session is
+        available (next-available only). Raises SESSION_CANNOT_BE_LOCKED when held by someone
+        else. Session-wide TTL expiry is applied first."""
+
+    async def receive_session(
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        count: int,
+        mode: ReceiveMode,
+        tokens: list[bytes],
+    ) -> list[StoredMessage]:
+        """Take up to `count` available messages of a session the holder has locked, in order.
+        Raises SESSION_LOCK_LOST when the holder does not hold a live lock."""
+
+    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
+        """Extend the lock by LockDuration from now; returns the new locked-until."""
+
+    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+        """Receiver closed: unlock the session; its unsettled messages become available again
+        with no delivery-count increment. No-op when the holder does not hold it."""
+
+    async def get_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> bytes | None: ...
+
+    async def set_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
+    ) -> None:
+        """None clears the state."""
+
+    async def list_sessions(
+        self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
+    ) -> list[str]:
+        """Session ids in a stable order. updated_after_ms None: sessions with messages or state;
+        else only sessions whose state was set after that time."""
+
+    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
+        """Every session with messages or state, for tools."""
+
+    # --- settlement and locks ------------------------------------------------------------
+    async def settle(
+        self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
+    ) -> list[int]:
+        """Apply each settlement; returns a StoreStatus per item (OK, MESSAGE_LOCK_LOST,
+        SESSION_LOCK_LOST). A failed item changes nothing."""
+
+    async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
+        """New locked-until per token; raises MESSAGE_LOCK_LOST if any token is not locked."""
+
+    # --- lifecycle operations (defer, schedule, peek) -------------------------------------
+    async def peek(
+        self, entity: EntityRef, from_seq: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages with seq >= from_seq in any state, without locking."""
+
+    async def receive_deferred(
+        self,
+        entity: EntityRef,
+        seqs: list[int],
+        mode: ReceiveMode,
+        tokens: list[bytes],
+        session_id: str | None = None,
+        holder: str | None = None,
+    ) -> list[StoredMessage]:
+        """Fetch deferred messages by sequence number. Raises MESSAGE_NOT_FOUND if any is not a
+        deferred message (of that session)."""
+
+    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        """Like send; each message has scheduled_ms set."""
+
+    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
+        """Raises MESSAGE_NOT_FOUND if any is not (or no longer) scheduled; then nothing changes."""
+
+    # --- housekeeping ---------------------------------------------------------------------
+    async def sweep(self, queue: QueueSpec) -> SweepResult:
+        """Idempotent, safe on every process at once: expired message locks (delivery count
+        + 1, DLQ at MaxDeliveryCount), expired session locks (their in-flight messages + 1),
+        TTL expiry (session-wide), scheduled messages that came due."""
+
+    async def purge(self, entity: EntityRef) -> int:
+        """Delete every message of the entity; returns how many."""
+
+    async def counts(self, entity: EntityRef) -> EntityCounts: ...
+
+
+AsyncFactory = Callable[[], Awaitable[Store]]
