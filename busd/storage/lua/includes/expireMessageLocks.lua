@@ -1,0 +1,17 @@
+--- @include "readMeta"
+--- @include "returnMessage"
+-- Locks that ran out: each such message counts a failed delivery attempt and is available
+-- again (or dead-lettered at MaxDeliveryCount). At most `limit` per call.
+local function expireMessageLocks(Q, E, limit)
+  local seqs = redis.call('ZRANGEBYSCORE', E.locked, '-inf', Q.now, 'LIMIT', 0, limit)
+  for _, s in ipairs(seqs) do
+    local seq = tonumber(s)
+    local m = readMeta(E, seq)
+    if m and m.st == 'l' then
+      returnMessage(Q, E, seq, m, true)
+    else
+      redis.call('ZREM', E.locked, s)
+    end
+  end
+  Q.expiredLocks = Q.expiredLocks + #seqs
+end

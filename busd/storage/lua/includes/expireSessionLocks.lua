@@ -1,0 +1,7 @@
+--- @include "unlockSession"
+-- Session locks that ran out (at most `limit`). Returns their session ids.
+local function expireSessionLocks(Q, limit)
+  local sids = redis.call('ZRANGEBYSCORE', Q.slocks, '-inf', Q.now, 'LIMIT', 0, limit)
+  for _, sid in ipairs(sids) do unlockSession(Q, sid, true) end
+  return sids
+end

@@ -1,0 +1,26 @@
+--- @include "seqMember"
+--- @include "writeMeta"
+--- @include "wake"
+-- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
+-- lockMessage's job) and save its metadata. An available message wakes receivers.
+local function fileMessage(Q, E, seq, m)
+  local st = m.st
+  if st == 'a' then
+    if m.ss then
+      redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
+      if redis.call('HEXISTS', Q.sholder, m.sid) == 0 then
+        -- LT: an older message (abandoned, or scheduled earlier) moves the session forward
+        redis.call('ZADD', Q.sfree, 'LT', seq, m.sid)
+      end
+    else
+      redis.call('ZADD', E.ready, seq, seq)
+    end
+    if m.exp and not E.dlq then redis.call('ZADD', E.ttl, m.exp, seq) end
+    wake(Q)
+  elseif st == 'd' then
+    redis.call('ZADD', E.deferred, seq, seq)
+  elseif st == 's' then
+    redis.call('ZADD', E.sched, m.sch, seq)
+  end
+  writeMeta(E, seq, m)
+end

@@ -1,0 +1,13 @@
+-- A message's metadata, or nil when the entity has no such message. Fields:
+--   dc delivery count (earlier failed deliveries)   enq enqueued ms   exp expires ms (nil: never)
+--   ttl time to live ms, kept until a scheduled message is activated   sch ms it is due
+--   sid session id   ss 1 when filed under its session (session queue, not the DLQ)
+--   st state: 'a' available, 'l' locked, 'd' deferred, 's' scheduled, 'x' detached
+--   tok lock token   lu locked-until ms (non-session locks; a session message's lock is its
+--   session's)   wd 1 when locked out of the deferred state (it goes back there)
+--   dlr / dld dead-letter reason / description   pp properties patch (opaque)
+local function readMeta(E, seq)
+  local raw = redis.call('HGET', E.meta, seq)
+  if not raw then return nil end
+  return cmsgpack.unpack(raw)
+end

@@ -1,0 +1,23 @@
+--- @include "unindexMessage"
+--- @include "deadLetter"
+--- @include "fileMessage"
+--- @include "expireIfDue"
+-- Unlock a locked message. `failed` (abandon, lock expiry) counts a delivery attempt and
+-- dead-letters at MaxDeliveryCount (never in the DLQ itself). It becomes available again
+-- (deferred again when it was fetched out of the deferred state) and may expire right away.
+local function returnMessage(Q, E, seq, m, failed, patch)
+  unindexMessage(Q, E, seq, m)
+  if patch then m.pp = patch end
+  if failed then
+    m.dc = m.dc + 1
+    if not E.dlq and m.dc >= Q.maxDc then
+      deadLetter(Q, seq, m, 'MaxDeliveryCountExceeded',
+        'Message could not be consumed after ' .. Q.maxDc .. ' delivery attempts.')
+      return
+    end
+  end
+  if m.wd then m.st = 'd' else m.st = 'a' end
+  m.wd = nil
+  fileMessage(Q, E, seq, m)
+  if m.st == 'a' and not E.dlq then expireIfDue(Q, seq, m) end
+end

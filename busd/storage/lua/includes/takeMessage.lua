@@ -1,0 +1,18 @@
+--- @include "unindexMessage"
+--- @include "deleteMessage"
+--- @include "lockMessage"
+--- @include "deliveryRow"
+-- Deliver a message: lock it under `token` (peek-lock) or delete it (receive-and-delete,
+-- token false). Returns its delivery row. A message taken out of the deferred state is
+-- reported as deferred and, when locked, goes back there if not settled (wd).
+local function takeMessage(Q, E, seq, m, token, lockedUntil)
+  local body = redis.call('HGET', E.body, seq)
+  if m.st == 'd' then m.wd = 1 end
+  if token then
+    unindexMessage(Q, E, seq, m)
+    lockMessage(Q, E, seq, m, token, lockedUntil)
+    return deliveryRow(seq, body, m, token, lockedUntil)
+  end
+  deleteMessage(Q, E, seq, m)
+  return deliveryRow(seq, body, m, false, false)
+end

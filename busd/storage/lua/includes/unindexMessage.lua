@@ -1,0 +1,30 @@
+--- @include "seqMember"
+--- @include "refreshFreeSession"
+-- Take a message out of the index of its current state (the message itself stays) and mark
+-- it detached ('x'); the caller files it elsewhere or deletes it.
+local function unindexMessage(Q, E, seq, m)
+  local st = m.st
+  if st == 'a' then
+    if m.ss then
+      redis.call('ZREM', E.sready, seqMember(m.sid, seq))
+      refreshFreeSession(Q, m.sid)
+    else
+      redis.call('ZREM', E.ready, seq)
+    end
+    if m.exp and not E.dlq then redis.call('ZREM', E.ttl, seq) end
+  elseif st == 'l' then
+    if m.ss then
+      redis.call('ZREM', E.sinflight, seqMember(m.sid, seq))
+    else
+      redis.call('ZREM', E.locked, seq)
+    end
+    redis.call('HDEL', E.tokens, m.tok)
+    m.tok = nil
+    m.lu = nil
+  elseif st == 'd' then
+    redis.call('ZREM', E.deferred, seq)
+  elseif st == 's' then
+    redis.call('ZREM', E.sched, seq)
+  end
+  m.st = 'x'
+end

@@ -1,0 +1,3 @@
+local function writeMeta(E, seq, m)
+  redis.call('HSET', E.meta, seq, cmsgpack.pack(m))
+end

@@ -1,0 +1,95 @@
+--[[
+  receiveSessionMessages: deliver up to `count` available messages of a session the holder
+  has locked, in sequence order. Peek-lock puts them in flight under the caller's tokens
+  (their lock is the session lock); receive-and-delete deletes them.
+
+  Housekeeping first (bounded), as in receiveMessages. A message met past its time to live
+  expires with its whole session.
+
+  Invariant: only the live holder takes a session's messages, strictly in sequence order.
+
+  Input:
+    KEYS[1]   seq         last sequence number given out (queue and DLQ)
+    KEYS[2]   dedup       message-id -> ms first seen (duplicate detection)
+    KEYS[3]   sfree       session id -> oldest available seq; free sessions
+    KEYS[4]   sholder     session id -> holder of its lock
+    KEYS[5]   slocks      session id -> ms its lock ends
+    KEYS[6]   sstate      session id -> state
+    KEYS[7]   supdated    session id -> ms its state was last set
+    KEYS[8]   sessions    sessions with messages or state (lexicographic)
+    KEYS[9]   q.body      queue: seq -> blob
+    KEYS[10]  q.meta      queue: seq -> packed metadata (includes/readMeta.lua)
+    KEYS[11]  q.all       queue: every message, by seq
+    KEYS[12]  q.ready     queue: available messages not under a session, by seq
+    KEYS[13]  q.locked    queue: locked messages not under a session, by lock end
+    KEYS[14]  q.tokens    queue: lock token -> seq
+    KEYS[15]  q.deferred  queue: deferred messages, by seq
+    KEYS[16]  q.sall      queue: <sid>\0<seq16> of every message with a session id
+    KEYS[17]  q.sched     queue: scheduled messages, by due ms
+    KEYS[18]  q.ttl       queue: available messages with a TTL, by expiry ms
+    KEYS[19]  q.sready    queue: <sid>\0<seq16> of available session messages
+    KEYS[20]  q.sinflight queue: <sid>\0<seq16> of delivered, unsettled session messages
+    KEYS[21]  d.body      DLQ: seq -> blob
+    KEYS[22]  d.meta      DLQ: seq -> packed metadata (includes/readMeta.lua)
+    KEYS[23]  d.all       DLQ: every message, by seq
+    KEYS[24]  d.ready     DLQ: available messages not under a session, by seq
+    KEYS[25]  d.locked    DLQ: locked messages not under a session, by lock end
+    KEYS[26]  d.tokens    DLQ: lock token -> seq
+    KEYS[27]  d.deferred  DLQ: deferred messages, by seq
+    KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    ARGV[1]   queue name (published on wake-ups)
+    ARGV[2]   wake-up channel
+    ARGV[3]   lock duration ms
+    ARGV[4]   max delivery count
+    ARGV[5]   '1' to dead-letter expired messages, '0' to drop them
+    ARGV[6]   housekeeping budget (items per kind of work)
+    ARGV[7]   holder
+    ARGV[8]   session id
+    ARGV[9]   receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[10]  count
+    ARGV[11..] peek-lock: one lock token per message (at least `count`)
+
+  Output:
+    { 0, delivery row, ... } (includes/deliveryRow.lua; locked-until is the session's)
+    { -2 } SESSION_LOCK_LOST: the holder holds no live lock on the session
+
+  Events:
+    PUBLISH ARGV[2] ARGV[1] when housekeeping made messages or sessions available
+]]
+--- @include "queueContext"
+--- @include "housekeeping"
+--- @include "sessionLockedUntil"
+--- @include "sessionRange"
+--- @include "memberSeq"
+--- @include "readMeta"
+--- @include "expireIfDue"
+--- @include "takeMessage"
+
+local Q = queueContext()
+local holder = ARGV[7]
+local sid = ARGV[8]
+local peekLock = ARGV[9] == '1'
+local count = tonumber(ARGV[10])
+housekeeping(Q, Q.q)
+
+local lockedUntil = sessionLockedUntil(Q, sid, holder)
+if not lockedUntil then return { -2 } end
+
+local out = { 0 }
+local lo, hi = sessionRange(sid)
+while #out - 1 < count do
+  local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, count - #out + 1)
+  if #members == 0 then break end
+  for _, member in ipairs(members) do
+    local seq = memberSeq(member)
+    local m = readMeta(Q.q, seq)
+    if not m or m.st ~= 'a' then
+      redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
+    elseif not expireIfDue(Q, seq, m) then
+      local token = false
+      if peekLock then token = ARGV[11 + #out - 1] end
+      out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil)
+    end
+  end
+end
+return out

@@ -1,0 +1,41 @@
+--[[
+  setSessionState: set or clear a session's state, for its live holder only. The state
+  keeps the session in existence after all its messages are gone; setting it (or clearing
+  it) updates the session's last-updated time.
+
+  Input:
+    KEYS[1]  sholder    session id -> holder of its lock
+    KEYS[2]  slocks     session id -> ms its lock ends
+    KEYS[3]  sstate     session id -> state
+    KEYS[4]  supdated   session id -> ms its state was last set
+    KEYS[5]  sessions   sessions with messages or state
+    KEYS[6]  q.sall     <sid>\0<seq16> of every message of the queue with a session id
+    ARGV[1]  holder
+    ARGV[2]  session id
+    ARGV[3]  '1' set, '0' clear
+    ARGV[4]  state (when set)
+
+  Output:
+    0 OK
+    -2 SESSION_LOCK_LOST
+
+  Events:
+    none
+]]
+--- @include "nowMs"
+--- @include "sessionLockedUntil"
+--- @include "forgetSessionIfEmpty"
+
+local Q = { sholder = KEYS[1], slocks = KEYS[2], sstate = KEYS[3], supdated = KEYS[4],
+            sessions = KEYS[5], q = { sall = KEYS[6] }, now = nowMs() }
+local sid = ARGV[2]
+if not sessionLockedUntil(Q, sid, ARGV[1]) then return -2 end
+if ARGV[3] == '1' then
+  redis.call('HSET', Q.sstate, sid, ARGV[4])
+  redis.call('ZADD', Q.sessions, 0, sid)
+else
+  redis.call('HDEL', Q.sstate, sid)
+end
+redis.call('ZADD', Q.supdated, Q.now, sid)
+forgetSessionIfEmpty(Q, sid)
+return 0

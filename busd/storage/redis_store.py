@@ -1,0 +1,405 @@
+"""The Store on Redis or Valkey: every method is one Lua script call (lua/*.lua).
+
+This module only turns Store calls into KEYS/ARGV and script replies into api types; the
+semantics live in the scripts. Nothing here holds queue state, so any number of broker
+processes can share one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import redis.asyncio as redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from busd.errors import StoreStatus, store_error
+from busd.storage import keys as keyspace
+from busd.storage.api import (
+    EntityCounts,
+    EntityRef,
+    MessageState,
+    NewMessage,
+    QueueSpec,
+    ReceiveMode,
+    SessionInfo,
+    SessionLock,
+    Settlement,
+    StoredMessage,
+    SweepResult,
+    WakeCallback,
+)
+from busd.storage.scripts import Scripts
+
+log = logging.getLogger("busd.storage")
+
+MIN_SERVER_VERSION = (7, 0)
+# Items of each kind of lazy housekeeping (expired locks, due scheduled messages, expired
+# messages) a hot-path script may process before doing its own work: bounds its latency.
+HOUSEKEEPING_BUDGET = 100
+# The same for one sweep call.
+SWEEP_BUDGET = 1000
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+def _message(row: list[Any]) -> StoredMessage:
+    seq, blob, dc, enq, sid, token, locked_until, expires, state, reason, desc, patch = row
+    return StoredMessage(
+        seq=seq,
+        blob=blob,
+        delivery_count=dc,
+        enqueued_ms=enq,
+        session_id=_text(sid),
+        lock_token=token,
+        locked_until_ms=locked_until,
+        expires_ms=expires,
+        state=MessageState(state),
+        dead_letter_reason=_text(reason),
+        dead_letter_description=_text(desc),
+        properties_patch=patch,
+    )
+
+
+def _effective_ttl(queue: QueueSpec, message: NewMessage) -> int | None:
+    limits = [t for t in (message.ttl_ms, queue.default_ttl_ms) if t is not None]
+    return min(limits) if limits else None
+
+
+def _entity(entity: EntityRef) -> str:
+    return "d" if entity.dlq else "q"
+
+
+def _opt(value: Any) -> Any:
+    """Scripts take '' for an absent optional argument."""
+    return "" if value is None else value
+
+
+def _check(status: int) -> None:
+    if status < 0:
+        raise store_error(status)
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str = "busd") -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
+        self.url = url
+        self.prefix = prefix
+        self._client: redis.Redis | None = None
+        self._scripts: Scripts | None = None
+        self._channel = keyspace.wake_channel(prefix)
+        self._keys: dict[tuple[str, str], list[str]] = {}  # (script, queue) -> KEYS
+        self._listener: asyncio.Task[None] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def connect(self) -> None:
+        self._client = redis.Redis.from_url(self.url, decode_responses=False)
+        await self._check_server()
+        self._scripts = Scripts(self._client)
+        await self._scripts.preload()
+
+    async def _check_server(self) -> None:
+        assert self._client is not None
+        info = await self._client.info("server")
+        version = str(info.get("redis_version", "0"))
+        parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        if parsed < MIN_SERVER_VERSION:
+            raise RuntimeError(f"busd needs Redis or Valkey >= 7.0, the server is {version}")
+        try:
+            policy = (await self._client.config_get("maxmemory-policy")).get(
+                b"maxmemory-policy", b""
+            )
+        except ResponseError:  # CONFIG disabled (managed services): cannot tell
+            log.warning("cannot read maxmemory-policy; it must be noeviction")
+            return
+        if _text(policy) != "noeviction":
+            log.warning(
+                "maxmemory-policy is %s, not noeviction: the server may evict keys, "
+                "which silently corrupts queues",
+                _text(policy),
+            )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            try:
+                await self._listener
+            except asyncio.CancelledError:
+                pass
+            self._listener = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def ping(self) -> bool:
+        try:
+            return bool(self._client is not None and await self._client.ping())
+        except (RedisConnectionError, OSError):
+            return False
+
+    async def subscribe(self, on_wake: WakeCallback) -> None:
+        assert self._client is not None
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self._channel)
+        self._listener = asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")
+
+    async def _listen(self, pubsub: Any, on_wake: WakeCallback) -> None:
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(timeout=None)
+                except (RedisConnectionError, OSError) as exc:
+                    # redis-py reconnects and subscribes again on the next read
+                    log.warning("wake-up subscription interrupted: %s", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                if message is None or message.get("type") != "message":
+                    continue
+                try:
+                    on_wake(message["data"].decode())
+                except Exception:
+                    log.exception("wake-up callback failed")
+        finally:
+            await pubsub.aclose()
+
+    # --- plumbing ----------------------------------------------------------------------------
+    def _keys_for(self, script: str, queue: str) -> list[str]:
+        cached = self._keys.get((script, queue))
+        if cached is None:
+            assert self._scripts is not None
+            names = self._scripts.sources[script].key_names
+            cached = self._keys[(script, queue)] = keyspace.keys(self.prefix, queue, names)
+        return cached
+
+    def _queue_args(self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET) -> list[Any]:
+        return [
+            queue.name,
+            self._channel,
+            queue.lock_duration_ms,
+            queue.max_delivery_count,
+            1 if queue.dead_letter_on_expiration else 0,
+            budget,
+        ]
+
+    async def _run(self, script: str, queue: QueueSpec, args: list[Any]) -> Any:
+        if self._scripts is None:
+            raise RuntimeError("RedisStore.connect() was not called")
+        return await self._scripts.run(script, self._keys_for(script, queue.name), args)
+
+    async def _run_queue(self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET) -> Any:
+        return await self._run(script, queue, self._queue_args(queue, budget) + list(args))
+
+    # --- send ------------------------------------------------------------------------------
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        if not messages:
+            return []
+        args: list[Any] = [
+            queue.duplicate_detection_window_ms or 0,
+            1 if queue.requires_session else 0,
+        ]
+        for m in messages:
+            args += [
+                m.blob,
+                _opt(m.session_id),
+                _opt(m.message_id),
+                _opt(_effective_ttl(queue, m)),
+                _opt(m.scheduled_ms),
+            ]
+        return list(await self._run_queue("sendMessages", queue, *args))
+
+    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        return await self.send(queue, messages)
+
+    # --- receive ---------------------------------------------------------------------------
+    async def receive(
+        self, entity: EntityRef, count: int, mode: ReceiveMode, tokens: list[bytes]
+    ) -> list[StoredMessage]:
+        if count <= 0:
+            return []
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if peek_lock and len(tokens) < count:
+            raise ValueError("peek-lock needs one token per message")
+        rows = await self._run_queue(
+            "receiveMessages",
+            entity.queue,
+            _entity(entity),
+            1 if peek_lock else 0,
+            count,
+            *(tokens[:count] if peek_lock else ()),
+        )
+        return [_message(r) for r in rows]
+
+    # --- sessions --------------------------------------------------------------------------
+    async def accept_session(
+        self, queue: QueueSpec, session_id: str | None, holder: str
+    ) -> SessionLock | None:
+        reply = await self._run_queue("acceptSession", queue, holder, _opt(session_id))
+        if reply[0] == StoreStatus.NO_SESSION_AVAILABLE:
+            return None
+        _check(reply[0])
+        return SessionLock(session_id=reply[1].decode(), locked_until_ms=reply[2])
+
+    async def receive_session(
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        count: int,
+        mode: ReceiveMode,
+        tokens: list[bytes],
+    ) -> list[StoredMessage]:
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if peek_lock and len(tokens) < count:
+            raise ValueError("peek-lock needs one token per message")
+        reply = await self._run_queue(
+            "receiveSessionMessages",
+            queue,
+            holder,
+            session_id,
+            1 if peek_lock else 0,
+            max(count, 0),
+            *(tokens[:count] if peek_lock else ()),
+        )
+        _check(reply[0])
+        return [_message(r) for r in reply[1:]]
+
+    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
+        assert self._scripts is not None
+        reply = await self._run(
+            "renewSessionLock", queue, [holder, session_id, queue.lock_duration_ms]
+        )
+        _check(reply)
+        return reply
+
+    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+        await self._run_queue("releaseSession", queue, holder, session_id)
+
+    async def get_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> bytes | None:
+        reply = await self._run("getSessionState", queue, [holder, session_id])
+        _check(reply[0])
+        return reply[1] if len(reply) > 1 else None
+
+    async def set_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
+    ) -> None:
+        args = [holder, session_id, 0 if state is None else 1, b"" if state is None else state]
+        _check(await self._run("setSessionState", queue, args))
+
+    async def list_sessions(
+        self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
+    ) -> list[str]:
+        reply = await self._run_queue(
+            "listSessions", queue, max(skip, 0), top, _opt(updated_after_ms)
+        )
+        return [sid.decode() for sid in reply]
+
+    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
+        return [
+            SessionInfo(
+                session_id=sid.decode(),
+                message_count=count,
+                locked_until_ms=locked_until,
+                state_size=state_size,
+                updated_ms=updated,
+            )
+            for sid, count, locked_until, state_size, updated in await self._run(
+                "sessionInfos", queue, []
+            )
+        ]
+
+    # --- settlement and locks ------------------------------------------------------------
+    async def settle(
+        self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
+    ) -> list[int]:
+        if not settlements:
+            return []
+        args: list[Any] = [_entity(entity), _opt(holder)]
+        for s in settlements:
+            args += [
+                s.token,
+                s.outcome.value,
+                _opt(s.session_id),
+                _opt(s.dead_letter_reason),
+                _opt(s.dead_letter_description),
+                _opt(s.properties_patch),
+            ]
+        return list(await self._run_queue("settleMessages", entity.queue, *args))
+
+    async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
+        if not tokens:
+            return []
+        reply = await self._run_queue("renewMessageLocks", entity.queue, _entity(entity), *tokens)
+        _check(reply[0])
+        return list(reply[1:])
+
+    # --- lifecycle operations --------------------------------------------------------------
+    async def peek(
+        self, entity: EntityRef, from_seq: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        rows = await self._run_queue(
+            "peekMessages", entity.queue, _entity(entity), from_seq, count, _opt(session_id)
+        )
+        return [_message(r) for r in rows]
+
+    async def receive_deferred(
+        self,
+        entity: EntityRef,
+        seqs: list[int],
+        mode: ReceiveMode,
+        tokens: list[bytes],
+        session_id: str | None = None,
+        holder: str | None = None,
+    ) -> list[StoredMessage]:
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if peek_lock and len(tokens) < len(seqs):
+            raise ValueError("peek-lock needs one token per message")
+        reply = await self._run_queue(
+            "receiveDeferred",
+            entity.queue,
+            _entity(entity),
+            1 if peek_lock else 0,
+            _opt(session_id),
+            _opt(holder),
+            len(seqs),
+            *seqs,
+            *(tokens[: len(seqs)] if peek_lock else ()),
+        )
+        _check(reply[0])
+        return [_message(r) for r in reply[1:]]
+
+    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
+        if seqs:
+            _check(await self._run_queue("cancelScheduled", queue, *seqs))
+
+    # --- housekeeping ---------------------------------------------------------------------
+    async def sweep(self, queue: QueueSpec) -> SweepResult:
+        reply = await self._run_queue("sweepQueue", queue, budget=SWEEP_BUDGET)
+        return SweepResult(
+            expired_message_locks=reply[0],
+            expired_messages=reply[1],
+            activated_scheduled=reply[2],
+            expired_session_locks=[sid.decode() for sid in reply[3:]],
+        )
+
+    async def purge(self, entity: EntityRef) -> int:
+        return await self._run_queue("purgeEntity", entity.queue, _entity(entity))
+
+    async def counts(self, entity: EntityRef) -> EntityCounts:
+        reply = await self._run_queue("countEntity", entity.queue, _entity(entity))
+        active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply
+        return EntityCounts(
+            active=active,
+            locked=locked,
+            scheduled=scheduled,
+            deferred=deferred,
+            dead_letter=dead_letter,
+            sessions=sessions,
+            locked_sessions=locked_sessions,
+        )
