@@ -43,8 +43,8 @@ HOUSEKEEPING_BUDGET = 100
 SWEEP_BUDGET = 1000
 
 
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode()
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _message(row: list[Any]) -> StoredMessage:
@@ -111,9 +111,8 @@ class RedisStore:
         if parsed < MIN_SERVER_VERSION:
             raise RuntimeError(f"busd needs Redis or Valkey >= 7.0, the server is {version}")
         try:
-            policy = (await self._client.config_get("maxmemory-policy")).get(
-                b"maxmemory-policy", b""
-            )
+            reply = await self._client.config_get("maxmemory-policy")
+            policy = next(iter(reply.values()), b"")
         except ResponseError:  # CONFIG disabled (managed services): cannot tell
             log.warning("cannot read maxmemory-policy; it must be noeviction")
             return
