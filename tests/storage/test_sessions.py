@@ -1,0 +1,377 @@
+"""Session locks, in-order delivery inside a session, and session settlement."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from busd.errors import BusdError, Condition, StoreStatus
+from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
+
+OK = StoreStatus.OK
+PL = ReceiveMode.PEEK_LOCK
+
+
+def msgs(sid, *bodies):
+    return [NewMessage(b, session_id=sid) for b in bodies]
+
+
+@pytest.fixture
+def sq(make_queue):
+    return make_queue(requires_session=True, lock_duration_ms=30_000)
+
+
+async def test_accept_specific_session_locks_it(store, sq, server_now):
+    await store.send(sq, msgs("s1", b"a"))
+    before = server_now()
+    lock = await store.accept_session(sq, "s1", "h1")
+    assert lock.session_id == "s1"
+    assert before + 30_000 <= lock.locked_until_ms <= server_now() + 30_000
+
+
+async def test_accept_session_held_by_another_is_refused(store, sq):
+    await store.send(sq, msgs("s1", b"a"))
+    await store.accept_session(sq, "s1", "h1")
+    with pytest.raises(BusdError) as err:
+        await store.accept_session(sq, "s1", "h2")
+    assert err.value.condition == Condition.SESSION_CANNOT_BE_LOCKED
+
+
+async def test_accept_by_same_holder_extends_the_lock(store, make_queue):
+    q = make_queue(requires_session=True, lock_duration_ms=500)
+    first = await store.accept_session(q, "s1", "h1")
+    await asyncio.sleep(0.05)
+    second = await store.accept_session(q, "s1", "h1")
+    assert second.locked_until_ms > first.locked_until_ms
+
+
+async def test_accept_specific_session_without_messages(store, sq):
+    lock = await store.accept_session(sq, "empty", "h1")
+    assert lock.session_id == "empty"
+    assert await store.receive_session(sq, "empty", "h1", 5, PL, [b"t" * 16] * 5) == []
+
+
+async def test_next_available_picks_session_with_oldest_message(store, sq):
+    await store.send(sq, msgs("b", b"1"))
+    await store.send(sq, msgs("a", b"2"))
+    await store.send(sq, msgs("b", b"3"))
+    assert (await store.accept_session(sq, None, "h1")).session_id == "b"
+    assert (await store.accept_session(sq, None, "h2")).session_id == "a"
+    assert await store.accept_session(sq, None, "h3") is None
+
+
+async def test_next_available_skips_sessions_without_available_messages(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"a"))
+    await store.accept_session(sq, "s2", "h0")  # locked, no messages
+    lock = await store.accept_session(sq, None, "h1")
+    assert lock.session_id == "s1"
+    await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    await store.release_session(sq, "s1", "h1")
+    # s1's message is available again, so s1 is acceptable again
+    assert (await store.accept_session(sq, None, "h2")).session_id == "s1"
+
+
+async def test_session_lock_is_exclusive_under_concurrent_acceptors(store, sq, redis_url):
+    from busd.storage.redis_store import RedisStore
+
+    sessions = [f"s{i}" for i in range(10)]
+    for sid in sessions:
+        await store.send(sq, msgs(sid, b"x"))
+    # many acceptors on separate connections, as on separate broker processes
+    others = [RedisStore(redis_url, prefix=store.prefix) for _ in range(4)]
+    for o in others:
+        await o.connect()
+    try:
+        stores = [store, *others]
+        results = await asyncio.gather(
+            *(stores[i % len(stores)].accept_session(sq, None, f"h{i}") for i in range(25))
+        )
+        specific = await asyncio.gather(
+            *(stores[i % len(stores)].accept_session(sq, "solo", f"x{i}") for i in range(8)),
+            return_exceptions=True,
+        )
+    finally:
+        for o in others:
+            await o.close()
+    got = [r.session_id for r in results if r is not None]
+    assert sorted(got) == sorted(sessions)  # each session once, nobody got one twice
+    assert sum(r is None for r in results) == 15
+    wins = [r for r in specific if not isinstance(r, Exception)]
+    assert len(wins) == 1
+    assert all(
+        isinstance(r, BusdError) and r.condition == Condition.SESSION_CANNOT_BE_LOCKED
+        for r in specific
+        if isinstance(r, Exception)
+    )
+
+
+async def test_receive_session_delivers_in_sequence_order_many_in_flight(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2"))
+    await store.send(sq, msgs("s2", b"other"))
+    await store.send(sq, msgs("s1", b"3", b"4"))
+    lock = await store.accept_session(sq, "s1", "h1")
+    toks = tokens(3)
+    got = await store.receive_session(sq, "s1", "h1", 3, PL, toks)
+    assert [m.blob for m in got] == [b"1", b"2", b"3"]
+    assert [m.lock_token for m in got] == toks
+    assert all(m.session_id == "s1" for m in got)
+    assert all(m.locked_until_ms == lock.locked_until_ms for m in got)
+    rest = await store.receive_session(sq, "s1", "h1", 5, PL, tokens(5))
+    assert [m.blob for m in rest] == [b"4"]
+
+
+async def test_receive_session_without_live_lock_is_session_lock_lost(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"a"))
+    with pytest.raises(BusdError) as err:
+        await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    assert err.value.condition == Condition.SESSION_LOCK_LOST
+    await store.accept_session(sq, "s1", "h1")
+    with pytest.raises(BusdError):
+        await store.receive_session(sq, "s1", "intruder", 1, PL, tokens(1))
+
+
+async def test_receive_and_delete_in_session(store, sq):
+    await store.send(sq, msgs("s1", b"a", b"b"))
+    await store.accept_session(sq, "s1", "h1")
+    got = await store.receive_session(sq, "s1", "h1", 5, ReceiveMode.RECEIVE_AND_DELETE, [])
+    assert [m.blob for m in got] == [b"a", b"b"]
+    assert (await store.counts(EntityRef(sq))).active == 0
+    assert await store.list_sessions(sq, 0, 10, None) == []
+
+
+async def test_session_abandon_makes_it_the_next_delivered(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2", b"3"))
+    await store.accept_session(sq, "s1", "h1")
+    one, two = await store.receive_session(sq, "s1", "h1", 2, PL, tokens(2))
+    assert await store.settle(
+        EntityRef(sq), [Settlement(one.lock_token, Outcome.ABANDON, session_id="s1")], "h1"
+    ) == [OK]
+    (nxt,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    assert (nxt.blob, nxt.delivery_count) == (b"1", 1)
+
+
+async def test_session_settle_complete(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    await store.accept_session(sq, "s1", "h1")
+    (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(EntityRef(sq), [s], "h1") == [OK]
+    assert await store.settle(EntityRef(sq), [s], "h1") == [StoreStatus.MESSAGE_LOCK_LOST]
+    assert (await store.counts(EntityRef(sq))).active == 0
+
+
+async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    await store.accept_session(sq, "s1", "h1")
+    (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(EntityRef(sq), [s], "h2") == [StoreStatus.SESSION_LOCK_LOST]
+    # without a holder: any live holder will do
+    assert await store.settle(EntityRef(sq), [s], None) == [OK]
+
+
+async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    await store.send(q, msgs("s1", b"1"))
+    await store.accept_session(q, "s1", "h1")
+    (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await asyncio.sleep(0.15)
+    s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(EntityRef(q), [s], "h1") == [StoreStatus.SESSION_LOCK_LOST]
+    # nothing changed: the message is still there, unsettled
+    assert (await store.counts(EntityRef(q))).locked == 1
+
+
+async def test_session_lock_expiry_counts_in_flight_messages(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    await store.send(q, msgs("s1", b"1", b"2", b"3"))
+    await store.accept_session(q, "s1", "h1")
+    await store.receive_session(q, "s1", "h1", 2, PL, tokens(2))
+    await asyncio.sleep(0.15)
+    result = await store.sweep(q)
+    assert result.expired_session_locks == ["s1"]
+    lock = await store.accept_session(q, None, "h2")
+    assert lock.session_id == "s1"
+    got = await store.receive_session(q, "s1", "h2", 5, PL, tokens(5))
+    assert [(m.blob, m.delivery_count) for m in got] == [(b"1", 1), (b"2", 1), (b"3", 0)]
+
+
+async def test_expired_session_lock_is_handled_lazily_on_accept(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    await store.send(q, msgs("s1", b"1"))
+    await store.accept_session(q, "s1", "h1")
+    await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await asyncio.sleep(0.15)
+    lock = await store.accept_session(q, None, "h2")  # no sweep in between
+    assert lock.session_id == "s1"
+    (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
+    assert m.delivery_count == 1
+
+
+async def test_accept_specific_session_whose_lock_expired(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    await store.send(q, msgs("s1", b"1"))
+    await store.accept_session(q, "s1", "h1")
+    await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await asyncio.sleep(0.15)
+    await store.accept_session(q, "s1", "h2")
+    (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
+    assert m.delivery_count == 1
+
+
+async def test_session_lock_expiry_at_max_delivery_count_dead_letters(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=50, max_delivery_count=1)
+    await store.send(q, msgs("s1", b"1"))
+    await store.accept_session(q, "s1", "h1")
+    await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await asyncio.sleep(0.1)
+    await store.sweep(q)
+    (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 5)
+    assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert dead.session_id == "s1"
+
+
+async def test_release_session_returns_messages_without_count(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2"))
+    await store.accept_session(sq, "s1", "h1")
+    await store.receive_session(sq, "s1", "h1", 2, PL, tokens(2))
+    await store.release_session(sq, "s1", "h1")
+    lock = await store.accept_session(sq, None, "h2")
+    assert lock.session_id == "s1"
+    got = await store.receive_session(sq, "s1", "h2", 5, PL, tokens(5))
+    assert [(m.blob, m.delivery_count) for m in got] == [(b"1", 0), (b"2", 0)]
+
+
+async def test_release_session_by_non_holder_changes_nothing(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    await store.accept_session(sq, "s1", "h1")
+    await store.release_session(sq, "s1", "h2")
+    with pytest.raises(BusdError):
+        await store.accept_session(sq, "s1", "h2")
+
+
+async def test_renew_session_lock(store, make_queue, server_now):
+    q = make_queue(requires_session=True, lock_duration_ms=300)
+    first = await store.accept_session(q, "s1", "h1")
+    await asyncio.sleep(0.1)
+    before = server_now()
+    until = await store.renew_session_lock(q, "s1", "h1")
+    assert until >= before + 300 and until > first.locked_until_ms
+    with pytest.raises(BusdError) as err:
+        await store.renew_session_lock(q, "s1", "h2")
+    assert err.value.condition == Condition.SESSION_LOCK_LOST
+
+
+async def test_renew_expired_session_lock_is_session_lock_lost(store, make_queue):
+    q = make_queue(requires_session=True, lock_duration_ms=50)
+    await store.accept_session(q, "s1", "h1")
+    await asyncio.sleep(0.1)
+    with pytest.raises(BusdError) as err:
+        await store.renew_session_lock(q, "s1", "h1")
+    assert err.value.condition == Condition.SESSION_LOCK_LOST
+
+
+async def test_session_state_roundtrip_and_survives_messages(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    await store.accept_session(sq, "s1", "h1")
+    assert await store.get_session_state(sq, "s1", "h1") is None
+    await store.set_session_state(sq, "s1", "h1", b"\x00state\xff")
+    assert await store.get_session_state(sq, "s1", "h1") == b"\x00state\xff"
+    await store.receive_session(sq, "s1", "h1", 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+    assert await store.list_sessions(sq, 0, 10, None) == ["s1"]
+    await store.release_session(sq, "s1", "h1")
+    await store.accept_session(sq, "s1", "h2")
+    assert await store.get_session_state(sq, "s1", "h2") == b"\x00state\xff"
+    await store.set_session_state(sq, "s1", "h2", None)
+    assert await store.get_session_state(sq, "s1", "h2") is None
+    assert await store.list_sessions(sq, 0, 10, None) == []
+
+
+async def test_session_state_needs_the_live_holder(store, sq):
+    await store.accept_session(sq, "s1", "h1")
+    for call in (
+        store.get_session_state(sq, "s1", "h2"),
+        store.set_session_state(sq, "s1", "h2", b"x"),
+        store.get_session_state(sq, "nope", "h1"),
+    ):
+        with pytest.raises(BusdError) as err:
+            await call
+        assert err.value.condition == Condition.SESSION_LOCK_LOST
+
+
+async def test_list_sessions_pages_in_stable_order(store, sq):
+    for sid in ["c", "a", "b", "d"]:
+        await store.send(sq, msgs(sid, b"x"))
+    assert await store.list_sessions(sq, 0, 10, None) == ["a", "b", "c", "d"]
+    assert await store.list_sessions(sq, 1, 2, None) == ["b", "c"]
+    assert await store.list_sessions(sq, 4, 2, None) == []
+
+
+async def test_list_sessions_updated_after_returns_sessions_whose_state_was_set(store, sq, server_now):
+    await store.send(sq, msgs("old", b"x") + msgs("new", b"y") + msgs("none", b"z"))
+    await store.accept_session(sq, "old", "h1")
+    await store.set_session_state(sq, "old", "h1", b"1")
+    await asyncio.sleep(0.01)
+    cut = server_now()
+    await asyncio.sleep(0.01)
+    await store.accept_session(sq, "new", "h2")
+    await store.set_session_state(sq, "new", "h2", b"2")
+    assert await store.list_sessions(sq, 0, 10, cut) == ["new"]
+    assert sorted(await store.list_sessions(sq, 0, 10, 0)) == ["new", "old"]
+
+
+async def test_session_infos(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2") + msgs("s2", b"3"))
+    lock = await store.accept_session(sq, "s1", "h1")
+    await store.set_session_state(sq, "s1", "h1", b"abc")
+    infos = {i.session_id: i for i in await store.session_infos(sq)}
+    assert set(infos) == {"s1", "s2"}
+    assert (infos["s1"].message_count, infos["s1"].state_size) == (2, 3)
+    assert infos["s1"].locked_until_ms == lock.locked_until_ms
+    assert infos["s1"].updated_ms > 0
+    assert (infos["s2"].message_count, infos["s2"].locked_until_ms, infos["s2"].state_size) == (1, None, 0)
+
+
+async def test_counts_of_a_session_queue(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2") + msgs("s2", b"3"))
+    await store.accept_session(sq, "s1", "h1")
+    await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    c = await store.counts(EntityRef(sq))
+    assert (c.active, c.locked, c.sessions, c.locked_sessions) == (2, 1, 2, 1)
+
+
+async def test_session_wide_expiry_expires_every_unlocked_message(store, make_queue, tokens):
+    q = make_queue(requires_session=True, dead_letter_on_expiration=True)
+    await store.send(q, [NewMessage(b"short", session_id="s1", ttl_ms=50)])
+    await store.send(q, msgs("s1", b"long1", b"long2") + msgs("s2", b"other"))
+    await asyncio.sleep(0.1)
+    lock = await store.accept_session(q, None, "h1")
+    assert lock.session_id == "s2"
+    dead = await store.peek(EntityRef(q, dlq=True), 0, 10)
+    assert [m.blob for m in dead] == [b"short", b"long1", b"long2"]
+    assert {m.dead_letter_reason for m in dead} == {"TTLExpiredException"}
+    assert await store.list_sessions(q, 0, 10, None) == ["s2"]
+
+
+async def test_session_wide_expiry_spares_locked_messages(store, make_queue, tokens):
+    q = make_queue(requires_session=True)
+    await store.send(q, msgs("s1", b"first"))
+    await store.send(q, [NewMessage(b"short", session_id="s1", ttl_ms=100)])
+    await store.send(q, msgs("s1", b"last"))
+    await store.accept_session(q, "s1", "h1")
+    (first,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await asyncio.sleep(0.15)
+    assert await store.receive_session(q, "s1", "h1", 5, PL, tokens(5)) == []
+    assert await store.settle(
+        EntityRef(q), [Settlement(first.lock_token, Outcome.COMPLETE, session_id="s1")], "h1"
+    ) == [OK]
+    assert (await store.counts(EntityRef(q))).active == 0
+
+
+async def test_message_with_session_id_on_plain_queue_is_a_plain_message(store, make_queue, tokens):
+    q = make_queue()
+    await store.send(q, msgs("s1", b"a"))
+    (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
+    assert m.session_id == "s1"
+    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
