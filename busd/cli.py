@@ -66,6 +66,11 @@ def cli() -> None:
 @click.option("--sas-key", "sas_keys", envvar="BUSD_SAS_KEY", multiple=True, metavar="NAME=KEY",
               help="A shared access key clients may sign tokens with (repeatable); "
                    "default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
+@click.option("--key-prefix", envvar="BUSD_KEY_PREFIX", default=_DEFAULTS.key_prefix,
+              show_default=True, help="Prefix of every store key: several brokers can share one Redis.")
+@click.option("--sweep-interval", envvar="BUSD_SWEEP_INTERVAL", type=float,
+              default=_DEFAULTS.sweep_interval_s, show_default=True,
+              help="Seconds between sweeps for expired locks, TTL and scheduled messages.")
 def serve(
     host: str,
     port: int,
@@ -76,6 +81,8 @@ def serve(
     log_level: str,
     log_format: str,
     sas_keys: tuple[str, ...],
+    key_prefix: str,
+    sweep_interval: float,
 ) -> None:
     """Run the broker until interrupted."""
     try:
@@ -88,6 +95,8 @@ def serve(
             http_port=http_port,
             log_level=log_level,
             log_format=log_format,
+            key_prefix=key_prefix,
+            sweep_interval_s=sweep_interval,
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

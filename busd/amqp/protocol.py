@@ -1,0 +1,154 @@
+"""One TCP connection: an asyncio protocol driving a proton engine (no reactor, no threads).
+
+Bytes in go to `Transport.push`, bytes out come from `Transport.peek/pop`, timers from
+`Transport.tick`. After every change to the engine (input, or a broker task that sent a
+message or settled a delivery) `kick()` dispatches the collector's events to the connection
+handler and writes what the engine produced. The handler (busd.broker.connection) owns the
+AMQP semantics; this module owns only I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol as TypingProtocol
+
+from proton import Collector, Connection, Transport
+from proton._exceptions import TransportException
+
+log = logging.getLogger("busd.amqp")
+frame_log = logging.getLogger("busd.amqp.frames")
+TRACE = 5  # below DEBUG: every frame
+logging.addLevelName(TRACE, "TRACE")
+
+# Our frames: large enough that most messages fit in one, small enough to keep memory flat.
+MAX_FRAME_SIZE = 256 * 1024
+
+
+class EventHandler(TypingProtocol):
+    def dispatch(self, event) -> None: ...
+
+    def closed(self) -> None: ...
+
+
+class AmqpProtocol(asyncio.Protocol):
+    """Connection scope: the socket, the proton engine, and the connection's handler."""
+
+    def __init__(self, make_handler) -> None:
+        self._make_handler = make_handler
+        self.peer = "?"
+        self._sock: asyncio.Transport | None = None
+        self._dispatching = False
+        self._again = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # --- asyncio side -----------------------------------------------------------------------
+    def connection_made(self, sock: asyncio.BaseTransport) -> None:
+        self._sock = sock  # type: ignore[assignment]
+        peer = sock.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.engine = Transport(Transport.SERVER)
+        self.engine.max_frame_size = MAX_FRAME_SIZE
+        if frame_log.isEnabledFor(TRACE):
+            self.engine.trace(Transport.TRACE_FRM)
+            self.engine.tracer = lambda _t, msg: frame_log.log(TRACE, "[%s] %s", self.peer, msg)
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.engine.bind(self.connection)
+        # Service Bus clients always use SASL ANONYMOUS; proton's built-in server SASL
+        # answers it with outcome ok. Authentication is a CBS put-token afterwards.
+        self.engine.sasl().allowed_mechs("ANONYMOUS")
+        self.handler: EventHandler = self._make_handler(self)
+        self.kick()
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                capacity = self.engine.capacity()
+                if capacity <= 0:
+                    break  # tail closed (protocol error or close): the rest is ignored
+                chunk = view[:capacity]
+                self.engine.push(bytes(chunk))
+                view = view[len(chunk):]
+                self.kick()
+        except TransportException as exc:
+            log.info("connection %s: protocol error: %s", self.peer, exc)
+        self.kick()
+
+    def eof_received(self) -> bool:
+        try:
+            self.engine.close_tail()
+        except TransportException:
+            pass
+        self.kick()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._tick_handle:
+            self._tick_handle.cancel()
+        try:
+            self.engine.close_tail()
+            self.engine.close_head()
+        except TransportException:
+            pass
+        self.handler.closed()
+
+    # --- engine side ------------------------------------------------------------------------
+    def kick(self) -> None:
+        """Dispatch pending engine events and write pending output. Re-entrant calls (a handler
+        changing the engine while events are dispatched) are folded into the running one."""
+        if self._dispatching:
+            self._again = True
+            return
+        self._dispatching = True
+        try:
+            while True:
+                self._again = False
+                while (event := self.collector.peek()) is not None:
+                    try:
+                        self.handler.dispatch(event)
+                    except Exception:  # a bug in one handler must not kill the connection loop
+                        log.exception("connection %s: error handling %s", self.peer, event.type)
+                    self.collector.pop()
+                self._write()
+                if not self._again and self.collector.peek() is None:
+                    break
+        finally:
+            self._dispatching = False
+        self._schedule_tick()
+
+    def _write(self) -> None:
+        if self._sock is None or self._closed:
+            return
+        while True:
+            pending = self.engine.pending()
+            if pending < 0:  # head closed: everything is written
+                self._closed = True
+                self._sock.close()
+                return
+            if pending == 0:
+                return
+            out = self.engine.peek(pending)
+            self.engine.pop(pending)
+            self._sock.write(out)
+
+    def _schedule_tick(self) -> None:
+        if self._closed:
+            return
+        deadline = self.engine.tick(time.monotonic())
+        if self._tick_handle:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        if deadline:
+            delay = max(0.0, deadline - time.monotonic())
+            self._tick_handle = asyncio.get_running_loop().call_later(delay, self.kick)
+
+    def abort(self) -> None:
+        if self._sock is not None and not self._closed:
+            self._closed = True
+            self._sock.abort()

@@ -1,0 +1,198 @@
+"""Connection scope: routes proton events to the right link endpoint.
+
+Every link the client attaches becomes one endpoint object (attached to the proton link as
+`link.endpoint`): the CBS node, a `$management` node, a queue sender (client sends), or a
+queue receiver (client receives). Refusals follow spec §5.5: answer the attach with the
+broker-owned terminus null, then detach with the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from proton import Condition, Endpoint, Link, Terminus, symbol
+
+from busd.amqp.addresses import parse_address
+from busd.auth.sas import audience_covers
+from busd.errors import BusdError, Condition as Cond
+
+log = logging.getLogger("busd.broker")
+
+# Bytes the engine may buffer per session for incoming transfers: keeps the session's
+# incoming window open for clients that pipeline many transfers (spec §1.5).
+SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
+
+
+def amqp_condition(error: BusdError, *, triple: bool = True) -> Condition:
+    """An AMQP error. `triple`: keep all three fields on the wire (a non-empty info map), which
+    pyamqp needs in close frames and in rejected outcomes on its sender links (spec §8.4)."""
+    info = {symbol("tracking-id"): "busd"} if triple else None
+    return Condition(error.condition.value, error.description, info)
+
+
+def refuse_link(link: Link, error: BusdError) -> None:
+    """Spec §5.5: null terminus on our side, echo the other, then detach with the error."""
+    if link.is_sender:  # we send, the client receives: our terminus is the source
+        link.source.type = Terminus.UNSPECIFIED
+        link.target.copy(link.remote_target)
+    else:
+        link.target.type = Terminus.UNSPECIFIED
+        link.source.copy(link.remote_source)
+    link.open()
+    link.condition = amqp_condition(error)
+    link.close()
+
+
+def echo_termini(link: Link) -> None:
+    link.source.copy(link.remote_source)
+    link.target.copy(link.remote_target)
+    link.snd_settle_mode = link.remote_snd_settle_mode
+    link.rcv_settle_mode = link.remote_rcv_settle_mode
+
+
+class ConnectionHandler:
+    """Connection scope: the proton connection, its CBS grants and its links."""
+
+    def __init__(self, proto, broker) -> None:
+        self.proto = proto
+        self.broker = broker
+        self.remote_container = "?"
+        # audience (lower-cased, without trailing '/') -> token expiry (unix seconds)
+        self.grants: dict[str, float] = {}
+        # link name -> endpoint, for `associated-link-name` in $management requests
+        self.links_by_name: dict[str, object] = {}
+        self.endpoints: set = set()
+        if broker.metrics is not None:
+            broker.metrics.connection_opened()
+
+    # --- event dispatch -------------------------------------------------------------------
+    def dispatch(self, event) -> None:
+        method = getattr(self, event.type.method, None)
+        if method is not None:
+            method(event)
+
+    def on_connection_remote_open(self, event) -> None:
+        conn = event.connection
+        self.remote_container = conn.remote_container or "?"
+        conn.container = self.broker.container_id
+        conn.open()
+        log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    def on_connection_remote_close(self, event) -> None:
+        event.connection.close()
+
+    def on_session_remote_open(self, event) -> None:
+        session = event.session
+        session.incoming_capacity = SESSION_INCOMING_CAPACITY
+        session.open()
+
+    def on_session_remote_close(self, event) -> None:
+        event.session.close()
+
+    def on_link_remote_open(self, event) -> None:
+        link = event.link
+        try:
+            endpoint = self._make_endpoint(link)
+        except BusdError as error:
+            log.debug("link %s refused: %s", link.name, error)
+            refuse_link(link, error)
+            return
+        if endpoint is None:
+            return
+        link.endpoint = endpoint
+        self.endpoints.add(endpoint)
+        self.links_by_name[link.name] = endpoint
+        if self.broker.metrics is not None:
+            self.broker.metrics.link_attached()
+        endpoint.on_attach()
+
+    def on_link_flow(self, event) -> None:
+        endpoint = getattr(event.link, "endpoint", None)
+        if endpoint is not None:
+            endpoint.on_flow()
+
+    def on_delivery(self, event) -> None:
+        delivery = event.delivery
+        endpoint = getattr(delivery.link, "endpoint", None)
+        if endpoint is not None:
+            endpoint.on_delivery(delivery)
+
+    def on_link_remote_close(self, event) -> None:
+        self._link_gone(event.link)
+
+    def on_link_remote_detach(self, event) -> None:
+        self._link_gone(event.link)
+
+    def on_transport_error(self, event) -> None:
+        cond = event.transport.condition
+        log.info("connection %s: transport error: %s", self.proto.peer, cond)
+
+    def on_transport_closed(self, event) -> None:
+        self.proto.kick()
+
+    def _link_gone(self, link: Link) -> None:
+        endpoint = getattr(link, "endpoint", None)
+        if endpoint is not None and endpoint in self.endpoints:
+            self._forget(endpoint)
+            endpoint.on_detach()
+        if not (link.state & Endpoint.LOCAL_CLOSED):
+            link.close()
+
+    def _forget(self, endpoint) -> None:
+        if endpoint in self.endpoints and self.broker.metrics is not None:
+            self.broker.metrics.link_detached()
+        self.endpoints.discard(endpoint)
+        name = endpoint.link.name
+        if self.links_by_name.get(name) is endpoint:
+            del self.links_by_name[name]
+
+    def closed(self) -> None:
+        """The socket is gone: release what this connection's links held."""
+        for endpoint in list(self.endpoints):
+            self._forget(endpoint)
+            endpoint.on_detach()
+        if self.broker.metrics is not None:
+            self.broker.metrics.connection_closed()
+        log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    # --- authorisation --------------------------------------------------------------------
+    def grant(self, audience: str, expiry: float) -> None:
+        self.grants[audience.lower()] = expiry
+
+    def authorize(self, entity_path: str) -> None:
+        """Raise unless a live CBS token of this connection covers `entity_path`."""
+        now = time.time()
+        for audience, expiry in self.grants.items():
+            if expiry > now and audience_covers(audience, entity_path):
+                return
+        raise BusdError(
+            Cond.UNAUTHORIZED,
+            f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first.",
+        )
+
+    # --- routing ----------------------------------------------------------------------------
+    def _make_endpoint(self, link: Link):
+        from busd.broker import cbs, management, nodes, receiving, sending
+
+        terminus = link.remote_source if link.is_sender else link.remote_target
+        parsed = parse_address(terminus.address)
+        if parsed.sub == "cbs":
+            return nodes.ReplyEndpoint(self, link) if link.is_sender else cbs.CbsEndpoint(self, link)
+        queue = self.broker.queue(parsed.entity) if parsed.entity else None
+        if queue is None or parsed.is_subscription:
+            raise BusdError(
+                Cond.NOT_FOUND,
+                f"The messaging entity '{parsed.entity_path or terminus.address}' could not be "
+                "found.",
+            )
+        self.authorize(parsed.entity_path)
+        if parsed.sub == "management":
+            if link.is_sender:
+                return nodes.ReplyEndpoint(self, link)
+            return management.ManagementEndpoint(self, link, queue, dlq=parsed.dlq)
+        if link.is_sender:
+            return receiving.make_receiver_endpoint(self, link, queue, dlq=parsed.dlq)
+        if parsed.dlq:
+            raise BusdError(Cond.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
+        return sending.QueueSenderEndpoint(self, link, queue)

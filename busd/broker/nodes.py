@@ -1,0 +1,182 @@
+"""Link endpoints shared by every node, and the request/response plumbing of `$cbs` and
+`$management`.
+
+A request/response node is a link pair in one AMQP session: the client's sender carries
+requests to our `RequestEndpoint`; answers go back, pre-settled (the client never settles
+them, spec §2.4/§7.3), on our `ReplyEndpoint` whose address the request names in `reply-to`
+(or, for `$cbs` which sets none, the session's `$cbs` reply link).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from proton import Delivery, Endpoint, Link
+
+from busd.broker.connection import echo_termini
+
+log = logging.getLogger("busd.broker")
+
+# Credit we keep open on links where the client sends (requests, messages). The Python SDK
+# ignores credit anyway (spec §3.2); other clients get a generous window.
+CREDIT_WINDOW = 1000
+
+
+class LinkEndpoint:
+    """Link scope: one attached link and what it is for."""
+
+    def __init__(self, conn, link: Link) -> None:
+        self.conn = conn
+        self.link = link
+        self.detached = False
+
+    @property
+    def broker(self):
+        return self.conn.broker
+
+    def on_attach(self) -> None:
+        echo_termini(self.link)
+        self.link.open()
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery: Delivery) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        self.detached = True
+
+    def kick(self) -> None:
+        self.conn.proto.kick()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(_log_task_failure)
+        return task
+
+
+def _log_task_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("link task failed", exc_info=task.exception())
+
+
+class IncomingEndpoint(LinkEndpoint):
+    """Our receiver: collects complete transfers, keeps credit open, enforces a size limit."""
+
+    max_size = 1024 * 1024
+
+    def on_attach(self) -> None:
+        super().on_attach()
+        self.link.flow(CREDIT_WINDOW)
+
+    def on_delivery(self, delivery: Delivery) -> None:
+        if not delivery.readable:
+            return
+        chunks = getattr(delivery, "chunks", None)
+        if chunks is None:
+            chunks = delivery.chunks = []
+            delivery.size = 0
+        data = self.link.recv(delivery.pending)
+        if data:
+            delivery.size += len(data)
+            # Past the limit keep counting but stop storing: the answer is a refusal anyway.
+            if delivery.size <= self.max_size + 64 * 1024:
+                chunks.append(data)
+        if delivery.partial:
+            return
+        if delivery.aborted:
+            delivery.settle()
+            self.link.advance()
+            return
+        payload = b"".join(chunks) if len(chunks) != 1 else chunks[0]
+        size = delivery.size
+        delivery.chunks = None
+        self.link.advance()
+        if self.link.credit < CREDIT_WINDOW // 2:
+            self.link.flow(CREDIT_WINDOW - self.link.credit)
+        self.on_message(delivery, payload, size)
+
+    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
+        raise NotImplementedError
+
+
+class ReplyEndpoint(LinkEndpoint):
+    """Our sender for node responses: pre-settled, queued while the client gives no credit."""
+
+    def __init__(self, conn, link: Link) -> None:
+        super().__init__(conn, link)
+        self.backlog: list[bytes] = []
+        # Requests name this link by `reply-to`, which the SDK sets to the link's target
+        # address; $cbs requests name none and are matched by the source address.
+        self.addresses = {
+            (link.remote_target.address or "").lower(),
+            (link.remote_source.address or "").lower(),
+        }
+        replies = _session_replies(link.session)
+        for address in self.addresses:
+            replies[address] = self
+
+    def send(self, payload: bytes) -> None:
+        self.backlog.append(payload)
+        self._flush()
+
+    def on_flow(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.backlog and self.link.credit > 0 and not self.detached:
+            delivery = self.link.delivery(os.urandom(16))
+            self.link.send(self.backlog.pop(0))
+            delivery.settle()
+            self.link.advance()
+        self.kick()
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        replies = _session_replies(self.link.session)
+        for address in self.addresses:
+            if replies.get(address) is self:
+                del replies[address]
+
+
+def _session_replies(session) -> dict:
+    replies = getattr(session, "reply_links", None)
+    if replies is None:
+        replies = session.reply_links = {}
+    return replies
+
+
+def reply_link(session, address: str) -> ReplyEndpoint | None:
+    return _session_replies(session).get(address.lower())
+
+
+class RequestEndpoint(IncomingEndpoint):
+    """Our receiver for node requests. Each request is answered once, on the reply link."""
+
+    reply_key: str = ""
+
+    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
+        # Accept the request transfer at once; the answer travels as a separate message.
+        delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+        self.spawn(self._answer(payload))
+
+    async def _answer(self, payload: bytes) -> None:
+        response, reply_to = await self.handle(payload)
+        if response is None:
+            return
+        reply = reply_link(self.link.session, reply_to or self.reply_key)
+        if reply is None:
+            log.warning("no reply link %r for a %s request", reply_to, self.reply_key)
+            return
+        reply.send(response)
+
+    async def handle(self, payload: bytes) -> tuple[bytes | None, str | None]:
+        raise NotImplementedError
+
+
+def is_open(link: Link) -> bool:
+    return not (link.state & Endpoint.LOCAL_CLOSED)

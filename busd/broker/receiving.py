@@ -1,0 +1,439 @@
+"""A client's receiver link on a queue, its dead-letter queue, or one of its sessions.
+
+Delivery follows AMQP credit (spec §5.4): when the client grants credit, one store call takes
+up to that many messages and they go out in one burst. With nothing available the link waits
+for a wake-up from any broker process. Settlements that arrive together are applied with one
+store call and each is answered with the settled outcome the SDK waits for (spec §6.2).
+
+Session receivers (spec §5.3) first lock a session - a named one, or the next available one
+within the client's `com.microsoft:timeout` - and only then answer the attach, echoing the
+session id in the source filter and the lock expiry in `com.microsoft:locked-until-utc`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+from proton import Delivery, Link, symbol
+
+from busd.amqp import codec
+from busd.broker.connection import amqp_condition, echo_termini, refuse_link
+from busd.broker.nodes import LinkEndpoint, is_open
+from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.storage.api import EntityRef, Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
+
+log = logging.getLogger("busd.broker")
+
+SESSION_FILTER = symbol("com.microsoft:session-filter")
+TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
+LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
+# Most messages one store call takes for one link, whatever the credit.
+MAX_BATCH = 128
+# Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
+DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
+DOTNET_EPOCH_TICKS = 621355968000000000
+
+
+def unix_ms_to_ticks(ms: int) -> int:
+    return ms * 10_000 + DOTNET_EPOCH_TICKS
+
+
+def lock_tag(token: bytes) -> bytes:
+    """Delivery tag = the lock token GUID in .NET byte layout (spec §4.3)."""
+    return uuid.UUID(bytes=token).bytes_le
+
+
+def make_receiver_endpoint(conn, link: Link, queue: QueueSpec, *, dlq: bool):
+    has_filter, session_id = _session_filter(link)
+    if dlq:
+        return QueueReceiverEndpoint(conn, link, EntityRef(queue, dlq=True))
+    if queue.requires_session and not has_filter:
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{queue.name}' requires sessions: a non-session receiver cannot be created on it.",
+        )
+    if not queue.requires_session and has_filter:
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{queue.name}' does not require sessions: a session receiver cannot be created.",
+        )
+    if has_filter:
+        timeout_ms = (link.remote_properties or {}).get(TIMEOUT_PROPERTY)
+        return SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
+    return QueueReceiverEndpoint(conn, link, EntityRef(queue))
+
+
+def _session_filter(link: Link) -> tuple[bool, str | None]:
+    source = link.remote_source
+    if source is None or source.filter is None:
+        return False, None
+    try:
+        filters = source.filter.get_object() or {}
+    except Exception:
+        return False, None
+    if not isinstance(filters, dict) or SESSION_FILTER not in filters:
+        return False, None
+    value = filters[SESSION_FILTER]
+    if hasattr(value, "value"):  # a described filter wrapping the id
+        value = value.value
+    if isinstance(value, (bytes, memoryview)):
+        value = bytes(value).decode("utf-8")
+    return True, (str(value) if value is not None else None)
+
+
+def _outcome_of(delivery: Delivery) -> Settlement | None:
+    state = delivery.remote_state
+    remote = delivery.remote
+    if state == Delivery.ACCEPTED:
+        return Settlement(token=b"", outcome=Outcome.COMPLETE)
+    if state == Delivery.MODIFIED:
+        outcome = Outcome.DEFER if remote.undeliverable else Outcome.ABANDON
+        if not remote.failed and not remote.undeliverable:
+            outcome = Outcome.RELEASE  # modified with nothing set is a plain release
+        patch = remote.annotations
+        return Settlement(
+            token=b"",
+            outcome=outcome,
+            properties_patch=codec.encode_properties_patch(patch) if patch else None,
+        )
+    if state == Delivery.REJECTED:
+        cond = remote.condition
+        info = (cond.info if cond is not None else None) or {}
+        reason = info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason"))
+        description = info.get(
+            symbol("DeadLetterErrorDescription"), info.get("DeadLetterErrorDescription")
+        )
+        if description is None and cond is not None:
+            description = cond.description
+        return Settlement(
+            token=b"",
+            outcome=Outcome.DEAD_LETTER,
+            dead_letter_reason=reason,
+            dead_letter_description=description,
+        )
+    if state == Delivery.RELEASED or delivery.settled:
+        return Settlement(token=b"", outcome=Outcome.RELEASE)
+    return None
+
+
+class QueueReceiverEndpoint(LinkEndpoint):
+    """Link scope: a receiver on a queue or dead-letter queue (no session)."""
+
+    def __init__(self, conn, link: Link, entity: EntityRef) -> None:
+        super().__init__(conn, link)
+        self.entity = entity
+        self.queue = entity.queue
+        self.mode = (
+            ReceiveMode.RECEIVE_AND_DELETE
+            if link.remote_snd_settle_mode == Link.SND_SETTLED
+            else ReceiveMode.PEEK_LOCK
+        )
+        self.holder = uuid.uuid4().hex  # identifies this link as a lock holder in the store
+        self.session_id: str | None = None
+        self._fetching = False
+        self._again = False
+        self._settling = False
+        self._settle_queue: list[tuple[Delivery, Settlement]] = []
+
+    # --- delivery -------------------------------------------------------------------------
+    def on_attach(self) -> None:
+        echo_termini(self.link)
+        self.link.open()
+
+    def on_flow(self) -> None:
+        self.pump()
+
+    def pump(self) -> None:
+        if self.detached or not self.ready:
+            return
+        if self._fetching:
+            self._again = True
+            return
+        if self.link.credit <= 0:
+            return
+        self._fetching = True
+        self.spawn(self._fetch())
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    async def _fetch(self) -> None:
+        try:
+            while not self.detached and self.link.credit > 0:
+                count = min(self.link.credit, MAX_BATCH)
+                self._again = False
+                # Listen before looking, so a message that lands during the store call wakes us.
+                self.broker.add_waiter(self.queue.name, self.pump)
+                try:
+                    messages = await self._take(count)
+                except BusdError as error:
+                    self.lost(error)
+                    return
+                if self.detached or not is_open(self.link):
+                    await self._return_untaken(messages)
+                    return
+                for message in messages:
+                    self._send(message)
+                if messages and self.broker.metrics is not None:
+                    self.broker.metrics.messages_received(self.queue.name, len(messages))
+                self.kick()
+                if len(messages) < count and not self._again:
+                    if self.link.drain_mode:
+                        self.link.drained()
+                        self.kick()
+                    return
+        finally:
+            self._fetching = False
+
+    async def _take(self, count: int) -> list[StoredMessage]:
+        tokens = [os.urandom(16) for _ in range(count)] if self.mode == ReceiveMode.PEEK_LOCK else []
+        return await self.broker.store.receive(self.entity, count, self.mode, tokens)
+
+    async def _return_untaken(self, messages: list[StoredMessage]) -> None:
+        if messages and self.mode == ReceiveMode.PEEK_LOCK:
+            await self.broker.store.settle(
+                self.entity,
+                [Settlement(token=m.lock_token, outcome=Outcome.RELEASE, session_id=m.session_id)
+                 for m in messages],
+                self.holder,
+            )
+
+    def _send(self, message: StoredMessage) -> None:
+        peek_lock = self.mode == ReceiveMode.PEEK_LOCK
+        payload = codec.encode_delivery(
+            message.blob,
+            seq=message.seq,
+            enqueued_ms=message.enqueued_ms,
+            delivery_count=message.delivery_count,
+            locked_until_ms=message.locked_until_ms if peek_lock else None,
+            dead_letter_reason=message.dead_letter_reason,
+            dead_letter_description=message.dead_letter_description,
+            properties_patch=message.properties_patch,
+        )
+        token = message.lock_token if peek_lock else os.urandom(16)
+        delivery = self.link.delivery(lock_tag(token))
+        self.link.send(payload)
+        self.link.advance()
+        if peek_lock:
+            delivery.token = token
+            delivery.session_id = message.session_id
+        else:
+            delivery.settle()
+
+    # --- settlement -------------------------------------------------------------------------
+    def on_delivery(self, delivery: Delivery) -> None:
+        # proton's `settled` is the client's settlement; ours is `settle()`.
+        token = getattr(delivery, "token", None)
+        if token is None:  # receive-and-delete, or already being settled
+            return
+        if not delivery.updated and not delivery.settled:
+            return
+        settlement = _outcome_of(delivery)
+        if settlement is None:
+            return
+        settlement.token = token
+        settlement.session_id = delivery.session_id
+        delivery.token = None  # settle once
+        self._settle_queue.append((delivery, settlement))
+        if not self._settling:
+            self._settling = True
+            self.spawn(self._settle_pending())
+
+    async def _settle_pending(self) -> None:
+        try:
+            while self._settle_queue:
+                batch, self._settle_queue = self._settle_queue, []
+                try:
+                    statuses = await self.broker.store.settle(
+                        self.entity, [s for _, s in batch], self.holder
+                    )
+                except Exception as exc:
+                    log.error("settlement on %s failed: %s", self.entity.path, exc)
+                    statuses = None
+                for (delivery, settlement), status in zip(batch, statuses or [None] * len(batch)):
+                    self._answer(delivery, settlement, status)
+                if statuses and self.broker.metrics is not None:
+                    self.broker.metrics.settled_batch(
+                        self.entity.path, [s.outcome for _, s in batch], statuses
+                    )
+                self.kick()
+                if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
+                    self.pump()  # the same message may be next again
+        finally:
+            self._settling = False
+
+    def _answer(self, delivery: Delivery, settlement: Settlement, status: int | None) -> None:
+        if delivery.settled:  # the client settled first: nothing to echo
+            delivery.settle()
+            return
+        if status == StoreStatus.OK:
+            outcome = settlement.outcome
+            if outcome == Outcome.COMPLETE:
+                delivery.update(Delivery.ACCEPTED)
+            elif outcome in (Outcome.ABANDON, Outcome.DEFER):
+                delivery.local.failed = True
+                delivery.local.undeliverable = outcome == Outcome.DEFER
+                delivery.update(Delivery.MODIFIED)
+            elif outcome == Outcome.DEAD_LETTER:
+                delivery.update(Delivery.REJECTED)  # without error: success (spec §6.2)
+            else:
+                delivery.update(Delivery.RELEASED)
+        else:
+            error = (
+                store_error(status)
+                if status is not None
+                else BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+            )
+            delivery.local.condition = amqp_condition(error, triple=False)
+            delivery.update(Delivery.REJECTED)
+        delivery.settle()
+
+    # --- end of the link ----------------------------------------------------------------------
+    def lost(self, error: BusdError) -> None:
+        """Detach with an error (e.g. session lock lost)."""
+        if self.detached or not is_open(self.link):
+            return
+        self.conn._forget(self)
+        self.on_detach()
+        self.link.condition = amqp_condition(error, triple=False)
+        self.link.close()
+        self.kick()
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        self.broker.remove_waiter(self.queue.name, self.pump)
+
+
+class SessionReceiverEndpoint(QueueReceiverEndpoint):
+    """Link scope: a receiver holding one session's lock."""
+
+    def __init__(
+        self, conn, link: Link, queue: QueueSpec, session_id: str | None, timeout_ms
+    ) -> None:
+        super().__init__(conn, link, EntityRef(queue))
+        self.requested_session = session_id
+        self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
+        self.locked_until_ms = 0
+        self._accepted = False
+        self._lock_timer: asyncio.TimerHandle | None = None
+        self._lock_lost = False
+
+    @property
+    def ready(self) -> bool:
+        return self._accepted
+
+    def on_attach(self) -> None:
+        self.spawn(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_ms / 1000
+        store = self.broker.store
+        while True:
+            woken = loop.create_future()
+
+            def wake(fut=woken) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            if self.requested_session is None:
+                self.broker.add_waiter(self.queue.name, wake)
+            try:
+                lock = await store.accept_session(self.queue, self.requested_session, self.holder)
+            except BusdError as error:
+                self.broker.remove_waiter(self.queue.name, wake)
+                return self._refuse(error)
+            if lock is not None:
+                self.broker.remove_waiter(self.queue.name, wake)
+                break
+            remaining = deadline - loop.time()
+            if remaining > 0 and not self.detached:
+                try:
+                    await asyncio.wait_for(woken, remaining)
+                    continue
+                except asyncio.TimeoutError:
+                    pass
+            self.broker.remove_waiter(self.queue.name, wake)
+            log.debug("no session available in %s within %d ms", self.queue.name, self.timeout_ms)
+            return self._refuse(store_error(StoreStatus.NO_SESSION_AVAILABLE))
+        if self.detached:  # the client went away while we waited
+            await store.release_session(self.queue, lock.session_id, self.holder)
+            return
+        self.session_id = lock.session_id
+        self.locked_until_ms = lock.locked_until_ms
+        self._open_locked()
+
+    def _refuse(self, error: BusdError) -> None:
+        if not self.detached:
+            self.detached = True
+            self.conn._forget(self)
+            refuse_link(self.link, error)
+            self.kick()
+
+    def _open_locked(self) -> None:
+        link = self.link
+        echo_termini(link)
+        link.source.filter.clear()
+        link.source.filter.put_dict({SESSION_FILTER: self.session_id})
+        link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(self.locked_until_ms)}
+        link.open()
+        self._accepted = True
+        self.broker.local_session_holders[(self.queue.name, self.session_id)] = self._expired
+        self._arm_lock_timer()
+        self.kick()
+        self.pump()
+
+    def lock_renewed(self, locked_until_ms: int) -> None:
+        self.locked_until_ms = locked_until_ms
+        self._arm_lock_timer()
+
+    def _arm_lock_timer(self) -> None:
+        if self._lock_timer is not None:
+            self._lock_timer.cancel()
+        delay = max(0.0, self.locked_until_ms / 1000 - time.time())
+        self._lock_timer = asyncio.get_running_loop().call_later(delay + 0.05, self._check_lock)
+
+    def _check_lock(self) -> None:
+        if self.locked_until_ms / 1000 <= time.time():
+            self._expired()
+
+    def _expired(self) -> None:
+        """The session lock ran out: the link is detached, and the store's sweep returns the
+        in-flight messages with their delivery count raised (not a release)."""
+        self._lock_lost = True
+        self.lost(
+            BusdError(
+                Condition.SESSION_LOCK_LOST,
+                f"The lock on session '{self.session_id}' expired.",
+            )
+        )
+
+    async def _take(self, count: int) -> list[StoredMessage]:
+        tokens = [os.urandom(16) for _ in range(count)] if self.mode == ReceiveMode.PEEK_LOCK else []
+        try:
+            return await self.broker.store.receive_session(
+                self.queue, self.session_id, self.holder, count, self.mode, tokens
+            )
+        except BusdError as error:
+            if error.condition == Condition.SESSION_LOCK_LOST:
+                self._lock_lost = True
+            raise
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        if self._lock_timer is not None:
+            self._lock_timer.cancel()
+        if not self._accepted:
+            return
+        key = (self.queue.name, self.session_id)
+        if self.broker.local_session_holders.get(key) == self._expired:
+            del self.broker.local_session_holders[key]
+        if not self._lock_lost:
+            # Closed by the client: unsettled messages are available again, count unchanged.
+            self.spawn(self.broker.store.release_session(self.queue, self.session_id, self.holder))
+

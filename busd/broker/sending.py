@@ -1,0 +1,128 @@
+"""A client's sender link to a queue: transfers in, one store call per burst, one settled
+outcome per delivery (spec §3).
+
+Transfers that arrive together (one socket read, or while the previous store call runs) are
+stored with one `Store.send` call; each delivery is then answered `accepted`, or `rejected`
+with a full error triple (spec §3.4, §8.4). `released`/`modified` are never sent to a sender.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from proton import Delivery, symbol
+
+from busd.amqp import codec
+from busd.broker.connection import amqp_condition
+from busd.broker.nodes import IncomingEndpoint
+from busd.errors import BusdError, Condition
+from busd.storage.api import NewMessage, QueueSpec
+
+log = logging.getLogger("busd.broker")
+
+MAX_SESSION_ID_LENGTH = 128
+
+
+class QueueSenderEndpoint(IncomingEndpoint):
+    def __init__(self, conn, link, queue: QueueSpec) -> None:
+        super().__init__(conn, link)
+        self.queue = queue
+        self.max_size = queue.max_message_size
+        self._pending: list[tuple[Delivery, bytes, int]] = []
+        self._busy = False
+
+    def on_attach(self) -> None:
+        self.link.max_message_size = self.queue.max_message_size
+        self.link.properties = {
+            symbol("com.microsoft:max-message-batch-size"): self.queue.max_message_size
+        }
+        super().on_attach()
+        # Receiver-settles-first: we settle each transfer ourselves (spec §3.1).
+        self.link.rcv_settle_mode = 0
+
+    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
+        self._pending.append((delivery, payload, size))
+        if not self._busy:
+            self._busy = True
+            self.spawn(self._store_pending())
+
+    async def _store_pending(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._store(batch)
+        finally:
+            self._busy = False
+
+    async def _store(self, batch: list[tuple[Delivery, bytes, int]]) -> None:
+        accepted: list[Delivery] = []
+        messages: list[NewMessage] = []
+        for delivery, payload, size in batch:
+            try:
+                messages.extend(self._decode(payload, size))
+                accepted.append(delivery)
+            except BusdError as error:
+                _reject(delivery, error)
+        if messages:
+            try:
+                await self.broker.store.send(self.queue, messages)
+            except Exception as exc:
+                log.error("storing %d messages in %s failed: %s", len(messages), self.queue.name, exc)
+                error = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+                for delivery in accepted:
+                    _reject(delivery, error)
+                accepted = []
+            else:
+                if self.broker.metrics is not None:
+                    self.broker.metrics.messages_sent(self.queue.name, len(messages))
+        for delivery in accepted:
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
+        self.kick()
+
+    def _decode(self, payload: bytes, size: int) -> list[NewMessage]:
+        if size > self.queue.max_message_size:
+            raise BusdError(
+                Condition.MESSAGE_SIZE_EXCEEDED,
+                f"The message of {size} bytes exceeds the limit of "
+                f"{self.queue.max_message_size} bytes of '{self.queue.name}'.",
+            )
+        try:
+            inner = codec.unpack_batch(payload)
+            parts = [payload] if inner is None else inner
+            return [self._new_message(codec.parse_incoming(part)) for part in parts]
+        except codec.CodecError as exc:
+            raise BusdError(Condition.DECODE_ERROR, f"Malformed message: {exc}") from None
+
+    def _new_message(self, incoming) -> NewMessage:
+        session_id = incoming.session_id
+        if session_id is not None:
+            if len(session_id) > MAX_SESSION_ID_LENGTH or "\0" in session_id:
+                raise BusdError(
+                    Condition.ARGUMENT_OUT_OF_RANGE,
+                    f"The session id must be at most {MAX_SESSION_ID_LENGTH} characters "
+                    "and contain no NUL character.",
+                )
+        if self.queue.requires_session:
+            if not session_id:
+                raise BusdError(
+                    Condition.NOT_ALLOWED,
+                    f"The SessionId was not set on a message, and it cannot be sent to "
+                    f"'{self.queue.name}', which requires sessions.",
+                )
+        else:
+            session_id = None  # a plain queue ignores group-id (it stays in the message)
+        return NewMessage(
+            blob=incoming.blob,
+            session_id=session_id,
+            message_id=incoming.message_id,
+            ttl_ms=incoming.ttl_ms,
+            scheduled_ms=incoming.scheduled_ms,
+        )
+
+
+def _reject(delivery: Delivery, error: BusdError) -> None:
+    log.debug("send rejected: %s", error)
+    delivery.local.condition = amqp_condition(error)
+    delivery.update(Delivery.REJECTED)
+    delivery.settle()

@@ -1,0 +1,153 @@
+"""The server lifecycle: startup(), serve until a signal, shutdown() - in that order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from busd import __version__
+from busd.amqp.protocol import AmqpProtocol
+from busd.broker.broker import Broker
+from busd.broker.connection import ConnectionHandler
+from busd.config import Settings, load_entities
+from busd.storage.api import QueueSpec
+
+log = logging.getLogger("busd")
+
+# How long shutdown waits for clients to finish before closing their sockets.
+GRACE_S = 3.0
+
+
+def connection_string(settings: Settings, host: str | None = None) -> str:
+    key_name, key = next(iter(settings.sas_keys.items()))
+    host = host or ("localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host)
+    return (
+        f"Endpoint=sb://{host}:{settings.port};SharedAccessKeyName={key_name};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+    )
+
+
+class Server:
+    """Process scope: the store (embedded or remote), the broker, the listeners."""
+
+    def __init__(self, settings: Settings, entities: list[QueueSpec]) -> None:
+        self.settings = settings
+        self.entities = {q.name: q for q in entities}
+        self.embedded = None
+        self.broker: Broker | None = None
+        self.listener: asyncio.base_events.Server | None = None
+        self.http = None
+        self.protocols: set[AmqpProtocol] = set()
+
+    @property
+    def port(self) -> int:
+        return self.listener.sockets[0].getsockname()[1]
+
+    async def startup(self) -> None:
+        from busd.storage.redis_store import RedisStore
+
+        settings = self.settings
+        url = settings.redis_url
+        if not url:
+            from busd.storage.embedded import EmbeddedValkey
+
+            self.embedded = EmbeddedValkey(settings.data_dir)
+            await asyncio.to_thread(self.embedded.start)
+            url = self.embedded.url
+        store = RedisStore(url, prefix=settings.key_prefix)
+        metrics = None
+        try:
+            from busd.observability.metrics import Metrics
+
+            metrics = Metrics()
+        except ImportError:
+            pass
+        self.broker = Broker(
+            store,
+            self.entities,
+            sas_keys=settings.sas_keys,
+            sweep_interval_s=settings.sweep_interval_s,
+            metrics=metrics,
+        )
+        await self.broker.start()
+        loop = asyncio.get_running_loop()
+        self.listener = await loop.create_server(
+            self._new_protocol, settings.host, settings.port, reuse_address=True
+        )
+        if settings.http_port:
+            try:
+                from busd.observability.http import start_http
+            except ImportError:
+                start_http = None
+            if start_http is not None:
+                self.http = await start_http(self, settings.host, settings.http_port)
+
+    def _new_protocol(self) -> AmqpProtocol:
+        proto = AmqpProtocol(lambda p: ConnectionHandler(p, self.broker))
+        self.protocols.add(proto)
+        return proto
+
+    def banner(self) -> str:
+        settings = self.settings
+        store = f"embedded Valkey in {settings.data_dir}" if self.embedded else settings.redis_url
+        lines = [
+            f"busd {__version__} listening on amqp://{settings.host}:{self.port}",
+            f"  store:    {store}",
+            f"  entities: {len(self.entities)} queue(s)"
+            + (f" ({', '.join(sorted(self.entities))})" if self.entities else ""),
+        ]
+        if self.http is not None:
+            lines.append(f"  http:     http://{settings.host}:{self.http.port}/health, /metrics")
+        lines.append(f"  connection string: {connection_string(self.settings)}")
+        return "\n".join(lines)
+
+    async def shutdown(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        if self.http is not None:
+            await self.http.close()
+        for proto in list(self.protocols):
+            proto.abort()
+        if self.broker is not None:
+            await self.broker.stop()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+
+
+async def serve(settings: Settings) -> int:
+    entities: list[QueueSpec] = []
+    if settings.config_path:
+        entities, warnings = load_entities(settings.config_path, settings.max_message_size)
+        for warning in warnings:
+            log.warning("%s", warning)
+    else:
+        log.warning("no --config given: no entities are defined")
+    server = Server(settings, entities)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.startup()
+    except BaseException:
+        await server.shutdown()
+        raise
+    print(server.banner(), flush=True)
+    await stop.wait()
+    log.info("shutting down")
+    await server.shutdown()
+    return 0
+
+
+def run(settings: Settings) -> int:
+    from busd.observability.logs import configure
+
+    configure(settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sys.stdout.flush()
