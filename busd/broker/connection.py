@@ -126,7 +126,11 @@ class ConnectionHandler:
 
     def on_transport_error(self, event) -> None:
         cond = event.transport.condition
-        log.info("connection %s: transport error: %s", self.proto.peer, cond)
+        # The SDK detaches a $management link after ending its session (spec §1.7): proton
+        # answers with "no such channel"; the client is leaving anyway.
+        late_frame = cond is not None and "no such channel" in (cond.description or "")
+        log.log(logging.DEBUG if late_frame else logging.INFO,
+                "connection %s: transport error: %s", self.proto.peer, cond)
 
     def on_transport_closed(self, event) -> None:
         self.proto.kick()

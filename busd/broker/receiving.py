@@ -72,7 +72,9 @@ def _session_filter(link: Link) -> tuple[bool, str | None]:
     if source is None or source.filter is None:
         return False, None
     try:
-        filters = source.filter.get_object() or {}
+        data = source.filter
+        data.rewind()
+        filters = data.get_object() if data.next() is not None else {}
     except Exception:
         return False, None
     if not isinstance(filters, dict) or SESSION_FILTER not in filters:

@@ -1,0 +1,126 @@
+"""End-to-end fixtures: real busd processes on real TCP over the session's real store.
+
+`start_busd(queues)` writes an emulator-format Config.json, starts `python -m busd serve` on a
+free port with a unique key prefix, waits for its banner and stops it by PID afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
+
+
+@dataclass
+class BusdProcess:
+    proc: subprocess.Popen
+    port: int
+    prefix: str
+    log_path: Path
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://localhost:{self.port};SharedAccessKeyName=RootManageSharedAccessKey;"
+            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+def queue(name: str, **props) -> dict:
+    """One queue entry of an emulator Config.json; props use the emulator's property names."""
+    defaults = {
+        "DeadLetteringOnMessageExpiration": False,
+        "DefaultMessageTimeToLive": "PT1H",
+        "DuplicateDetectionHistoryTimeWindow": "PT20S",
+        "ForwardDeadLetteredMessagesTo": "",
+        "ForwardTo": "",
+        "LockDuration": "PT1M",
+        "MaxDeliveryCount": 10,
+        "RequiresDuplicateDetection": False,
+        "RequiresSession": False,
+    }
+    defaults.update(props)
+    return {"Name": name, "Properties": defaults}
+
+
+def write_config(path: Path, queues: list[dict]) -> Path:
+    document = {
+        "UserConfig": {
+            "Namespaces": [{"Name": "sbemulatorns", "Queues": queues, "Topics": []}],
+            "Logging": {"Type": "File"},
+        }
+    }
+    path.write_text(json.dumps(document, indent=2))
+    return path
+
+
+def launch_busd(redis_url: str, config: Path, workdir: Path, *, prefix: str | None = None,
+                extra_env: dict | None = None, log_level: str = "info") -> BusdProcess:
+    prefix = prefix or f"e2e-{uuid.uuid4().hex[:10]}"
+    log_path = workdir / f"busd-{uuid.uuid4().hex[:6]}.log"
+    env = dict(os.environ)
+    env.update(
+        {
+            "BUSD_KEY_PREFIX": prefix,
+            "BUSD_SWEEP_INTERVAL": "0.2",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
+           "--http-port", "0", "--redis-url", redis_url, "--config", str(config),
+           "--log-level", log_level]
+    out = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        match = BANNER.search(log_path.read_text(errors="replace"))
+        if match:
+            return BusdProcess(proc, int(match.group(1)), prefix, log_path)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"busd did not start:\n{log_path.read_text(errors='replace')}")
+
+
+@pytest.fixture(scope="module")
+def busd_factory(redis_url, tmp_path_factory):
+    """Start busd processes for a module; all are stopped at the module's end."""
+    started: list[BusdProcess] = []
+    workdir = tmp_path_factory.mktemp("busd")
+
+    def start(queues: list[dict], **kwargs) -> BusdProcess:
+        config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues)
+        proc = launch_busd(redis_url, config, workdir, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
