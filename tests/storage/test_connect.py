@@ -1,0 +1,52 @@
+"""Connecting checks the server; a store survives a server that forgot its scripts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from busd.storage.api import EntityRef, NewMessage, ReceiveMode
+from busd.storage.redis_store import RedisStore
+
+
+async def test_connect_checks_version_and_eviction_policy(store, redis_url, caplog):
+    import redis.asyncio as redis
+
+    assert await store.ping()
+    client = redis.Redis.from_url(redis_url)
+    old = (await client.config_get("maxmemory-policy"))["maxmemory-policy"]
+    try:
+        await client.config_set("maxmemory-policy", "allkeys-lru")
+        other = RedisStore(redis_url, prefix=store.prefix)
+        with caplog.at_level(logging.WARNING, logger="busd.storage"):
+            await other.connect()
+        await other.close()
+        assert any("noeviction" in r.getMessage() for r in caplog.records)
+    finally:
+        await client.config_set("maxmemory-policy", old)
+        await client.aclose()
+
+
+async def test_scripts_are_reloaded_after_script_flush(store, make_queue, redis_url):
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        await client.script_flush()
+    finally:
+        await client.aclose()
+    q = make_queue()
+    assert await store.send(q, [NewMessage(b"a")]) == [1]
+    got = await store.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+    assert got[0].blob == b"a"
+
+
+async def test_ping_is_false_when_closed(store):
+    await store.close()
+    assert not await store.ping()
+
+
+def test_prefix_with_hash_tag_braces_is_refused():
+    with pytest.raises(ValueError):
+        RedisStore("redis://127.0.0.1:1", prefix="a{b}")
