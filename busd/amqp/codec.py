@@ -60,7 +60,7 @@ __all__ = [
     "HEADER", "DELIVERY_ANNOTATIONS", "MESSAGE_ANNOTATIONS", "PROPERTIES",
     "APPLICATION_PROPERTIES", "DATA", "AMQP_SEQUENCE", "AMQP_VALUE", "FOOTER",
     "PROPERTY_FIELDS", "HEADER_FIELDS",
-    "split_sections", "IncomingMessage", "parse_incoming", "encode_delivery",
+    "split_sections", "IncomingMessage", "parse_incoming", "parse_transfer", "encode_delivery",
     "encode_properties_patch", "decode_properties_patch", "unpack_batch",
     "DecodedMessage", "decode_message", "encode_message",
 ]  # fmt: skip
@@ -135,7 +135,13 @@ def _scan(buf: bytes) -> list[tuple[int, int, int, int]]:
             raise CodecError(f"unsupported section descriptor constructor 0x{d:02x}")
         if not HEADER <= code <= FOOTER:
             raise CodecError(f"not a message section: descriptor {code!r} at offset {pos}")
-        end = skip_raw(buf, vpos)
+        c = buf[vpos]
+        if c == 0xC0 or c == 0xA0 or c == 0xC1:  # the usual section bodies, inlined
+            end = vpos + 2 + buf[vpos + 1]
+            if end > n:
+                raise CodecError(f"section at offset {pos} runs past the end of the message")
+        else:
+            end = skip_raw(buf, vpos)
         sections.append((code, pos, vpos, end))
         pos = end
     return sections
@@ -235,9 +241,20 @@ class IncomingMessage:
         "size",  # int: len(payload) as sent
     )
 
-    def __init__(self, **fields: Any) -> None:
-        for name in self.__slots__:
-            setattr(self, name, fields.get(name))
+    def __init__(
+        self, message_id, session_id, reply_to_session_id, partition_key, scheduled_ms,
+        ttl_ms, durable, priority, blob, size,
+    ) -> None:  # fmt: skip
+        self.message_id = message_id
+        self.session_id = session_id
+        self.reply_to_session_id = reply_to_session_id
+        self.partition_key = partition_key
+        self.scheduled_ms = scheduled_ms
+        self.ttl_ms = ttl_ms
+        self.durable = durable
+        self.priority = priority
+        self.blob = blob
+        self.size = size
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__ if n != "blob")
@@ -257,86 +274,89 @@ def parse_incoming(payload: bytes) -> IncomingMessage:
         raise _guarded("message", exc) from None
 
 
+# Bit of each section that may appear once (indexed by code - HEADER); data and
+# amqp-sequence sections may repeat.
+_ONCE_BIT = (1, 2, 4, 8, 16, 0, 0, 128, 256)
+
+
 def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
     seen = 0
     durable = priority = ttl = None
     message_id = session_id = reply_session = None
     partition_key = scheduled = None
     ann, ann_pairs = b"", 0
+    # The bare message (sections from properties on, in wire order), its length so far, and
+    # where application-properties are in it (or would be inserted: after properties).
     bare_parts = []
+    contiguous = True
+    bare_len = 0
+    flags = ap_start = ap_end = 0
     for code, start, vpos, end in sections:
-        if code in _SINGLETONS:
-            bit = 1 << (code - HEADER)
-            if seen & bit:
-                raise CodecError(f"duplicate message section 0x{code:02x}")
-            seen |= bit
+        bit = _ONCE_BIT[code - HEADER]
+        if seen & bit:
+            raise CodecError(f"duplicate message section 0x{code:02x}")
+        seen |= bit
         if code >= PROPERTIES:
-            bare_parts.append((code, start, end))
+            if bare_parts and bare_parts[-1][1] != start:
+                contiguous = False
+            bare_parts.append((start, end))
+            size = end - start
             if code == PROPERTIES:
                 message_id, session_id, reply_session = _read_properties(buf, vpos, end)
+                if not flags:
+                    ap_start = ap_end = bare_len + size
             elif code == APPLICATION_PROPERTIES:
                 _check_application_properties(buf, vpos, end)
+                flags = _HAS_APP_PROPERTIES
+                ap_start, ap_end = bare_len, bare_len + size
             elif code == DATA and buf[vpos] != 0xA0 and buf[vpos] != 0xB0:
                 raise CodecError("a data section must hold binary")
+            bare_len += size
         elif code == HEADER:
             durable, priority, ttl = _read_header(buf, vpos, end)
         elif code == MESSAGE_ANNOTATIONS:
             ann, ann_pairs, scheduled, partition_key = _read_annotations(buf, vpos, end)
         # DELIVERY_ANNOTATIONS: dropped.
 
-    # The bare message, and where application-properties are (or would be inserted).
-    flags = 0
-    ap_start = ap_end = 0
-    if bare_parts:
-        offset = 0
-        contiguous = True
-        previous_end = bare_parts[0][1]
-        for code, start, end in bare_parts:
-            contiguous = contiguous and start == previous_end
-            previous_end = end
-            if code == APPLICATION_PROPERTIES:
-                flags |= _HAS_APP_PROPERTIES
-                ap_start, ap_end = offset, offset + end - start
-            elif code == PROPERTIES and not flags & _HAS_APP_PROPERTIES:
-                ap_start = ap_end = offset + end - start
-            offset += end - start
-        if contiguous:
-            bare = buf[bare_parts[0][1] : bare_parts[-1][2]]
-        else:
-            bare = b"".join([buf[start:end] for _, start, end in bare_parts])
-    else:
+    if not bare_parts:
         bare = b""
+    elif contiguous:
+        bare = buf[bare_parts[0][0] : bare_parts[-1][1]]
+    else:
+        bare = b"".join([buf[start:end] for start, end in bare_parts])
 
-    header_fields = (
-        (b"\x40" if durable is None else b"\x41" if durable else b"\x42")
-        + (b"\x40" if priority is None else bytes((0x50, priority)))
-        + (b"\x40" if ttl is None else _pBI(0x70, ttl))
-        + b"\x40"  # first-acquirer: not carried over
-    )
+    if durable is None and priority is None:
+        header_fields = _NULL_HEADER if ttl is None else _TTL_ONLY_HEADER % _pI(ttl)
+    else:
+        header_fields = (
+            (b"\x40" if durable is None else b"\x41" if durable else b"\x42")
+            + (b"\x40" if priority is None else bytes((0x50, priority)))
+            + (b"\x40" if ttl is None else _pBI(0x70, ttl))
+            + b"\x40"  # first-acquirer: not carried over
+        )
     head = _BLOB_HEAD.pack(
         _BLOB_VERSION, flags, len(header_fields), ann_pairs, len(ann), ap_start, ap_end
     )
     return IncomingMessage(
-        message_id=message_id,
-        session_id=session_id,
-        reply_to_session_id=reply_session,
-        partition_key=partition_key,
-        scheduled_ms=scheduled,
-        ttl_ms=ttl,
-        durable=durable,
-        priority=priority,
-        blob=b"".join((head, header_fields, ann, bare)),
-        size=len(buf),
-    )
+        message_id, session_id, reply_session, partition_key, scheduled, ttl, durable,
+        priority, b"".join((head, header_fields, ann, bare)), len(buf),
+    )  # fmt: skip
+
+
+_NULL_HEADER = b"\x40\x40\x40\x40"
+_TTL_ONLY_HEADER = b"\x40\x40\x70%b\x40"
 
 
 def _read_header(buf: bytes, vpos: int, end: int):
     p, count = _list_start(buf, vpos)
     fields = [None, None, None]
-    for i in range(min(count, 3)):
-        fields[i], p = decode_raw(buf, p, 1)
-        if p > end:
-            raise CodecError("header fields run past the header")
+    for i in range(count if count < 3 else 3):
+        if buf[p] == 0x40:
+            p += 1
+        else:
+            fields[i], p = decode_raw(buf, p, 1)
+    if p > end:
+        raise CodecError("header fields run past the header")
     durable, priority, ttl = fields
     if durable is not None and not isinstance(durable, bool):
         raise CodecError("header.durable must be a boolean")
@@ -350,8 +370,11 @@ def _read_header(buf: bytes, vpos: int, end: int):
 def _read_properties(buf: bytes, vpos: int, end: int):
     p, count = _list_start(buf, vpos)
     message_id = group_id = reply_group_id = None
-    for i in range(min(count, 13)):
-        if i == 0:
+    i = 0
+    for i in range(count if count < 13 else 13):
+        if buf[p] == 0x40:  # most fields are null
+            p += 1
+        elif i == 0:
             v, p = decode_raw(buf, p, 1)
             message_id = _message_id_text(v)
         elif i == 10:
@@ -360,11 +383,13 @@ def _read_properties(buf: bytes, vpos: int, end: int):
             reply_group_id, p = decode_raw(buf, p, 1)
         else:
             p = skip_raw(buf, p)
-        if p > end:
-            raise CodecError("properties run past the properties section")
-    return message_id, _text_or_none(group_id, "group-id"), _text_or_none(
-        reply_group_id, "reply-to-group-id"
-    )
+    if p > end:
+        raise CodecError("properties run past the properties section")
+    if group_id is not None:
+        group_id = _text(group_id, "group-id")
+    if reply_group_id is not None:
+        reply_group_id = _text(reply_group_id, "reply-to-group-id")
+    return message_id, group_id, reply_group_id
 
 
 def _check_application_properties(buf: bytes, vpos: int, end: int) -> None:
@@ -398,12 +423,12 @@ def _message_id_text(v: Any) -> str | None:
     raise CodecError(f"message-id of unsupported type {type(v).__name__}")
 
 
-def _text_or_none(v: Any, field: str) -> str | None:
-    if v is None:
-        return None
+def _text(v: Any, field: str) -> str:
+    if type(v) is str:
+        return v
     if isinstance(v, str):
         return str(v)
-    raise CodecError(f"properties.{field} must be a string")
+    raise CodecError(f"{field} must be a string")
 
 
 def _read_annotations(buf: bytes, vpos: int, end: int):
@@ -444,7 +469,9 @@ def _read_annotations(buf: bytes, vpos: int, end: int):
                         raise CodecError("x-opt-scheduled-enqueue-time must be a timestamp")
                     scheduled = int(v)
             elif name == _K_PARTITION:
-                partition_key = _text_or_none(decode_raw(buf, ke, 1)[0], "x-opt-partition-key")
+                partition_key = decode_raw(buf, ke, 1)[0]
+                if partition_key is not None:
+                    partition_key = _text(partition_key, "x-opt-partition-key")
             if kc != 0xA3:  # annotation keys go out as symbols (spec §4.2)
                 pristine = False
                 kept.append(_symbol_bytes(name) + buf[ke:ve])
@@ -642,41 +669,63 @@ def unpack_batch(payload: bytes) -> list[bytes] | None:
     message, and whose own message-id is absent or equal to the embedded one, is unpacked."""
     buf = payload if type(payload) is bytes else bytes(payload)
     try:
-        sections = _scan(buf)
-        inner = []
-        envelope_id = None
-        for code, start, vpos, end in sections:
-            if code == DATA:
-                c = buf[vpos]
-                p = vpos + 2 if c == 0xA0 else vpos + 5 if c == 0xB0 else -1
-                if p < 0 or end - p < 3 or buf[p] != 0 or buf[p + 1] != 0x53:
-                    return None
-                if not HEADER <= buf[p + 2] <= FOOTER:
-                    return None
-                inner.append(buf[p:end])
-            elif code == AMQP_VALUE or code == AMQP_SEQUENCE:
-                return None
-            elif code == PROPERTIES:
-                envelope_id = _first_field(buf, vpos)
-        if not inner:
-            return None
-        inner_sections = []
-        for part in inner:
-            try:
-                inner_sections.append(_scan(part))
-            except (CodecError, *RAW_ERRORS):
-                return None
-        if envelope_id is not None:
-            for code, _, vpos, _ in inner_sections[0]:
-                if code == PROPERTIES:
-                    first_id = _first_field(inner[0], vpos)
-                    if first_id is not None and first_id != envelope_id:
-                        return None
-        return inner
+        parts = _batch_parts(buf, _scan(buf))
     except CodecError:
         raise
     except RAW_ERRORS as exc:
         raise _guarded("message", exc) from None
+    return None if parts is None else [part for part, _ in parts]
+
+
+def parse_transfer(payload: bytes) -> list[IncomingMessage]:
+    """`parse_incoming` of each message a transfer carries: the inner messages of a batch
+    envelope (see unpack_batch), else the payload itself. Scans the payload once."""
+    buf = payload if type(payload) is bytes else bytes(payload)
+    try:
+        sections = _scan(buf)
+        parts = _batch_parts(buf, sections)
+        if parts is None:
+            return [_parse_incoming(buf, sections)]
+        return [_parse_incoming(part, part_sections) for part, part_sections in parts]
+    except CodecError:
+        raise
+    except RAW_ERRORS as exc:
+        raise _guarded("message", exc) from None
+
+
+def _batch_parts(buf: bytes, sections: list) -> list[tuple[bytes, list]] | None:
+    """(inner message, its sections) for a batch envelope, None for a single message."""
+    inner = []
+    envelope_id = None
+    for code, start, vpos, end in sections:
+        if code == DATA:
+            c = buf[vpos]
+            p = vpos + 2 if c == 0xA0 else vpos + 5 if c == 0xB0 else -1
+            if p < 0 or end - p < 3 or buf[p] != 0 or buf[p + 1] != 0x53:
+                return None
+            if not HEADER <= buf[p + 2] <= FOOTER:
+                return None
+            inner.append(buf[p:end])
+        elif code == AMQP_VALUE or code == AMQP_SEQUENCE:
+            return None
+        elif code == PROPERTIES:
+            envelope_id = _first_field(buf, vpos)
+    if not inner:
+        return None
+    parts = []
+    for part in inner:
+        try:
+            parts.append((part, _scan(part)))
+        except (CodecError, *RAW_ERRORS):
+            return None
+    if envelope_id is not None:
+        first, first_sections = parts[0]
+        for code, _, vpos, _ in first_sections:
+            if code == PROPERTIES:
+                first_id = _first_field(first, vpos)
+                if first_id is not None and first_id != envelope_id:
+                    return None
+    return parts
 
 
 def _first_field(buf: bytes, vpos: int) -> bytes | None:

@@ -617,6 +617,21 @@ def test_sdk_batch_is_unpacked():
                                                    delivery_count=0)).body) == b"b" * 300  # fmt: skip
 
 
+def test_parse_transfer_handles_batches_and_single_messages():
+    batch = sdk_batch(ServiceBusMessage("a", session_id="s", message_id="1"),
+                      ServiceBusMessage("b", session_id="t", message_id="2"))  # fmt: skip
+    messages = codec.parse_transfer(batch)
+    assert [(m.message_id, m.session_id) for m in messages] == [("1", "s"), ("2", "t")]
+    assert [m.blob for m in messages] == [
+        codec.parse_incoming(part).blob for part in codec.unpack_batch(batch)
+    ]
+    single = sdk_bytes(ServiceBusMessage("c", session_id="u", message_id="3"))
+    (message,) = codec.parse_transfer(single)
+    assert message.blob == codec.parse_incoming(single).blob and message.size == len(single)
+    with pytest.raises(CodecError):
+        codec.parse_transfer(single[:-1])
+
+
 def test_single_messages_are_not_batches():
     for message in (
         ServiceBusMessage("hello"),
@@ -779,7 +794,7 @@ def test_malformed_messages_raise_codec_error():
         if cut in boundaries:
             continue
         for parse in (codec.parse_incoming, codec.split_sections, codec.decode_message,
-                      codec.unpack_batch):  # fmt: skip
+                      codec.unpack_batch, codec.parse_transfer):  # fmt: skip
             with pytest.raises(CodecError):
                 parse(good[:cut])
     bad = [
@@ -823,7 +838,7 @@ def test_random_corruption_only_ever_raises_codec_error():
                 data.insert(i, rng.randrange(256))
         data = bytes(data)
         for fn in (codec.parse_incoming, codec.decode_message, codec.unpack_batch,
-                   codec.split_sections, codec.decode_value):  # fmt: skip
+                   codec.parse_transfer, codec.split_sections, codec.decode_value):  # fmt: skip
             try:
                 result = fn(data)
             except CodecError:
