@@ -200,7 +200,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if messages and self.mode == ReceiveMode.PEEK_LOCK:
             await self.broker.store.settle(
                 self.entity,
-                [Settlement(token=m.lock_token, outcome=Outcome.RELEASE, session_id=m.session_id)
+                [Settlement(token=m.lock_token, outcome=Outcome.RELEASE, session_id=self.session_id)
                  for m in messages],
                 self.holder,
             )
@@ -223,7 +223,9 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self.link.advance()
         if peek_lock:
             delivery.token = token
-            delivery.session_id = message.session_id
+            # The lock to check on settlement: the session's for a session receiver; a DLQ
+            # message keeps its session id but is settled like any plain message.
+            delivery.session_id = self.session_id
         else:
             delivery.settle()
 

@@ -88,9 +88,8 @@ class QueueSenderEndpoint(IncomingEndpoint):
                 f"{self.queue.max_message_size} bytes of '{self.queue.name}'.",
             )
         try:
-            inner = codec.unpack_batch(payload)
-            parts = [payload] if inner is None else inner
-            return [self._new_message(codec.parse_incoming(part)) for part in parts]
+            # One message, or each message of a batch envelope (format 0x80013700).
+            return [self._new_message(m) for m in codec.parse_transfer(payload)]
         except codec.CodecError as exc:
             raise BusdError(Condition.DECODE_ERROR, f"Malformed message: {exc}") from None
 
