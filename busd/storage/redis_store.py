@@ -190,7 +190,9 @@ class RedisStore:
             raise RuntimeError("RedisStore.connect() was not called")
         return await self._scripts.run(script, self._keys_for(script, queue.name), args)
 
-    async def _run_queue(self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET) -> Any:
+    async def _run_queue(
+        self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET
+    ) -> Any:
         return await self._run(script, queue, self._queue_args(queue, budget) + list(args))
 
     # --- send ------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ async def test_message_past_ttl_is_dropped(store, make_queue, tokens):
 
 async def test_expires_time_is_enqueued_plus_capped_ttl(store, make_queue, tokens):
     q = make_queue(default_ttl_ms=60_000)
-    await store.send(q, [NewMessage(b"a", ttl_ms=3_600_000), NewMessage(b"b", ttl_ms=1000), NewMessage(b"c")])
+    await store.send(
+        q, [NewMessage(b"a", ttl_ms=3_600_000), NewMessage(b"b", ttl_ms=1000), NewMessage(b"c")]
+    )
     a, b, c = await receive(store, EntityRef(q), 3, tokens)
     assert a.expires_ms == a.enqueued_ms + 60_000
     assert b.expires_ms == b.enqueued_ms + 1000
@@ -138,7 +140,8 @@ async def test_locked_message_does_not_expire_until_unlocked(store, make_queue, 
     await asyncio.sleep(0.15)
     await store.sweep(q)
     # still locked: completing it works
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [StoreStatus.OK]
+    statuses = await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)])
+    assert statuses == [StoreStatus.OK]
 
 
 async def test_abandoned_message_past_ttl_expires(store, make_queue, tokens):

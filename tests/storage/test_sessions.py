@@ -171,7 +171,9 @@ async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, to
     assert await store.settle(EntityRef(sq), [s], None) == [OK]
 
 
-async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(store, make_queue, tokens):
+async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
+    store, make_queue, tokens
+):
     q = make_queue(requires_session=True, lock_duration_ms=100)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
@@ -308,7 +310,9 @@ async def test_list_sessions_pages_in_stable_order(store, sq):
     assert await store.list_sessions(sq, 4, 2, None) == []
 
 
-async def test_list_sessions_updated_after_returns_sessions_whose_state_was_set(store, sq, server_now):
+async def test_list_sessions_updated_after_returns_sessions_whose_state_was_set(
+    store, sq, server_now
+):
     await store.send(sq, msgs("old", b"x") + msgs("new", b"y") + msgs("none", b"z"))
     await store.accept_session(sq, "old", "h1")
     await store.set_session_state(sq, "old", "h1", b"1")
@@ -330,7 +334,8 @@ async def test_session_infos(store, sq, tokens):
     assert (infos["s1"].message_count, infos["s1"].state_size) == (2, 3)
     assert infos["s1"].locked_until_ms == lock.locked_until_ms
     assert infos["s1"].updated_ms > 0
-    assert (infos["s2"].message_count, infos["s2"].locked_until_ms, infos["s2"].state_size) == (1, None, 0)
+    s2 = infos["s2"]
+    assert (s2.message_count, s2.locked_until_ms, s2.state_size) == (1, None, 0)
 
 
 async def test_counts_of_a_session_queue(store, sq, tokens):
@@ -375,3 +380,11 @@ async def test_message_with_session_id_on_plain_queue_is_a_plain_message(store, 
     (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
     assert m.session_id == "s1"
     assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
+
+
+async def test_plain_queue_lists_no_sessions(store, make_queue):
+    q = make_queue()
+    await store.send(q, msgs("s1", b"a"))
+    assert await store.list_sessions(q, 0, 10, None) == []
+    assert (await store.counts(EntityRef(q))).sessions == 0
+    assert [m.blob for m in await store.peek(EntityRef(q), 0, 10, session_id="s1")] == [b"a"]

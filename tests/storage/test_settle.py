@@ -67,7 +67,9 @@ async def test_max_delivery_count_moves_to_dlq(store, make_queue, tokens):
     assert dead.seq == m.seq
     assert dead.delivery_count == 3
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
-    assert dead.dead_letter_description == "Message could not be consumed after 3 delivery attempts."
+    assert (
+        dead.dead_letter_description == "Message could not be consumed after 3 delivery attempts."
+    )
     assert (await store.counts(EntityRef(q))).dead_letter == 1
 
 
@@ -76,7 +78,12 @@ async def test_dead_letter_keeps_reason_description_and_sequence_number(store, m
     await store.send(q, [NewMessage(b"x"), NewMessage(b"bad")])
     await store.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
     m = await receive_one(store, EntityRef(q), tokens)
-    s = Settlement(m.lock_token, Outcome.DEAD_LETTER, dead_letter_reason="Bad", dead_letter_description="really")
+    s = Settlement(
+        m.lock_token,
+        Outcome.DEAD_LETTER,
+        dead_letter_reason="Bad",
+        dead_letter_description="really",
+    )
     assert await store.settle(EntityRef(q), [s]) == [OK]
     (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 10)
     assert (dead.seq, dead.blob) == (2, b"bad")
@@ -109,7 +116,8 @@ async def test_defer_hides_message_from_receive(store, make_queue, tokens):
 async def test_settle_with_unknown_token_is_lock_lost(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    assert await store.settle(EntityRef(q), [Settlement(tokens(1)[0], Outcome.COMPLETE)]) == [LOCK_LOST]
+    unknown = Settlement(tokens(1)[0], Outcome.COMPLETE)
+    assert await store.settle(EntityRef(q), [unknown]) == [LOCK_LOST]
     assert (await store.counts(EntityRef(q))).active == 1
 
 
@@ -146,7 +154,8 @@ async def test_settle_after_lock_expiry_is_lock_lost_and_changes_nothing(store, 
     await store.send(q, [NewMessage(b"a")])
     m = await receive_one(store, EntityRef(q), tokens)
     await asyncio.sleep(0.2)
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [LOCK_LOST]
+    late = Settlement(m.lock_token, Outcome.COMPLETE)
+    assert await store.settle(EntityRef(q), [late]) == [LOCK_LOST]
     again = await receive_one(store, EntityRef(q), tokens)
     assert (again.seq, again.delivery_count) == (m.seq, 1)
 
@@ -157,7 +166,8 @@ async def test_properties_patch_is_returned_on_later_deliveries(store, make_queu
     m = await receive_one(store, EntityRef(q), tokens)
     assert m.properties_patch is None
     patch = b"\x00patch\xff"
-    await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.ABANDON, properties_patch=patch)])
+    abandon = Settlement(m.lock_token, Outcome.ABANDON, properties_patch=patch)
+    await store.settle(EntityRef(q), [abandon])
     again = await receive_one(store, EntityRef(q), tokens)
     assert again.properties_patch == patch
     await store.settle(
@@ -181,7 +191,8 @@ async def test_renew_message_locks_extends_by_lock_duration(store, make_queue, t
         assert before + 300 <= until <= after + 300
         assert until > m.locked_until_ms
     await asyncio.sleep(0.2)  # past the first lock, within the renewed one
-    statuses = await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE) for m in got])
+    completions = [Settlement(m.lock_token, Outcome.COMPLETE) for m in got]
+    statuses = await store.settle(EntityRef(q), completions)
     assert statuses == [OK, OK]
 
 

@@ -90,9 +90,11 @@ for i = 9, #ARGV, 5 do
     local m = { dc = 0 }
     if sid ~= '' then
       m.sid = sid
-      if sessionQueue then m.ss = 1 end
       redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
-      redis.call('ZADD', Q.sessions, 0, sid)
+      if sessionQueue then
+        m.ss = 1
+        redis.call('ZADD', Q.sessions, 0, sid)
+      end
     end
     if due and due > Q.now then
       m.st = 's'

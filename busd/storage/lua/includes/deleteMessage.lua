@@ -7,6 +7,6 @@ local function deleteMessage(Q, E, seq, m)
   redis.call('ZREM', E.all, seq)
   if m.sid then
     redis.call('ZREM', E.sall, seqMember(m.sid, seq))
-    if not E.dlq then forgetSessionIfEmpty(Q, m.sid) end
+    if m.ss then forgetSessionIfEmpty(Q, m.sid) end
   end
 end
