@@ -94,11 +94,14 @@ class RedisStore:
         self._scripts: Scripts | None = None
         self._channel = keyspace.wake_channel(prefix)
         self._keys: dict[tuple[str, str], list[str]] = {}  # (script, queue) -> KEYS
-        self._listener: asyncio.Task[None] | None = None
+        self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
 
     # --- lifecycle -----------------------------------------------------------------------
     async def connect(self) -> None:
-        self._client = redis.Redis.from_url(self.url, decode_responses=False)
+        # named so that operators (and tests) can tell busd's connections apart
+        self._client = redis.Redis.from_url(
+            self.url, decode_responses=False, client_name=f"busd:{self.prefix}"
+        )
         await self._check_server()
         self._scripts = Scripts(self._client)
         await self._scripts.preload()
@@ -124,13 +127,14 @@ class RedisStore:
             )
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
+        for task in self._listeners:
+            task.cancel()
+        for task in self._listeners:
             try:
-                await self._listener
+                await task
             except asyncio.CancelledError:
                 pass
-            self._listener = None
+        self._listeners.clear()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -145,7 +149,9 @@ class RedisStore:
         assert self._client is not None
         pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self._channel)
-        self._listener = asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")
+        self._listeners.append(
+            asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")
+        )
 
     async def _listen(self, pubsub: Any, on_wake: WakeCallback) -> None:
         try:

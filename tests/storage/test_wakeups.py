@@ -124,3 +124,28 @@ async def test_a_failing_callback_does_not_stop_the_listener(store, make_queue):
             break
         await asyncio.sleep(0.05)
     assert seen == [q.name, q.name]
+
+
+async def test_listener_resubscribes_after_its_connection_is_killed(
+    store, make_queue, wakes, redis_url
+):
+    import redis.asyncio as redis
+
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        clients = await admin.client_list(_type="pubsub")
+        ours = [c["id"] for c in clients if c["name"] == f"busd:{store.prefix}"]
+        assert ours
+        for client_id in ours:
+            await admin.client_kill_filter(_id=client_id)
+    finally:
+        await admin.aclose()
+    q = make_queue()
+    for _ in range(40):  # until the listener is back
+        await store.send(q, [NewMessage(b"a")])
+        try:
+            assert await wakes.next(timeout=0.1) == q.name
+            return
+        except asyncio.TimeoutError:
+            pass
+    pytest.fail("no wake-up after the subscription's connection was killed")
