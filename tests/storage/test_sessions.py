@@ -388,3 +388,25 @@ async def test_plain_queue_lists_no_sessions(store, make_queue):
     assert await store.list_sessions(q, 0, 10, None) == []
     assert (await store.counts(EntityRef(q))).sessions == 0
     assert [m.blob for m in await store.peek(EntityRef(q), 0, 10, session_id="s1")] == [b"a"]
+
+
+async def test_session_ids_that_share_a_prefix_stay_apart(store, sq, tokens):
+    ids = ["a", "ab", "a\x01b", "a b", "Ünïcode-会话"]
+    for sid in ids:
+        await store.send(sq, msgs(sid, sid.encode()))
+    assert sorted(await store.list_sessions(sq, 0, 10, None)) == sorted(ids)
+    for i, sid in enumerate(ids):
+        await store.accept_session(sq, sid, f"h{i}")
+        got = await store.receive_session(sq, sid, f"h{i}", 10, PL, tokens(10))
+        assert [m.blob for m in got] == [sid.encode()]
+        assert [m.session_id for m in got] == [sid]
+        assert [m.blob for m in await store.peek(EntityRef(sq), 0, 10, session_id=sid)] == [
+            sid.encode()
+        ]
+
+
+async def test_session_with_only_scheduled_messages_exists(store, sq, server_now):
+    later = server_now() + 60_000
+    await store.schedule(sq, [NewMessage(b"x", session_id="s1", scheduled_ms=later)])
+    assert await store.list_sessions(sq, 0, 10, None) == ["s1"]
+    assert await store.accept_session(sq, None, "h1") is None  # nothing available yet
