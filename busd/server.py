@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -116,8 +117,15 @@ class Server:
             await asyncio.to_thread(self.embedded.stop)
 
 
+# Where the Service Bus emulator reads its entities: honoured when no --config is given, so
+# busd can take the emulator's place in a compose file unchanged.
+EMULATOR_CONFIG = "/ServiceBus_Emulator/ConfigFiles/Config.json"
+
+
 async def serve(settings: Settings) -> int:
     entities: list[QueueSpec] = []
+    if not settings.config_path and os.path.exists(EMULATOR_CONFIG):
+        settings.config_path = EMULATOR_CONFIG
     if settings.config_path:
         entities, warnings = load_entities(settings.config_path, settings.max_message_size)
         for warning in warnings:
