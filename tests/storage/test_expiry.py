@@ -153,3 +153,23 @@ async def test_abandoned_message_past_ttl_expires(store, make_queue, tokens):
     assert await receive(store, EntityRef(q), 1, tokens) == []
     (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 1)
     assert dead.dead_letter_reason == "TTLExpiredException"
+
+
+async def test_concurrent_sweeps_expire_each_lock_once(store, make_queue, tokens, redis_url):
+    from busd.storage.redis_store import RedisStore
+
+    q = make_queue(lock_duration_ms=50)
+    await store.send(q, [NewMessage(b"m%d" % i) for i in range(30)])
+    await receive(store, EntityRef(q), 30, tokens)
+    await asyncio.sleep(0.1)
+    others = [RedisStore(redis_url, prefix=store.prefix) for _ in range(3)]
+    for o in others:
+        await o.connect()
+    try:
+        results = await asyncio.gather(*(s.sweep(q) for s in [store, *others]))
+    finally:
+        for o in others:
+            await o.close()
+    assert sum(r.expired_message_locks for r in results) == 30
+    got = await receive(store, EntityRef(q), 30, tokens)
+    assert sorted(m.delivery_count for m in got) == [1] * 30

@@ -31,7 +31,7 @@ def test_header_keys_match_file_name_and_highest_keys_index(name):
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_header_documents_input_output_and_events(name):
     header = header_of(SOURCES[name].path.read_text())
-    for section in ("Input:", "Output:", "Events:"):
+    for section in ("Invariant:", "Input:", "Output:", "Events:"):
         assert section in header, f"{name}: header lacks {section}"
     assert header.startswith(f"--[[\n  {name}: ")
     declared_argv = {int(i) for i in re.findall(r"ARGV\[(\d+)\]", header)}

@@ -1,6 +1,9 @@
 --[[
   cancelScheduled: remove scheduled messages that are not due yet, all or none.
 
+  Invariant: only messages still in the scheduled state are removed; a failing call changes
+  nothing.
+
   Input:
     KEYS[1]   seq         last sequence number given out (queue and DLQ)
     KEYS[2]   dedup       message-id -> ms first seen (duplicate detection)

@@ -1,6 +1,8 @@
 --[[
   countEntity: message and session counts of an entity. Reads only.
 
+  Invariant: changes nothing (no housekeeping either: counts are as stored).
+
   Input:
     KEYS[1]   seq         last sequence number given out (queue and DLQ)
     KEYS[2]   dedup       message-id -> ms first seen (duplicate detection)

@@ -1,6 +1,8 @@
 --[[
   getSessionState: read a session's state, for its live holder only.
 
+  Invariant: changes nothing.
+
   Input:
     KEYS[1]  sholder    session id -> holder of its lock
     KEYS[2]  slocks     session id -> ms its lock ends

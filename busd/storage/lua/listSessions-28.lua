@@ -3,6 +3,9 @@
   in session id order. With a time: sessions whose state was set after it, oldest update
   first.
 
+  Invariant: the order is stable between calls (ids, or update time then id), so pages do
+  not overlap while nothing changes.
+
   Housekeeping first (bounded): expired locks, due scheduled messages, expired messages
   (session-wide), so that listed sessions reflect expiry.
 

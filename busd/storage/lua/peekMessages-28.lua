@@ -3,6 +3,8 @@
   (available, locked, deferred, scheduled), in order, without locking them; optionally only
   one session's.
 
+  Invariant: no message is locked or otherwise changed by peeking (housekeeping aside).
+
   Housekeeping first (bounded), so that due scheduled messages show as active and expired
   ones are gone.
 

@@ -3,6 +3,8 @@
   Purging the queue keeps session state and session locks; sessions left with neither
   messages nor state cease to exist.
 
+  Invariant: sequence numbers are not reused after a purge (the counter stays).
+
   Input:
     KEYS[1]   seq         last sequence number given out (queue and DLQ)
     KEYS[2]   dedup       message-id -> ms first seen (duplicate detection)

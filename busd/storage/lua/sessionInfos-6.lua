@@ -2,6 +2,8 @@
   sessionInfos: every session with messages or state, with what tools show about it.
   Reads only.
 
+  Invariant: changes nothing.
+
   Input:
     KEYS[1]  sessions   sessions with messages or state
     KEYS[2]  q.sall     <sid>\0<seq16> of every message of the queue with a session id

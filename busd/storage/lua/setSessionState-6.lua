@@ -3,6 +3,9 @@
   keeps the session in existence after all its messages are gone; setting it (or clearing
   it) updates the session's last-updated time.
 
+  Invariant: only the live holder writes the state; a session without messages or state
+  is not listed.
+
   Input:
     KEYS[1]  sholder    session id -> holder of its lock
     KEYS[2]  slocks     session id -> ms its lock ends

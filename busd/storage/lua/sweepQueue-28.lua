@@ -6,6 +6,9 @@
   session locks (their in-flight messages likewise), scheduled messages that came due, and
   messages past their time to live (session-wide).
 
+  Invariant: running it again (or on another process at once) finds nothing more to do
+  until time passes: every item it handles leaves the index it was found in.
+
   Input:
     KEYS[1]   seq         last sequence number given out (queue and DLQ)
     KEYS[2]   dedup       message-id -> ms first seen (duplicate detection)
