@@ -60,9 +60,9 @@ async def test_the_cluster_refuses_a_script_that_strays_from_its_slot(cluster_ur
 
 async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     s = cluster_store
-    q = QueueSpec("plain", max_delivery_count=1, lock_duration_ms=100, default_ttl_ms=60_000,
+    q = QueueSpec("plain", max_delivery_count=1, lock_duration_ms=300, default_ttl_ms=60_000,
                   duplicate_detection_window_ms=1000)
-    sq = QueueSpec("sessions", requires_session=True, lock_duration_ms=100)
+    sq = QueueSpec("sessions", requires_session=True, lock_duration_ms=300)
     now = int(time.time() * 1000)
     await s.subscribe(lambda name: None)
 
@@ -92,7 +92,7 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     await s.release_session(sq, lock.session_id, "h1")
     await s.accept_session(sq, "s2", "h2")
     await s.receive_session(sq, "s2", "h2", 1, PL, tokens(1))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     assert (await s.sweep(sq)).expired_session_locks == ["s2"]
     await s.sweep(q)
     await s.list_sessions(sq, 0, 10, None)

@@ -13,11 +13,11 @@ async def receive(store, entity, n, tokens):
 
 
 async def test_expired_lock_is_redelivered_with_count_plus_one(store, make_queue, tokens):
-    q = make_queue(lock_duration_ms=100)
+    q = make_queue(lock_duration_ms=300)
     await store.send(q, [NewMessage(b"a")])
     (m,) = await receive(store, EntityRef(q), 1, tokens)
     assert await receive(store, EntityRef(q), 1, tokens) == []  # still locked
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.35)
     (again,) = await receive(store, EntityRef(q), 1, tokens)
     assert (again.seq, again.delivery_count) == (m.seq, 1)
     assert again.lock_token != m.lock_token
@@ -77,13 +77,13 @@ async def test_dlq_is_receivable_like_a_plain_queue(store, make_queue, tokens):
 
 
 async def test_dlq_lock_expiry_makes_message_available_again(store, make_queue, tokens):
-    q = make_queue(lock_duration_ms=100, max_delivery_count=1)
+    q = make_queue(lock_duration_ms=300, max_delivery_count=1)
     dlq = EntityRef(q, dlq=True)
     await store.send(q, [NewMessage(b"a")])
     (m,) = await receive(store, EntityRef(q), 1, tokens)
     await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.DEAD_LETTER)])
     (d,) = await receive(store, dlq, 1, tokens)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.35)
     (d2,) = await receive(store, dlq, 1, tokens)
     assert (d2.seq, d2.delivery_count) == (d.seq, d.delivery_count + 1)
 
@@ -134,10 +134,10 @@ async def test_sweep_expires_messages(store, make_queue):
 
 
 async def test_locked_message_does_not_expire_until_unlocked(store, make_queue, tokens):
-    q = make_queue(default_ttl_ms=100)
+    q = make_queue(default_ttl_ms=300)
     await store.send(q, [NewMessage(b"a")])
     (m,) = await receive(store, EntityRef(q), 1, tokens)
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     await store.sweep(q)
     # still locked: completing it works
     statuses = await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)])
@@ -145,10 +145,10 @@ async def test_locked_message_does_not_expire_until_unlocked(store, make_queue, 
 
 
 async def test_abandoned_message_past_ttl_expires(store, make_queue, tokens):
-    q = make_queue(default_ttl_ms=100, dead_letter_on_expiration=True)
+    q = make_queue(default_ttl_ms=300, dead_letter_on_expiration=True)
     await store.send(q, [NewMessage(b"a")])
     (m,) = await receive(store, EntityRef(q), 1, tokens)
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.ABANDON)])
     assert await receive(store, EntityRef(q), 1, tokens) == []
     (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 1)

@@ -101,7 +101,7 @@ async def test_receive_deferred_in_session_needs_that_session_and_its_holder(
 
 async def test_scheduled_message_is_invisible_until_due(store, make_queue, tokens, server_now):
     q = make_queue()
-    due = server_now() + 200
+    due = server_now() + 500
     seqs = await store.schedule(q, [NewMessage(b"later", scheduled_ms=due)])
     await store.send(q, [NewMessage(b"now")])
     assert seqs == [1]
@@ -110,7 +110,7 @@ async def test_scheduled_message_is_invisible_until_due(store, make_queue, token
     (peeked,) = await store.peek(EntityRef(q), 1, 1)
     assert peeked.state == MessageState.SCHEDULED
     assert (await store.counts(EntityRef(q))).scheduled == 1
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.6)
     (m,) = await store.receive(EntityRef(q), 5, PL, tokens(5))
     assert (m.blob, m.seq, m.enqueued_ms) == (b"later", 1, due)
 
@@ -138,9 +138,9 @@ async def test_scheduled_session_message_joins_its_session_in_sequence_order(
 
 async def test_scheduled_session_becomes_acceptable_when_due(store, make_queue, server_now):
     q = make_queue(requires_session=True)
-    await store.schedule(q, [NewMessage(b"x", session_id="s1", scheduled_ms=server_now() + 100)])
+    await store.schedule(q, [NewMessage(b"x", session_id="s1", scheduled_ms=server_now() + 400)])
     assert await store.accept_session(q, None, "h1") is None
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.45)
     assert (await store.accept_session(q, None, "h1")).session_id == "s1"
 
 
@@ -221,10 +221,10 @@ async def test_duplicate_message_id_within_window_is_dropped(store, make_queue, 
 
 
 async def test_duplicate_message_id_after_window_passes_again(store, make_queue):
-    q = make_queue(duplicate_detection_window_ms=100)
+    q = make_queue(duplicate_detection_window_ms=400)
     assert await store.send(q, [NewMessage(b"a", message_id="m1")]) == [1]
     assert await store.send(q, [NewMessage(b"a", message_id="m1")]) == [0]
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.45)
     assert await store.send(q, [NewMessage(b"a", message_id="m1")]) == [2]
 
 

@@ -174,11 +174,11 @@ async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, to
 async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
     store, make_queue, tokens
 ):
-    q = make_queue(requires_session=True, lock_duration_ms=100)
+    q = make_queue(requires_session=True, lock_duration_ms=300)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
     assert await store.settle(EntityRef(q), [s], "h1") == [StoreStatus.SESSION_LOCK_LOST]
     # nothing changed: the message is still there, unsettled
@@ -186,11 +186,11 @@ async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
 
 
 async def test_session_lock_expiry_counts_in_flight_messages(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=100)
+    q = make_queue(requires_session=True, lock_duration_ms=300)
     await store.send(q, msgs("s1", b"1", b"2", b"3"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 2, PL, tokens(2))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     result = await store.sweep(q)
     assert result.expired_session_locks == ["s1"]
     lock = await store.accept_session(q, None, "h2")
@@ -200,11 +200,11 @@ async def test_session_lock_expiry_counts_in_flight_messages(store, make_queue, 
 
 
 async def test_expired_session_lock_is_handled_lazily_on_accept(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=100)
+    q = make_queue(requires_session=True, lock_duration_ms=300)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     lock = await store.accept_session(q, None, "h2")  # no sweep in between
     assert lock.session_id == "s1"
     (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
@@ -212,22 +212,22 @@ async def test_expired_session_lock_is_handled_lazily_on_accept(store, make_queu
 
 
 async def test_accept_specific_session_whose_lock_expired(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=100)
+    q = make_queue(requires_session=True, lock_duration_ms=300)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     await store.accept_session(q, "s1", "h2")
     (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
     assert m.delivery_count == 1
 
 
 async def test_session_lock_expiry_at_max_delivery_count_dead_letters(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=50, max_delivery_count=1)
+    q = make_queue(requires_session=True, lock_duration_ms=200, max_delivery_count=1)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.25)
     await store.sweep(q)
     (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 5)
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
@@ -362,11 +362,11 @@ async def test_session_wide_expiry_expires_every_unlocked_message(store, make_qu
 async def test_session_wide_expiry_spares_locked_messages(store, make_queue, tokens):
     q = make_queue(requires_session=True)
     await store.send(q, msgs("s1", b"first"))
-    await store.send(q, [NewMessage(b"short", session_id="s1", ttl_ms=100)])
+    await store.send(q, [NewMessage(b"short", session_id="s1", ttl_ms=300)])
     await store.send(q, msgs("s1", b"last"))
     await store.accept_session(q, "s1", "h1")
     (first,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.35)
     assert await store.receive_session(q, "s1", "h1", 5, PL, tokens(5)) == []
     assert await store.settle(
         EntityRef(q), [Settlement(first.lock_token, Outcome.COMPLETE, session_id="s1")], "h1"

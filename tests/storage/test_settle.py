@@ -180,17 +180,17 @@ async def test_properties_patch_is_returned_on_later_deliveries(store, make_queu
 async def test_renew_message_locks_extends_by_lock_duration(store, make_queue, tokens, server_now):
     import asyncio
 
-    q = make_queue(lock_duration_ms=300)
+    q = make_queue(lock_duration_ms=600)
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
     got = await store.receive(EntityRef(q), 2, ReceiveMode.PEEK_LOCK, tokens(2))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.4)
     before = server_now()
     renewed = await store.renew_message_locks(EntityRef(q), [m.lock_token for m in got])
     after = server_now()
     for until, m in zip(renewed, got):
-        assert before + 300 <= until <= after + 300
+        assert before + 600 <= until <= after + 600
         assert until > m.locked_until_ms
-    await asyncio.sleep(0.2)  # past the first lock, within the renewed one
+    await asyncio.sleep(0.4)  # past the first lock, within the renewed one
     completions = [Settlement(m.lock_token, Outcome.COMPLETE) for m in got]
     statuses = await store.settle(EntityRef(q), completions)
     assert statuses == [OK, OK]

@@ -60,9 +60,9 @@ async def test_send_wakes_every_subscribed_process(store, make_queue, wakes, red
 
 async def test_scheduled_send_does_not_wake_until_due(store, make_queue, wakes, server_now):
     q = make_queue()
-    await store.schedule(q, [NewMessage(b"a", scheduled_ms=server_now() + 100)])
-    assert await wakes.none(0.05)
-    await asyncio.sleep(0.1)
+    await store.schedule(q, [NewMessage(b"a", scheduled_ms=server_now() + 400)])
+    assert await wakes.none(0.1)
+    await asyncio.sleep(0.35)
     await store.sweep(q)
     assert await wakes.next() == q.name
 
