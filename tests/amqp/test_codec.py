@@ -215,12 +215,17 @@ def test_values_decode_the_same_in_proton(value, wire):
     assert norm(proton_value(data)) == norm(value)
 
 
-@pytest.mark.parametrize("value, wire", ROUND_TRIPS, ids=lambda v: repr(v)[:40])
+# pyamqp maps decimals and arrays of described values to classes of its own: not compared.
+PYAMQP_COMPARABLE = [
+    (value, wire)
+    for value, wire in ROUND_TRIPS
+    if not isinstance(value, AmqpDecimal)
+    and not (isinstance(value, Array) and isinstance(value.element_type, Described))
+]
+
+
+@pytest.mark.parametrize("value, wire", PYAMQP_COMPARABLE, ids=lambda v: repr(v)[:40])
 def test_values_decode_the_same_in_pyamqp(value, wire):
-    if isinstance(value, AmqpDecimal) or (
-        isinstance(value, Array) and isinstance(value.element_type, Described)
-    ):
-        pytest.skip("pyamqp maps these to its own classes")
     data = codec.encode_value(value)
     if isinstance(value, Described):  # pyamqp drops the descriptors it does not know
         value = value.value
