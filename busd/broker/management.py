@@ -8,11 +8,11 @@ carry `errorCondition`, which selects the SDK's exception class.
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 
 from busd.amqp import codec
 from busd.broker.nodes import RequestEndpoint
+from busd.broker.receiving import new_tokens
 from busd.errors import BusdError, Condition, StoreStatus, store_error
 from busd.storage.api import (
     EntityRef,
@@ -220,7 +220,7 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
     holder = None
     if session_id is not None:
         holder, _ = ep.session_holder(app, session_id)
-    tokens = [os.urandom(16) for _ in seqs] if mode == ReceiveMode.PEEK_LOCK else []
+    tokens = new_tokens(len(seqs)) if mode == ReceiveMode.PEEK_LOCK else []
     messages = await ep.broker.store.receive_deferred(
         ep.entity, seqs, mode, tokens, session_id, holder
     )

@@ -43,8 +43,15 @@ def unix_ms_to_ticks(ms: int) -> int:
 
 
 def lock_tag(token: bytes) -> bytes:
-    """Delivery tag = the lock token GUID in .NET byte layout (spec §4.3)."""
-    return uuid.UUID(bytes=token).bytes_le
+    """Delivery tag = the lock token GUID in .NET byte layout (spec §4.3): the first three
+    fields little-endian, i.e. `uuid.UUID(bytes=token).bytes_le`, without building a UUID."""
+    return token[3::-1] + token[5:3:-1] + token[7:5:-1] + token[8:]
+
+
+def new_tokens(count: int) -> list[bytes]:
+    """`count` random 16-byte lock tokens from one read of the system's random source."""
+    pool = os.urandom(16 * count)
+    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
 
 
 def make_receiver_endpoint(conn, link: Link, queue: QueueSpec, *, dlq: bool):
@@ -140,6 +147,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._again = False
         self._settling = False
         self._settle_queue: list[tuple[Delivery, Settlement]] = []
+        self._tags = 0  # receive-and-delete delivery tags
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
@@ -193,7 +201,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
             self._fetching = False
 
     async def _take(self, count: int) -> list[StoredMessage]:
-        tokens = [os.urandom(16) for _ in range(count)] if self.mode == ReceiveMode.PEEK_LOCK else []
+        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         return await self.broker.store.receive(self.entity, count, self.mode, tokens)
 
     async def _return_untaken(self, messages: list[StoredMessage]) -> None:
@@ -217,12 +225,16 @@ class QueueReceiverEndpoint(LinkEndpoint):
             dead_letter_description=message.dead_letter_description,
             properties_patch=message.properties_patch,
         )
-        token = message.lock_token if peek_lock else os.urandom(16)
-        delivery = self.link.delivery(lock_tag(token))
+        if peek_lock:
+            tag = lock_tag(message.lock_token)
+        else:  # nothing will refer to it: any unique tag does
+            self._tags += 1
+            tag = self._tags.to_bytes(16, "big")
+        delivery = self.link.delivery(tag)
         self.link.send(payload)
         self.link.advance()
         if peek_lock:
-            delivery.token = token
+            delivery.token = message.lock_token
             # The lock to check on settlement: the session's for a session receiver; a DLQ
             # message keeps its session id but is settled like any plain message.
             delivery.session_id = self.session_id
@@ -418,7 +430,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         )
 
     async def _take(self, count: int) -> list[StoredMessage]:
-        tokens = [os.urandom(16) for _ in range(count)] if self.mode == ReceiveMode.PEEK_LOCK else []
+        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         try:
             return await self.broker.store.receive_session(
                 self.queue, self.session_id, self.holder, count, self.mode, tokens
