@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from proton import Condition, symbol
+
 from busd import __version__
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
@@ -86,7 +88,7 @@ class Server:
                 self.http = await start_http(self, settings.host, settings.http_port)
 
     def _new_protocol(self) -> AmqpProtocol:
-        proto = AmqpProtocol(lambda p: ConnectionHandler(p, self.broker))
+        proto = AmqpProtocol(lambda p: ConnectionHandler(p, self.broker), self.protocols.discard)
         self.protocols.add(proto)
         return proto
 
@@ -109,8 +111,17 @@ class Server:
             self.listener.close()
         if self.http is not None:
             await self.http.close()
+        closing = Condition(
+            "amqp:connection:forced", "The broker is shutting down.", {symbol("tracking-id"): "busd"}
+        )
         for proto in list(self.protocols):
-            proto.abort()
+            proto.shutdown(closing)
+        # Let the connections' clean-up (session releases) reach the store before it closes.
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()
+                   and not (t.get_name() or "").startswith("busd-")]
+        if pending:
+            await asyncio.wait(pending, timeout=GRACE_S)
         if self.broker is not None:
             await self.broker.stop()
         if self.embedded is not None:

@@ -35,8 +35,9 @@ class EventHandler(TypingProtocol):
 class AmqpProtocol(asyncio.Protocol):
     """Connection scope: the socket, the proton engine, and the connection's handler."""
 
-    def __init__(self, make_handler) -> None:
+    def __init__(self, make_handler, on_closed=None) -> None:
         self._make_handler = make_handler
+        self._on_closed = on_closed
         self.peer = "?"
         self._sock: asyncio.Transport | None = None
         self._dispatching = False
@@ -97,6 +98,8 @@ class AmqpProtocol(asyncio.Protocol):
         except TransportException:
             pass
         self.handler.closed()
+        if self._on_closed is not None:
+            self._on_closed(self)
 
     # --- engine side ------------------------------------------------------------------------
     def kick(self) -> None:
@@ -147,6 +150,17 @@ class AmqpProtocol(asyncio.Protocol):
         if deadline:
             delay = max(0.0, deadline - time.monotonic())
             self._tick_handle = asyncio.get_running_loop().call_later(delay, self.kick)
+
+    def shutdown(self, condition) -> None:
+        """Close the AMQP connection with `condition` (a proton Condition), write the close
+        frame, then close the socket; the handler releases what the connection held."""
+        if self._closed:
+            return
+        self.connection.condition = condition
+        self.connection.close()
+        self.kick()
+        if not self._closed and self._sock is not None:
+            self._sock.close()  # asyncio writes what is buffered first
 
     def abort(self) -> None:
         if self._sock is not None and not self._closed:
