@@ -78,8 +78,10 @@ def write_config(path: Path, queues: list[dict]) -> Path:
     return path
 
 
-def launch_busd(redis_url: str, config: Path, workdir: Path, *, prefix: str | None = None,
-                extra_env: dict | None = None, log_level: str = "info") -> BusdProcess:
+def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: str | None = None,
+                extra_env: dict | None = None, log_level: str = "info",
+                data_dir: Path | None = None) -> BusdProcess:
+    """Start busd; with redis_url None it runs its embedded Valkey in `data_dir`."""
     prefix = prefix or f"e2e-{uuid.uuid4().hex[:10]}"
     log_path = workdir / f"busd-{uuid.uuid4().hex[:6]}.log"
     env = dict(os.environ)
@@ -92,11 +94,14 @@ def launch_busd(redis_url: str, config: Path, workdir: Path, *, prefix: str | No
     )
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--http-port", "0", "--redis-url", redis_url, "--config", str(config),
-           "--log-level", log_level]
+           "--http-port", "0", "--config", str(config), "--log-level", log_level]
+    if redis_url is not None:
+        cmd += ["--redis-url", redis_url]
+    else:
+        cmd += ["--data-dir", str(data_dir or workdir / "data")]
     out = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         match = BANNER.search(log_path.read_text(errors="replace"))
         if match:
@@ -115,9 +120,9 @@ def busd_factory(redis_url, tmp_path_factory):
     started: list[BusdProcess] = []
     workdir = tmp_path_factory.mktemp("busd")
 
-    def start(queues: list[dict], **kwargs) -> BusdProcess:
+    def start(queues: list[dict], *, embedded: bool = False, **kwargs) -> BusdProcess:
         config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues)
-        proc = launch_busd(redis_url, config, workdir, **kwargs)
+        proc = launch_busd(None if embedded else redis_url, config, workdir, **kwargs)
         started.append(proc)
         return proc
 
