@@ -141,6 +141,12 @@ class EntityCounts:
     dead_letter: int = 0
     sessions: int = 0  # sessions with messages or state
     locked_sessions: int = 0
+    # Monotonic totals of what happened to the entity, counted by the store inside each
+    # transition (so exact across processes and paths), by event: sent, duplicates, received,
+    # completed, abandoned, released, deferred, deadlettered (moved into the dead-letter
+    # sub-queue, any reason), expired, lockexpired, sessionlockexpired, resubmitted, purged.
+    # An event that never happened is absent.
+    totals: dict[str, int] = field(default_factory=dict)
 
 
 WakeCallback = Callable[[str], None]  # called with a queue name when messages may be available
@@ -261,6 +267,12 @@ class Store(Protocol):
 
     async def purge(self, entity: EntityRef) -> int:
         """Delete every message of the entity; returns how many."""
+
+    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
+        """Move up to `limit` dead-lettered messages (oldest first; not those a dead-letter
+        receiver holds locked) back into the queue as new messages: new sequence number,
+        delivery count 0, no dead-letter reason, the queue's default time to live from now.
+        Returns how many moved; 0 when none is left."""
 
     async def counts(self, entity: EntityRef) -> EntityCounts: ...
 

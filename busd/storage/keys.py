@@ -39,6 +39,10 @@ KEY_DOC: dict[str, str] = {
     "ttl": "zset: seq -> ms expires; available messages that have a time to live",
     "sready": "zset (lexicographic): <sid>\\0<seq16>; available messages filed under a session",
     "sinflight": "zset (lexicographic): <sid>\\0<seq16>; delivered, unsettled session messages",
+    # queue-wide, last: what has happened, for the metrics
+    "stats": "hash: <entity>.<event> -> count; monotonic totals of what happened to the "
+    "queue ('q.') and its dead-letter sub-queue ('d.'): sent, received, completed, "
+    "expired, ... (includes/countEvent.lua)",
 }
 
 QUEUE_WIDE = ("seq", "dedup", "sfree", "sholder", "slocks", "sstate", "supdated", "sessions")
@@ -48,10 +52,14 @@ QUEUE_ENTITY = (
 )  # fmt: skip
 DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall")
 
-# The full key set, in the order of includes/queueKeys.lua: scripts that move messages between
-# states (and so may dead-letter, expire or wake sessions) take all of it.
+# The full key set, in the order of includes/queueContext.lua: scripts that move messages
+# between states (and so may dead-letter, expire or wake sessions) take all of it. `stats`
+# comes last so that the other keys keep their places.
 QUEUE_KEYS: tuple[str, ...] = (
-    QUEUE_WIDE + tuple(f"q.{n}" for n in QUEUE_ENTITY) + tuple(f"d.{n}" for n in DLQ_ENTITY)
+    QUEUE_WIDE
+    + tuple(f"q.{n}" for n in QUEUE_ENTITY)
+    + tuple(f"d.{n}" for n in DLQ_ENTITY)
+    + ("stats",)
 )
 
 

@@ -398,9 +398,22 @@ class RedisStore:
     async def purge(self, entity: EntityRef) -> int:
         return await self._run_queue("purgeEntity", entity.queue, _entity(entity))
 
+    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        moved, _ = await self._run_queue(
+            "resubmitDeadLetters",
+            queue,
+            1 if queue.requires_session else 0,
+            _opt(queue.default_ttl_ms),
+            limit,
+        )
+        return moved
+
     async def counts(self, entity: EntityRef) -> EntityCounts:
         reply = await self._run_queue("countEntity", entity.queue, _entity(entity))
-        active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply
+        active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply[:7]
+        totals = reply[7:]
         return EntityCounts(
             active=active,
             locked=locked,
@@ -409,4 +422,7 @@ class RedisStore:
             dead_letter=dead_letter,
             sessions=sessions,
             locked_sessions=locked_sessions,
+            totals={
+                name.decode(): count for name, count in zip(totals[0::2], totals[1::2])
+            },
         )

@@ -32,6 +32,7 @@
     KEYS[26]  d.tokens    DLQ: lock token -> seq
     KEYS[27]  d.deferred  DLQ: deferred messages, by seq
     KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    KEYS[29]  stats       queue: <entity>.<event> -> count, monotonic totals (metrics)
     ARGV[1]   queue name (published on wake-ups)
     ARGV[2]   wake-up channel
     ARGV[3]   lock duration ms
@@ -41,8 +42,10 @@
     ARGV[7]   entity: 'q' or 'd'
 
   Output:
-    { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions }
-    (the last two are 0 for the dead-letter sub-queue)
+    { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions,
+      event, total, event, total, ... }
+    (sessions are 0 for the dead-letter sub-queue; the event totals are the entity's, from
+    `stats` without the entity prefix: sent, received, completed, expired, ...)
 
   Events:
     none
@@ -52,15 +55,26 @@
 local Q = queueContext()
 local E = Q[ARGV[7]]
 local function card(key) return redis.call('ZCARD', key) end
+local out
 if E.dlq then
-  return { card(E.ready), card(E.locked), 0, card(E.deferred), card(E.all), 0, 0 }
+  out = { card(E.ready), card(E.locked), 0, card(E.deferred), card(E.all), 0, 0 }
+else
+  out = {
+    card(E.ready) + card(E.sready),
+    card(E.locked) + card(E.sinflight),
+    card(E.sched),
+    card(E.deferred),
+    card(Q.d.all),
+    card(Q.sessions),
+    redis.call('ZCOUNT', Q.slocks, '(' .. Q.now, '+inf'),
+  }
 end
-return {
-  card(E.ready) + card(E.sready),
-  card(E.locked) + card(E.sinflight),
-  card(E.sched),
-  card(E.deferred),
-  card(Q.d.all),
-  card(Q.sessions),
-  redis.call('ZCOUNT', Q.slocks, '(' .. Q.now, '+inf'),
-}
+local prefix = ARGV[7] .. '.'
+local stats = redis.call('HGETALL', Q.stats)
+for i = 1, #stats, 2 do
+  if string.sub(stats[i], 1, 2) == prefix then
+    out[#out + 1] = string.sub(stats[i], 3)
+    out[#out + 1] = tonumber(stats[i + 1])
+  end
+end
+return out

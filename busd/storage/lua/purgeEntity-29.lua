@@ -3,7 +3,8 @@
   Purging the queue keeps session state and session locks; sessions left with neither
   messages nor state cease to exist.
 
-  Invariant: sequence numbers are not reused after a purge (the counter stays).
+  Invariant: sequence numbers are not reused after a purge (the counter stays), and the
+  event totals stay (they only grow).
 
   Input:
     KEYS[1]   seq         last sequence number given out (queue and DLQ)
@@ -34,6 +35,7 @@
     KEYS[26]  d.tokens    DLQ: lock token -> seq
     KEYS[27]  d.deferred  DLQ: deferred messages, by seq
     KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    KEYS[29]  stats       queue: <entity>.<event> -> count, monotonic totals (metrics)
     ARGV[1]   queue name (published on wake-ups)
     ARGV[2]   wake-up channel
     ARGV[3]   lock duration ms
@@ -49,6 +51,7 @@
     none
 ]]
 --- @include "queueContext"
+--- @include "countEvent"
 
 local Q = queueContext()
 local E = Q[ARGV[7]]
@@ -65,4 +68,5 @@ if not E.dlq then
     end
   end
 end
+countEvent(Q, E, 'purged', n)
 return n

@@ -38,6 +38,7 @@
     KEYS[26]  d.tokens    DLQ: lock token -> seq
     KEYS[27]  d.deferred  DLQ: deferred messages, by seq
     KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    KEYS[29]  stats       queue: <entity>.<event> -> count, monotonic totals (metrics)
     ARGV[1]   queue name (published on wake-ups)
     ARGV[2]   wake-up channel
     ARGV[3]   lock duration ms
@@ -57,8 +58,8 @@
     PUBLISH ARGV[2] ARGV[1] when a message is available now
 ]]
 --- @include "queueContext"
---- @include "seqMember"
---- @include "fileMessage"
+--- @include "enqueueMessage"
+--- @include "countEvent"
 
 local Q = queueContext()
 local window = tonumber(ARGV[7])
@@ -70,6 +71,7 @@ if window > 0 then
 end
 
 local out = {}
+local duplicates = 0
 for i = 9, #ARGV, 5 do
   local mid = ARGV[i + 2]
   local duplicate = false
@@ -82,34 +84,14 @@ for i = 9, #ARGV, 5 do
   end
   if duplicate then
     out[#out + 1] = 0
+    duplicates = duplicates + 1
   else
-    local seq = redis.call('INCR', Q.seq)
     local sid = ARGV[i + 1]
-    local ttl = tonumber(ARGV[i + 3])
-    local due = tonumber(ARGV[i + 4])
-    local m = { dc = 0 }
-    if sid ~= '' then
-      m.sid = sid
-      redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
-      if sessionQueue then
-        m.ss = 1
-        redis.call('ZADD', Q.sessions, 0, sid)
-      end
-    end
-    if due and due > Q.now then
-      m.st = 's'
-      m.sch = due
-      m.enq = due
-      m.ttl = ttl
-    else
-      m.st = 'a'
-      m.enq = Q.now
-      if ttl then m.exp = Q.now + ttl end
-    end
-    redis.call('HSET', Q.q.body, seq, ARGV[i])
-    redis.call('ZADD', Q.q.all, seq, seq)
-    fileMessage(Q, Q.q, seq, m)
-    out[#out + 1] = seq
+    if sid == '' then sid = nil end
+    out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]),
+      tonumber(ARGV[i + 4]), sessionQueue)
   end
 end
+countEvent(Q, Q.q, 'sent', #out - duplicates)
+countEvent(Q, Q.q, 'duplicates', duplicates)
 return out

@@ -41,6 +41,7 @@
     KEYS[26]  d.tokens    DLQ: lock token -> seq
     KEYS[27]  d.deferred  DLQ: deferred messages, by seq
     KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    KEYS[29]  stats       queue: <entity>.<event> -> count, monotonic totals (metrics)
     ARGV[1]   queue name (published on wake-ups)
     ARGV[2]   wake-up channel
     ARGV[3]   lock duration ms
@@ -67,6 +68,7 @@
 --- @include "unindexMessage"
 --- @include "fileMessage"
 --- @include "deadLetter"
+--- @include "countEvent"
 
 local Q = queueContext()
 local E = Q[ARGV[7]]
@@ -95,8 +97,10 @@ local function check(token, sid)
   return 0, seq, m
 end
 
-local outcomes = { complete = true, abandon = true, release = true, defer = true }
-outcomes['dead-letter'] = true
+-- outcome -> the event it counts (a dead-letter of the queue is counted by deadLetter)
+local outcomes = { complete = 'completed', abandon = 'abandoned', release = 'released',
+                   defer = 'deferred' }
+outcomes['dead-letter'] = 'deadlettered'
 for i = 10, #ARGV, 6 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
 end
@@ -132,6 +136,7 @@ for i = 9, #ARGV, 6 do
         deadLetter(Q, seq, m, orNil(ARGV[i + 3]), orNil(ARGV[i + 4]))
       end
     end
+    if outcome ~= 'dead-letter' or E.dlq then countEvent(Q, E, outcomes[outcome]) end
   end
   out[#out + 1] = status
 end

@@ -38,6 +38,7 @@
     KEYS[26]  d.tokens    DLQ: lock token -> seq
     KEYS[27]  d.deferred  DLQ: deferred messages, by seq
     KEYS[28]  d.sall      DLQ: <sid>\0<seq16> of every message with a session id
+    KEYS[29]  stats       queue: <entity>.<event> -> count, monotonic totals (metrics)
     ARGV[1]   queue name (published on wake-ups)
     ARGV[2]   wake-up channel
     ARGV[3]   lock duration ms

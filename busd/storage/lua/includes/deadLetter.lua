@@ -1,5 +1,6 @@
 --- @include "deleteMessage"
 --- @include "fileMessage"
+--- @include "countEvent"
 -- Move a message of the queue to its dead-letter sub-queue, keeping its sequence number,
 -- body, delivery count, enqueued time and properties patch. No TTL applies there.
 local function deadLetter(Q, seq, m, reason, description)
@@ -11,4 +12,5 @@ local function deadLetter(Q, seq, m, reason, description)
   redis.call('ZADD', Q.d.all, seq, seq)
   if d.sid then redis.call('ZADD', Q.d.sall, 0, seqMember(d.sid, seq)) end
   fileMessage(Q, Q.d, seq, d)
+  countEvent(Q, Q.q, 'deadlettered')
 end

@@ -1,4 +1,5 @@
 --- @include "deadLetter"
+--- @include "countEvent"
 -- A message past its time to live: dropped, or dead-lettered when the queue says so.
 local function expireMessage(Q, seq, m)
   if Q.dlOnExp then
@@ -7,4 +8,5 @@ local function expireMessage(Q, seq, m)
     deleteMessage(Q, Q.q, seq, m)
   end
   Q.expiredMessages = Q.expiredMessages + 1
+  countEvent(Q, Q.q, 'expired')
 end

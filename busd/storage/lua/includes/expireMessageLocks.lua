@@ -1,5 +1,6 @@
 --- @include "readMeta"
 --- @include "returnMessage"
+--- @include "countEvent"
 -- Locks that ran out: each such message counts a failed delivery attempt and is available
 -- again (or dead-lettered at MaxDeliveryCount). At most `limit` per call.
 local function expireMessageLocks(Q, E, limit)
@@ -8,6 +9,7 @@ local function expireMessageLocks(Q, E, limit)
     local seq = tonumber(s)
     local m = readMeta(E, seq)
     if m and m.st == 'l' then
+      countEvent(Q, E, 'lockexpired')
       returnMessage(Q, E, seq, m, true)
     else
       redis.call('ZREM', E.locked, s)

@@ -1,5 +1,5 @@
 --- @include "nowMs"
--- The queue's keys (KEYS[1..28], the order of busd/storage/keys.py QUEUE_KEYS) and the
+-- The queue's keys (KEYS[1..29], the order of busd/storage/keys.py QUEUE_KEYS) and the
 -- parameters every state-moving script takes first (ARGV[1..6]).
 -- `woke` makes a script publish at most once; the counters feed sweep's result.
 local function queueContext()
@@ -11,6 +11,7 @@ local function queueContext()
           sched = KEYS[17], ttl = KEYS[18], sready = KEYS[19], sinflight = KEYS[20] },
     d = { dlq = true, body = KEYS[21], meta = KEYS[22], all = KEYS[23], ready = KEYS[24],
           locked = KEYS[25], tokens = KEYS[26], deferred = KEYS[27], sall = KEYS[28] },
+    stats = KEYS[29],
     queue = ARGV[1], channel = ARGV[2], lockMs = tonumber(ARGV[3]),
     maxDc = tonumber(ARGV[4]), dlOnExp = ARGV[5] == '1', budget = tonumber(ARGV[6]),
     now = nowMs(), woke = false,
