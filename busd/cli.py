@@ -13,6 +13,7 @@ import click
 
 from busd import __version__
 from busd.config import LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+from busd.tools import COMMANDS as TOOL_COMMANDS
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the server stopped on an error at run time
@@ -58,7 +59,8 @@ def cli() -> None:
 @click.option("--data-dir", envvar="BUSD_DATA_DIR", default=_DEFAULTS.data_dir,
               show_default=True, help="Where the embedded Valkey keeps its files.")
 @click.option("--http-port", envvar="BUSD_HTTP_PORT", type=int, default=_DEFAULTS.http_port,
-              show_default=True, help="Port for health, metrics and admin over HTTP.")
+              show_default=True,
+              help="Port for health, metrics and admin over HTTP (0: any free port).")
 @click.option("--log-level", envvar="BUSD_LOG_LEVEL", default=_DEFAULTS.log_level,
               show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False))
 @click.option("--log-format", envvar="BUSD_LOG_FORMAT", default=_DEFAULTS.log_format,
@@ -133,6 +135,11 @@ def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
     from busd.auth.sas import generate_sas_token
 
     click.echo(generate_sas_token(audience, key_name, key, int(time.time()) + ttl))
+
+
+# Operator tools over the admin HTTP API (busd.tools documents their exit codes).
+for _command in TOOL_COMMANDS:
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
@@ -23,11 +24,22 @@ log = logging.getLogger("busd")
 GRACE_S = 3.0
 
 
-def connection_string(settings: Settings, host: str | None = None) -> str:
+def redacted(url: str) -> str:
+    """A store URL fit for logs: its password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def connection_string(settings: Settings, host: str | None = None, port: int | None = None) -> str:
+    """What clients paste; `port`: the one actually bound (with --port 0)."""
     key_name, key = next(iter(settings.sas_keys.items()))
     host = host or ("localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host)
     return (
-        f"Endpoint=sb://{host}:{settings.port};SharedAccessKeyName={key_name};"
+        f"Endpoint=sb://{host}:{port or settings.port};SharedAccessKeyName={key_name};"
         f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
     )
 
@@ -79,13 +91,11 @@ class Server:
         self.listener = await loop.create_server(
             self._new_protocol, settings.host, settings.port, reuse_address=True
         )
-        if settings.http_port:
-            try:
-                from busd.observability.http import start_http
-            except ImportError:
-                start_http = None
-            if start_http is not None:
-                self.http = await start_http(self, settings.host, settings.http_port)
+        # Health, metrics and admin, on the AMQP listener's address; port 0: any free port
+        # (the banner tells which).
+        from busd.observability.http import start_http
+
+        self.http = await start_http(self, settings.host, settings.http_port)
 
     def _new_protocol(self) -> AmqpProtocol:
         proto = AmqpProtocol(lambda p: ConnectionHandler(p, self.broker), self.protocols.discard)
@@ -94,7 +104,10 @@ class Server:
 
     def banner(self) -> str:
         settings = self.settings
-        store = f"embedded Valkey in {settings.data_dir}" if self.embedded else settings.redis_url
+        if self.embedded:
+            store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
+        else:
+            store = redacted(settings.redis_url or "")
         lines = [
             f"busd {__version__} listening on amqp://{settings.host}:{self.port}",
             f"  store:    {store}",
@@ -102,8 +115,10 @@ class Server:
             + (f" ({', '.join(sorted(self.entities))})" if self.entities else ""),
         ]
         if self.http is not None:
-            lines.append(f"  http:     http://{settings.host}:{self.http.port}/health, /metrics")
-        lines.append(f"  connection string: {connection_string(self.settings)}")
+            lines.append(
+                f"  http:     http://{settings.host}:{self.http.port}/health, /metrics, /admin"
+            )
+        lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
 
     async def shutdown(self) -> None:

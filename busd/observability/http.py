@@ -1,6 +1,8 @@
-"""A tiny HTTP endpoint on `--http-port`: `GET /health` and `GET /metrics` (Prometheus text).
+"""A tiny HTTP endpoint on `--http-port`: `GET /health`, `GET /metrics` (Prometheus text) and
+the admin API under `/admin/` (busd.observability.admin).
 
-Plain asyncio streams: two read-only routes do not justify a web framework.
+Plain asyncio streams, one request per connection: a handful of routes for tools and
+scrapers do not justify a web framework.
 """
 
 from __future__ import annotations
@@ -8,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from http import HTTPStatus
 
 log = logging.getLogger("busd.http")
+
+# Largest request body accepted (a message sent through the admin API, as JSON).
+MAX_BODY = 128 * 1024 * 1024
 
 
 class HttpServer:
@@ -28,9 +34,21 @@ class HttpServer:
 async def start_http(server, host: str, port: int) -> HttpServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, path, _ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            status, ctype, body = await route(server, method, path.split("?", 1)[0])
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, _ = lines[0].split(" ", 2)
+            headers = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if sep:
+                    headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length") or 0)
+            if not 0 <= length <= MAX_BODY:
+                status, ctype, body = _json(413, {"error": "request body too large"})
+            else:
+                data = await asyncio.wait_for(reader.readexactly(length), 60) if length else b""
+                path, _, query = target.partition("?")
+                status, ctype, body = await route(server, method, path, query, data)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
                 ValueError, ConnectionError):
             writer.close()
@@ -50,24 +68,36 @@ async def start_http(server, host: str, port: int) -> HttpServer:
     return HttpServer(server, listener)
 
 
-async def route(server, method: str, path: str) -> tuple[str, str, bytes]:
-    if method != "GET":
-        return "405 Method Not Allowed", "text/plain", b"only GET\n"
+def _status(code: int) -> str:
+    return f"{code} {HTTPStatus(code).phrase}"
+
+
+def _json(code: int, document) -> tuple[str, str, bytes]:
+    return _status(code), "application/json", json.dumps(document).encode()
+
+
+async def route(server, method: str, path: str, query: str = "", body: bytes = b"") -> tuple[str, str, bytes]:
     broker = server.broker
+    if path.startswith("/admin/"):
+        from busd.observability.admin import route_admin
+
+        return _json(*await route_admin(broker, method, path, query, body))
+    if method != "GET":
+        return _status(405), "text/plain", b"only GET\n"
     if path == "/health":
         try:
             store_ok = await asyncio.wait_for(broker.store.ping(), 2)
         except Exception:
             store_ok = False
-        body = json.dumps({"status": "ok" if store_ok else "degraded", "store": store_ok}).encode()
-        return ("200 OK" if store_ok else "503 Service Unavailable"), "application/json", body
+        return _json(200 if store_ok else 503,
+                     {"status": "ok" if store_ok else "degraded", "store": store_ok})
     if path == "/metrics":
         if broker.metrics is None:
-            return "404 Not Found", "text/plain", b"metrics are off\n"
+            return _status(404), "text/plain", b"metrics are off\n"
         try:
             body = await broker.metrics.render(broker)
         except Exception as exc:
             log.warning("metrics scrape failed: %s", exc)
-            return "503 Service Unavailable", "text/plain", f"{exc}\n".encode()
-        return "200 OK", "text/plain; version=0.0.4; charset=utf-8", body
-    return "404 Not Found", "text/plain", b"not found\n"
+            return _status(503), "text/plain", f"{exc}\n".encode()
+        return _status(200), "text/plain; version=0.0.4; charset=utf-8", body
+    return _status(404), "text/plain", b"not found\n"

@@ -1,16 +1,25 @@
 """Prometheus metrics of one busd process.
 
-Counters of what this process did (connections, messages in and out, settlements) are kept
-here; what the store knows for the whole deployment (per-entity counts, sessions) is read from
-the store at scrape time, so every process reports the same, exact figures.
+Two kinds, kept apart:
+- What this process does (connections, links, refused authentications, sweep durations, and
+  its share of messages in and out): counters and gauges kept here, fed by the broker.
+- What happened to each queue, for the whole deployment: message totals (sent, received,
+  completed, abandoned, dead-lettered, expired, ...), lock expiries, and what each queue
+  holds now (active, scheduled, deferred, dead-lettered messages; sessions). The store counts
+  the totals inside each state transition, so they are exact whichever process, path
+  ($management, admin API, sweep, lazy housekeeping) made it happen; they are read at scrape
+  time, and every process reports the same figures: aggregate them with max(), not sum().
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from busd.errors import StoreStatus
-from busd.storage.api import Outcome
+from busd.storage.api import EntityCounts, EntityRef, Outcome
 
 _OUTCOME_NAMES = {
     Outcome.COMPLETE: "completed",
@@ -20,37 +29,95 @@ _OUTCOME_NAMES = {
     Outcome.RELEASE: "released",
 }
 
+# Store event -> (metric name, help). Queue and dead-letter sub-queue alike, except those in
+# _QUEUE_ONLY (a dead-letter sub-queue is never sent to, and its messages do not expire).
+_TOTALS = {
+    "sent": ("busd_messages_sent", "Messages accepted from senders."),
+    "duplicates": ("busd_messages_duplicate", "Messages dropped by duplicate detection."),
+    "received": ("busd_messages_received", "Messages delivered to receivers (any mode)."),
+    "completed": ("busd_messages_completed", "Messages completed."),
+    "abandoned": ("busd_messages_abandoned", "Messages abandoned."),
+    "released": ("busd_messages_released", "Messages released without a counted attempt."),
+    "deferred": ("busd_messages_deferred", "Messages deferred."),
+    "deadlettered": ("busd_messages_dead_lettered",
+                     "Messages moved to the dead-letter sub-queue, for any reason."),
+    "expired": ("busd_messages_expired", "Messages past their time to live."),
+    "resubmitted": ("busd_messages_resubmitted",
+                    "Dead-lettered messages sent back to their queue."),
+    "purged": ("busd_messages_purged", "Messages deleted by a purge."),
+    "lockexpired": ("busd_lock_expiries", "Message locks that ran out."),
+    "sessionlockexpired": ("busd_session_lock_expiries", "Session locks that ran out."),
+}
+_QUEUE_ONLY = {"sent", "duplicates", "expired", "resubmitted", "sessionlockexpired"}
+# Store calls one scrape runs at once.
+SCRAPE_CONCURRENCY = 16
+
+
+class StoreCollector:
+    """Yields the figures `Metrics.render` last read from the store (read before each scrape,
+    since the registry's collectors are synchronous)."""
+
+    def __init__(self) -> None:
+        # entity name -> (its counts, its DLQ's counts)
+        self.snapshot: dict[str, tuple[EntityCounts, EntityCounts]] = {}
+
+    def describe(self):
+        return []  # nothing to check at registration: the figures come at scrape time
+
+    def collect(self):
+        totals = {event: CounterMetricFamily(name, doc, labels=["entity"])
+                  for event, (name, doc) in _TOTALS.items()}
+        messages = GaugeMetricFamily("busd_entity_messages", "Messages per entity and state.",
+                                     labels=["entity", "state"])
+        sessions = GaugeMetricFamily("busd_entity_sessions",
+                                     "Sessions with messages or state, and locked sessions.",
+                                     labels=["entity", "kind"])
+        for name, (counts, dlq) in sorted(self.snapshot.items()):
+            dlq_name = f"{name}/$deadletterqueue"
+            for event, family in totals.items():
+                family.add_metric([name], counts.totals.get(event, 0))
+                if event not in _QUEUE_ONLY:
+                    family.add_metric([dlq_name], dlq.totals.get(event, 0))
+            for state, value in (
+                ("active", counts.active),
+                ("locked", counts.locked),
+                ("scheduled", counts.scheduled),
+                ("deferred", counts.deferred),
+                ("dead_letter", dlq.active + dlq.locked + dlq.deferred),
+            ):
+                messages.add_metric([name, state], value)
+            sessions.add_metric([name, "with_messages"], counts.sessions)
+            sessions.add_metric([name, "locked"], counts.locked_sessions)
+        yield from totals.values()
+        yield messages
+        yield sessions
+
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
-        self.connections = Gauge("busd_connections", "Open AMQP connections.", registry=registry)
+        self.connections = Gauge("busd_connections", "Open AMQP connections (this process).",
+                                 registry=registry)
         self.connections_total = Counter(
-            "busd_connections_opened", "AMQP connections accepted.", registry=registry)
-        self.links = Gauge("busd_links", "Attached links.", registry=registry)
-        self.auth_refusals = Counter(
-            "busd_auth_refused", "CBS put-token requests refused.", registry=registry)
-        self.sent = Counter("busd_messages_sent", "Messages stored from senders.", ["entity"],
-                            registry=registry)
-        self.received = Counter("busd_messages_received", "Messages delivered to receivers.",
-                                ["entity"], registry=registry)
-        self.settled = Counter("busd_messages_settled", "Settlements applied, by outcome.",
-                               ["entity", "outcome"], registry=registry)
-        self.expired_locks = Counter("busd_lock_expiries", "Message locks that expired (sweep).",
-                                     ["entity"], registry=registry)
-        self.expired_session_locks = Counter(
-            "busd_session_lock_expiries", "Session locks that expired (sweep).", ["entity"],
+            "busd_connections_opened", "AMQP connections accepted (this process).",
             registry=registry)
-        self.expired = Counter("busd_messages_expired", "Messages expired by TTL (sweep).",
-                               ["entity"], registry=registry)
+        self.links = Gauge("busd_links", "Attached links (this process).", registry=registry)
+        self.auth_refusals = Counter(
+            "busd_auth_refused", "CBS put-token requests refused (this process).",
+            registry=registry)
+        self.sent = Counter("busd_process_messages_sent",
+                            "Messages this process stored from sender links.", ["entity"],
+                            registry=registry)
+        self.received = Counter("busd_process_messages_received",
+                                "Messages this process delivered on receiver links.", ["entity"],
+                                registry=registry)
+        self.settled = Counter("busd_process_settlements",
+                               "Settlements this process applied for receiver links, by outcome.",
+                               ["entity", "outcome"], registry=registry)
         self.sweep_seconds = Histogram("busd_sweep_seconds", "Duration of one entity's sweep.",
                                        registry=registry)
-        self.entity_messages = Gauge("busd_entity_messages", "Messages per entity and state.",
-                                     ["entity", "state"], registry=registry)
-        self.entity_sessions = Gauge("busd_entity_sessions",
-                                     "Sessions with messages or state, and locked sessions.",
-                                     ["entity", "kind"], registry=registry)
-        self._sweep_started = 0.0
+        self.store_figures = StoreCollector()
+        registry.register(self.store_figures)
 
     # --- events from the broker -------------------------------------------------------------
     def connection_opened(self) -> None:
@@ -81,30 +148,19 @@ class Metrics:
                 self.settled.labels(entity, _OUTCOME_NAMES[outcome]).inc()
 
     def on_sweep(self, entity: str, result, seconds: float) -> None:
+        # what the sweep expired is in the store's totals (with what receives expired lazily)
         self.sweep_seconds.observe(seconds)
-        if result.expired_message_locks:
-            self.expired_locks.labels(entity).inc(result.expired_message_locks)
-        if result.expired_session_locks:
-            self.expired_session_locks.labels(entity).inc(len(result.expired_session_locks))
-        if result.expired_messages:
-            self.expired.labels(entity).inc(result.expired_messages)
 
     # --- scrape -----------------------------------------------------------------------------
     async def render(self, broker) -> bytes:
-        from busd.storage.api import EntityRef
-
-        for name, spec in broker.entities.items():
-            counts = await broker.store.counts(EntityRef(spec))
-            dlq = await broker.store.counts(EntityRef(spec, dlq=True))
-            for state, value in (
-                ("active", counts.active),
-                ("locked", counts.locked),
-                ("scheduled", counts.scheduled),
-                ("deferred", counts.deferred),
-                ("dead_letter", dlq.active + dlq.locked + dlq.deferred),
-            ):
-                self.entity_messages.labels(name, state).set(value)
-            self.entity_sessions.labels(name, "with_messages").set(counts.sessions)
-            self.entity_sessions.labels(name, "locked").set(counts.locked_sessions)
+        specs = list(broker.entities.values())
+        refs = [EntityRef(spec, dlq=dlq) for spec in specs for dlq in (False, True)]
+        figures: list[EntityCounts] = []
+        for start in range(0, len(refs), SCRAPE_CONCURRENCY):  # bounded: one connection each
+            chunk = refs[start : start + SCRAPE_CONCURRENCY]
+            figures += await asyncio.gather(*(broker.store.counts(ref) for ref in chunk))
+        # No await from here on: concurrent scrapes cannot mix their snapshots.
+        self.store_figures.snapshot = {
+            spec.name: (figures[2 * i], figures[2 * i + 1]) for i, spec in enumerate(specs)
+        }
         return generate_latest(self.registry)
-

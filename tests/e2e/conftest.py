@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
+# The banner's HTTP line: `http:     http://127.0.0.1:<port>/health, /metrics, /admin`
+HTTP_BANNER = re.compile(r"http:\s+http://[^\s/]+:(\d+)/health")
 
 
 @dataclass
@@ -29,6 +31,12 @@ class BusdProcess:
     prefix: str
     log_path: Path
     lines: list[str] = field(default_factory=list)
+    http_port: int | None = None  # None when started without an HTTP port
+
+    @property
+    def http_url(self) -> str:
+        assert self.http_port is not None, "this busd has no HTTP port"
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def connection_string(self) -> str:
@@ -103,9 +111,12 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        match = BANNER.search(log_path.read_text(errors="replace"))
-        if match:
-            return BusdProcess(proc, int(match.group(1)), prefix, log_path)
+        text = log_path.read_text(errors="replace")
+        match = BANNER.search(text)
+        if match and "connection string:" in text:  # the banner's last line: all of it is there
+            http = HTTP_BANNER.search(text)
+            return BusdProcess(proc, int(match.group(1)), prefix, log_path,
+                               http_port=int(http.group(1)) if http else None)
         if proc.poll() is not None:
             break
         time.sleep(0.05)

@@ -1,0 +1,236 @@
+"""Operator tools: list queues, peek, list sessions, send, purge, resubmit dead letters.
+
+Each operation returns plain JSON-ready values, so the HTTP front (busd.observability.admin)
+only routes. A message sent here takes the path of an AMQP send: it is encoded as an AMQP
+message, read back by the same codec call a sender link uses, and stored by `store.send`, so
+a receiver cannot tell it from one an SDK sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+from busd.amqp import codec
+from busd.broker.sending import MAX_SESSION_ID_LENGTH
+from busd.storage.api import EntityRef, MessageState, NewMessage, QueueSpec, StoredMessage
+
+# Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
+RESUBMIT_CHUNK = 500
+MAX_PEEK = 1000
+
+
+class AdminError(Exception):
+    """A request the operation refuses; `status` is the HTTP status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def iso(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as ISO 8601 UTC with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
+    if ms is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _json_value(value: Any) -> Any:
+    """An AMQP value as JSON can hold it (timestamps, uuids, binary and the like as text)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return str(value)
+
+
+def _body(decoded: codec.DecodedMessage) -> dict[str, Any]:
+    """The body as text when it is text, and always as base64 for a data body."""
+    if decoded.body_type == "data":
+        raw = b"".join(decoded.body)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return {"body_type": "data", "body": text, "body_base64": base64.b64encode(raw).decode(),
+                "body_size": len(raw)}
+    if decoded.body_type == "value":
+        value = decoded.body
+        text = value if isinstance(value, str) else None
+        return {"body_type": "value", "body": text, "body_value": _json_value(value)}
+    if decoded.body_type == "sequence":
+        return {"body_type": "sequence", "body": None, "body_value": _json_value(decoded.body)}
+    return {"body_type": None, "body": None}
+
+
+def message_view(m: StoredMessage) -> dict[str, Any]:
+    if m.locked_until_ms is not None:
+        state = "locked"
+    else:
+        state = {MessageState.ACTIVE: "active", MessageState.DEFERRED: "deferred",
+                 MessageState.SCHEDULED: "scheduled"}[m.state]
+    view: dict[str, Any] = {
+        "sequence_number": m.seq,
+        "state": state,
+        "enqueued_time": iso(m.enqueued_ms),
+        "expires_at": iso(m.expires_ms),
+        "locked_until": iso(m.locked_until_ms),
+        "delivery_count": m.delivery_count,
+        "session_id": m.session_id,
+        "dead_letter_reason": m.dead_letter_reason,
+        "dead_letter_description": m.dead_letter_description,
+    }
+    try:
+        decoded = codec.decode_message(
+            codec.encode_delivery(
+                m.blob, seq=m.seq, enqueued_ms=m.enqueued_ms, delivery_count=m.delivery_count,
+                properties_patch=m.properties_patch,
+            )
+        )
+    except codec.CodecError as exc:  # stored by an older version, or damaged: show what we can
+        view["error"] = f"cannot decode the stored message: {exc}"
+        return view
+    props = decoded.properties
+    view["message_id"] = _json_value(props.get("message_id"))
+    view["content_type"] = _json_value(props.get("content_type"))
+    view["application_properties"] = _json_value(decoded.application_properties)
+    view.update(_body(decoded))
+    return view
+
+
+class Admin:
+    """The operations, over one broker's entities and store."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+
+    def queue(self, name: str) -> QueueSpec:
+        spec = self.broker.queue(name)
+        if spec is None:
+            raise AdminError(404, f"no queue named {name!r}")
+        return spec
+
+    async def queues(self) -> list[dict[str, Any]]:
+        out = []
+        for name in sorted(self.broker.entities):
+            out.append(await self.queue_info(name))
+        return out
+
+    async def queue_info(self, name: str) -> dict[str, Any]:
+        spec = self.queue(name)
+        counts = await self.broker.store.counts(EntityRef(spec))
+        return {
+            "name": spec.name,
+            "properties": {
+                k: v for k, v in dataclasses.asdict(spec).items() if k != "name"
+            },
+            "counts": {
+                "active": counts.active,
+                "locked": counts.locked,
+                "scheduled": counts.scheduled,
+                "deferred": counts.deferred,
+                "dead_letter": counts.dead_letter,
+                "sessions": counts.sessions,
+                "locked_sessions": counts.locked_sessions,
+            },
+        }
+
+    async def peek(
+        self, name: str, *, dlq: bool = False, session_id: str | None = None,
+        from_seq: int = 0, count: int = 20,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        spec = self.queue(name)
+        if not 1 <= count <= MAX_PEEK:
+            raise AdminError(400, f"count must be 1..{MAX_PEEK}, got {count}")
+        messages = await self.broker.store.peek(
+            EntityRef(spec, dlq=dlq), max(from_seq, 0), count, session_id
+        )
+        return [message_view(m) for m in messages]
+
+    async def sessions(self, name: str) -> list[dict[str, Any]]:
+        spec = self.queue(name)
+        return [
+            {
+                "session_id": info.session_id,
+                "locked": info.locked_until_ms is not None,
+                "locked_until": iso(info.locked_until_ms),
+                "message_count": info.message_count,
+                "state_size": info.state_size,
+                "state_updated": iso(info.updated_ms or None),
+            }
+            for info in await self.broker.store.session_infos(spec)
+        ]
+
+    async def send(
+        self, name: str, body: bytes, *, session_id: str | None = None,
+        application_properties: dict[str, Any] | None = None, message_id: str | None = None,
+        content_type: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        spec = self.queue(name)
+        if session_id is not None and (
+            not session_id or len(session_id) > MAX_SESSION_ID_LENGTH or "\0" in session_id
+        ):
+            raise AdminError(
+                400, f"a session id has 1..{MAX_SESSION_ID_LENGTH} characters and no NUL"
+            )
+        if spec.requires_session and session_id is None:
+            raise AdminError(400, f"queue {spec.name!r} requires sessions: give a session id")
+        for key, value in (application_properties or {}).items():
+            if not isinstance(value, (str, int, float, bool)) and value is not None:
+                raise AdminError(400, f"application property {key!r}: only JSON scalars")
+        properties = {
+            "message_id": message_id or uuid.uuid4().hex,
+            "group_id": session_id,
+            "content_type": content_type,
+        }
+        try:
+            payload = codec.encode_message(
+                properties=properties, application_properties=application_properties, data=body
+            )
+            incoming = codec.parse_incoming(payload)
+        except codec.CodecError as exc:
+            raise AdminError(400, f"cannot build the message: {exc}") from None
+        if len(payload) > spec.max_message_size:
+            raise AdminError(
+                413, f"the message of {len(payload)} bytes exceeds the limit of "
+                f"{spec.max_message_size} bytes of {spec.name!r}",
+            )
+        message = NewMessage(
+            blob=incoming.blob,
+            session_id=incoming.session_id if spec.requires_session else None,
+            message_id=incoming.message_id,
+            ttl_ms=incoming.ttl_ms,
+            scheduled_ms=incoming.scheduled_ms,
+        )
+        (seq,) = await self.broker.store.send(spec, [message])
+        return {"sequence_number": seq, "message_id": properties["message_id"],
+                "duplicate": seq == 0}
+
+    async def purge(self, name: str, *, dlq: bool = False) -> dict[str, Any]:
+        spec = self.queue(name)
+        return {"purged": await self.broker.store.purge(EntityRef(spec, dlq=dlq))}
+
+    async def resubmit(self, name: str, limit: int | None = None) -> dict[str, Any]:
+        """Move dead-lettered messages back: at most `limit`, or every one (in chunks)."""
+        spec = self.queue(name)
+        if limit is not None and limit < 1:
+            raise AdminError(400, f"limit must be at least 1, got {limit}")
+        store = self.broker.store
+        moved = 0
+        while limit is None or moved < limit:
+            chunk = RESUBMIT_CHUNK if limit is None else min(RESUBMIT_CHUNK, limit - moved)
+            n = await store.resubmit_dead_letters(spec, chunk)
+            moved += n
+            if n < chunk:
+                break
+        remaining = await store.counts(EntityRef(spec, dlq=True))
+        return {"resubmitted": moved, "remaining": remaining.active + remaining.deferred,
+                "dead_letter": remaining.dead_letter}

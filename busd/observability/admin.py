@@ -1,0 +1,143 @@
+"""The admin API's routes on the HTTP port (the operations are busd.broker.admin's).
+
+    GET  /admin/queues                          every queue: properties and counts
+    GET  /admin/queues/{q}                      one queue
+    GET  /admin/queues/{q}/messages             peek: ?dlq=1&session=S&from=N&count=N
+    POST /admin/queues/{q}/messages             send: JSON {body | body_base64, session_id,
+                                                application_properties, message_id, content_type}
+    GET  /admin/queues/{q}/sessions             sessions: id, lock, message count, state size
+    POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
+    POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
+
+A queue name may hold `/`: clients send it percent-encoded (`orders%2Feu`). Answers are JSON;
+a failure is `{"error": "..."}` with 400 (bad request), 404 (unknown queue or route), 405,
+413 (message too large), or 503 (the store does not answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from busd.broker.admin import Admin, AdminError
+
+log = logging.getLogger("busd.http")
+
+# How long one admin operation may take before the store counts as unreachable.
+OPERATION_TIMEOUT_S = 30.0
+_ACTIONS = ("/dlq/resubmit", "/messages", "/sessions", "/purge")
+
+Response = tuple[int, Any]
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    return (query.get(name) or ["0"])[-1].lower() in ("1", "true", "yes")
+
+
+def _int(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        return int(values[-1])
+    except ValueError:
+        raise AdminError(400, f"{name} must be an integer, got {values[-1]!r}") from None
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(body or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdminError(400, f"the request body is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise AdminError(400, "the request body must be a JSON object")
+    return document
+
+
+def _message_body(document: dict[str, Any]) -> bytes:
+    if "body_base64" in document:
+        try:
+            return base64.b64decode(str(document["body_base64"]), validate=True)
+        except (binascii.Error, ValueError):
+            raise AdminError(400, "body_base64 is not base64") from None
+    body = document.get("body")
+    if not isinstance(body, str):
+        raise AdminError(400, "give the message body as a string `body` or as `body_base64`")
+    return body.encode("utf-8")
+
+
+def _optional_text(document: dict[str, Any], name: str) -> str | None:
+    value = document.get(name)
+    if value is not None and not isinstance(value, str):
+        raise AdminError(400, f"{name} must be a string")
+    return value
+
+
+async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: bytes) -> Response:
+    if path in ("/admin/queues", "/admin/queues/"):
+        if method != "GET":
+            raise AdminError(405, "use GET")
+        return 200, await admin.queues()
+    prefix = "/admin/queues/"
+    if not path.startswith(prefix):
+        raise AdminError(404, f"no route {path}")
+    rest = path[len(prefix):]
+    action = next((a for a in _ACTIONS if rest.endswith(a)), "")
+    name = unquote(rest[: len(rest) - len(action)])
+    allowed = {"": "GET", "/sessions": "GET", "/purge": "POST", "/dlq/resubmit": "POST",
+               "/messages": ("GET", "POST")}[action]
+    if method not in allowed:
+        raise AdminError(405, f"use {' or '.join(allowed) if isinstance(allowed, tuple) else allowed}")
+    if action == "":
+        return 200, await admin.queue_info(name)
+    if action == "/sessions":
+        return 200, await admin.sessions(name)
+    if action == "/purge":
+        return 200, await admin.purge(name, dlq=_flag(query, "dlq"))
+    if action == "/dlq/resubmit":
+        return 200, await admin.resubmit(name, _int(query, "limit", None))
+    if method == "GET":
+        return 200, await admin.peek(
+            name,
+            dlq=_flag(query, "dlq"),
+            session_id=(query.get("session") or [None])[-1],
+            from_seq=_int(query, "from", 0),
+            count=_int(query, "count", 20),
+        )
+    document = _json_body(body)
+    properties = document.get("application_properties")
+    if properties is not None and not isinstance(properties, dict):
+        raise AdminError(400, "application_properties must be a JSON object")
+    return 201, await admin.send(
+        name,
+        _message_body(document),
+        session_id=_optional_text(document, "session_id"),
+        application_properties=properties,
+        message_id=_optional_text(document, "message_id"),
+        content_type=_optional_text(document, "content_type"),
+    )
+
+
+async def route_admin(broker, method: str, path: str, query: str, body: bytes) -> Response:
+    """(HTTP status, JSON-ready answer) of one admin request."""
+    try:
+        return await asyncio.wait_for(
+            _dispatch(Admin(broker), method, path, parse_qs(query), body), OPERATION_TIMEOUT_S
+        )
+    except AdminError as error:
+        return error.status, {"error": error.message}
+    except Exception as exc:  # the store, most likely: say which
+        try:
+            reachable = await asyncio.wait_for(broker.store.ping(), 2)
+        except Exception:
+            reachable = False
+        if not reachable or isinstance(exc, asyncio.TimeoutError):
+            log.warning("admin %s %s: the store is unreachable: %s", method, path, exc)
+            return 503, {"error": f"the store is unreachable: {exc or type(exc).__name__}"}
+        log.exception("admin %s %s failed", method, path)
+        return 500, {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,300 @@
+"""Operator commands: `busd queues`, `peek`, `sessions`, `send`, `purge`, `dlq resubmit`.
+
+They talk to a running busd over its admin HTTP API (`--url`, or BUSD_URL; default
+http://127.0.0.1:5300), so they need nothing but the standard library and work against busd in
+a container. Output is a plain aligned table, or JSON with `--json`. Errors are one line on
+stderr and an exit code a script can test:
+
+    0   done
+    1   busd failed the request (see its log)
+    65  the request was refused as invalid (e.g. no session id for a session queue)
+    66  no such queue
+    69  busd, or its store, cannot be reached
+    (2  a usage error: a missing argument or an unknown option)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+from urllib.parse import quote, urlencode
+
+import click
+
+EXIT_FAILED = 1
+EXIT_INVALID = 65  # sysexits EX_DATAERR
+EXIT_NOT_FOUND = 66  # sysexits EX_NOINPUT
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE
+DEFAULT_URL = "http://127.0.0.1:5300"
+# Dead letters resubmitted per request: the progress bar moves once per chunk.
+RESUBMIT_CHUNK = 500
+TIMEOUT_S = 60.0
+PREVIEW_CHARS = 40
+
+
+class ToolError(click.ClickException):
+    """One line on stderr and an exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"busd: error: {self.message}", err=True)
+
+
+class AdminClient:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def call(self, method: str, path: str, query: dict | None = None, body: Any = None) -> Any:
+        query = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self.url + path + (f"?{urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise _http_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ToolError(f"cannot reach busd at {self.url}: {reason}", EXIT_UNAVAILABLE) from None
+        except json.JSONDecodeError:
+            raise ToolError(f"{url} did not answer JSON: is it busd?", EXIT_FAILED) from None
+
+    def queue_path(self, queue: str, action: str = "") -> str:
+        return f"/admin/queues/{quote(queue, safe='')}{action}"
+
+
+def _http_error(exc: urllib.error.HTTPError) -> ToolError:
+    try:
+        message = json.loads(exc.read()).get("error") or exc.reason
+    except (ValueError, AttributeError):
+        message = exc.reason
+    code = {400: EXIT_INVALID, 404: EXIT_NOT_FOUND, 413: EXIT_INVALID,
+            503: EXIT_UNAVAILABLE}.get(exc.code, EXIT_FAILED)
+    return ToolError(str(message), code)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Plain columns, left-aligned text and right-aligned numbers."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [
+        any(isinstance(row[i], int) for row in rows)
+        and all(isinstance(row[i], int) or row[i] is None for row in rows)
+        for i in range(len(headers))
+    ]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+        ).rstrip()
+
+    return "\n".join([line(headers)] + [line(r) for r in cells])
+
+
+def _client_options(command: Callable) -> Callable:
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON for scripts instead of a table.")(command)
+    command = click.option("--url", envvar="BUSD_URL", default=DEFAULT_URL, show_default=True,
+                           help="busd's HTTP address (its --http-port).")(command)
+    return command
+
+
+def _emit(as_json: bool, document: Any, text: Callable[[], str]) -> None:
+    click.echo(json.dumps(document, indent=2) if as_json else text())
+
+
+def _preview(message: dict[str, Any]) -> str:
+    body = message.get("body")
+    if body is None:
+        if message.get("body_type") == "data":
+            return f"<{message.get('body_size', 0)} bytes>"
+        body = json.dumps(message.get("body_value"))
+    body = body.replace("\n", "\\n")
+    return body if len(body) <= PREVIEW_CHARS else body[: PREVIEW_CHARS - 1] + "…"
+
+
+class _NoProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _progress(total: int, label: str):
+    """A progress bar on stderr when a person watches it (stdout stays clean for --json)."""
+    if total <= RESUBMIT_CHUNK or not sys.stderr.isatty():
+        return _NoProgress()
+    return click.progressbar(length=total, label=label, file=sys.stderr)
+
+
+def _short_time(iso: str | None) -> str | None:
+    return iso.replace("T", " ")[:19] if iso else None
+
+
+@click.command()
+@_client_options
+def queues(url: str, as_json: bool) -> None:
+    """List the queues with their message and session counts."""
+    found = AdminClient(url).call("GET", "/admin/queues")
+
+    def text() -> str:
+        rows = []
+        for q in found:
+            c, p = q["counts"], q["properties"]
+            rows.append([q["name"], c["active"], c["scheduled"], c["deferred"], c["locked"],
+                         c["dead_letter"], c["sessions"] if p["requires_session"] else None,
+                         c["locked_sessions"] if p["requires_session"] else None])
+        return table(["QUEUE", "ACTIVE", "SCHEDULED", "DEFERRED", "LOCKED", "DEAD-LETTER",
+                      "SESSIONS", "LOCKED-SESSIONS"], rows)
+
+    _emit(as_json, found, text)
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--dlq", is_flag=True, help="Peek the dead-letter sub-queue.")
+@click.option("--session", "session_id", default=None, help="Only this session's messages.")
+@click.option("--count", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--from", "from_seq", type=click.IntRange(0), default=0, show_default=True,
+              help="Start at this sequence number.")
+@_client_options
+def peek(queue: str, dlq: bool, session_id: str | None, count: int, from_seq: int, url: str,
+         as_json: bool) -> None:
+    """Show messages of QUEUE without locking them, in sequence order."""
+    client = AdminClient(url)
+    found = client.call("GET", client.queue_path(queue, "/messages"),
+                        {"dlq": 1 if dlq else None, "session": session_id, "count": count,
+                         "from": from_seq})
+
+    def text() -> str:
+        headers = ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION"]
+        headers += ["REASON"] if dlq else []
+        rows = []
+        for m in found:
+            row = [m["sequence_number"], m["state"], _short_time(m["enqueued_time"]),
+                   m["delivery_count"], m["session_id"]]
+            row += [m["dead_letter_reason"]] if dlq else []
+            rows.append(row + [_preview(m)])
+        return table(headers + ["BODY"], rows)
+
+    _emit(as_json, found, text)
+
+
+@click.command()
+@click.argument("queue")
+@_client_options
+def sessions(queue: str, url: str, as_json: bool) -> None:
+    """List the sessions of QUEUE: lock, locked-until, messages, state size."""
+    client = AdminClient(url)
+    found = client.call("GET", client.queue_path(queue, "/sessions"))
+
+    def text() -> str:
+        rows = [[s["session_id"], "yes" if s["locked"] else "no", s["locked_until"],
+                 s["message_count"], s["state_size"]] for s in found]
+        return table(["SESSION", "LOCKED", "LOCKED-UNTIL", "MESSAGES", "STATE-BYTES"], rows)
+
+    _emit(as_json, found, text)
+
+
+def _properties(values: tuple[str, ...]) -> dict[str, str] | None:
+    props = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"takes KEY=VALUE, got {value!r}", param_hint="--property")
+        props[key] = text
+    return props or None
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("body")
+@click.option("--session", "session_id", default=None, help="The message's session id.")
+@click.option("--property", "-p", "properties", multiple=True, metavar="KEY=VALUE",
+              help="An application property (string value; repeatable).")
+@click.option("--message-id", default=None, help="Default: a new random id.")
+@click.option("--content-type", default=None)
+@_client_options
+def send(queue: str, body: str, session_id: str | None, properties: tuple[str, ...],
+         message_id: str | None, content_type: str | None, url: str, as_json: bool) -> None:
+    """Send one message with BODY (text; - reads it from stdin) to QUEUE."""
+    if body == "-":
+        body = sys.stdin.read()
+    client = AdminClient(url)
+    sent = client.call("POST", client.queue_path(queue, "/messages"), body={
+        "body": body, "session_id": session_id, "application_properties": _properties(properties),
+        "message_id": message_id, "content_type": content_type,
+    })
+
+    def text() -> str:
+        if sent["duplicate"]:
+            return f"{queue}: dropped as a duplicate of message id {sent['message_id']}"
+        return f"{queue}: sent, sequence number {sent['sequence_number']}"
+
+    _emit(as_json, sent, text)
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--dlq", is_flag=True, help="Purge the dead-letter sub-queue instead.")
+@_client_options
+def purge(queue: str, dlq: bool, url: str, as_json: bool) -> None:
+    """Delete every message of QUEUE (at once: one atomic step in the store).
+
+    Session state stays; messages a receiver holds are gone when it settles them."""
+    client = AdminClient(url)
+    done = client.call("POST", client.queue_path(queue, "/purge"), {"dlq": 1 if dlq else None})
+    entity = f"{queue}/$DeadLetterQueue" if dlq else queue
+    _emit(as_json, done, lambda: f"{entity}: purged {done['purged']} message(s)")
+
+
+@click.group()
+def dlq() -> None:
+    """Dead-letter sub-queue tools."""
+
+
+@dlq.command()
+@click.argument("queue")
+@click.option("--limit", type=click.IntRange(1), default=None,
+              help="At most this many messages (default: all).")
+@_client_options
+def resubmit(queue: str, limit: int | None, url: str, as_json: bool) -> None:
+    """Send QUEUE's dead-lettered messages back to QUEUE as new messages, oldest first.
+
+    Each gets a new sequence number, delivery count 0 and the queue's default time to live;
+    it keeps its body, properties and session id. Messages a dead-letter receiver holds
+    locked stay."""
+    client = AdminClient(url)
+    total = client.call("GET", client.queue_path(queue))["counts"]["dead_letter"]
+    if limit is not None:
+        total = min(total, limit)
+    moved = 0
+    with _progress(total, f"resubmitting {queue}") as bar:
+        while limit is None or moved < limit:
+            chunk = RESUBMIT_CHUNK if limit is None else min(RESUBMIT_CHUNK, limit - moved)
+            done = client.call("POST", client.queue_path(queue, "/dlq/resubmit"),
+                               {"limit": chunk})
+            moved += done["resubmitted"]
+            bar.update(done["resubmitted"])
+            if done["resubmitted"] < chunk:
+                break
+    result = {"resubmitted": moved, "remaining": done["remaining"],
+              "dead_letter": done["dead_letter"]}
+    _emit(as_json, result, lambda: f"{queue}: resubmitted {moved} dead-lettered message(s), "
+          f"{done['dead_letter']} left in the dead-letter queue")
+
+
+COMMANDS = (queues, peek, sessions, send, purge, dlq)
