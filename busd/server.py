@@ -34,6 +34,12 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+def _names(entities, shown: int = 10) -> str:
+    names = sorted(entities)
+    more = f", ... {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def connection_string(settings: Settings, host: str | None = None, port: int | None = None) -> str:
     """What clients paste; `port`: the one actually bound (with --port 0)."""
     key_name, key = next(iter(settings.sas_keys.items()))
@@ -112,7 +118,8 @@ class Server:
             f"busd {__version__} listening on amqp://{settings.host}:{self.port}",
             f"  store:    {store}",
             f"  entities: {len(self.entities)} queue(s)"
-            + (f" ({', '.join(sorted(self.entities))})" if self.entities else ""),
+            + (f" ({_names(self.entities)})" if self.entities else "")
+            + (f" from {settings.config_path}" if settings.config_path else ""),
         ]
         if self.http is not None:
             lines.append(
@@ -148,10 +155,16 @@ class Server:
 EMULATOR_CONFIG = "/ServiceBus_Emulator/ConfigFiles/Config.json"
 
 
+def entities_file(settings: Settings) -> str | None:
+    """--config; without it, the emulator's file where the emulator reads it, if there."""
+    if settings.config_path:
+        return settings.config_path
+    return EMULATOR_CONFIG if os.path.exists(EMULATOR_CONFIG) else None
+
+
 async def serve(settings: Settings) -> int:
     entities: list[QueueSpec] = []
-    if not settings.config_path and os.path.exists(EMULATOR_CONFIG):
-        settings.config_path = EMULATOR_CONFIG
+    settings.config_path = entities_file(settings)
     if settings.config_path:
         entities, warnings = load_entities(settings.config_path, settings.max_message_size)
         for warning in warnings:

@@ -1,0 +1,226 @@
+"""The container set-up without a container engine: the Dockerfile's and compose.yaml's
+commands run here as processes (on loopback and free ports instead of 0.0.0.0:5672/5300),
+compose.yaml passes `docker-compose config`, and the README's emulator section agrees with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from busd.config import Settings, load_entities
+from busd.server import EMULATOR_CONFIG, connection_string, entities_file
+from tests.e2e.conftest import BANNER, HTTP_BANNER
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+BUSD = COMPOSE["services"]["busd"]
+
+
+def dockerfile_cmd() -> list[str]:
+    cmds = re.findall(r"^CMD\s+(\[.*\])\s*$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert cmds, "the Dockerfile has no exec-form CMD"
+    return json.loads(cmds[-1])
+
+
+def dockerfile_env() -> dict[str, str]:
+    return dict(re.findall(r"^ENV\s+(BUSD_\w+)=(\S+)\s*$", (ROOT / "Dockerfile").read_text(), re.M))
+
+
+def volume_mounts() -> dict[str, Path]:
+    """Container path -> host path of the busd service's file mounts."""
+    mounts = {}
+    for volume in BUSD.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        mounts[target] = (ROOT / source).resolve()
+    return mounts
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def replace_option(argv: list[str], name: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(name) + 1] = value
+    return out
+
+
+def runnable(argv: list[str]) -> list[str]:
+    """The container's command for this machine: the installed `busd`, loopback only, free
+    ports (the flags given last win)."""
+    assert argv[0] == "busd"
+    exe = shutil.which("busd")
+    head = [exe] if exe else [sys.executable, "-m", "busd"]
+    return head + replace_option(argv[1:], "--host", "127.0.0.1") + ["--port", "0",
+                                                                     "--http-port", "0"]
+
+
+def start(argv: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:
+    log_path = tmp_path / f"busd-{uuid.uuid4().hex[:6]}.log"
+    out = open(log_path, "wb")
+    # the container's environment: none of this machine's BUSD_* settings
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BUSD_")}
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                            env={**clean, "PYTHONUNBUFFERED": "1", **env})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if BANNER.search(text) and "connection string:" in text:
+            return proc, f"http://127.0.0.1:{HTTP_BANNER.search(text).group(1)}", log_path
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop(proc)
+    raise AssertionError(f"busd did not start:\n{log_path.read_text(errors='replace')}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def get_json(url: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def healthcheck(http_url: str) -> list[str]:
+    """compose.yaml's health check of busd, pointed at this process's HTTP port."""
+    test = BUSD["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "python"
+    port = http_url.rsplit(":", 1)[1]
+    return [sys.executable] + [arg.replace("127.0.0.1:5300", f"127.0.0.1:{port}")
+                               for arg in test[2:]]
+
+
+def test_image_runs_busd_serve_on_every_interface_as_a_user():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.\d+-slim\s*$", text, re.M)
+    assert re.search(r"^USER busd\s*$", text, re.M)
+    assert dockerfile_cmd() == ["busd", "serve", "--host", "0.0.0.0"]
+    assert re.search(r"^EXPOSE 5672 5300\s*$", text, re.M)
+
+
+def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_path):
+    env = dockerfile_env()
+    assert env["BUSD_DATA_DIR"] == "/data"
+    data = tmp_path / "data"  # the image's /data
+    proc, http_url, log_path = start(runnable(dockerfile_cmd()), tmp_path,
+                                     {"BUSD_DATA_DIR": str(data)})
+    try:
+        assert get_json(http_url + "/health") == (200, {"status": "ok", "store": True})
+        assert f"store:    embedded Valkey in {data}" in log_path.read_text()
+        check = subprocess.run(healthcheck(http_url), timeout=20)
+        assert check.returncode == 0
+    finally:
+        stop(proc)
+
+
+def test_compose_command_serves_the_mounted_config_from_valkey(tmp_path, redis_url):
+    argv = BUSD["command"]
+    mounted = option(argv, "--config")
+    assert mounted == EMULATOR_CONFIG
+    host_file = volume_mounts()[mounted]
+    argv = replace_option(argv, "--config", str(host_file))
+    argv = replace_option(argv, "--redis-url", redis_url)
+    proc, http_url, _ = start(runnable(argv), tmp_path,
+                              {"BUSD_KEY_PREFIX": f"container-{uuid.uuid4().hex[:8]}"})
+    try:
+        assert get_json(http_url + "/health")[0] == 200
+        status, queues = get_json(http_url + "/admin/queues")
+        expected, _ = load_entities(str(host_file), 1024 * 1024)
+        assert status == 200
+        assert [q["name"] for q in queues] == sorted(q.name for q in expected)
+        assert subprocess.run(healthcheck(http_url), timeout=20).returncode == 0
+    finally:
+        stop(proc)
+    # and the health check fails once busd is gone
+    failed = subprocess.run(healthcheck(http_url), capture_output=True, timeout=20)
+    assert failed.returncode != 0
+
+
+def test_without_config_busd_reads_the_emulator_file(tmp_path, monkeypatch):
+    emulator_file = tmp_path / "Config.json"
+    monkeypatch.setattr("busd.server.EMULATOR_CONFIG", str(emulator_file))
+    assert entities_file(Settings()) is None
+    emulator_file.write_text("{}")
+    assert entities_file(Settings()) == str(emulator_file)
+    assert entities_file(Settings(config_path="mine.json")) == "mine.json"
+
+
+def test_compose_runs_busd_next_to_valkey_with_an_append_only_file():
+    valkey = COMPOSE["services"]["valkey"]
+    command = valkey["command"]
+    assert option(command, "--appendonly") == "yes"
+    assert option(command, "--maxmemory-policy") == "noeviction"
+    assert any(v.endswith(":/data") for v in valkey["volumes"])
+    assert "healthcheck" in valkey
+    assert BUSD["depends_on"]["valkey"]["condition"] == "service_healthy"
+    assert option(BUSD["command"], "--redis-url") == "redis://valkey:6379"
+    assert option(BUSD["command"], "--host") == "0.0.0.0"
+    assert BUSD["ports"] == ["5672:5672", "5300:5300"]
+
+
+def test_compose_file_passes_docker_compose_config():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (CI installs it: .ci/run)")
+    result = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config", "-q"],
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+
+
+def readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_readme_emulator_section_matches_compose():
+    section = readme_section("Switching from the Service Bus emulator")
+    assert EMULATOR_CONFIG in section
+    assert EMULATOR_CONFIG in volume_mounts()
+    for published in BUSD["ports"]:
+        assert f"`{published.split(':')[0]}`" in section
+    assert connection_string(Settings()) in section
+    # the one-line change: the emulator image for busd's, which honours the mounted file
+    assert "-    image: mcr.microsoft.com/azure-messaging/servicebus-emulator:latest" in section
+    assert "+    image: busd" in section
+    assert "docker build -t busd ." in section
+    mount_source = next(v.split(":")[0] for v in BUSD["volumes"] if EMULATOR_CONFIG in v)
+    assert mount_source.removeprefix("./") in section
+    assert "appendfsync everysec" in section
+    assert option(COMPOSE["services"]["valkey"]["command"], "--appendfsync") == "everysec"
+
+
+def test_readme_tools_section_names_every_command():
+    from busd.cli import cli
+
+    section = readme_section("Tools")
+    for command in ("queues", "peek", "sessions", "send", "purge", "dlq resubmit"):
+        assert f"busd {command} " in section or f"busd {command}\n" in section, command
+        assert command.split()[0] in cli.commands
