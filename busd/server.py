@@ -40,7 +40,9 @@ def _names(entities, shown: int = 10) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def connection_string(settings: Settings, host: str | None = None, port: int | None = None) -> str:
+def connection_string(
+    settings: Settings, host: str | None = None, port: int | None = None
+) -> str:
     """What clients paste; `port`: the one actually bound (with --port 0)."""
     key_name, key = next(iter(settings.sas_keys.items()))
     host = host or ("localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host)

@@ -64,7 +64,9 @@ class AdminClient:
             raise _http_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ToolError(f"cannot reach busd at {self.url}: {reason}", EXIT_UNAVAILABLE) from None
+            raise ToolError(
+                f"cannot reach busd at {self.url}: {reason}", EXIT_UNAVAILABLE
+            ) from None
         except json.JSONDecodeError:
             raise ToolError(f"{url} did not answer JSON: is it busd?", EXIT_FAILED) from None
 

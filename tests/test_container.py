@@ -70,7 +70,9 @@ def runnable(argv: list[str]) -> list[str]:
                                                                      "--http-port", "0"]
 
 
-def start(argv: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:
+def start(
+    argv: list[str], tmp_path: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen, str, Path]:
     log_path = tmp_path / f"busd-{uuid.uuid4().hex[:6]}.log"
     out = open(log_path, "wb")
     # the container's environment: none of this machine's BUSD_* settings

@@ -33,7 +33,7 @@ class AdminError(Exception):
 
 
 def iso(ms: int | None) -> str | None:
-    """Milliseconds since the epoch as ISO 8601 UTC with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
+    """Milliseconds since the epoch as ISO 8601 UTC, e.g. 2026-01-02T03:04:05.678Z."""
     if ms is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"

@@ -89,10 +89,10 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
     rest = path[len(prefix):]
     action = next((a for a in _ACTIONS if rest.endswith(a)), "")
     name = unquote(rest[: len(rest) - len(action)])
-    allowed = {"": "GET", "/sessions": "GET", "/purge": "POST", "/dlq/resubmit": "POST",
-               "/messages": ("GET", "POST")}[action]
+    allowed = {"": ("GET",), "/sessions": ("GET",), "/purge": ("POST",),
+               "/dlq/resubmit": ("POST",), "/messages": ("GET", "POST")}[action]
     if method not in allowed:
-        raise AdminError(405, f"use {' or '.join(allowed) if isinstance(allowed, tuple) else allowed}")
+        raise AdminError(405, f"use {' or '.join(allowed)}")
     if action == "":
         return 200, await admin.queue_info(name)
     if action == "/sessions":

@@ -76,7 +76,9 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
     return _status(code), "application/json", json.dumps(document).encode()
 
 
-async def route(server, method: str, path: str, query: str = "", body: bytes = b"") -> tuple[str, str, bytes]:
+async def route(
+    server, method: str, path: str, query: str = "", body: bytes = b""
+) -> tuple[str, str, bytes]:
     broker = server.broker
     if path.startswith("/admin/"):
         from busd.observability.admin import route_admin
