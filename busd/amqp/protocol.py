@@ -42,6 +42,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._sock: asyncio.Transport | None = None
         self._dispatching = False
         self._again = False
+        self._flush_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -70,12 +71,24 @@ class AmqpProtocol(asyncio.Protocol):
         try:
             while view:
                 capacity = self.engine.capacity()
-                if capacity <= 0:
-                    break  # tail closed (protocol error or close): the rest is ignored
+                if capacity < 0:
+                    # Input closed: proton refused a frame (sometimes without saying why) or
+                    # the peer closed. Closing the tail makes proton finish the connection
+                    # (close frame with the error), instead of leaving it half-open.
+                    self.engine.close_tail()
+                    break
+                if capacity == 0:
+                    self.kick()  # let the handler consume what is buffered, then retry
+                    if self.engine.capacity() == 0:
+                        log.warning("connection %s: input stalled; closing", self.peer)
+                        self.engine.close_tail()
+                        break
+                    continue
                 chunk = view[:capacity]
                 self.engine.push(bytes(chunk))
                 view = view[len(chunk):]
-                self.kick()
+            if self.engine.capacity() < 0:
+                self.engine.close_tail()  # see above: finish rather than hang half-open
         except TransportException as exc:
             log.info("connection %s: protocol error: %s", self.peer, exc)
         self.kick()
@@ -103,8 +116,10 @@ class AmqpProtocol(asyncio.Protocol):
 
     # --- engine side ------------------------------------------------------------------------
     def kick(self) -> None:
-        """Dispatch pending engine events and write pending output. Re-entrant calls (a handler
-        changing the engine while events are dispatched) are folded into the running one."""
+        """Dispatch pending engine events now; write the output once per loop iteration, so
+        that the many small changes of one burst (transfers in, settlements, store answers)
+        leave in one socket write. Re-entrant calls (a handler changing the engine while events
+        are dispatched) are folded into the running one."""
         if self._dispatching:
             self._again = True
             return
@@ -118,12 +133,20 @@ class AmqpProtocol(asyncio.Protocol):
                     except Exception:  # a bug in one handler must not kill the connection loop
                         log.exception("connection %s: error handling %s", self.peer, event.type)
                     self.collector.pop()
-                self._write()
-                if not self._again and self.collector.peek() is None:
+                if not self._again:
                     break
         finally:
             self._dispatching = False
-        self._schedule_tick()
+        if not self._flush_scheduled and not self._closed:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        self._tick()  # timers first: heartbeats and idle time-out go out with this write
+        self._write()
 
     def _write(self) -> None:
         if self._sock is None or self._closed:
@@ -140,16 +163,16 @@ class AmqpProtocol(asyncio.Protocol):
             self.engine.pop(pending)
             self._sock.write(out)
 
-    def _schedule_tick(self) -> None:
-        if self._closed:
-            return
+    def _tick(self) -> None:
         deadline = self.engine.tick(time.monotonic())
+        if self.collector.peek() is not None:
+            self.kick()  # the tick changed state (idle time-out): handle it now
         if self._tick_handle:
             self._tick_handle.cancel()
             self._tick_handle = None
         if deadline:
             delay = max(0.0, deadline - time.monotonic())
-            self._tick_handle = asyncio.get_running_loop().call_later(delay, self.kick)
+            self._tick_handle = asyncio.get_running_loop().call_later(delay, self._flush)
 
     def shutdown(self, condition) -> None:
         """Close the AMQP connection with `condition` (a proton Condition), write the close
@@ -159,6 +182,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.connection.condition = condition
         self.connection.close()
         self.kick()
+        self._write()
         if not self._closed and self._sock is not None:
             self._sock.close()  # asyncio writes what is buffered first
 
