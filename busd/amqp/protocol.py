@@ -14,8 +14,10 @@ import logging
 import time
 from typing import Protocol as TypingProtocol
 
-from proton import Collector, Connection, Transport
+from proton import Collector, Connection, Event, Transport
 from proton._exceptions import TransportException
+
+from busd.amqp import engine
 
 log = logging.getLogger("busd.amqp")
 frame_log = logging.getLogger("busd.amqp.frames")
@@ -42,7 +44,9 @@ class AmqpProtocol(asyncio.Protocol):
         self._sock: asyncio.Transport | None = None
         self._dispatching = False
         self._again = False
-        self._flush_scheduled = False
+        self._deadline = 0.0
+        # raw pn_link_t pointer -> endpoint taking that link's deliveries raw (engine.py)
+        self.raw_links: dict = {}
         self._tick_handle: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -116,10 +120,10 @@ class AmqpProtocol(asyncio.Protocol):
 
     # --- engine side ------------------------------------------------------------------------
     def kick(self) -> None:
-        """Dispatch pending engine events now; write the output once per loop iteration, so
-        that the many small changes of one burst (transfers in, settlements, store answers)
-        leave in one socket write. Re-entrant calls (a handler changing the engine while events
-        are dispatched) are folded into the running one."""
+        """Dispatch pending engine events and write pending output at once (measured: writing
+        later in the loop iteration, to coalesce writes, slowed clients down more than it
+        saved). Re-entrant calls (a handler changing the engine while events are dispatched)
+        are folded into the running one."""
         if self._dispatching:
             self._again = True
             return
@@ -127,26 +131,40 @@ class AmqpProtocol(asyncio.Protocol):
         try:
             while True:
                 self._again = False
-                while (event := self.collector.peek()) is not None:
-                    try:
-                        self.handler.dispatch(event)
-                    except Exception:  # a bug in one handler must not kill the connection loop
-                        log.exception("connection %s: error handling %s", self.peer, event.type)
-                    self.collector.pop()
-                if not self._again:
+                self._dispatch_events()
+                self._write()
+                if not self._again and engine.collector_peek(self.collector._impl) == engine.NULL:
                     break
         finally:
             self._dispatching = False
-        if not self._flush_scheduled and not self._closed:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if not self._closed:
+            self._tick()
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._closed:
-            return
-        self._tick()  # timers first: heartbeats and idle time-out go out with this write
-        self._write()
+    def _dispatch_events(self) -> None:
+        collector = self.collector._impl
+        raw_links = self.raw_links
+        while (impl := engine.collector_peek(collector)) != engine.NULL:
+            try:
+                # Deliveries on message links go raw to their endpoint (see busd.amqp.engine);
+                # every other event is wrapped for the handler.
+                if engine.event_type(impl) == engine.PN_DELIVERY and raw_links:
+                    delivery = engine.event_delivery(impl)
+                    endpoint = raw_links.get(engine.delivery_link(delivery))
+                    if endpoint is not None:
+                        endpoint.on_raw_delivery(delivery)
+                        engine.collector_pop(collector)
+                        continue
+                self.handler.dispatch(Event.wrap(impl))
+            except Exception:  # a bug in one handler must not kill the connection loop
+                log.exception("connection %s: error handling an event", self.peer)
+            engine.collector_pop(collector)
+
+    def _on_timer(self) -> None:
+        self._tick_handle = None
+        self._deadline = 0.0
+        if not self._closed:
+            self._tick()
+            self._write()
 
     def _write(self) -> None:
         if self._sock is None or self._closed:
@@ -164,15 +182,19 @@ class AmqpProtocol(asyncio.Protocol):
             self._sock.write(out)
 
     def _tick(self) -> None:
+        """Let proton run its timers (heartbeats, idle time-out) and arm ours for the next."""
         deadline = self.engine.tick(time.monotonic())
-        if self.collector.peek() is not None:
-            self.kick()  # the tick changed state (idle time-out): handle it now
+        if deadline == self._deadline:
+            return
+        self._deadline = deadline
         if self._tick_handle:
             self._tick_handle.cancel()
             self._tick_handle = None
         if deadline:
             delay = max(0.0, deadline - time.monotonic())
-            self._tick_handle = asyncio.get_running_loop().call_later(delay, self._flush)
+            self._tick_handle = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        if engine.collector_peek(self.collector._impl) != engine.NULL:
+            self.kick()  # the tick changed state (idle time-out): handle it now
 
     def shutdown(self, condition) -> None:
         """Close the AMQP connection with `condition` (a proton Condition), write the close
@@ -182,7 +204,6 @@ class AmqpProtocol(asyncio.Protocol):
         self.connection.condition = condition
         self.connection.close()
         self.kick()
-        self._write()
         if not self._closed and self._sock is not None:
             self._sock.close()  # asyncio writes what is buffered first
 

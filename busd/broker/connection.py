@@ -144,6 +144,10 @@ class ConnectionHandler:
             link.close()
 
     def _forget(self, endpoint) -> None:
+        # A link's address may be reused once proton frees it: unroute it now.
+        raw = self.proto.raw_links
+        if raw.get(endpoint.link._impl) is endpoint:
+            del raw[endpoint.link._impl]
         if endpoint in self.endpoints and self.broker.metrics is not None:
             self.broker.metrics.link_detached()
         self.endpoints.discard(endpoint)

@@ -20,7 +20,7 @@ import uuid
 
 from proton import Delivery, Link, symbol
 
-from busd.amqp import codec
+from busd.amqp import codec, engine
 from busd.broker.connection import amqp_condition, echo_termini, refuse_link
 from busd.broker.nodes import LinkEndpoint, is_open
 from busd.errors import BusdError, Condition, StoreStatus, store_error
@@ -94,23 +94,24 @@ def _session_filter(link: Link) -> tuple[bool, str | None]:
     return True, (str(value) if value is not None else None)
 
 
-def _outcome_of(delivery: Delivery) -> Settlement | None:
-    state = delivery.remote_state
-    remote = delivery.remote
-    if state == Delivery.ACCEPTED:
+def _outcome_of(delivery) -> Settlement | None:
+    """The settlement a client asked for with its disposition of a raw delivery (spec §6.1)."""
+    state = engine.remote_state(delivery)
+    if state == engine.ACCEPTED:
         return Settlement(token=b"", outcome=Outcome.COMPLETE)
-    if state == Delivery.MODIFIED:
-        outcome = Outcome.DEFER if remote.undeliverable else Outcome.ABANDON
-        if not remote.failed and not remote.undeliverable:
+    if state == engine.MODIFIED:
+        failed, undeliverable = engine.remote_modified(delivery)
+        outcome = Outcome.DEFER if undeliverable else Outcome.ABANDON
+        if not failed and not undeliverable:
             outcome = Outcome.RELEASE  # modified with nothing set is a plain release
-        patch = remote.annotations
+        patch = engine.wrap(delivery).remote.annotations  # properties to modify, if any
         return Settlement(
             token=b"",
             outcome=outcome,
             properties_patch=codec.encode_properties_patch(patch) if patch else None,
         )
-    if state == Delivery.REJECTED:
-        cond = remote.condition
+    if state == engine.REJECTED:
+        cond = engine.wrap(delivery).remote.condition
         info = (cond.info if cond is not None else None) or {}
         reason = info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason"))
         description = info.get(
@@ -124,7 +125,7 @@ def _outcome_of(delivery: Delivery) -> Settlement | None:
             dead_letter_reason=reason,
             dead_letter_description=description,
         )
-    if state == Delivery.RELEASED or delivery.settled:
+    if state == engine.RELEASED or engine.remote_settled(delivery):
         return Settlement(token=b"", outcome=Outcome.RELEASE)
     return None
 
@@ -148,6 +149,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._settling = False
         self._settle_queue: list[tuple[Delivery, Settlement]] = []
         self._tags = 0  # receive-and-delete delivery tags
+        self._raw_link = link._impl
+        # raw delivery (held, engine.py) -> lock token, for peek-lock deliveries not yet settled
+        self._inflight: dict = {}
+        conn.proto.raw_links[self._raw_link] = self
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
@@ -230,31 +235,29 @@ class QueueReceiverEndpoint(LinkEndpoint):
         else:  # nothing will refer to it: any unique tag does
             self._tags += 1
             tag = self._tags.to_bytes(16, "big")
-        delivery = self.link.delivery(tag)
-        self.link.send(payload)
-        self.link.advance()
+        delivery = engine.send(self._raw_link, tag, payload)
         if peek_lock:
-            delivery.token = message.lock_token
-            # The lock to check on settlement: the session's for a session receiver; a DLQ
-            # message keeps its session id but is settled like any plain message.
-            delivery.session_id = self.session_id
+            engine.hold(delivery)
+            self._inflight[delivery] = message.lock_token
         else:
-            delivery.settle()
+            engine.settle(delivery)
 
     # --- settlement -------------------------------------------------------------------------
-    def on_delivery(self, delivery: Delivery) -> None:
-        # proton's `settled` is the client's settlement; ours is `settle()`.
-        token = getattr(delivery, "token", None)
+    def on_raw_delivery(self, delivery) -> None:
+        """The client's disposition of one of our deliveries (engine.py: raw, per message)."""
+        token = self._inflight.get(delivery)
         if token is None:  # receive-and-delete, or already being settled
             return
-        if not delivery.updated and not delivery.settled:
+        if not engine.updated(delivery) and not engine.remote_settled(delivery):
             return
         settlement = _outcome_of(delivery)
         if settlement is None:
             return
+        del self._inflight[delivery]  # settle once
         settlement.token = token
-        settlement.session_id = delivery.session_id
-        delivery.token = None  # settle once
+        # The lock to check: the session's for a session receiver; a DLQ message keeps its
+        # session id but is settled like any plain message.
+        settlement.session_id = self.session_id
         self._settle_queue.append((delivery, settlement))
         if not self._settling:
             self._settling = True
@@ -283,31 +286,31 @@ class QueueReceiverEndpoint(LinkEndpoint):
         finally:
             self._settling = False
 
-    def _answer(self, delivery: Delivery, settlement: Settlement, status: int | None) -> None:
-        if delivery.settled:  # the client settled first: nothing to echo
-            delivery.settle()
-            return
-        if status == StoreStatus.OK:
+    def _answer(self, delivery, settlement: Settlement, status: int | None) -> None:
+        """Echo the outcome as a settled disposition (spec §6.2), then let go of the delivery."""
+        if engine.remote_settled(delivery):  # the client settled first: nothing to echo
+            engine.settle(delivery)
+        elif status == StoreStatus.OK:
             outcome = settlement.outcome
             if outcome == Outcome.COMPLETE:
-                delivery.update(Delivery.ACCEPTED)
+                engine.settle(delivery, engine.ACCEPTED)
             elif outcome in (Outcome.ABANDON, Outcome.DEFER):
-                delivery.local.failed = True
-                delivery.local.undeliverable = outcome == Outcome.DEFER
-                delivery.update(Delivery.MODIFIED)
+                engine.settle_modified(delivery, undeliverable=outcome == Outcome.DEFER)
             elif outcome == Outcome.DEAD_LETTER:
-                delivery.update(Delivery.REJECTED)  # without error: success (spec §6.2)
+                engine.settle(delivery, engine.REJECTED)  # without error: success
             else:
-                delivery.update(Delivery.RELEASED)
+                engine.settle(delivery, engine.RELEASED)
         else:
             error = (
                 store_error(status)
                 if status is not None
                 else BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
             )
-            delivery.local.condition = amqp_condition(error, triple=False)
-            delivery.update(Delivery.REJECTED)
-        delivery.settle()
+            wrapped = engine.wrap(delivery)
+            wrapped.local.condition = amqp_condition(error, triple=False)
+            wrapped.update(Delivery.REJECTED)
+            wrapped.settle()
+        engine.release(delivery)
 
     # --- end of the link ----------------------------------------------------------------------
     def lost(self, error: BusdError) -> None:
@@ -323,6 +326,9 @@ class QueueReceiverEndpoint(LinkEndpoint):
     def on_detach(self) -> None:
         super().on_detach()
         self.broker.remove_waiter(self.queue.name, self.pump)
+        for delivery in self._inflight:
+            engine.release(delivery)
+        self._inflight.clear()
 
 
 class SessionReceiverEndpoint(QueueReceiverEndpoint):

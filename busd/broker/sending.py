@@ -12,9 +12,9 @@ import logging
 
 from proton import Delivery, symbol
 
-from busd.amqp import codec
-from busd.broker.connection import amqp_condition
-from busd.broker.nodes import IncomingEndpoint
+from busd.amqp import codec, engine
+from busd.broker.connection import amqp_condition, echo_termini
+from busd.broker.nodes import CREDIT_WINDOW, IncomingEndpoint
 from busd.errors import BusdError, Condition
 from busd.storage.api import NewMessage, QueueSpec
 
@@ -28,7 +28,7 @@ class QueueSenderEndpoint(IncomingEndpoint):
         super().__init__(conn, link)
         self.queue = queue
         self.max_size = queue.max_message_size
-        self._pending: list[tuple[Delivery, bytes, int]] = []
+        self._pending: list = []  # (raw delivery, payload, size) waiting for the store
         self._busy = False
 
     def on_attach(self) -> None:
@@ -36,15 +36,54 @@ class QueueSenderEndpoint(IncomingEndpoint):
         self.link.properties = {
             symbol("com.microsoft:max-message-batch-size"): self.queue.max_message_size
         }
-        super().on_attach()
+        echo_termini(self.link)
         # Receiver-settles-first: we settle each transfer ourselves (spec §3.1).
         self.link.rcv_settle_mode = 0
+        self.link.open()
+        self.link.flow(CREDIT_WINDOW)
+        self._raw_link = self.link._impl
+        self._partial: dict = {}  # raw delivery -> chunks of a transfer spanning frames
+        self.conn.proto.raw_links[self._raw_link] = self
 
-    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
-        self._pending.append((delivery, payload, size))
+    def on_raw_delivery(self, delivery) -> None:
+        """A transfer frame arrived (engine.py: raw, this is the per-message path)."""
+        if not engine.readable(delivery):
+            return
+        link = self._raw_link
+        data = engine.recv(link, engine.pending(delivery))
+        chunks = self._partial.get(delivery)
+        if engine.partial(delivery):
+            if chunks is None:
+                chunks = self._partial[delivery] = [0]
+            chunks[0] += len(data)
+            # Past the limit keep counting but stop storing: the answer is a refusal anyway.
+            if chunks[0] <= self.max_size + 64 * 1024:
+                chunks.append(data)
+            return
+        if chunks is not None:
+            del self._partial[delivery]
+            size = chunks[0] + len(data)
+            chunks.append(data)
+            data = b"".join(chunks[1:])
+        else:
+            size = len(data)
+        if engine.aborted(delivery):
+            engine.settle(delivery)
+            engine.link_advance(link)
+            return
+        engine.link_advance(link)
+        credit = engine.link_credit(link)
+        if credit < CREDIT_WINDOW // 2:
+            engine.link_flow(link, CREDIT_WINDOW - credit)
+        engine.hold(delivery)  # answered after the store call
+        self._pending.append((delivery, data, size))
         if not self._busy:
             self._busy = True
             self.spawn(self._store_pending())
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        self.conn.proto.raw_links.pop(self._raw_link, None)
 
     async def _store_pending(self) -> None:
         try:
@@ -54,8 +93,8 @@ class QueueSenderEndpoint(IncomingEndpoint):
         finally:
             self._busy = False
 
-    async def _store(self, batch: list[tuple[Delivery, bytes, int]]) -> None:
-        accepted: list[Delivery] = []
+    async def _store(self, batch: list) -> None:
+        accepted: list = []
         messages: list[NewMessage] = []
         for delivery, payload, size in batch:
             try:
@@ -76,8 +115,9 @@ class QueueSenderEndpoint(IncomingEndpoint):
                 if self.broker.metrics is not None:
                     self.broker.metrics.messages_sent(self.queue.name, len(messages))
         for delivery in accepted:
-            delivery.update(Delivery.ACCEPTED)
-            delivery.settle()
+            engine.settle(delivery, engine.ACCEPTED)
+        for delivery, _, _ in batch:
+            engine.release(delivery)
         self.kick()
 
     def _decode(self, payload: bytes, size: int) -> list[NewMessage]:
@@ -120,8 +160,9 @@ class QueueSenderEndpoint(IncomingEndpoint):
         )
 
 
-def _reject(delivery: Delivery, error: BusdError) -> None:
+def _reject(raw_delivery, error: BusdError) -> None:
     log.debug("send rejected: %s", error)
+    delivery = engine.wrap(raw_delivery)
     delivery.local.condition = amqp_condition(error)
     delivery.update(Delivery.REJECTED)
     delivery.settle()
