@@ -93,7 +93,7 @@ class RedisStore:
         self._client: redis.Redis | None = None
         self._scripts: Scripts | None = None
         self._channel = keyspace.wake_channel(prefix)
-        self._keys: dict[tuple[str, str], list[str]] = {}  # (script, queue) -> KEYS
+        self._keys: dict[tuple[str, str], list[bytes]] = {}  # (script, queue) -> KEYS
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -173,12 +173,15 @@ class RedisStore:
             await pubsub.aclose()
 
     # --- plumbing ----------------------------------------------------------------------------
-    def _keys_for(self, script: str, queue: str) -> list[str]:
+    def _keys_for(self, script: str, queue: str) -> list[bytes]:
         cached = self._keys.get((script, queue))
         if cached is None:
             assert self._scripts is not None
             names = self._scripts.sources[script].key_names
-            cached = self._keys[(script, queue)] = keyspace.keys(self.prefix, queue, names)
+            # Encoded once: every call sends the queue's whole key set.
+            cached = self._keys[(script, queue)] = [
+                k.encode() for k in keyspace.keys(self.prefix, queue, names)
+            ]
         return cached
 
     def _queue_args(self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET) -> list[Any]:
