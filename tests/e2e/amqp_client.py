@@ -37,10 +37,11 @@ class ProtonCbsClient:
     SASL ANONYMOUS, then one `put-token` on `$cbs` per entity (audience
     `sb://localhost:<port>/<entity>`), then ordinary links to the entity."""
 
-    def __init__(self, port: int, *, timeout: float = 10) -> None:
+    def __init__(self, port: int, *, timeout: float = 10, heartbeat: float | None = None) -> None:
         self.port = port
         self.conn = BlockingConnection(
-            f"amqp://127.0.0.1:{port}", timeout=timeout, allowed_mechs="ANONYMOUS"
+            f"amqp://127.0.0.1:{port}", timeout=timeout, allowed_mechs="ANONYMOUS",
+            heartbeat=heartbeat,
         )
         self._cbs: tuple[BlockingSender, BlockingReceiver] | None = None
 

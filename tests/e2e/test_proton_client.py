@@ -226,3 +226,19 @@ def test_without_a_token_links_are_refused(busd):
             client.receiver("plain")
         assert refused.value.condition == "amqp:unauthorized-access"
         client.sender("other").close()
+
+
+def test_idle_time_out_is_honoured_with_heartbeats(busd):
+    """A client that asks for a 1 s idle time-out closes the connection unless busd sends a
+    frame at least that often; idle for 3 s, the connection must still work."""
+    with ProtonCbsClient(busd.port, heartbeat=1) as client:
+        client.authorize("plain")
+        assert client.conn.conn.remote_container  # open answered
+        with pytest.raises(Timeout):
+            client.conn.wait(lambda: False, timeout=3)  # nothing but heartbeats meanwhile
+        sender = client.sender("plain")
+        sender.send(Message(body="after idling"))
+        receiver = client.receiver("plain")
+        message = receiver.receive(timeout=5)
+        assert message.body == "after idling"
+        receiver.accept()
