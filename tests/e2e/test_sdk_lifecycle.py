@@ -226,3 +226,13 @@ def test_peek_on_the_dead_letter_queue(client):
     with client.get_queue_receiver("peek", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         (peeked,) = dlq.peek_messages(max_message_count=5)
         assert str(peeked) == "dead" and peeked.dead_letter_reason == "r"
+
+
+def test_scheduled_messages_take_part_in_duplicate_detection(client):
+    with client.get_queue_sender("dedup") as sender:
+        sender.schedule_messages(ServiceBusMessage("scheduled", message_id="sched-dup"),
+                                 datetime.now(timezone.utc) + timedelta(seconds=1))
+        sender.send_messages(ServiceBusMessage("duplicate", message_id="sched-dup"))
+    with client.get_queue_receiver("dedup", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+        assert [str(m) for m in receive(r, 1, wait=4)] == ["scheduled"]
+        assert r.receive_messages(max_message_count=1, max_wait_time=0.5) == []
