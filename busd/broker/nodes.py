@@ -9,6 +9,7 @@ them, spec §2.4/§7.3), on our `ReplyEndpoint` whose address the request names 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import os
@@ -63,46 +64,6 @@ def _log_task_failure(task: asyncio.Task) -> None:
         log.error("link task failed", exc_info=task.exception())
 
 
-class IncomingEndpoint(LinkEndpoint):
-    """Our receiver: collects complete transfers, keeps credit open, enforces a size limit."""
-
-    max_size = 1024 * 1024
-
-    def on_attach(self) -> None:
-        super().on_attach()
-        self.link.flow(CREDIT_WINDOW)
-
-    def on_delivery(self, delivery: Delivery) -> None:
-        if not delivery.readable:
-            return
-        chunks = getattr(delivery, "chunks", None)
-        if chunks is None:
-            chunks = delivery.chunks = []
-            delivery.size = 0
-        data = self.link.recv(delivery.pending)
-        if data:
-            delivery.size += len(data)
-            # Past the limit keep counting but stop storing: the answer is a refusal anyway.
-            if delivery.size <= self.max_size + 64 * 1024:
-                chunks.append(data)
-        if delivery.partial:
-            return
-        if delivery.aborted:
-            delivery.settle()
-            self.link.advance()
-            return
-        payload = b"".join(chunks) if len(chunks) != 1 else chunks[0]
-        size = delivery.size
-        delivery.chunks = None
-        self.link.advance()
-        if self.link.credit < CREDIT_WINDOW // 2:
-            self.link.flow(CREDIT_WINDOW - self.link.credit)
-        self.on_message(delivery, payload, size)
-
-    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
-        raise NotImplementedError
-
-
 class ReplyEndpoint(LinkEndpoint):
     """Our sender for node responses: pre-settled, queued while the client gives no credit."""
 
@@ -153,15 +114,45 @@ def reply_link(session, address: str) -> ReplyEndpoint | None:
     return _session_replies(session).get(address.lower())
 
 
-class RequestEndpoint(IncomingEndpoint):
-    """Our receiver for node requests. Each request is answered once, on the reply link."""
+class RequestEndpoint(LinkEndpoint, abc.ABC):
+    """Our receiver for node requests. Each request is accepted on arrival and answered once,
+    on the reply link; requests are small, so proton's Python classes are fine here."""
 
     reply_key: str = ""
+    # Every request must be answered (an unanswered one hangs the SDK, spec §7.3), so take
+    # anything up to the largest message size busd allows, plus room for the envelope.
+    max_size = 100 * 1024 * 1024 + 64 * 1024
 
-    def on_message(self, delivery: Delivery, payload: bytes, size: int) -> None:
-        # Accept the request transfer at once; the answer travels as a separate message.
+    def on_attach(self) -> None:
+        super().on_attach()
+        self.link.flow(CREDIT_WINDOW)
+
+    def on_delivery(self, delivery: Delivery) -> None:
+        if not delivery.readable:
+            return
+        chunks = getattr(delivery, "chunks", None)
+        if chunks is None:
+            chunks = delivery.chunks = []
+            delivery.size = 0
+        data = self.link.recv(delivery.pending)
+        if data:
+            delivery.size += len(data)
+            # Past the limit keep counting but stop storing: the request is dropped anyway.
+            if delivery.size <= self.max_size:
+                chunks.append(data)
+        if delivery.partial:
+            return
+        size = delivery.size
+        payload = b"".join(chunks)
+        delivery.chunks = None
+        self.link.advance()
+        if self.link.credit < CREDIT_WINDOW // 2:
+            self.link.flow(CREDIT_WINDOW - self.link.credit)
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
+        if delivery.aborted or size > self.max_size:
+            log.info("%s request of %d bytes dropped", self.reply_key or "node", size)
+            return
         self.spawn(self._answer(payload))
 
     async def _answer(self, payload: bytes) -> None:
@@ -174,8 +165,9 @@ class RequestEndpoint(IncomingEndpoint):
             return
         reply.send(response)
 
+    @abc.abstractmethod
     async def handle(self, payload: bytes) -> tuple[bytes | None, str | None]:
-        raise NotImplementedError
+        """The encoded response to a request, and the address it names in `reply-to`."""
 
 
 def is_open(link: Link) -> bool:

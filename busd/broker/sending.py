@@ -14,7 +14,7 @@ from proton import Delivery, symbol
 
 from busd.amqp import codec, engine
 from busd.broker.connection import amqp_condition, echo_termini
-from busd.broker.nodes import CREDIT_WINDOW, IncomingEndpoint
+from busd.broker.nodes import CREDIT_WINDOW, LinkEndpoint
 from busd.errors import BusdError, Condition
 from busd.storage.api import NewMessage, QueueSpec
 
@@ -23,7 +23,7 @@ log = logging.getLogger("busd.broker")
 MAX_SESSION_ID_LENGTH = 128
 
 
-class QueueSenderEndpoint(IncomingEndpoint):
+class QueueSenderEndpoint(LinkEndpoint):
     def __init__(self, conn, link, queue: QueueSpec) -> None:
         super().__init__(conn, link)
         self.queue = queue
