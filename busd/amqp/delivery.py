@@ -1,0 +1,203 @@
+"""Stored messages as delivered to a receiver, and the application-property changes a
+delivery merges in (dead-lettering, `modified` outcomes, $management updates).
+
+Delivering a message is a few byte joins: a fresh header with the delivery-count, the broker's
+annotations in front of the sender's, then the bare bytes of the blob built by
+busd.amqp.incoming (spec §4.2). A delivery that patches application-properties re-reads that
+one map only, decoding its keys and copying its values as they are.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from busd.amqp.decoding import (
+    RAW_ERRORS,
+    decode_raw,
+    decode_value,
+    malformed,
+    skip_raw,
+    skip_value,
+)
+from busd.amqp.encoding import encode_into, encode_value
+from busd.amqp.incoming import BLOB_HEAD, BLOB_VERSION, HAS_APP_PROPERTIES
+from busd.amqp.sections import (
+    ANNOTATIONS_OPEN,
+    APP_PROPERTIES_OPEN,
+    map_header,
+    map_start,
+    scan_sections,
+    symbol_bytes,
+)
+from busd.amqp.types import CodecError
+
+__all__ = ["encode_delivery", "encode_properties_patch", "decode_properties_patch"]
+
+_pq = struct.Struct(">q").pack
+_pBI = struct.Struct(">BI").pack
+# Bound here once: calling a method of an imported name (BLOB_HEAD.unpack_from(...)) compiles
+# to a plain attribute load that builds a bound method on every delivery.
+_unpack_blob_head = BLOB_HEAD.unpack_from
+_BLOB_HEAD_SIZE = BLOB_HEAD.size
+
+_HEADER_OPEN = b"\x00\x53\x70\xc0"
+_K_SEQ = symbol_bytes(b"x-opt-sequence-number") + b"\x81"  # long
+_K_ENQ = symbol_bytes(b"x-opt-enqueued-time") + b"\x83"  # timestamp
+_K_LOCKED = symbol_bytes(b"x-opt-locked-until") + b"\x83"  # timestamp
+_K_STATE = symbol_bytes(b"x-opt-message-state") + b"\x71"  # int
+_SEQ_ENQ = struct.Struct(f">{len(_K_SEQ)}sq{len(_K_ENQ)}sq")
+_K_DL_REASON = encode_value("DeadLetterReason")
+_K_DL_DESCRIPTION = encode_value("DeadLetterErrorDescription")
+
+
+def encode_delivery(
+    blob: bytes,
+    *,
+    seq: int,
+    enqueued_ms: int,
+    delivery_count: int,
+    locked_until_ms: int | None = None,
+    message_state: int | None = None,
+    dead_letter_reason: str | None = None,
+    dead_letter_description: str | None = None,
+    properties_patch: bytes | dict | None = None,
+) -> bytes:
+    """The payload of a stored message as delivered to a receiver (spec §4.2).
+
+    Header: all five fields, the sender's durable/priority/ttl and an explicit delivery-count.
+    Message-annotations: x-opt-sequence-number (long), x-opt-enqueued-time (timestamp),
+    x-opt-locked-until (timestamp) and x-opt-message-state (int) when given, then the sender's.
+    Then the bare message as sent, except that dead-letter reason/description and a
+    properties patch (from encode_properties_patch) are merged into application-properties."""
+    try:
+        _, flags, header_len, ann_pairs, ann_len, ap_start, ap_end = _unpack_blob_head(blob)
+    except (struct.error, TypeError):
+        raise CodecError("not a stored message") from None
+    p = _BLOB_HEAD_SIZE
+    header_fields = blob[p : p + header_len]
+    p += header_len
+    bare_start = p + ann_len
+    if bare_start > len(blob) or blob[0] != BLOB_VERSION:
+        raise CodecError("not a stored message")
+
+    try:
+        if delivery_count == 0:
+            count = b"\x43"
+        elif 0 < delivery_count < 256:
+            count = bytes((0x52, delivery_count))
+        else:
+            count = _pBI(0x70, delivery_count)
+        broker = _SEQ_ENQ.pack(_K_SEQ, seq, _K_ENQ, enqueued_ms)
+        pairs = ann_pairs + 2
+        if locked_until_ms is not None:
+            broker += _K_LOCKED + _pq(locked_until_ms)
+            pairs += 1
+        if message_state is not None:
+            broker += _K_STATE + struct.pack(">i", message_state)
+            pairs += 1
+    except struct.error as exc:
+        raise CodecError(f"delivery field out of range: {exc}") from None
+
+    if dead_letter_reason is None and dead_letter_description is None and not properties_patch:
+        bare = blob[bare_start:]
+    else:
+        bare = _patch_application_properties(
+            blob[bare_start:],
+            flags & HAS_APP_PROPERTIES,
+            ap_start,
+            ap_end,
+            properties_patch,
+            dead_letter_reason,
+            dead_letter_description,
+        )
+    return b"".join(
+        (
+            _HEADER_OPEN,
+            bytes((header_len + len(count) + 1, 5)),
+            header_fields,
+            count,
+            ANNOTATIONS_OPEN,
+            map_header(2 * pairs, len(broker) + ann_len),
+            broker,
+            blob[p:bare_start],
+            bare,
+        )
+    )
+
+
+def _patch_application_properties(
+    bare, present, ap_start, ap_end, patch, reason, description
+) -> bytes:
+    updates = _patch_entries(patch) if patch else {}
+    if reason is not None:
+        updates["DeadLetterReason"] = _K_DL_REASON + encode_value(str(reason))
+    if description is not None:
+        updates["DeadLetterErrorDescription"] = _K_DL_DESCRIPTION + encode_value(str(description))
+    entries = []
+    if present:
+        try:
+            section = bare[ap_start:ap_end]
+            ((_, _, vpos, _),) = scan_sections(section)
+            p, count, end = map_start(section, vpos)
+            for _ in range(count >> 1):
+                key, ke = decode_raw(section, p, 1)
+                ve = skip_raw(section, ke)
+                raw = section[p:ve]
+                if isinstance(key, str) and key in updates:
+                    raw = updates.pop(key)
+                entries.append(raw)
+                p = ve
+        except CodecError:
+            raise
+        except RAW_ERRORS as exc:
+            raise malformed("stored application-properties", exc) from None
+    entries.extend(updates.values())
+    body = b"".join(entries)
+    section = APP_PROPERTIES_OPEN + map_header(2 * len(entries), len(body)) + body
+    return b"".join((bare[:ap_start], section, bare[ap_end:]))
+
+
+def encode_properties_patch(changes: dict[str, Any]) -> bytes:
+    """Application-property changes in the opaque form the store keeps.
+
+    The form is a run of encoded key/value pairs, so two patches concatenate into one:
+    `old + new` applies both, the later value winning for a key set twice."""
+    out = bytearray()
+    try:
+        for key, value in changes.items():
+            if not isinstance(key, str):
+                raise CodecError(f"application-property keys are strings, not {key!r}")
+            encode_into(out, str(key))
+            encode_into(out, value)
+    except CodecError:
+        raise
+    except (struct.error, OverflowError, UnicodeError, AttributeError, TypeError) as exc:
+        raise CodecError(f"cannot encode properties patch: {exc}") from None
+    return bytes(out)
+
+
+def _patch_entries(patch: bytes | dict) -> dict[str, bytes]:
+    if isinstance(patch, dict):
+        patch = encode_properties_patch(patch)
+    entries: dict[str, bytes] = {}
+    p = 0
+    try:
+        while p < len(patch):
+            key, ke = decode_raw(patch, p, 1)
+            if not isinstance(key, str):
+                raise CodecError("properties patch key is not a string")
+            ve = skip_raw(patch, ke)
+            entries[str(key)] = patch[p:ve]
+            p = ve
+    except CodecError:
+        raise
+    except RAW_ERRORS as exc:
+        raise malformed("properties patch", exc) from None
+    return entries
+
+
+def decode_properties_patch(patch: bytes) -> dict[str, Any]:
+    """The changes held by a patch from encode_properties_patch (later keys win)."""
+    buf = patch if type(patch) is bytes else bytes(patch)
+    return {k: decode_value(raw, skip_value(raw))[0] for k, raw in _patch_entries(buf).items()}
