@@ -1,0 +1,166 @@
+"""A receiver holding one session (spec §5.3, DESIGN.md "Sessions").
+
+It first locks a session - a named one, or the next available one within the client's
+`com.microsoft:timeout`, woken by any broker process's sends - and only then answers the
+attach, echoing the session id in the source filter and the lock expiry in
+`com.microsoft:locked-until-utc`. It then delivers that session's messages in order like any
+queue receiver. The lock lasts LockDuration unless renewed through `$management`; when it
+runs out the link is detached with `com.microsoft:session-lock-lost` and the store's sweep
+returns the unsettled messages with their delivery count raised. A receiver that closes
+releases the session: its unsettled messages are available again, count unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from proton import Link, symbol
+
+from busd.broker.connection import echo_termini, refuse_link
+from busd.broker.receiving import SESSION_FILTER, QueueReceiverEndpoint, new_tokens
+from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.storage.api import EntityRef, QueueSpec, ReceiveMode, StoredMessage
+
+log = logging.getLogger("busd.broker")
+
+LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
+# Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
+DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
+DOTNET_EPOCH_TICKS = 621355968000000000
+
+
+def unix_ms_to_ticks(ms: int) -> int:
+    """.NET ticks (100 ns since 0001-01-01), the unit of `locked-until-utc` (spec §4.4)."""
+    return ms * 10_000 + DOTNET_EPOCH_TICKS
+
+
+class SessionReceiverEndpoint(QueueReceiverEndpoint):
+    """Link scope: a receiver holding one session's lock."""
+
+    def __init__(
+        self, conn, link: Link, queue: QueueSpec, session_id: str | None, timeout_ms
+    ) -> None:
+        super().__init__(conn, link, EntityRef(queue))
+        self.requested_session = session_id
+        self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
+        self.locked_until_ms = 0
+        self._accepted = False
+        self._lock_timer: asyncio.TimerHandle | None = None
+        self._lock_lost = False
+
+    @property
+    def ready(self) -> bool:
+        return self._accepted
+
+    def on_attach(self) -> None:
+        self.spawn(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_ms / 1000
+        store = self.broker.store
+        while True:
+            woken = loop.create_future()
+
+            def wake(fut=woken) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            if self.requested_session is None:
+                self.broker.add_waiter(self.queue.name, wake)
+            try:
+                lock = await store.accept_session(self.queue, self.requested_session, self.holder)
+            except BusdError as error:
+                self.broker.remove_waiter(self.queue.name, wake)
+                return self._refuse(error)
+            if lock is not None:
+                self.broker.remove_waiter(self.queue.name, wake)
+                break
+            remaining = deadline - loop.time()
+            if remaining > 0 and not self.detached:
+                try:
+                    await asyncio.wait_for(woken, remaining)
+                    continue
+                except asyncio.TimeoutError:
+                    pass
+            self.broker.remove_waiter(self.queue.name, wake)
+            log.debug("no session available in %s within %d ms", self.queue.name, self.timeout_ms)
+            return self._refuse(store_error(StoreStatus.NO_SESSION_AVAILABLE))
+        if self.detached:  # the client went away while we waited
+            await store.release_session(self.queue, lock.session_id, self.holder)
+            return
+        self.session_id = lock.session_id
+        self.locked_until_ms = lock.locked_until_ms
+        self._open_locked()
+
+    def _refuse(self, error: BusdError) -> None:
+        if not self.detached:
+            self.detached = True
+            self.conn._forget(self)
+            refuse_link(self.link, error)
+            self.kick()
+
+    def _open_locked(self) -> None:
+        link = self.link
+        echo_termini(link)
+        link.source.filter.clear()
+        link.source.filter.put_dict({SESSION_FILTER: self.session_id})
+        link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(self.locked_until_ms)}
+        link.open()
+        self._accepted = True
+        self.broker.local_session_holders[(self.queue.name, self.session_id)] = self._expired
+        self._arm_lock_timer()
+        self.kick()
+        self.pump()
+
+    def lock_renewed(self, locked_until_ms: int) -> None:
+        self.locked_until_ms = locked_until_ms
+        self._arm_lock_timer()
+
+    def _arm_lock_timer(self) -> None:
+        if self._lock_timer is not None:
+            self._lock_timer.cancel()
+        delay = max(0.0, self.locked_until_ms / 1000 - time.time())
+        self._lock_timer = asyncio.get_running_loop().call_later(delay + 0.05, self._check_lock)
+
+    def _check_lock(self) -> None:
+        if self.locked_until_ms / 1000 <= time.time():
+            self._expired()
+
+    def _expired(self) -> None:
+        """The session lock ran out: the link is detached, and the store's sweep returns the
+        in-flight messages with their delivery count raised (not a release)."""
+        self._lock_lost = True
+        self.lost(
+            BusdError(
+                Condition.SESSION_LOCK_LOST,
+                f"The lock on session '{self.session_id}' expired.",
+            )
+        )
+
+    async def _take(self, count: int) -> list[StoredMessage]:
+        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
+        try:
+            return await self.broker.store.receive_session(
+                self.queue, self.session_id, self.holder, count, self.mode, tokens
+            )
+        except BusdError as error:
+            if error.condition == Condition.SESSION_LOCK_LOST:
+                self._lock_lost = True
+            raise
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        if self._lock_timer is not None:
+            self._lock_timer.cancel()
+        if not self._accepted:
+            return
+        key = (self.queue.name, self.session_id)
+        if self.broker.local_session_holders.get(key) == self._expired:
+            del self.broker.local_session_holders[key]
+        if not self._lock_lost:
+            # Closed by the client: unsettled messages are available again, count unchanged.
+            self.spawn(self.broker.store.release_session(self.queue, self.session_id, self.holder))
+
