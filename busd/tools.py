@@ -16,19 +16,24 @@ stderr and an exit code a script can test:
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import click
+
+from busd.auth.sas import generate_sas_token
 
 EXIT_FAILED = 1
 EXIT_INVALID = 65  # sysexits EX_DATAERR
 EXIT_NOT_FOUND = 66  # sysexits EX_NOINPUT
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE
 DEFAULT_URL = "http://127.0.0.1:5300"
+DEFAULT_SAS_KEY = "RootManageSharedAccessKey=SAS_KEY_VALUE"
 # Dead letters resubmitted per request: the progress bar moves once per chunk.
 RESUBMIT_CHUNK = 500
 TIMEOUT_S = 60.0
@@ -47,14 +52,21 @@ class ToolError(click.ClickException):
 
 
 class AdminClient:
+    """Calls busd's admin API, signing each request with a SAS token made from the key in
+    `BUSD_SAS_KEY` (NAME=KEY, as `busd serve --sas-key`; the emulator's key by default)."""
+
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
+        key_name, _, key = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
+        host = urlsplit(self.url).netloc
+        self.token = generate_sas_token(f"sb://{host}/", key_name, key, int(time.time()) + 3600)
 
     def call(self, method: str, path: str, query: dict | None = None, body: Any = None) -> Any:
         query = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Authorization", self.token)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
@@ -79,7 +91,7 @@ def _http_error(exc: urllib.error.HTTPError) -> ToolError:
         message = json.loads(exc.read()).get("error") or exc.reason
     except (ValueError, AttributeError):
         message = exc.reason
-    code = {400: EXIT_INVALID, 404: EXIT_NOT_FOUND, 413: EXIT_INVALID,
+    code = {400: EXIT_INVALID, 401: EXIT_INVALID, 404: EXIT_NOT_FOUND, 413: EXIT_INVALID,
             503: EXIT_UNAVAILABLE}.get(exc.code, EXIT_FAILED)
     return ToolError(str(message), code)
 

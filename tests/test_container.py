@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from busd.auth.sas import generate_sas_token
 from busd.config import Settings, load_entities
 from busd.server import EMULATOR_CONFIG, connection_string, entities_file
 from tests.e2e.conftest import BANNER, HTTP_BANNER
@@ -102,8 +103,12 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def get_json(url: str) -> tuple[int, object]:
+    request = urllib.request.Request(url)
+    # Signed with the default key, as the `busd` tools do (admin routes want a token).
+    request.add_header("Authorization", generate_sas_token(
+        "sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 300))
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())

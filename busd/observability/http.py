@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+
+from busd.auth.sas import SasError, verify_sas_token
 from http import HTTPStatus
 
 log = logging.getLogger("busd.http")
@@ -48,7 +50,8 @@ async def start_http(server, host: str, port: int) -> HttpServer:
             else:
                 data = await asyncio.wait_for(reader.readexactly(length), 60) if length else b""
                 path, _, query = target.partition("?")
-                status, ctype, body = await route(server, method, path, query, data)
+                status, ctype, body = await route(server, method, path, query, data,
+                                                  headers.get("authorization", ""))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
                 ValueError, ConnectionError):
             writer.close()
@@ -77,12 +80,18 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
 
 
 async def route(
-    server, method: str, path: str, query: str = "", body: bytes = b""
+    server, method: str, path: str, query: str = "", body: bytes = b"", authorization: str = ""
 ) -> tuple[str, str, bytes]:
     broker = server.broker
     if path.startswith("/admin/"):
         from busd.observability.admin import route_admin
 
+        # The admin API can purge queues: it takes a SAS token signed with one of the
+        # broker's keys, like an AMQP client's put-token. Health and metrics stay open.
+        try:
+            verify_sas_token(authorization, broker.sas_keys)
+        except SasError as exc:
+            return _json(401, {"error": f"admin requests need a valid SAS token: {exc}"})
         return _json(*await route_admin(broker, method, path, query, body))
     if method != "GET":
         return _status(405), "text/plain", b"only GET\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -13,6 +14,7 @@ from azure.servicebus import ServiceBusClient
 from click.testing import CliRunner
 
 from busd.amqp import codec
+from busd.auth.sas import generate_sas_token
 from busd.cli import cli
 from busd.storage.api import (
     EntityRef,
@@ -53,13 +55,36 @@ def tool_json(busd, *args: str):
     return json.loads(result.stdout)
 
 
-def http(busd, method: str, path: str, body: bytes | None = None) -> tuple[int, object]:
+def admin_token(key: str = "SAS_KEY_VALUE") -> str:
+    return generate_sas_token("sb://localhost/", "RootManageSharedAccessKey", key,
+                              int(time.time()) + 300)
+
+
+def http(busd, method: str, path: str, body: bytes | None = None, *,
+         token: str | None = None) -> tuple[int, object]:
     request = urllib.request.Request(busd.http_url + path, data=body, method=method)
+    request.add_header("Authorization", admin_token() if token is None else token)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def test_admin_api_refuses_requests_without_a_valid_token(busd):
+    assert http(busd, "GET", "/admin/queues", token="")[0] == 401
+    assert http(busd, "POST", "/admin/queues/plain/purge", token=admin_token("WRONG"))[0] == 401
+    assert http(busd, "GET", "/admin/queues")[0] == 200
+    with urllib.request.urlopen(busd.http_url + "/health", timeout=10) as response:
+        assert response.status == 200  # health and metrics need no token
+
+
+def test_tools_sign_with_the_key_in_busd_sas_key(busd, monkeypatch):
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=WRONG")
+    result = tool(busd, "queues")
+    assert result.exit_code == 65 and "valid SAS token" in result.output, result.output
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=SAS_KEY_VALUE")
+    assert tool(busd, "queues").exit_code == 0
 
 
 def test_send_then_peek_shows_the_message_and_the_sdk_receives_it(busd):
