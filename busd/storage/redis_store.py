@@ -79,6 +79,21 @@ def _opt(value: Any) -> Any:
     return "" if value is None else value
 
 
+def _cluster_url(url: str) -> str | None:
+    """The plain URL of a Redis/Valkey Cluster named `redis+cluster://...` (or
+    `rediss+cluster://...`, or with `?cluster=true`), None for a single server."""
+    for scheme, plain in (("redis", "redis"), ("rediss", "rediss"),
+                          ("valkey", "redis"), ("valkeys", "rediss")):
+        if url.startswith(f"{scheme}+cluster://"):
+            return plain + url[len(scheme) + len("+cluster"):]
+    base, sep, query = url.partition("?")
+    params = [p for p in query.split("&") if p]
+    if "cluster=true" in params:
+        rest = "&".join(p for p in params if p != "cluster=true")
+        return base + (f"?{rest}" if rest else "")
+    return None
+
+
 def _check(status: int) -> None:
     if status < 0:
         raise store_error(status)
@@ -90,7 +105,10 @@ class RedisStore:
             raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
         self.url = url
         self.prefix = prefix
-        self._client: redis.Redis | None = None
+        self._client: redis.Redis | redis.RedisCluster | None = None
+        # One node's plain connection: server checks and wake-up subscriptions (a PUBLISH
+        # reaches every node of a cluster). The same object as _client without a cluster.
+        self._node: redis.Redis | None = None
         self._scripts: Scripts | None = None
         self._channel = keyspace.wake_channel(prefix)
         self._keys: dict[tuple[str, str], list[bytes]] = {}  # (script, queue) -> KEYS
@@ -99,22 +117,31 @@ class RedisStore:
     # --- lifecycle -----------------------------------------------------------------------
     async def connect(self) -> None:
         # named so that operators (and tests) can tell busd's connections apart
-        self._client = redis.Redis.from_url(
-            self.url, decode_responses=False, client_name=f"busd:{self.prefix}"
-        )
+        options = {"decode_responses": False, "client_name": f"busd:{self.prefix}"}
+        cluster_url = _cluster_url(self.url)
+        if cluster_url is None:
+            self._client = self._node = redis.Redis.from_url(self.url, **options)
+        else:
+            # Every script's KEYS share one queue's hash tag, so the cluster client routes each
+            # call to the node owning that queue's slot.
+            cluster = redis.RedisCluster.from_url(cluster_url, **options)
+            await cluster.initialize()
+            self._client = cluster
+            node = cluster.get_nodes()[0]
+            self._node = redis.Redis(host=node.host, port=node.port, **options)
         await self._check_server()
         self._scripts = Scripts(self._client)
         await self._scripts.preload()
 
     async def _check_server(self) -> None:
-        assert self._client is not None
-        info = await self._client.info("server")
+        assert self._node is not None
+        info = await self._node.info("server")
         version = str(info.get("redis_version", "0"))
         parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
         if parsed < MIN_SERVER_VERSION:
             raise RuntimeError(f"busd needs Redis or Valkey >= 7.0, the server is {version}")
         try:
-            reply = await self._client.config_get("maxmemory-policy")
+            reply = await self._node.config_get("maxmemory-policy")
             policy = next(iter(reply.values()), b"")
         except ResponseError:  # CONFIG disabled (managed services): cannot tell
             log.warning("cannot read maxmemory-policy; it must be noeviction")
@@ -135,9 +162,11 @@ class RedisStore:
             except asyncio.CancelledError:
                 pass
         self._listeners.clear()
+        if self._node is not None and self._node is not self._client:
+            await self._node.aclose()
         if self._client is not None:
             await self._client.aclose()
-            self._client = None
+        self._client = self._node = None
 
     async def ping(self) -> bool:
         try:
@@ -146,8 +175,8 @@ class RedisStore:
             return False
 
     async def subscribe(self, on_wake: WakeCallback) -> None:
-        assert self._client is not None
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        assert self._node is not None
+        pubsub = self._node.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self._channel)
         self._listeners.append(
             asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")

@@ -102,3 +102,30 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     await s.counts(EntityRef(q, dlq=True))
     assert await s.purge(EntityRef(sq)) == 1
     await s.purge(EntityRef(q, dlq=True))
+
+
+async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
+    url = cluster_url.replace("redis://", "redis+cluster://", 1)
+    s = RedisStore(url, prefix="cluster-client")
+    await s.connect()
+    try:
+        woken: asyncio.Queue[str] = asyncio.Queue()
+        await s.subscribe(woken.put_nowait)
+        await asyncio.sleep(0.1)  # the subscription is in place
+        q = QueueSpec("routed")
+        (seq,) = await s.send(q, [NewMessage(b"via the cluster client")])
+        assert await asyncio.wait_for(woken.get(), 5) == "routed"
+        (message,) = await s.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+        assert (message.seq, message.blob) == (seq, b"via the cluster client")
+        assert await s.ping()
+    finally:
+        await s.close()
+
+
+def test_cluster_urls_are_recognised():
+    from busd.storage.redis_store import _cluster_url
+
+    assert _cluster_url("redis://h:1/0") is None
+    assert _cluster_url("redis+cluster://h:1") == "redis://h:1"
+    assert _cluster_url("rediss+cluster://u:p@h:1") == "rediss://u:p@h:1"
+    assert _cluster_url("redis://h:1?cluster=true&x=1") == "redis://h:1?x=1"
