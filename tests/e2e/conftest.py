@@ -140,3 +140,14 @@ def busd_factory(redis_url, tmp_path_factory):
     yield start
     for proc in started:
         proc.stop()
+
+
+def receive(receiver, count: int, wait: float = 3, patience: float = 15) -> list:
+    """Up to `count` messages from an SDK receiver, asking again until `patience` runs out
+    (one receive_messages call may return fewer than are on their way)."""
+    got: list = []
+    deadline = time.monotonic() + patience
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend(receiver.receive_messages(max_message_count=count - len(got),
+                                             max_wait_time=wait))
+    return got

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusMessage,
+    ServiceBusSubQueue,
+)
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient
 
 from tests.e2e.conftest import queue

@@ -16,7 +16,7 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 
-from tests.e2e.conftest import queue
+from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,13 +42,6 @@ def client(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
         yield sb
 
-
-def receive(receiver, count, wait=3):
-    got = []
-    deadline = time.monotonic() + 15
-    while len(got) < count and time.monotonic() < deadline:
-        got.extend(receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait))
-    return got
 
 
 def test_renew_message_lock_extends_the_lock(client):

@@ -18,7 +18,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthenticationError,
 )
 
-from tests.e2e.conftest import queue
+from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,20 +46,13 @@ def client(busd):
         yield sb
 
 
-def receive_all(receiver, expected: int, wait: float = 5):
-    got = []
-    deadline = time.monotonic() + 15
-    while len(got) < expected and time.monotonic() < deadline:
-        got.extend(receiver.receive_messages(max_message_count=expected - len(got), max_wait_time=wait))
-    return got
-
 
 def test_messages_arrive_in_order_with_sequence_numbers(client):
     with client.get_queue_sender("orders") as sender:
         for i in range(5):
             sender.send_messages(ServiceBusMessage(f"m{i}", application_properties={"i": i}))
     with client.get_queue_receiver("orders", max_wait_time=5) as receiver:
-        messages = receive_all(receiver, 5)
+        messages = receive(receiver, 5)
         assert [str(m) for m in messages] == [f"m{i}" for i in range(5)]
         seqs = [m.sequence_number for m in messages]
         assert seqs == sorted(seqs) and seqs[0] >= 1 and len(set(seqs)) == 5
@@ -81,7 +74,7 @@ def test_batch_is_stored_as_separate_messages(client):
         sender.send_messages(batch)
         sender.send_messages([ServiceBusMessage("l0"), ServiceBusMessage("l1")])
     with client.get_queue_receiver("batch", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-        messages = receive_all(receiver, 6)
+        messages = receive(receiver, 6)
     assert [str(m) for m in messages] == ["b0", "b1", "b2", "b3", "l0", "l1"]
     assert len({m.sequence_number for m in messages}) == 6
 
@@ -90,15 +83,15 @@ def test_abandon_increments_delivery_count_and_redelivers_first(client):
     with client.get_queue_sender("settle") as sender:
         sender.send_messages([ServiceBusMessage("first"), ServiceBusMessage("second")])
     with client.get_queue_receiver("settle", max_wait_time=5) as receiver:
-        (first,) = receive_all(receiver, 1)
+        (first,) = receive(receiver, 1)
         assert str(first) == "first"
         receiver.abandon_message(first)
-        (again,) = receive_all(receiver, 1)
+        (again,) = receive(receiver, 1)
         assert str(again) == "first"
         assert again.delivery_count == 1
         assert again.sequence_number == first.sequence_number
         receiver.complete_message(again)
-        (second,) = receive_all(receiver, 1)
+        (second,) = receive(receiver, 1)
         assert str(second) == "second"
         receiver.complete_message(second)
 
@@ -107,12 +100,12 @@ def test_dead_letter_keeps_reason_and_description(client):
     with client.get_queue_sender("dlq-test") as sender:
         sender.send_messages(ServiceBusMessage("poison"))
     with client.get_queue_receiver("dlq-test", max_wait_time=5) as receiver:
-        (message,) = receive_all(receiver, 1)
+        (message,) = receive(receiver, 1)
         receiver.dead_letter_message(message, reason="bad", error_description="very bad")
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
     with client.get_queue_receiver("dlq-test", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
                                    max_wait_time=5) as dlq:
-        (dead,) = receive_all(dlq, 1)
+        (dead,) = receive(dlq, 1)
         assert str(dead) == "poison"
         assert dead.dead_letter_reason == "bad"
         assert dead.dead_letter_error_description == "very bad"
@@ -124,16 +117,16 @@ def test_expired_lock_is_redelivered_and_max_delivery_count_dead_letters(client)
     with client.get_queue_sender("short-lock") as sender:
         sender.send_messages(ServiceBusMessage("slow"))
     with client.get_queue_receiver("short-lock", max_wait_time=5) as receiver:
-        (first,) = receive_all(receiver, 1)
+        (first,) = receive(receiver, 1)
         assert first.delivery_count == 0
         time.sleep(1.5)  # LockDuration is 1 s: let the lock lapse without settling
-        (again,) = receive_all(receiver, 1)
+        (again,) = receive(receiver, 1)
         assert str(again) == "slow" and again.delivery_count == 1
         time.sleep(1.5)  # second lapse reaches MaxDeliveryCount=2
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1.5) == []
     with client.get_queue_receiver("short-lock", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
                                    max_wait_time=5) as dlq:
-        (dead,) = receive_all(dlq, 1)
+        (dead,) = receive(dlq, 1)
         assert str(dead) == "slow"
         assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
         dlq.complete_message(dead)
@@ -143,7 +136,7 @@ def test_receive_and_delete_removes_on_delivery(client):
     with client.get_queue_sender("rad") as sender:
         sender.send_messages([ServiceBusMessage("x"), ServiceBusMessage("y")])
     with client.get_queue_receiver("rad", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-        assert [str(m) for m in receive_all(receiver, 2)] == ["x", "y"]
+        assert [str(m) for m in receive(receiver, 2)] == ["x", "y"]
     with client.get_queue_receiver("rad", max_wait_time=1) as receiver:
         assert receiver.receive_messages(max_message_count=2, max_wait_time=1) == []
 
@@ -158,7 +151,7 @@ def test_expired_message_is_dead_lettered_when_the_queue_says_so(client):
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
     with client.get_queue_receiver("ttl-dlq", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
                                    max_wait_time=5) as dlq:
-        (dead,) = receive_all(dlq, 1)
+        (dead,) = receive(dlq, 1)
         assert str(dead) == "short-lived"
         assert dead.dead_letter_reason == "TTLExpiredException"
         dlq.complete_message(dead)
@@ -172,7 +165,7 @@ def test_expired_message_is_dropped_by_default(client):
         sender.send_messages(ServiceBusMessage("kept"))
     time.sleep(1.5)
     with client.get_queue_receiver("ttl-drop", max_wait_time=2) as receiver:
-        messages = receive_all(receiver, 1)
+        messages = receive(receiver, 1)
         assert [str(m) for m in messages] == ["kept"]
         receiver.complete_message(messages[0])
     with client.get_queue_receiver("ttl-drop", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
@@ -199,7 +192,7 @@ def test_oversized_message_is_refused_and_the_link_keeps_working(client):
             sender.send_messages(ServiceBusMessage(b"x" * (100 * 1024)))
         sender.send_messages(ServiceBusMessage("fits"))
     with client.get_queue_receiver("small", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-        assert [str(m) for m in receive_all(receiver, 1)] == ["fits"]
+        assert [str(m) for m in receive(receiver, 1)] == ["fits"]
 
 
 def test_no_settlement_falls_back_to_management(busd):

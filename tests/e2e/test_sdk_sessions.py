@@ -23,7 +23,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from tests.e2e.conftest import queue
+from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,13 +53,6 @@ def send(client, queue_name, session_id, bodies, **kwargs):
     with client.get_queue_sender(queue_name) as sender:
         sender.send_messages([ServiceBusMessage(b, session_id=session_id, **kwargs) for b in bodies])
 
-
-def receive(receiver, count, wait=3):
-    got = []
-    deadline = time.monotonic() + 15
-    while len(got) < count and time.monotonic() < deadline:
-        got.extend(receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait))
-    return got
 
 
 def drain_session(client, queue_name, session_id):
