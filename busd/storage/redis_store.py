@@ -47,6 +47,9 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_STATES = tuple(MessageState)  # by value: indexing is cheaper than an enum lookup per message
+
+
 def _message(row: list[Any]) -> StoredMessage:
     seq, blob, dc, enq, sid, token, locked_until, expires, state, reason, desc, patch = row
     return StoredMessage(
@@ -58,7 +61,7 @@ def _message(row: list[Any]) -> StoredMessage:
         lock_token=token,
         locked_until_ms=locked_until,
         expires_ms=expires,
-        state=MessageState(state),
+        state=_STATES[state],
         dead_letter_reason=_text(reason),
         dead_letter_description=_text(desc),
         properties_patch=patch,
