@@ -73,6 +73,10 @@ def cli() -> None:
 @click.option("--sweep-interval", envvar="BUSD_SWEEP_INTERVAL", type=float,
               default=_DEFAULTS.sweep_interval_s, show_default=True,
               help="Seconds between sweeps for expired locks, TTL and scheduled messages.")
+@click.option("--store-connections", envvar="BUSD_STORE_CONNECTIONS", type=int,
+              default=_DEFAULTS.store_connections, show_default=True,
+              help="Store calls run at once (one connection each); more wait for a turn, and "
+                   "one that waits 30 s is answered com.microsoft:server-busy.")
 def serve(
     host: str,
     port: int,
@@ -85,6 +89,7 @@ def serve(
     sas_keys: tuple[str, ...],
     key_prefix: str,
     sweep_interval: float,
+    store_connections: int,
 ) -> None:
     """Run the broker until interrupted."""
     try:
@@ -99,6 +104,7 @@ def serve(
             log_format=log_format,
             key_prefix=key_prefix,
             sweep_interval_s=sweep_interval,
+            store_connections=store_connections,
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

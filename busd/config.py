@@ -67,6 +67,8 @@ class Settings:
     sweep_interval_s: float = 1.0  # how often each process runs the lock/TTL/schedule sweep
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # default for queues that set none
     key_prefix: str = "busd"  # every store key starts with it, so one Redis can host several
+    # store calls one process runs at once (one connection each); more wait for a turn
+    store_connections: int = 64
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -96,6 +98,10 @@ class Settings:
         for key_name, key in self.sas_keys.items():
             if not key_name or not key:
                 raise ConfigError(f"SAS key {key_name!r} needs both a name and a key")
+        if not 1 <= self.store_connections <= 10_000:
+            raise ConfigError(
+                f"store connections must be 1..10000, got {self.store_connections}"
+            )
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key prefix must be non-empty, without braces or spaces")
         if self.config_path is not None and not Path(self.config_path).is_file():

@@ -79,7 +79,9 @@ class Server:
             self.embedded = EmbeddedValkey(settings.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
-        store = RedisStore(url, prefix=settings.key_prefix)
+        store = RedisStore(
+            url, prefix=settings.key_prefix, max_calls=settings.store_connections
+        )
         metrics = None
         try:
             from busd.observability.metrics import Metrics

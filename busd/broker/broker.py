@@ -1,26 +1,27 @@
 """Server scope: the entities, the store, wake-ups of waiting receivers, and the sweep.
 
 One `Broker` per process. It holds no state of record: the store does. What it holds is
-local bookkeeping (which receivers of this process wait for which queue), rebuilt by
+local bookkeeping (the receivers of this process that may be woken, by id), rebuilt by
 simply reconnecting after a crash.
+
+Wake-ups are targeted in the store (busd.storage.api.Store.subscribe): a message that becomes
+available wakes the one receiver that can take it, on whichever process it lives, by its id.
+So the work per message does not grow with the number of idle receivers; there is no poll of
+them either: the store's sweep makes good a wake-up that was lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
-from collections import defaultdict
 from typing import Callable
 
-from busd.storage.api import QueueSpec, Store
+from busd.storage.api import WAKE_ALL, QueueSpec, Store
 
 log = logging.getLogger("busd.broker")
-
-# Receivers waiting on an empty queue re-check this often even without a wake-up, in case a
-# notification was lost (store reconnect): a safety net, not the delivery path.
-SAFETY_POLL_S = 5.0
 
 
 class Broker:
@@ -41,8 +42,9 @@ class Broker:
         self.sweep_interval_s = sweep_interval_s
         self.metrics = metrics
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
-        # queue name -> callbacks of local receivers waiting for messages/sessions there
-        self._waiters: dict[str, set[Callable[[], None]]] = defaultdict(set)
+        # waiter id -> what to call when the store wakes it (receivers of this process)
+        self._wakeable: dict[str, Callable[[], None]] = {}
+        self._ids = itertools.count(1)
         # session id -> callback that drops the local receiver holding it (lock expired)
         self.local_session_holders: dict[tuple[str, str], Callable[[], None]] = {}
         self._tasks: list[asyncio.Task] = []
@@ -55,7 +57,6 @@ class Broker:
         await self.store.connect()
         await self.store.subscribe(self.wake)
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="busd-sweep"))
-        self._tasks.append(asyncio.create_task(self._safety_poll(), name="busd-poll"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -65,30 +66,30 @@ class Broker:
         await self.store.close()
 
     # --- wake-ups ---------------------------------------------------------------------------
-    def add_waiter(self, queue: str, callback: Callable[[], None]) -> None:
-        self._waiters[queue].add(callback)
+    def new_waiter_id(self) -> str:
+        """An id for a receiver of this process, as the store knows it (lock holder, waiter):
+        its process part routes the store's wake-ups here."""
+        return f"{self.store.process_id}:{next(self._ids)}"
 
-    def remove_waiter(self, queue: str, callback: Callable[[], None]) -> None:
-        waiters = self._waiters.get(queue)
-        if waiters is not None:
-            waiters.discard(callback)
+    def wakeable(self, waiter_id: str, callback: Callable[[], None]) -> None:
+        self._wakeable[waiter_id] = callback
 
-    def wake(self, queue: str) -> None:
-        """Messages or sessions may have become available in `queue` (any process)."""
-        waiters = self._waiters.pop(queue, None)
-        if not waiters:
-            return
-        for callback in waiters:
+    def forget_wakeable(self, waiter_id: str) -> None:
+        self._wakeable.pop(waiter_id, None)
+
+    def wake(self, waiter_id: str) -> None:
+        """The store woke one of our receivers (or, WAKE_ALL, wake-ups may have been lost).
+        A wake-up for a receiver that has gone is dropped: it passed it on when it left."""
+        if waiter_id == WAKE_ALL:
+            callbacks = list(self._wakeable.values())
+        else:
+            callback = self._wakeable.get(waiter_id)
+            callbacks = [callback] if callback is not None else []
+        for callback in callbacks:
             try:
                 callback()
             except Exception:
-                log.exception("waiter for %s failed", queue)
-
-    async def _safety_poll(self) -> None:
-        while True:
-            await asyncio.sleep(SAFETY_POLL_S)
-            for queue in list(self._waiters):
-                self.wake(queue)
+                log.exception("waking %s failed", waiter_id)
 
     # --- sweep ------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:

@@ -4,12 +4,20 @@ Every link the client attaches becomes one endpoint object (attached to the prot
 `link.endpoint`): the CBS node, a `$management` node, a queue sender (client sends), or a
 queue receiver (client receives). Refusals follow spec §5.5: answer the attach with the
 broker-owned terminus null, then detach with the error.
+
+A link that goes (the client detaches it, ends its session or closes the connection) first
+finishes its store work in the order the client sent it (`LinkEndpoint.finish`); only then is
+the detach, end or close answered. So a client that completes messages and detaches in one
+burst has its completions stored before the session is released, and may accept the same
+session again as soon as it hears the answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import Callable
 
 from proton import Condition, Endpoint, Link, Terminus, symbol
 
@@ -63,6 +71,8 @@ class ConnectionHandler:
         # link name -> endpoint, for `associated-link-name` in $management requests
         self.links_by_name: dict[str, object] = {}
         self.endpoints: set = set()
+        # store work of links that went, still running (see the module docstring)
+        self._finishing: set[asyncio.Task] = set()
         if broker.metrics is not None:
             broker.metrics.connection_opened()
 
@@ -80,7 +90,10 @@ class ConnectionHandler:
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
 
     def on_connection_remote_close(self, event) -> None:
-        event.connection.close()
+        conn = event.connection
+        for endpoint in list(self.endpoints):
+            self._end(endpoint)
+        self._after_finishing(conn.close)
 
     def on_session_remote_open(self, event) -> None:
         session = event.session
@@ -88,7 +101,11 @@ class ConnectionHandler:
         session.open()
 
     def on_session_remote_close(self, event) -> None:
-        event.session.close()
+        # Ending a session ends its links [2.5.5]: their work goes first, as for a detach.
+        session = event.session
+        for endpoint in [e for e in self.endpoints if e.link.session == session]:
+            self._end(endpoint)
+        self._after_finishing(session.close)
 
     def on_link_remote_open(self, event) -> None:
         link = event.link
@@ -138,10 +155,59 @@ class ConnectionHandler:
     def _link_gone(self, link: Link) -> None:
         endpoint = getattr(link, "endpoint", None)
         if endpoint is not None and endpoint in self.endpoints:
-            self._forget(endpoint)
-            endpoint.on_detach()
-        if not (link.state & Endpoint.LOCAL_CLOSED):
-            link.close()
+            self._end(endpoint, then=lambda: _close_link(link))
+        else:
+            _close_link(link)
+
+    def _end(self, endpoint, then: Callable[[], None] | None = None) -> None:
+        """The endpoint's link is gone: stop it at once, finish its store work in the
+        background, then call `then` (answer the client) and write what that produced."""
+        self._forget(endpoint)
+        endpoint.on_detach()
+        task = asyncio.get_running_loop().create_task(endpoint.finish())
+        self._finishing.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._finishing.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("finishing link %s failed", endpoint.link.name,
+                          exc_info=task.exception())
+            if then is not None:
+                then()
+            self.proto.kick()
+
+        task.add_done_callback(done)
+
+    def _after_finishing(self, then: Callable[[], None]) -> None:
+        """Call `then` once every link that went has finished its store work."""
+        pending = list(self._finishing)
+        if not pending:
+            then()
+            return
+
+        async def wait() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+            then()
+            self.proto.kick()
+
+        asyncio.get_running_loop().create_task(wait())
+
+    def detach(self, endpoint, condition) -> None:
+        """Detach a link on our side with an error (e.g. its session lock was lost)."""
+        link = endpoint.link
+
+        def close() -> None:
+            link.condition = condition
+            _close_link(link)
+
+        self._end(endpoint, then=close)
+
+    def refuse(self, endpoint, error: BusdError) -> None:
+        """Refuse a link whose attach is still unanswered (spec §5.5)."""
+        self._forget(endpoint)
+        endpoint.on_detach()
+        refuse_link(endpoint.link, error)
+        self.proto.kick()
 
     def _forget(self, endpoint) -> None:
         # A link's address may be reused once proton frees it: unroute it now.
@@ -156,10 +222,10 @@ class ConnectionHandler:
             del self.links_by_name[name]
 
     def closed(self) -> None:
-        """The socket is gone: release what this connection's links held."""
+        """The socket is gone: release what this connection's links held, each after the work
+        the client sent before it went."""
         for endpoint in list(self.endpoints):
-            self._forget(endpoint)
-            endpoint.on_detach()
+            self._end(endpoint)
         if self.broker.metrics is not None:
             self.broker.metrics.connection_closed()
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
@@ -204,3 +270,8 @@ class ConnectionHandler:
         if parsed.dlq:
             raise BusdError(Cond.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
         return sending.QueueSenderEndpoint(self, link, queue)
+
+
+def _close_link(link: Link) -> None:
+    if not (link.state & Endpoint.LOCAL_CLOSED):
+        link.close()

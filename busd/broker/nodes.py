@@ -48,7 +48,14 @@ class LinkEndpoint:
         pass
 
     def on_detach(self) -> None:
+        """The link is gone (detached by either side, or its session or connection ended):
+        stop starting work for it."""
         self.detached = True
+
+    async def finish(self) -> None:
+        """The store work of this link that must be done before its detach is answered: what
+        the client sent before detaching reaches the store first (docs/design.md, under load).
+        Nothing by default."""
 
     def kick(self) -> None:
         self.conn.proto.kick()

@@ -1,15 +1,22 @@
 """A client's receiver link on a queue, its dead-letter queue, or one of its sessions.
 
 Delivery follows AMQP credit (spec §5.4): when the client grants credit, one store call takes
-up to that many messages and they go out in one burst. With nothing available the link waits
-for a wake-up from any broker process. Settlements that arrive together are applied with one
-store call and each is answered with the settled outcome the SDK waits for (spec §6.2).
+up to that many messages and they go out in one burst. With fewer available than asked, the
+same store call registers the link as a waiter, and the store wakes it (from any broker
+process) when a message becomes available for it. Settlements that arrive together are applied
+with one store call and each is answered with the settled outcome the SDK waits for (spec
+§6.2).
+
+A link's store calls keep the client's order: one fetch and one settlement batch at a time,
+and when the link goes, what it still had under way is finished before its last store call
+(a session's release) and before the detach is answered.
 
 A session receiver (busd.broker.sessions) is this same link once it holds a session's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
@@ -130,11 +137,14 @@ class QueueReceiverEndpoint(LinkEndpoint):
             if link.remote_snd_settle_mode == Link.SND_SETTLED
             else ReceiveMode.PEEK_LOCK
         )
-        self.holder = uuid.uuid4().hex  # identifies this link as a lock holder in the store
+        # identifies this link in the store: lock holder, waiter, target of wake-ups
+        self.holder = self.broker.new_waiter_id()
         self.session_id: str | None = None
         self._fetching = False
         self._again = False
+        self._fetch_task: asyncio.Task | None = None
         self._settling = False
+        self._settle_task: asyncio.Task | None = None
         self._settle_queue: list[tuple[Delivery, Settlement]] = []
         self._tags = 0  # receive-and-delete delivery tags
         self._raw_link = link._impl
@@ -144,8 +154,14 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
+        self.broker.wakeable(self.holder, self.pump)
         echo_termini(self.link)
         self.link.open()
+
+    @property
+    def waiters(self) -> str:
+        """Which waiters of the store this link joins when it runs dry."""
+        return "d" if self.entity.dlq else "q"
 
     def on_flow(self) -> None:
         self.pump()
@@ -159,7 +175,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if self.link.credit <= 0:
             return
         self._fetching = True
-        self.spawn(self._fetch())
+        self._fetch_task = self.spawn(self._fetch())
 
     @property
     def ready(self) -> bool:
@@ -170,12 +186,15 @@ class QueueReceiverEndpoint(LinkEndpoint):
             while not self.detached and self.link.credit > 0:
                 count = min(self.link.credit, MAX_BATCH)
                 self._again = False
-                # Listen before looking, so a message that lands during the store call wakes us.
-                self.broker.add_waiter(self.queue.name, self.pump)
                 try:
                     messages = await self._take(count)
                 except BusdError as error:
                     self.lost(error)
+                    return
+                except Exception as exc:  # the store is unreachable
+                    log.warning("receive on %s failed: %s", self.entity.path, exc)
+                    self.lost(BusdError(Condition.SERVER_BUSY,
+                                        "The store is unavailable; try again."))
                     return
                 if self.detached or not is_open(self.link):
                     await self._return_untaken(messages)
@@ -195,7 +214,11 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     async def _take(self, count: int) -> list[StoredMessage]:
         tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
-        return await self.broker.store.receive(self.entity, count, self.mode, tokens)
+        # Registers this link as a waiter when fewer are available (and wakes arrive here
+        # through `pump`, registered at attach, so none can come before we listen).
+        return await self.broker.store.receive(
+            self.entity, count, self.mode, tokens, self.holder
+        )
 
     async def _return_untaken(self, messages: list[StoredMessage]) -> None:
         if messages and self.mode == ReceiveMode.PEEK_LOCK:
@@ -249,7 +272,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._settle_queue.append((delivery, settlement))
         if not self._settling:
             self._settling = True
-            self.spawn(self._settle_pending())
+            self._settle_task = self.spawn(self._settle_pending())
 
     async def _settle_pending(self) -> None:
         try:
@@ -270,13 +293,16 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     )
                 self.kick()
                 if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
-                    self.pump()  # the same message may be next again
+                    self.pump()  # the same message may be next again (the store wakes no one
+                    # for the holder's own abandon)
         finally:
             self._settling = False
 
     def _answer(self, delivery, settlement: Settlement, status: int | None) -> None:
         """Echo the outcome as a settled disposition (spec §6.2), then let go of the delivery."""
         if engine.remote_settled(delivery):  # the client settled first: nothing to echo
+            if status != StoreStatus.OK:
+                self._refused_silently(settlement, status)
             engine.settle(delivery)
         elif status == StoreStatus.OK:
             outcome = settlement.outcome
@@ -300,20 +326,47 @@ class QueueReceiverEndpoint(LinkEndpoint):
             wrapped.settle()
         engine.release(delivery)
 
+    def _refused_silently(self, settlement: Settlement, status: int | None) -> None:
+        """A settlement the client sent already settled was refused: it cannot be told, so the
+        operator is (the message comes back when its lock ends)."""
+        reason = StoreStatus(status).name.lower() if status is not None else "store_unavailable"
+        log.warning("settlement %s of lock token %s on %s refused: %s", settlement.outcome.value,
+                    uuid_text(settlement.token), self.entity.path, reason)
+        if self.broker.metrics is not None:
+            self.broker.metrics.settlement_refused(self.entity.path, reason)
+
     # --- end of the link ----------------------------------------------------------------------
     def lost(self, error: BusdError) -> None:
         """Detach with an error (e.g. session lock lost)."""
         if self.detached or not is_open(self.link):
             return
-        self.conn._forget(self)
-        self.on_detach()
-        self.link.condition = amqp_condition(error, triple=False)
-        self.link.close()
-        self.kick()
+        self.conn.detach(self, amqp_condition(error, triple=False))
 
     def on_detach(self) -> None:
         super().on_detach()
-        self.broker.remove_waiter(self.queue.name, self.pump)
+        self.broker.forget_wakeable(self.holder)
         for delivery in self._inflight:
             engine.release(delivery)
         self._inflight.clear()
+
+    async def finish(self) -> None:
+        """In the client's order: the fetch under way (it returns what it took too late), the
+        settlements received before the detach, then the link's last store call."""
+        while True:
+            pending = [task for task in (self._fetch_task, self._settle_task)
+                       if task is not None and not task.done()]
+            if not pending:
+                break
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self._last_call()
+
+    async def _last_call(self) -> None:
+        """A plain receiver stops waiting (passing on a wake-up it may have been sent)."""
+        try:
+            await self.broker.store.stop_waiting(self.queue, self.waiters, self.holder)
+        except Exception as exc:  # the store's sweep drops it later anyway
+            log.debug("leaving the waiters of %s failed: %s", self.entity.path, exc)
+
+
+def uuid_text(token: bytes | None) -> str:
+    return str(uuid.UUID(bytes=token)) if token else "?"

@@ -8,6 +8,7 @@ with a full error triple (spec §3.4, §8.4). `released`/`modified` are never se
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from proton import Delivery, symbol
@@ -30,6 +31,7 @@ class QueueSenderEndpoint(LinkEndpoint):
         self.max_size = queue.max_message_size
         self._pending: list = []  # (raw delivery, payload, size) waiting for the store
         self._busy = False
+        self._store_task: asyncio.Task | None = None
 
     def on_attach(self) -> None:
         self.link.max_message_size = self.queue.max_message_size
@@ -79,11 +81,16 @@ class QueueSenderEndpoint(LinkEndpoint):
         self._pending.append((delivery, data, size))
         if not self._busy:
             self._busy = True
-            self.spawn(self._store_pending())
+            self._store_task = self.spawn(self._store_pending())
 
     def on_detach(self) -> None:
         super().on_detach()
         self.conn.proto.raw_links.pop(self._raw_link, None)
+
+    async def finish(self) -> None:
+        """Transfers received before the detach are stored (and answered) first."""
+        if self._store_task is not None:
+            await asyncio.gather(self._store_task, return_exceptions=True)
 
     async def _store_pending(self) -> None:
         try:

@@ -18,7 +18,7 @@ import time
 
 from proton import Link, symbol
 
-from busd.broker.connection import echo_termini, refuse_link
+from busd.broker.connection import echo_termini
 from busd.broker.receiving import SESSION_FILTER, QueueReceiverEndpoint, new_tokens
 from busd.errors import BusdError, Condition, StoreStatus, store_error
 from busd.storage.api import EntityRef, QueueSpec, ReceiveMode, StoredMessage
@@ -46,7 +46,10 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self.requested_session = session_id
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
         self.locked_until_ms = 0
-        self._accepted = False
+        self._accepted = False  # the attach was answered: the link delivers
+        self._locked = False  # the store granted this link the session's lock
+        self._accept_task: asyncio.Task | None = None
+        self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._lock_timer: asyncio.TimerHandle | None = None
         self._lock_lost = False
 
@@ -55,52 +58,70 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         return self._accepted
 
     def on_attach(self) -> None:
-        self.spawn(self._accept())
+        self.broker.wakeable(self.holder, self._on_wake)
+        self._accept_task = self.spawn(self._accept())
+
+    def _on_wake(self) -> None:
+        """A wake-up from the store: a session became free (while waiting for one), or the
+        held session got messages."""
+        if self._accepted:
+            self.pump()
+        elif self._woken is not None and not self._woken.done():
+            self._woken.set_result(None)
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_ms / 1000
         store = self.broker.store
-        while True:
-            woken = loop.create_future()
-
-            def wake(fut=woken) -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            if self.requested_session is None:
-                self.broker.add_waiter(self.queue.name, wake)
+        next_available = self.requested_session is None
+        while not self.detached:
+            self._woken = loop.create_future()
             try:
-                lock = await store.accept_session(self.queue, self.requested_session, self.holder)
+                # With none free, the store registers us as a waiter in the same step: a
+                # session that becomes free afterwards wakes exactly one waiter.
+                lock = await store.accept_session(
+                    self.queue, self.requested_session, self.holder, wait=next_available
+                )
             except BusdError as error:
-                self.broker.remove_waiter(self.queue.name, wake)
                 return self._refuse(error)
+            except Exception as exc:  # the store is unreachable: answer within the timeout
+                log.warning("accepting a session of %s failed: %s", self.queue.name, exc)
+                await self._stop_waiting(next_available)
+                return self._refuse(
+                    BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+                )
             if lock is not None:
-                self.broker.remove_waiter(self.queue.name, wake)
-                break
+                self._locked = True
+                self.session_id = lock.session_id
+                self.locked_until_ms = lock.locked_until_ms
+                if not self.detached:
+                    self._open_locked()
+                return  # (detached meanwhile: finish() releases the lock)
             remaining = deadline - loop.time()
-            if remaining > 0 and not self.detached:
-                try:
-                    await asyncio.wait_for(woken, remaining)
-                    continue
-                except asyncio.TimeoutError:
-                    pass
-            self.broker.remove_waiter(self.queue.name, wake)
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._woken, remaining)
+            except asyncio.TimeoutError:
+                break
+        self._woken = None
+        await self._stop_waiting(next_available)
+        if not self.detached:
             log.debug("no session available in %s within %d ms", self.queue.name, self.timeout_ms)
-            return self._refuse(store_error(StoreStatus.NO_SESSION_AVAILABLE))
-        if self.detached:  # the client went away while we waited
-            await store.release_session(self.queue, lock.session_id, self.holder)
+            self._refuse(store_error(StoreStatus.NO_SESSION_AVAILABLE))
+
+    async def _stop_waiting(self, next_available: bool) -> None:
+        """Leave the store's waiters, passing on a wake-up we may have been sent."""
+        if not next_available:
             return
-        self.session_id = lock.session_id
-        self.locked_until_ms = lock.locked_until_ms
-        self._open_locked()
+        try:
+            await self.broker.store.stop_waiting(self.queue, "s", self.holder)
+        except Exception as exc:  # the sweep drops a waiter whose process stops anyway
+            log.debug("leaving the session waiters of %s failed: %s", self.queue.name, exc)
 
     def _refuse(self, error: BusdError) -> None:
         if not self.detached:
-            self.detached = True
-            self.conn._forget(self)
-            refuse_link(self.link, error)
-            self.kick()
+            self.conn.refuse(self, error)
 
     def _open_locked(self) -> None:
         link = self.link
@@ -155,12 +176,28 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         super().on_detach()
         if self._lock_timer is not None:
             self._lock_timer.cancel()
-        if not self._accepted:
-            return
-        key = (self.queue.name, self.session_id)
-        if self.broker.local_session_holders.get(key) == self._expired:
-            del self.broker.local_session_holders[key]
-        if not self._lock_lost:
-            # Closed by the client: unsettled messages are available again, count unchanged.
-            self.spawn(self.broker.store.release_session(self.queue, self.session_id, self.holder))
+        if self._woken is not None and not self._woken.done():
+            self._woken.set_result(None)  # stop waiting for a session now
+        if self._accepted:
+            key = (self.queue.name, self.session_id)
+            if self.broker.local_session_holders.get(key) == self._expired:
+                del self.broker.local_session_holders[key]
 
+    async def finish(self) -> None:
+        """The acceptance under way, the fetch and the settlements the client sent before it
+        detached, and only then the release: a settlement is never refused for a lock this
+        link gave up itself, and the session can be accepted again the moment the detach is
+        answered."""
+        if self._accept_task is not None:
+            await asyncio.gather(self._accept_task, return_exceptions=True)
+        await super().finish()
+
+    async def _last_call(self) -> None:
+        if not self._locked or self._lock_lost:
+            return  # never held it, or the lock ran out (the sweep counts the attempt)
+        try:
+            # Closed by the client: unsettled messages are available again, count unchanged.
+            await self.broker.store.release_session(self.queue, self.session_id, self.holder)
+        except Exception as exc:  # the lock then runs out by itself
+            log.warning("releasing session %r of %s failed: %s", self.session_id,
+                        self.queue.name, exc)

@@ -114,6 +114,11 @@ class Metrics:
         self.settled = Counter("busd_process_settlements",
                                "Settlements this process applied for receiver links, by outcome.",
                                ["entity", "outcome"], registry=registry)
+        self.settlements_refused = Counter(
+            "busd_settlements_refused",
+            "Settlements a client sent already settled that the store refused (lock lost): "
+            "the client cannot hear of it, so each is logged at warning.",
+            ["entity", "reason"], registry=registry)
         self.sweep_seconds = Histogram("busd_sweep_seconds", "Duration of one entity's sweep.",
                                        registry=registry)
         self.store_figures = StoreCollector()
@@ -146,6 +151,9 @@ class Metrics:
         for outcome, status in zip(outcomes, statuses):
             if status == StoreStatus.OK:
                 self.settled.labels(entity, _OUTCOME_NAMES[outcome]).inc()
+
+    def settlement_refused(self, entity: str, reason: str) -> None:
+        self.settlements_refused.labels(entity, reason).inc()
 
     def on_sweep(self, entity: str, result, seconds: float) -> None:
         # what the sweep expired is in the store's totals (with what receives expired lazily)

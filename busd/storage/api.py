@@ -149,7 +149,10 @@ class EntityCounts:
     totals: dict[str, int] = field(default_factory=dict)
 
 
-WakeCallback = Callable[[str], None]  # called with a queue name when messages may be available
+# Called with the id of a waiter or lock holder of this process that may have work now (or
+# with WAKE_ALL: wake-ups may have been missed, everyone should look again).
+WakeCallback = Callable[[str], None]
+WAKE_ALL = "*"
 
 
 class Store(Protocol):
@@ -161,10 +164,17 @@ class Store(Protocol):
 
     async def ping(self) -> bool: ...
 
+    process_id: str
+    """Names this process. The ids of its waiters and lock holders start `<process_id>:`, so
+    that a wake-up for one of them reaches this process only."""
+
     async def subscribe(self, on_wake: WakeCallback) -> None:
-        """Start listening for wake-ups from every process: `on_wake(queue_name)` is called
-        whenever a queue may have newly available messages or sessions (send, abandon, release,
-        lock expiry, scheduled message due, session released)."""
+        """Start listening for this process's wake-ups: `on_wake(id)` is called with the id of
+        a waiter or holder that may have work (from a send, abandon, release, lock expiry,
+        scheduled message due, session released, on any process). A message that becomes
+        available wakes only who can take it: the holder of its session; else, for a session
+        that became free, the oldest waiting next-available receiver; else the oldest waiting
+        receiver of its entity. Each wake-up reaches one waiter, once."""
 
     # --- send ------------------------------------------------------------------------------
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
@@ -173,20 +183,28 @@ class Store(Protocol):
 
     # --- non-session receive ----------------------------------------------------------------
     async def receive(
-        self, entity: EntityRef, count: int, mode: ReceiveMode, tokens: list[bytes]
+        self,
+        entity: EntityRef,
+        count: int,
+        mode: ReceiveMode,
+        tokens: list[bytes],
+        waiter: str | None = None,
     ) -> list[StoredMessage]:
         """Take up to `count` available messages in sequence order. Peek-lock: lock each for
         LockDuration under tokens[i]. Receive-and-delete: delete them. Expired messages met on
-        the way are expired (dropped or dead-lettered), not returned."""
+        the way are expired (dropped or dead-lettered), not returned. With `waiter`, a call
+        that gets fewer than `count` registers it, atomically, to be woken by the next message
+        that becomes available (see `subscribe`)."""
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str
+        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
-        available (next-available only). Raises SESSION_CANNOT_BE_LOCKED when held by someone
-        else. Session-wide TTL expiry is applied first."""
+        available (next-available only); with `wait`, the holder is then registered, in the
+        same step, to be woken when a session becomes free. Raises SESSION_CANNOT_BE_LOCKED
+        when held by someone else. Session-wide TTL expiry is applied first."""
 
     async def receive_session(
         self,
@@ -259,11 +277,19 @@ class Store(Protocol):
     async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
         """Raises MESSAGE_NOT_FOUND if any is not (or no longer) scheduled; then nothing changes."""
 
+    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
+        """A waiter goes away: take it off the waiters ('s' next-available session receivers,
+        'q' the queue's receivers, 'd' the dead-letter queue's). Returns whether it was waiting;
+        when it was not, a wake-up may have been spent on it and is passed to another waiter
+        if there is work."""
+
     # --- housekeeping ---------------------------------------------------------------------
     async def sweep(self, queue: QueueSpec) -> SweepResult:
         """Idempotent, safe on every process at once: expired message locks (delivery count
         + 1, DLQ at MaxDeliveryCount), expired session locks (their in-flight messages + 1),
-        TTL expiry (session-wide), scheduled messages that came due."""
+        TTL expiry (session-wide), scheduled messages that came due. It also keeps wake-ups
+        whole: marks this process live, drops the waiters of processes that stopped sweeping,
+        and wakes waiters where work and waiters meet (a wake-up that was lost)."""
 
     async def purge(self, entity: EntityRef) -> int:
         """Delete every message of the entity; returns how many."""

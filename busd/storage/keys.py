@@ -26,6 +26,10 @@ KEY_DOC: dict[str, str] = {
     "sstate": "hash: session id -> session state",
     "supdated": "zset: session id -> ms its state was last set",
     "sessions": "zset (all scores 0, lexicographic): sessions with messages or state",
+    "swaiters": "zset: waiter id -> ms it began waiting; next-available session receivers "
+    "waiting for a free session (a session that becomes free wakes the oldest one)",
+    "procs": "zset: broker process id -> ms its liveness ends (refreshed by each process's "
+    "sweep); the waiters of a process past its end are dropped",
     # per entity: `q.` the queue, `d.` its dead-letter sub-queue
     "body": "hash: seq -> message blob, exactly the bytes sent",
     "meta": "hash: seq -> cmsgpack map of the message's metadata (includes/readMeta.lua)",
@@ -39,18 +43,23 @@ KEY_DOC: dict[str, str] = {
     "ttl": "zset: seq -> ms expires; available messages that have a time to live",
     "sready": "zset (lexicographic): <sid>\\0<seq16>; available messages filed under a session",
     "sinflight": "zset (lexicographic): <sid>\\0<seq16>; delivered, unsettled session messages",
+    "waiters": "zset: waiter id -> ms it began waiting; receivers (not of sessions) with "
+    "credit and nothing to take (each message that becomes available wakes the oldest one)",
     # queue-wide, last: what has happened, for the metrics
     "stats": "hash: <entity>.<event> -> count; monotonic totals of what happened to the "
     "queue ('q.') and its dead-letter sub-queue ('d.'): sent, received, completed, "
     "expired, ... (includes/countEvent.lua)",
 }
 
-QUEUE_WIDE = ("seq", "dedup", "sfree", "sholder", "slocks", "sstate", "supdated", "sessions")
+QUEUE_WIDE = (
+    "seq", "dedup", "sfree", "sholder", "slocks", "sstate", "supdated", "sessions",
+    "swaiters", "procs",
+)  # fmt: skip
 QUEUE_ENTITY = (
     "body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall",
-    "sched", "ttl", "sready", "sinflight",
+    "sched", "ttl", "sready", "sinflight", "waiters",
 )  # fmt: skip
-DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall")
+DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall", "waiters")
 
 # The full key set, in the order of includes/queueContext.lua: scripts that move messages
 # between states (and so may dead-letter, expire or wake sessions) take all of it. `stats`
@@ -85,6 +94,8 @@ def queue_pattern(prefix: str, queue: str) -> str:
     return f"{tag}:*"
 
 
-def wake_channel(prefix: str) -> str:
-    """The pub/sub channel scripts publish a queue name on when it may have work."""
-    return f"{prefix}:wake"
+def wake_channel(prefix: str, process_id: str = "") -> str:
+    """The pub/sub channel of one broker process: scripts publish on it the id of a waiter or
+    lock holder of that process that has work (includes/wakeWaiters.lua). Without a process id:
+    the common prefix of every process's channel."""
+    return f"{prefix}:wake:{process_id}"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 import redis.asyncio as redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from busd.errors import StoreStatus, store_error
+from busd.errors import BusdError, Condition, StoreStatus, store_error
 from busd.storage import keys as keyspace
 from busd.storage.api import (
     EntityCounts,
@@ -29,6 +30,7 @@ from busd.storage.api import (
     Settlement,
     StoredMessage,
     SweepResult,
+    WAKE_ALL,
     WakeCallback,
 )
 from busd.storage.scripts import Scripts
@@ -41,6 +43,14 @@ MIN_SERVER_VERSION = (7, 0)
 HOUSEKEEPING_BUDGET = 100
 # The same for one sweep call.
 SWEEP_BUDGET = 1000
+# Store calls one process runs at once (each holds a connection while it runs); more wait.
+DEFAULT_MAX_CALLS = 64
+# How long a call waits for its turn before the client is told the server is busy.
+CALL_WAIT_S = 30.0
+# A process that has not swept for this long counts as gone: its waiters are dropped.
+LIVENESS_MS = 15_000
+# Most waiters of one kind a sweep wakes where work and waiters meet (lost wake-ups).
+REPAIR_WAKES = 16
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -103,24 +113,39 @@ def _check(status: int) -> None:
 
 
 class RedisStore:
-    def __init__(self, url: str, prefix: str = "busd") -> None:
+    def __init__(
+        self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS
+    ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
+        if max_calls < 1:
+            raise ValueError("max_calls must be at least 1")
         self.url = url
         self.prefix = prefix
+        # Names this process in waiter ids (`<process id>:<link id>`) and its wake-up channel.
+        self.process_id = uuid.uuid4().hex[:12]
+        self.max_calls = max_calls
+        # Bounds the calls in flight, so that the connection pool (sized above it) is never
+        # exhausted: redis-py's asyncio pool fails at its limit instead of waiting.
+        self._slots = asyncio.Semaphore(max_calls)
         self._client: redis.Redis | redis.RedisCluster | None = None
         # One node's plain connection: server checks and wake-up subscriptions (a PUBLISH
         # reaches every node of a cluster). The same object as _client without a cluster.
         self._node: redis.Redis | None = None
         self._scripts: Scripts | None = None
-        self._channel = keyspace.wake_channel(prefix)
+        self._channel = keyspace.wake_channel(prefix)  # every process's channel starts so
         self._keys: dict[tuple[str, str], list[bytes]] = {}  # (script, queue) -> KEYS
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
 
     # --- lifecycle -----------------------------------------------------------------------
     async def connect(self) -> None:
         # named so that operators (and tests) can tell busd's connections apart
-        options = {"decode_responses": False, "client_name": f"busd:{self.prefix}"}
+        options: dict[str, Any] = {
+            "decode_responses": False,
+            "client_name": f"busd:{self.prefix}",
+            # the calls in flight, plus the wake-up subscription and server checks
+            "max_connections": self.max_calls + 8,
+        }
         cluster_url = _cluster_url(self.url)
         if cluster_url is None:
             self._client = self._node = redis.Redis.from_url(self.url, **options)
@@ -131,6 +156,7 @@ class RedisStore:
             await cluster.initialize()
             self._client = cluster
             node = cluster.get_nodes()[0]
+            options.pop("max_connections")
             self._node = redis.Redis(host=node.host, port=node.port, **options)
         await self._check_server()
         self._scripts = Scripts(self._client)
@@ -180,7 +206,7 @@ class RedisStore:
     async def subscribe(self, on_wake: WakeCallback) -> None:
         assert self._node is not None
         pubsub = self._node.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self._channel)
+        await pubsub.subscribe(keyspace.wake_channel(self.prefix, self.process_id))
         self._listeners.append(
             asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")
         )
@@ -191,18 +217,24 @@ class RedisStore:
                 try:
                     message = await pubsub.get_message(timeout=None)
                 except (RedisConnectionError, OSError) as exc:
-                    # redis-py reconnects and subscribes again on the next read
+                    # redis-py reconnects and subscribes again on the next read; wake-ups
+                    # published meanwhile are lost, so everyone waiting looks again.
                     log.warning("wake-up subscription interrupted: %s", exc)
                     await asyncio.sleep(0.5)
+                    self._wake_safely(on_wake, WAKE_ALL)
                     continue
                 if message is None or message.get("type") != "message":
                     continue
-                try:
-                    on_wake(message["data"].decode())
-                except Exception:
-                    log.exception("wake-up callback failed")
+                self._wake_safely(on_wake, message["data"].decode())
         finally:
             await pubsub.aclose()
+
+    @staticmethod
+    def _wake_safely(on_wake: WakeCallback, waiter: str) -> None:
+        try:
+            on_wake(waiter)
+        except Exception:
+            log.exception("wake-up callback failed")
 
     # --- plumbing ----------------------------------------------------------------------------
     def _keys_for(self, script: str, queue: str) -> list[bytes]:
@@ -229,7 +261,21 @@ class RedisStore:
     async def _run(self, script: str, queue: QueueSpec, args: list[Any]) -> Any:
         if self._scripts is None:
             raise RuntimeError("RedisStore.connect() was not called")
-        return await self._scripts.run(script, self._keys_for(script, queue.name), args)
+        keys = self._keys_for(script, queue.name)
+        slots = self._slots
+        if slots.locked():  # all busy: wait for a turn, for a bounded time
+            try:
+                await asyncio.wait_for(slots.acquire(), CALL_WAIT_S)
+            except asyncio.TimeoutError:
+                raise BusdError(
+                    Condition.SERVER_BUSY, "The store is busy; try again."
+                ) from None
+        else:
+            await slots.acquire()
+        try:
+            return await self._scripts.run(script, keys, args)
+        finally:
+            slots.release()
 
     async def _run_queue(
         self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET
@@ -259,7 +305,12 @@ class RedisStore:
 
     # --- receive ---------------------------------------------------------------------------
     async def receive(
-        self, entity: EntityRef, count: int, mode: ReceiveMode, tokens: list[bytes]
+        self,
+        entity: EntityRef,
+        count: int,
+        mode: ReceiveMode,
+        tokens: list[bytes],
+        waiter: str | None = None,
     ) -> list[StoredMessage]:
         if count <= 0:
             return []
@@ -272,15 +323,18 @@ class RedisStore:
             _entity(entity),
             1 if peek_lock else 0,
             count,
+            _opt(waiter),
             *(tokens[:count] if peek_lock else ()),
         )
         return [_message(r) for r in rows]
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str
+        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False
     ) -> SessionLock | None:
-        reply = await self._run_queue("acceptSession", queue, holder, _opt(session_id))
+        reply = await self._run_queue(
+            "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0
+        )
         if reply[0] == StoreStatus.NO_SESSION_AVAILABLE:
             return None
         _check(reply[0])
@@ -421,8 +475,13 @@ class RedisStore:
             _check(await self._run_queue("cancelScheduled", queue, *seqs))
 
     # --- housekeeping ---------------------------------------------------------------------
+    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
+        return bool(await self._run_queue("stopWaiting", queue, waiters, waiter))
+
     async def sweep(self, queue: QueueSpec) -> SweepResult:
-        reply = await self._run_queue("sweepQueue", queue, budget=SWEEP_BUDGET)
+        reply = await self._run_queue(
+            "sweepQueue", queue, self.process_id, LIVENESS_MS, REPAIR_WAKES, budget=SWEEP_BUDGET
+        )
         return SweepResult(
             expired_message_locks=reply[0],
             expired_messages=reply[1],

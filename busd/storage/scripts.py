@@ -1,10 +1,13 @@
-"""Loads the Lua scripts: one file per atomic state transition, `lua/<verbNoun>-<N>.lua`.
+"""Loads the Lua scripts: one file per atomic state transition.
 
-N, the number of KEYS, lives only in the file name. The script's header lists each key as
-`KEYS[i]  <name>` with the logical names of `busd.storage.keys`; the loader checks that list
-against N and builds each call's KEYS from it, so the Python side cannot drift from what the
-script declares. `--- @include "<name>"` lines pull in `lua/includes/<name>.lua` (one small
-local function each) before the line's place, dependencies first, each include once.
+A script that works on a queue says so once in its header, `Context: queue`: it takes the
+queue's whole key set (`busd.storage.keys.QUEUE_KEYS`, in that order) and the six parameters
+of `lua/includes/queueContext.lua` first, and its file is `lua/<verbNoun>.lua`. The few scripts
+that list their own keys are `lua/<verbNoun>-<N>.lua`, N being the number of KEYS, and their
+header lists each key as `KEYS[i]  <name>` with the logical names of `busd.storage.keys`. Either
+way the loader builds each call's KEYS from the header, so the Python side cannot drift from
+what the script declares. `--- @include "<name>"` lines pull in `lua/includes/<name>.lua` (one
+small local function each) before the line's place, dependencies first, each include once.
 
 The loaded text starts with a `#!lua` shebang: a script with one (even without flags) is
 checked by the server, in cluster mode, to touch only keys of the slot its KEYS hash to, so
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from busd.storage.keys import QUEUE_KEYS
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.commands.core import AsyncScript
@@ -25,7 +30,10 @@ if TYPE_CHECKING:
 LUA_DIR = Path(__file__).with_name("lua")
 INCLUDE_DIR = LUA_DIR / "includes"
 
-_FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)-(?P<keys>\d+)\.lua$")
+_FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)(?:-(?P<keys>\d+))?\.lua$")
+_CONTEXT = re.compile(r"^\s*Context:\s*(?P<name>\w+)\s*$", re.M)
+# The contexts a header may name, and the keys each one stands for.
+CONTEXTS: dict[str, tuple[str, ...]] = {"queue": QUEUE_KEYS}
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
@@ -38,8 +46,9 @@ class ScriptError(Exception):
 @dataclass(frozen=True, slots=True)
 class ScriptSource:
     name: str  # verbNoun, e.g. "sendMessages"
-    num_keys: int  # N from the file name
+    num_keys: int  # how many KEYS a call passes
     key_names: tuple[str, ...]  # logical key names, from the header, in KEYS order
+    context: str | None  # the context the header names ("queue"), None for own keys
     text: str  # with includes resolved
     path: Path
 
@@ -75,22 +84,38 @@ def resolve_includes(text: str, seen: set[str] | None = None) -> str:
 def read_source(path: Path) -> ScriptSource:
     match = _FILE_NAME.match(path.name)
     if not match:
-        raise ScriptError(f"{path.name}: script files are named <verbNoun>-<N>.lua")
-    num_keys = int(match["keys"])
+        raise ScriptError(f"{path.name}: script files are named <verbNoun>[-<N>].lua")
     raw = path.read_text()
+    header = header_of(raw)
     declared: dict[int, str] = {}
-    for line in header_of(raw).splitlines():
+    for line in header.splitlines():
         key = _HEADER_KEY.match(line)
         if key:
             declared[int(key["index"])] = key["name"]
-    if sorted(declared) != list(range(1, num_keys + 1)):
-        raise ScriptError(
-            f"{path.name}: header declares KEYS {sorted(declared)}, file name says {num_keys}"
-        )
+    context = _CONTEXT.search(header)
+    if context is not None:
+        if context["name"] not in CONTEXTS:
+            raise ScriptError(f"{path.name}: unknown context {context['name']!r}")
+        if match["keys"] is not None or declared:
+            raise ScriptError(
+                f"{path.name}: a script with a context neither lists KEYS nor counts them "
+                "in its file name"
+            )
+        key_names = CONTEXTS[context["name"]]
+    else:
+        if match["keys"] is None:
+            raise ScriptError(f"{path.name}: without a context the file name counts the KEYS")
+        num_keys = int(match["keys"])
+        if sorted(declared) != list(range(1, num_keys + 1)):
+            raise ScriptError(
+                f"{path.name}: header declares KEYS {sorted(declared)}, file name says {num_keys}"
+            )
+        key_names = tuple(declared[i] for i in range(1, num_keys + 1))
     return ScriptSource(
         name=match["name"],
-        num_keys=num_keys,
-        key_names=tuple(declared[i] for i in range(1, num_keys + 1)),
+        num_keys=len(key_names),
+        key_names=key_names,
+        context=context["name"] if context is not None else None,
         text=SHEBANG + resolve_includes(raw),
         path=path,
     )

@@ -113,8 +113,10 @@ async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
         await s.subscribe(woken.put_nowait)
         await asyncio.sleep(0.1)  # the subscription is in place
         q = QueueSpec("routed")
+        waiter = f"{s.process_id}:receiver"
+        assert await s.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [], waiter) == []
         (seq,) = await s.send(q, [NewMessage(b"via the cluster client")])
-        assert await asyncio.wait_for(woken.get(), 5) == "routed"
+        assert await asyncio.wait_for(woken.get(), 5) == waiter
         (message,) = await s.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
         assert (message.seq, message.blob) == (seq, b"via the cluster client")
         assert await s.ping()

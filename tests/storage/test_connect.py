@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -67,3 +68,46 @@ async def test_ping_is_false_when_closed(store):
 def test_prefix_with_hash_tag_braces_is_refused():
     with pytest.raises(ValueError):
         RedisStore("redis://127.0.0.1:1", prefix="a{b}")
+
+
+async def test_many_concurrent_calls_wait_for_a_connection_instead_of_failing(redis_url):
+    """Far more calls at once than the store may run: each waits its turn, none fails (redis-py's
+    own asyncio pool fails at its limit, which is why the store bounds its calls itself)."""
+    import asyncio
+
+    from busd.storage.api import QueueSpec
+
+    store = RedisStore(redis_url, prefix="concurrency-" + os.urandom(4).hex(), max_calls=4)
+    await store.connect()
+    try:
+        q = QueueSpec("burst")
+        results = await asyncio.gather(
+            *(store.send(q, [NewMessage(b"m%d" % i)]) for i in range(400))
+        )
+        assert sorted(seq for (seq,) in results) == list(range(1, 401))
+        clients = await store._client.client_list()
+        ours = [c for c in clients if c["name"] == f"busd:{store.prefix}"]
+        assert len(ours) <= 4 + 1  # the calls' connections, plus the one that listed them
+    finally:
+        await store.close()
+
+
+async def test_a_call_that_waits_too_long_for_its_turn_is_server_busy(redis_url, monkeypatch):
+    import asyncio
+
+    import busd.storage.redis_store as rs
+    from busd.errors import BusdError, Condition
+    from busd.storage.api import QueueSpec
+
+    monkeypatch.setattr(rs, "CALL_WAIT_S", 0.2)
+    store = RedisStore(redis_url, prefix="busy-" + os.urandom(4).hex(), max_calls=1)
+    await store.connect()
+    try:
+        await store._slots.acquire()  # the only turn is taken (a call that hangs)
+        with pytest.raises(BusdError) as refused:
+            await store.send(QueueSpec("q"), [NewMessage(b"x")])
+        assert refused.value.condition == Condition.SERVER_BUSY
+        store._slots.release()
+        assert await store.send(QueueSpec("q"), [NewMessage(b"x")]) == [1]
+    finally:
+        await store.close()

@@ -18,14 +18,33 @@ def test_every_script_is_loaded():
     assert {"sendMessages", "receiveMessages", "settleMessages", "acceptSession"} <= set(SOURCES)
 
 
-@pytest.mark.parametrize("name", sorted(SOURCES))
-def test_header_keys_match_file_name_and_highest_keys_index(name):
+@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if s.context is None))
+def test_own_keys_match_file_name_and_highest_keys_index(name):
     src = SOURCES[name]
+    assert src.path.name == f"{name}-{src.num_keys}.lua"
     assert len(src.key_names) == src.num_keys
     used = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", src.text.split("]]", 1)[1])]
     assert max(used) == src.num_keys, f"{src.path.name}: highest KEYS[i] used is {max(used)}"
-    # keys are only ever indexed by literals: a computed index would hide an undeclared key
-    assert not re.search(r"KEYS\[[^\d\]]", src.text)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if s.context is not None))
+def test_a_script_with_the_queue_context_declares_it_once(name):
+    src = SOURCES[name]
+    raw = src.path.read_text()
+    assert src.path.name == f"{name}.lua"  # no key count: the context says what it takes
+    assert src.key_names == keyspace.QUEUE_KEYS
+    assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)  # not listed again
+    assert "queueContext(0, 0)" in raw
+    # the script's own body reaches keys only through the context
+    assert "KEYS[" not in raw.split("]]", 1)[1]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_keys_are_indexed_by_literals_outside_the_context(name):
+    # a computed index would hide an undeclared key; only the context computes offsets
+    code = re.sub(r"--.*", "", SOURCES[name].text.split("]]", 1)[1])  # no comments
+    text = re.sub(r"local function queueContext\(.*?\n  return Q\nend", "", code, flags=re.S)
+    assert not re.search(r"KEYS\[[^\d\]]", text)
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
@@ -45,18 +64,23 @@ def test_header_key_names_are_known_key_names(name):
         keyspace.key("p", "q", key_name)  # raises on an unknown name
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if "queueContext" in s.text))
-def test_scripts_with_the_queue_context_take_the_full_queue_key_set(name):
-    assert SOURCES[name].key_names == keyspace.QUEUE_KEYS
-
-
 def test_queue_context_maps_keys_in_the_queue_key_order():
     text = (INCLUDE_DIR / "queueContext.lua").read_text()
-    pairs = re.findall(r"(\w+) = KEYS\[(\d+)\]", text)
+    pairs = re.findall(r"(\w+) = KEYS\[kb \+ (\d+)\]", text)
     in_order = [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))]
     expected = [n.split(".")[-1] for n in keyspace.QUEUE_KEYS]
     assert in_order == expected
-    assert [int(i) for _, i in sorted(pairs, key=lambda p: int(p[1]))] == list(range(1, len(keyspace.QUEUE_KEYS) + 1))
+    indexes = sorted(int(i) for _, i in pairs)
+    assert indexes == list(range(1, len(keyspace.QUEUE_KEYS) + 1))
+
+
+def test_a_script_naming_an_unknown_context_is_refused(tmp_path):
+    from busd.storage.scripts import ScriptError
+
+    bad = tmp_path / "doThing.lua"
+    bad.write_text("--[[\n  doThing: x\n  Context: topic\n  Input:\n]]\nreturn 1\n")
+    with pytest.raises(ScriptError):
+        read_source(bad)
 
 
 @pytest.mark.parametrize("path", sorted(INCLUDE_DIR.glob("*.lua")), ids=lambda p: p.stem)

@@ -1,8 +1,12 @@
 --- @include "seqMember"
 --- @include "writeMeta"
---- @include "wake"
+--- @include "freeSession"
+--- @include "wakeHolder"
+--- @include "wakeWaiters"
 -- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
--- lockMessage's job) and save its metadata. An available message wakes receivers.
+-- lockMessage's job) and save its metadata. An available message wakes exactly who can take
+-- it: its session's holder; else, for a session that just became free, one waiting
+-- next-available receiver; else (no session) one waiting receiver of the entity.
 local function fileMessage(Q, E, seq, m)
   local st = m.st
   if st == 'a' then
@@ -10,13 +14,15 @@ local function fileMessage(Q, E, seq, m)
       redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
       if redis.call('HEXISTS', Q.sholder, m.sid) == 0 then
         -- LT: an older message (abandoned, or scheduled earlier) moves the session forward
-        redis.call('ZADD', Q.sfree, 'LT', seq, m.sid)
+        freeSession(Q, m.sid, seq)
+      else
+        wakeHolder(Q, m.sid)
       end
     else
       redis.call('ZADD', E.ready, seq, seq)
+      wakeWaiters(Q, E.waiters, 1)
     end
     if m.exp and not E.dlq then redis.call('ZADD', E.ttl, m.exp, seq) end
-    wake(Q)
   elseif st == 'd' then
     redis.call('ZADD', E.deferred, seq, seq)
   elseif st == 's' then

@@ -1,20 +1,34 @@
 --- @include "nowMs"
--- The queue's keys (KEYS[1..29], the order of busd/storage/keys.py QUEUE_KEYS) and the
--- parameters every state-moving script takes first (ARGV[1..6]).
--- `woke` makes a script publish at most once; the counters feed sweep's result.
-local function queueContext()
+-- One queue's context: its keys (KEYS[kb+1 .. kb+33], the order of busd/storage/keys.py
+-- QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
+-- parameters every state-moving script takes first (ARGV[ab+1 .. ab+6]). The offsets let one
+-- script hold several queue contexts side by side; a script with one passes 0, 0.
+--   ARGV[ab+1]  queue name
+--   ARGV[ab+2]  wake-up channel prefix: a process's channel is this + its process id
+--   ARGV[ab+3]  lock duration ms
+--   ARGV[ab+4]  max delivery count
+--   ARGV[ab+5]  '1' to dead-letter expired messages, '0' to drop them
+--   ARGV[ab+6]  housekeeping budget (items per kind of lazy work)
+-- `woken` makes a script wake each waiter or holder at most once; the counters feed sweep's
+-- result.
+local function queueContext(kb, ab)
   local Q = {
-    seq = KEYS[1], dedup = KEYS[2], sfree = KEYS[3], sholder = KEYS[4], slocks = KEYS[5],
-    sstate = KEYS[6], supdated = KEYS[7], sessions = KEYS[8],
-    q = { dlq = false, body = KEYS[9], meta = KEYS[10], all = KEYS[11], ready = KEYS[12],
-          locked = KEYS[13], tokens = KEYS[14], deferred = KEYS[15], sall = KEYS[16],
-          sched = KEYS[17], ttl = KEYS[18], sready = KEYS[19], sinflight = KEYS[20] },
-    d = { dlq = true, body = KEYS[21], meta = KEYS[22], all = KEYS[23], ready = KEYS[24],
-          locked = KEYS[25], tokens = KEYS[26], deferred = KEYS[27], sall = KEYS[28] },
-    stats = KEYS[29],
-    queue = ARGV[1], channel = ARGV[2], lockMs = tonumber(ARGV[3]),
-    maxDc = tonumber(ARGV[4]), dlOnExp = ARGV[5] == '1', budget = tonumber(ARGV[6]),
-    now = nowMs(), woke = false,
+    seq = KEYS[kb + 1], dedup = KEYS[kb + 2], sfree = KEYS[kb + 3], sholder = KEYS[kb + 4],
+    slocks = KEYS[kb + 5], sstate = KEYS[kb + 6], supdated = KEYS[kb + 7],
+    sessions = KEYS[kb + 8], swaiters = KEYS[kb + 9], procs = KEYS[kb + 10],
+    q = { dlq = false, body = KEYS[kb + 11], meta = KEYS[kb + 12], all = KEYS[kb + 13],
+          ready = KEYS[kb + 14], locked = KEYS[kb + 15], tokens = KEYS[kb + 16],
+          deferred = KEYS[kb + 17], sall = KEYS[kb + 18], sched = KEYS[kb + 19],
+          ttl = KEYS[kb + 20], sready = KEYS[kb + 21], sinflight = KEYS[kb + 22],
+          waiters = KEYS[kb + 23] },
+    d = { dlq = true, body = KEYS[kb + 24], meta = KEYS[kb + 25], all = KEYS[kb + 26],
+          ready = KEYS[kb + 27], locked = KEYS[kb + 28], tokens = KEYS[kb + 29],
+          deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
+    stats = KEYS[kb + 33],
+    queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
+    maxDc = tonumber(ARGV[ab + 4]), dlOnExp = ARGV[ab + 5] == '1',
+    budget = tonumber(ARGV[ab + 6]),
+    now = nowMs(), woken = {}, caller = false,
     expiredLocks = 0, expiredMessages = 0, activated = 0,
   }
   return Q

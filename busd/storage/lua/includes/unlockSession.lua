@@ -3,11 +3,13 @@
 --- @include "readMeta"
 --- @include "returnMessage"
 --- @include "refreshFreeSession"
---- @include "wake"
 -- End a session's lock. Its delivered, unsettled messages are available again: with a
 -- counted failed attempt when the lock expired (`failed`), without when the receiver closed.
--- The session becomes acceptable by next-available when it has available messages.
+-- The holder goes first, so that the session, once it has available messages, is free and
+-- wakes one waiting next-available receiver (not the holder that is leaving).
 local function unlockSession(Q, sid, failed)
+  redis.call('HDEL', Q.sholder, sid)
+  redis.call('ZREM', Q.slocks, sid)
   local lo, hi = sessionRange(sid)
   for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)) do
     local seq = memberSeq(member)
@@ -18,8 +20,5 @@ local function unlockSession(Q, sid, failed)
       redis.call('ZREM', Q.q.sinflight, member)
     end
   end
-  redis.call('HDEL', Q.sholder, sid)
-  redis.call('ZREM', Q.slocks, sid)
   refreshFreeSession(Q, sid)
-  if redis.call('ZSCORE', Q.sfree, sid) then wake(Q) end
 end

@@ -1,0 +1,68 @@
+--[[
+  acceptSession: lock a session for a holder, either a specific one or the next available.
+
+  Specific: locked when free or its lock expired (the expired lock's in-flight messages count
+  a failed attempt first); extended when the same holder already holds it live; refused when
+  someone else holds it live. The session may have no messages.
+  Next available: the free session (available messages, no holder) whose oldest available
+  message is the oldest, found in O(log n) of the free sessions. Scripts run one at a time,
+  so concurrent acceptors get different sessions. With none free, a caller that will wait is
+  registered as a waiter in the same step, so no session that becomes free afterwards can be
+  missed: it wakes the oldest waiter (includes/freeSession.lua).
+
+  Housekeeping first (bounded): expired locks, due scheduled messages, expired messages
+  (session-wide).
+
+  Invariant: a session has at most one holder; a held session is not in sfree.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   holder
+    ARGV[8]   session id ('' next available)
+    ARGV[9]   next available: '1' to wait (register the holder as a waiter when none is
+              free), '0' not to
+
+  Output:
+    { 0, session id, locked-until ms }
+    { -3 } SESSION_CANNOT_BE_LOCKED: held live by another holder
+    { -5 } NO_SESSION_AVAILABLE (next available only; registered as a waiter if asked)
+
+  Events:
+    wake-ups (includes/wakeWaiters.lua) when housekeeping made messages or sessions available
+]]
+--- @include "queueContext"
+--- @include "housekeeping"
+--- @include "unlockSession"
+
+local Q = queueContext(0, 0)
+local holder = ARGV[7]
+local sid = ARGV[8]
+Q.caller = holder
+housekeeping(Q, Q.q)
+
+if sid ~= '' then
+  local current = redis.call('HGET', Q.sholder, sid)
+  if current then
+    local until_ = tonumber(redis.call('ZSCORE', Q.slocks, sid))
+    if until_ and until_ > Q.now then
+      if current ~= holder then return { -3 } end
+    else
+      unlockSession(Q, sid, true)
+    end
+  end
+else
+  sid = redis.call('ZRANGE', Q.sfree, 0, 0)[1]
+  if not sid then
+    if ARGV[9] == '1' then redis.call('ZADD', Q.swaiters, Q.now, holder) end
+    return { -5 }
+  end
+  redis.call('ZREM', Q.swaiters, holder)
+end
+
+local lockedUntil = Q.now + Q.lockMs
+redis.call('HSET', Q.sholder, sid, holder)
+redis.call('ZADD', Q.slocks, lockedUntil, sid)
+redis.call('ZREM', Q.sfree, sid)
+return { 0, sid, lockedUntil }

@@ -1,0 +1,60 @@
+--[[
+  peekMessages: up to `count` messages of an entity with sequence number >= from, in any state
+  (available, locked, deferred, scheduled), in order, without locking them; optionally only
+  one session's.
+
+  Invariant: no message is locked or otherwise changed by peeking (housekeeping aside).
+
+  Housekeeping first (bounded), so that due scheduled messages show as active and expired
+  ones are gone.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   entity: 'q' or 'd'
+    ARGV[8]   from sequence number
+    ARGV[9]   count
+    ARGV[10]  session id ('' all)
+
+  Output:
+    array of delivery rows (includes/deliveryRow.lua; no lock token; locked-until of a
+    locked message not filed under a session)
+
+  Events:
+    wake-ups (includes/wakeWaiters.lua) when housekeeping made messages or sessions available
+]]
+--- @include "queueContext"
+--- @include "housekeeping"
+--- @include "seqMember"
+--- @include "memberSeq"
+--- @include "readMeta"
+--- @include "deliveryRow"
+
+local Q = queueContext(0, 0)
+local E = Q[ARGV[7]]
+local from = math.max(tonumber(ARGV[8]), 0)
+local count = tonumber(ARGV[9])
+local sid = ARGV[10]
+housekeeping(Q, E)
+if count <= 0 then return {} end
+
+local seqs
+if sid == '' then
+  seqs = redis.call('ZRANGEBYSCORE', E.all, from, '+inf', 'LIMIT', 0, count)
+else
+  seqs = {}
+  local members = redis.call('ZRANGEBYLEX', E.sall, '[' .. seqMember(sid, from),
+    '(' .. sid .. '\1', 'LIMIT', 0, count)
+  for i, member in ipairs(members) do seqs[i] = memberSeq(member) end
+end
+
+local out = {}
+for _, s in ipairs(seqs) do
+  local seq = tonumber(s)
+  local m = readMeta(E, seq)
+  if m then
+    out[#out + 1] = deliveryRow(seq, redis.call('HGET', E.body, seq), m, false, m.lu)
+  end
+end
+return out

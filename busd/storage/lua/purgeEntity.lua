@@ -1,0 +1,40 @@
+--[[
+  purgeEntity: delete every message of an entity (the queue, or its dead-letter sub-queue).
+  Purging the queue keeps session state and session locks; sessions left with neither
+  messages nor state cease to exist.
+
+  Invariant: sequence numbers are not reused after a purge (the counter stays), and the
+  event totals stay (they only grow).
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   entity: 'q' or 'd'
+
+  Output:
+    the number of messages deleted
+
+  Events:
+    none
+]]
+--- @include "queueContext"
+--- @include "countEvent"
+
+local Q = queueContext(0, 0)
+local E = Q[ARGV[7]]
+local n = redis.call('ZCARD', E.all)
+for name, key in pairs(E) do
+  if name ~= 'dlq' then redis.call('UNLINK', key) end
+end
+if not E.dlq then
+  redis.call('UNLINK', Q.sfree)
+  for _, sid in ipairs(redis.call('ZRANGE', Q.sessions, 0, -1)) do
+    if redis.call('HEXISTS', Q.sstate, sid) == 0 then
+      redis.call('ZREM', Q.sessions, sid)
+      redis.call('ZREM', Q.supdated, sid)
+    end
+  end
+end
+countEvent(Q, E, 'purged', n)
+return n

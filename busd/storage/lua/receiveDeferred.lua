@@ -1,0 +1,71 @@
+--[[
+  receiveDeferred: fetch deferred messages by sequence number, all or none. Peek-lock locks
+  them under the caller's tokens (then they settle like any delivery; unsettled, they go back
+  to the deferred state); receive-and-delete deletes them. With a session id, every message
+  must belong to that session and the holder must hold its live lock; on a session queue a
+  session id is required.
+
+  Invariant: only deferred messages are reached, and only this way.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   entity: 'q' or 'd'
+    ARGV[8]   receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[9]   session id ('' none)
+    ARGV[10]  holder ('' any)
+    ARGV[11]  n, the number of sequence numbers
+    ARGV[12..11+n]  sequence numbers
+    ARGV[12+n..]    peek-lock: one lock token per sequence number
+
+  Output:
+    { 0, delivery row, ... } (includes/deliveryRow.lua)
+    { -2 } SESSION_LOCK_LOST
+    { -4 } MESSAGE_NOT_FOUND: some sequence number is not a deferred message (of the session)
+
+  Events:
+    none
+]]
+--- @include "queueContext"
+--- @include "readMeta"
+--- @include "sessionLockedUntil"
+--- @include "takeMessage"
+
+local Q = queueContext(0, 0)
+local E = Q[ARGV[7]]
+local peekLock = ARGV[8] == '1'
+local sid = ARGV[9]
+local holder = ARGV[10]
+if holder == '' then holder = false end
+local n = tonumber(ARGV[11])
+
+local lockedUntil = false
+if sid ~= '' then
+  lockedUntil = sessionLockedUntil(Q, sid, holder)
+  if not lockedUntil then return { -2 } end
+elseif peekLock then
+  lockedUntil = Q.now + Q.lockMs
+end
+
+local found, seen = {}, {}
+for i = 1, n do
+  local seq = tonumber(ARGV[11 + i])
+  local m = readMeta(E, seq)
+  if not m or m.st ~= 'd' then return { -4 } end
+  if sid ~= '' and m.sid ~= sid then return { -4 } end
+  if sid == '' and m.ss then return { -4 } end
+  if not seen[seq] then
+    seen[seq] = true
+    found[#found + 1] = { seq, m, ARGV[11 + n + i] }
+  end
+end
+
+local out = { 0 }
+for _, f in ipairs(found) do
+  local token = false
+  if peekLock then token = f[3] end
+  if not peekLock then lockedUntil = false end
+  out[#out + 1] = takeMessage(Q, E, f[1], f[2], token, lockedUntil)
+end
+return out

@@ -1,0 +1,71 @@
+--[[
+  receiveMessages: deliver up to `count` available messages of an entity (the queue, or its
+  dead-letter sub-queue) that are not filed under a session, oldest sequence number first.
+  Peek-lock locks each for LockDuration under the caller's token; receive-and-delete deletes.
+
+  Housekeeping first (bounded): expired message locks, and on the queue also expired session
+  locks, due scheduled messages and expired messages. A message met past its time to live
+  is expired, not delivered.
+
+  A caller that got fewer than `count` is registered as a waiter of the entity in the same
+  step (and taken off when it got all it asked for), so that the next message that becomes
+  available wakes it (includes/fileMessage.lua) and no message can slip by unnoticed.
+
+  Invariant: a delivered message is in exactly one of {locked, deleted}; tokens maps its
+  token to it while locked.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   entity: 'q' the queue, 'd' its dead-letter sub-queue
+    ARGV[8]   receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[9]   count
+    ARGV[10]  waiter id ('' none: do not register)
+    ARGV[11..] peek-lock: one lock token per message (at least `count`)
+
+  Output:
+    array of delivery rows (includes/deliveryRow.lua)
+
+  Events:
+    wake-ups (includes/wakeWaiters.lua) when housekeeping made messages or sessions available
+]]
+--- @include "queueContext"
+--- @include "housekeeping"
+--- @include "readMeta"
+--- @include "expireIfDue"
+--- @include "takeMessage"
+
+local Q = queueContext(0, 0)
+local E = Q[ARGV[7]]
+local peekLock = ARGV[8] == '1'
+local count = tonumber(ARGV[9])
+housekeeping(Q, E)
+
+local lockedUntil = false
+if peekLock then lockedUntil = Q.now + Q.lockMs end
+local out = {}
+while #out < count do
+  local seqs = redis.call('ZRANGE', E.ready, 0, count - #out - 1)
+  if #seqs == 0 then break end
+  for _, s in ipairs(seqs) do
+    local seq = tonumber(s)
+    local m = readMeta(E, seq)
+    if not m or m.st ~= 'a' then
+      redis.call('ZREM', E.ready, s) -- not available (cannot happen; never loop on it)
+    elseif E.dlq or not expireIfDue(Q, seq, m) then
+      local token = false
+      if peekLock then token = ARGV[11 + #out] end
+      out[#out + 1] = takeMessage(Q, E, seq, m, token, lockedUntil)
+    end
+  end
+end
+local waiter = ARGV[10]
+if waiter ~= '' then
+  if #out < count then
+    redis.call('ZADD', E.waiters, Q.now, waiter)
+  else
+    redis.call('ZREM', E.waiters, waiter)
+  end
+end
+return out

@@ -1,0 +1,31 @@
+--[[
+  releaseSession: the holder's receiver closed. The session is unlocked; its delivered,
+  unsettled messages are available again without a counted attempt (with one when the lock
+  had already expired), and the session can be accepted by next-available again.
+
+  Invariant: only the holder releases; a release by anyone else changes nothing.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   holder
+    ARGV[8]   session id
+
+  Output:
+    1 released, 0 not held by this holder (nothing changed)
+
+  Events:
+    wake-ups (includes/wakeWaiters.lua) when messages or the session became available
+]]
+--- @include "queueContext"
+--- @include "unlockSession"
+
+local Q = queueContext(0, 0)
+local holder = ARGV[7]
+local sid = ARGV[8]
+Q.caller = holder
+if redis.call('HGET', Q.sholder, sid) ~= holder then return 0 end
+local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
+unlockSession(Q, sid, not lockedUntil or lockedUntil <= Q.now)
+return 1

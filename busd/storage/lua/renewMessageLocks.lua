@@ -1,0 +1,55 @@
+--[[
+  renewMessageLocks: extend the locks of delivered messages by LockDuration from now, all or
+  none. A session message's lock is its session's: it is reported, not extended (the session
+  lock is renewed with renewSessionLock).
+
+  Invariant: only a live lock is extended.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   entity: 'q' or 'd'
+    ARGV[8..] lock tokens
+
+  Output:
+    { 0, locked-until ms per token }
+    { -1 } MESSAGE_LOCK_LOST: some token is not a live lock (nothing changed)
+
+  Events:
+    none
+]]
+--- @include "queueContext"
+--- @include "readMeta"
+--- @include "writeMeta"
+--- @include "sessionLockedUntil"
+
+local Q = queueContext(0, 0)
+local E = Q[ARGV[7]]
+local found = {}
+for i = 8, #ARGV do
+  local seq = redis.call('HGET', E.tokens, ARGV[i])
+  local m = seq and readMeta(E, tonumber(seq))
+  if not m or m.st ~= 'l' or m.tok ~= ARGV[i] then return { -1 } end
+  if m.ss then
+    if not sessionLockedUntil(Q, m.sid, false) then return { -1 } end
+  elseif m.lu <= Q.now then
+    return { -1 }
+  end
+  found[#found + 1] = { tonumber(seq), m }
+end
+
+local out = { 0 }
+local lockedUntil = Q.now + Q.lockMs
+for _, f in ipairs(found) do
+  local seq, m = f[1], f[2]
+  if m.ss then
+    out[#out + 1] = sessionLockedUntil(Q, m.sid, false)
+  else
+    m.lu = lockedUntil
+    redis.call('ZADD', E.locked, lockedUntil, seq)
+    writeMeta(E, seq, m)
+    out[#out + 1] = lockedUntil
+  end
+end
+return out
