@@ -29,8 +29,8 @@ MAX_MESSAGE_SIZE_LIMIT = 100 * MIB  # Service Bus premium's largest message
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
-# Queue property bounds (DESIGN.md §1). Service Bus allows 5 s .. 5 min for LockDuration; busd
-# goes down to 1 s because short locks make lock-expiry tests fast.
+# Queue property bounds (docs/design.md §2.1). Service Bus allows 5 s .. 5 min for LockDuration;
+# busd goes down to 1 s because short locks make lock-expiry tests fast.
 DEFAULT_LOCK_DURATION_MS = 60_000
 MIN_LOCK_DURATION_MS = 1_000
 MAX_LOCK_DURATION_MS = 5 * 60_000

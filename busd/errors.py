@@ -2,7 +2,7 @@
 
 Deep code raises `BusdError`; the nearest protocol boundary (link refusal, rejected outcome,
 settlement echo, `$management` response, connection close) turns it into the AMQP error the
-SDK maps to the right exception (spec §8).
+SDK maps to the right exception (docs/wire.md §9).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import enum
 
 
 class Condition(str, enum.Enum):
-    """AMQP error conditions busd sends (spec §8.1 lists what the SDK makes of each)."""
+    """AMQP error conditions busd sends (docs/wire.md §9.2 lists what the SDK makes of each)."""
 
     NOT_FOUND = "amqp:not-found"
     UNAUTHORIZED = "amqp:unauthorized-access"

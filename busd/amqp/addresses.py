@@ -1,4 +1,5 @@
-"""Link addresses as Service Bus clients write them, parsed into what they name (spec §1.1, §5.1).
+"""Link addresses as Service Bus clients write them, parsed into what they name (docs/wire.md §2.1,
+§2.2).
 
 The Python SDK sends `amqps://<host>:<port>/<entity path>` for senders and receivers and a bare
 `<entity path>/$management` for the management node; other SDKs send bare names. Entity names

@@ -1,4 +1,4 @@
-"""Batch envelopes (spec §3.5): telling a batch from a single message, and finding the
+"""Batch envelopes (docs/wire.md §5.2): telling a batch from a single message, and finding the
 messages inside one. busd.amqp.incoming parses each of them like a message sent alone.
 """
 

@@ -3,8 +3,8 @@ delivery merges in (dead-lettering, `modified` outcomes, $management updates).
 
 Delivering a message is a few byte joins: a fresh header with the delivery-count, the broker's
 annotations in front of the sender's, then the bare bytes of the blob built by
-busd.amqp.incoming (spec §4.2). A delivery that patches application-properties re-reads that
-one map only, decoding its keys and copying its values as they are.
+busd.amqp.incoming (docs/wire.md §6.3). A delivery that patches application-properties
+re-reads that one map only, decoding its keys and copying its values as they are.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def encode_delivery(
     dead_letter_description: str | None = None,
     properties_patch: bytes | dict | None = None,
 ) -> bytes:
-    """The payload of a stored message as delivered to a receiver (spec §4.2).
+    """The payload of a stored message as delivered to a receiver (docs/wire.md §6.3).
 
     Header: all five fields, the sender's durable/priority/ttl and an explicit delivery-count.
     Message-annotations: x-opt-sequence-number (long), x-opt-enqueued-time (timestamp),

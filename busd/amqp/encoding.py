@@ -4,7 +4,8 @@ Wrappers from busd.amqp.types choose the precise type: `UByte`, `UShort`, `UInt`
 `Byte`, `Short`, `Int`, `Long`, `Float`, `Timestamp`, `Symbol`, `Array`, `Described`,
 `AmqpDecimal` (decimal128 only). A plain int becomes a `long`, a str a `string`, bytes a
 `binary`, float a `double`, dict a `map`, list a `list`, a datetime a `timestamp`. char,
-decimal32 and decimal64 are never emitted: the SDK's decoder has no entry for them (spec §1.6).
+decimal32 and decimal64 are never emitted: the SDK's decoder has no entry for them (docs/wire.md
+§1.6).
 
 `encode_into` appends to a bytearray and lets raw errors through, for the message modules of
 this package; `encode_value` turns them into `CodecError`.
@@ -190,7 +191,7 @@ def _e_described(out, v):
 
 
 def _e_decimal(out, v):
-    # The SDK cannot decode decimal32/64 (spec §1.6); decimal128 it can.
+    # The SDK cannot decode decimal32/64 (docs/wire.md §1.6); decimal128 it can.
     if v.width != 128 or len(v.raw) != 16:
         raise CodecError(f"decimal{v.width} is never emitted")
     out.append(0x94)

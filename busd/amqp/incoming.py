@@ -39,8 +39,8 @@ from busd.amqp.types import CodecError, Timestamp
 
 __all__ = ["IncomingMessage", "parse_incoming", "parse_transfer"]
 
-# Annotations the broker owns: whatever a sender puts there is dropped (spec §4.1: a re-sent
-# received message carries them back, some re-encoded with other types).
+# Annotations the broker owns: whatever a sender puts there is dropped (docs/wire.md §5.3: a
+# re-sent received message carries them back, some re-encoded with other types).
 _BROKER_OWNED = frozenset(
     (
         b"x-opt-sequence-number",
@@ -329,7 +329,7 @@ def _read_annotations(buf: bytes, vpos: int, end: int):
                 partition_key = decode_raw(buf, ke, 1)[0]
                 if partition_key is not None:
                     partition_key = _text(partition_key, "x-opt-partition-key")
-            if kc != 0xA3:  # annotation keys go out as symbols (spec §4.2)
+            if kc != 0xA3:  # annotation keys go out as symbols (docs/wire.md §6.3)
                 pristine = False
                 kept.append(symbol_bytes(name) + buf[ke:ve])
                 p = ve

@@ -89,7 +89,7 @@ def scan_sections(buf: bytes) -> list[tuple[int, int, int, int]]:
 def split_sections(payload: bytes) -> list[tuple[int, int, int]]:
     """(descriptor code, start, end) of every section of an encoded message, in wire order.
 
-    Any order is accepted (the SDK writes delivery-annotations last, spec §4.1)."""
+    Any order is accepted (the SDK writes delivery-annotations last, docs/wire.md §5.3)."""
     buf = payload if type(payload) is bytes else bytes(payload)
     try:
         return [(code, start, end) for code, start, _, end in scan_sections(buf)]

@@ -1,4 +1,4 @@
-"""Shared Access Signature tokens, checked the way Service Bus checks them (spec §2.3).
+"""Shared Access Signature tokens, checked the way Service Bus checks them (docs/wire.md §3.3).
 
 A token reads `SharedAccessSignature sr=<enc(audience)>&sig=<enc(signature)>&se=<expiry>&skn=<enc(key
 name)>`, fields in any order, `enc` being `urllib.parse.quote_plus`. The signature is

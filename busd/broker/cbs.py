@@ -1,8 +1,8 @@
 """`$cbs`: claims-based security. The client puts a SAS token for an audience; busd verifies it
-(HMAC-SHA256, key name, expiry) and records the grant on the connection (spec §2).
+(HMAC-SHA256, key name, expiry) and records the grant on the connection (docs/wire.md §3).
 
 Expiry is checked here and at attach time only: live links are not torn down when a token
-lapses, because the SDK refreshes tokens only while user code drives it (spec §2.5).
+lapses, because the SDK refreshes tokens only while user code drives it (docs/wire.md §3.5).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class CbsEndpoint(RequestEndpoint):
 def _response(message_id, status: int, description: str, *, error: bool = False) -> bytes:
     app = {"status-code": codec.Int(status), "status-description": description}
     if error:
-        # Its mere presence marks the put as failed (spec §2.4).
+        # Its mere presence marks the put as failed (docs/wire.md §3.4).
         app["error-condition"] = codec.Symbol("amqp:unauthorized-access")
     return codec.encode_message(
         properties={"correlation_id": message_id}, application_properties=app

@@ -2,7 +2,7 @@
 
 Every link the client attaches becomes one endpoint object (attached to the proton link as
 `link.endpoint`): the CBS node, a `$management` node, a queue sender (client sends), or a
-queue receiver (client receives). Refusals follow spec §5.5: answer the attach with the
+queue receiver (client receives). Refusals follow docs/wire.md §4.3: answer the attach with the
 broker-owned terminus null, then detach with the error.
 
 A link that goes (the client detaches it, ends its session or closes the connection) first
@@ -28,19 +28,20 @@ from busd.errors import BusdError, Condition as Cond
 log = logging.getLogger("busd.broker")
 
 # Bytes the engine may buffer per session for incoming transfers: keeps the session's
-# incoming window open for clients that pipeline many transfers (spec §1.5).
+# incoming window open for clients that pipeline many transfers (docs/wire.md §1.4).
 SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
 
 
 def amqp_condition(error: BusdError, *, triple: bool = True) -> Condition:
     """An AMQP error. `triple`: keep all three fields on the wire (a non-empty info map), which
-    pyamqp needs in close frames and in rejected outcomes on its sender links (spec §8.4)."""
+    pyamqp needs in close frames and in rejected outcomes on its sender links (docs/wire.md
+    §9.4)."""
     info = {symbol("tracking-id"): "busd"} if triple else None
     return Condition(error.condition.value, error.description, info)
 
 
 def refuse_link(link: Link, error: BusdError) -> None:
-    """Spec §5.5: null terminus on our side, echo the other, then detach with the error."""
+    """docs/wire.md §4.3: null terminus on our side, echo the other, then detach with the error."""
     if link.is_sender:  # we send, the client receives: our terminus is the source
         link.source.type = Terminus.UNSPECIFIED
         link.target.copy(link.remote_target)
@@ -101,7 +102,7 @@ class ConnectionHandler:
         session.open()
 
     def on_session_remote_close(self, event) -> None:
-        # Ending a session ends its links [2.5.5]: their work goes first, as for a detach.
+        # Ending a session ends its links too: their work goes first, as for a detach.
         session = event.session
         for endpoint in [e for e in self.endpoints if e.link.session == session]:
             self._end(endpoint)
@@ -143,7 +144,7 @@ class ConnectionHandler:
 
     def on_transport_error(self, event) -> None:
         cond = event.transport.condition
-        # The SDK detaches a $management link after ending its session (spec §1.7): proton
+        # The SDK detaches a $management link after ending its session (docs/wire.md §1.5): proton
         # answers with "no such channel"; the client is leaving anyway.
         late_frame = cond is not None and "no such channel" in (cond.description or "")
         log.log(logging.DEBUG if late_frame else logging.INFO,
@@ -203,7 +204,7 @@ class ConnectionHandler:
         self._end(endpoint, then=close)
 
     def refuse(self, endpoint, error: BusdError) -> None:
-        """Refuse a link whose attach is still unanswered (spec §5.5)."""
+        """Refuse a link whose attach is still unanswered (docs/wire.md §4.3)."""
         self._forget(endpoint)
         endpoint.on_detach()
         refuse_link(endpoint.link, error)

@@ -1,8 +1,8 @@
-"""`<entity>/$management`: the request/response operations of spec §7.4.
+"""`<entity>/$management`: the request/response operations of docs/wire.md §8.4.
 
 Every request gets exactly one response with the request's message-id as correlation-id and
-an integer `statusCode` (a dropped response makes the SDK wait forever, spec §7.3). Failures
-carry `errorCondition`, which selects the SDK's exception class.
+an integer `statusCode` (a dropped response makes the SDK wait forever, docs/wire.md §8.3).
+Failures carry `errorCondition`, which selects the SDK's exception class.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from busd.storage.api import (
 
 log = logging.getLogger("busd.broker")
 
-# DateTime.MaxValue in ms: "no filter" for get-message-sessions (spec §7.4.10).
+# DateTime.MaxValue in ms: "no filter" for get-message-sessions (docs/wire.md §8.4.10).
 DATETIME_MAX_MS = 253402300800000
 DISPOSITIONS = {
     "completed": Outcome.COMPLETE,

@@ -3,8 +3,8 @@
 
 A request/response node is a link pair in one AMQP session: the client's sender carries
 requests to our `RequestEndpoint`; answers go back, pre-settled (the client never settles
-them, spec §2.4/§7.3), on our `ReplyEndpoint` whose address the request names in `reply-to`
-(or, for `$cbs` which sets none, the session's `$cbs` reply link).
+them, docs/wire.md §3.4, §8.3), on our `ReplyEndpoint` whose address the request names in
+`reply-to` (or, for `$cbs` which sets none, the session's `$cbs` reply link).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from busd.broker.connection import echo_termini
 log = logging.getLogger("busd.broker")
 
 # Credit we keep open on links where the client sends (requests, messages). The Python SDK
-# ignores credit anyway (spec §3.2); other clients get a generous window.
+# ignores credit anyway (docs/wire.md §5.1); other clients get a generous window.
 CREDIT_WINDOW = 1000
 
 
@@ -126,7 +126,7 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     on the reply link; requests are small, so proton's Python classes are fine here."""
 
     reply_key: str = ""
-    # Every request must be answered (an unanswered one hangs the SDK, spec §7.3), so take
+    # Every request must be answered (an unanswered one hangs the SDK, docs/wire.md §8.3), so take
     # anything up to the largest message size busd allows, plus room for the envelope.
     max_size = 100 * 1024 * 1024 + 64 * 1024
 

@@ -1,7 +1,7 @@
 """A client's receiver link on a queue, its dead-letter queue, or one of its sessions.
 
-Delivery follows AMQP credit (spec §5.4): when the client grants credit, one store call takes
-up to that many messages and they go out in one burst. With fewer available than asked, the
+Delivery follows AMQP credit (docs/wire.md §6.2): when the client grants credit, one store call
+takes up to that many messages and they go out in one burst. With fewer available than asked, the
 same store call registers the link as a waiter, and the store wakes it (from any broker
 process) when a message becomes available for it. Settlements that arrive together are applied
 with one store call and each is answered with the settled outcome the SDK waits for (spec
@@ -36,7 +36,7 @@ TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 # Most messages one store call takes for one link, whatever the credit.
 MAX_BATCH = 128
 def lock_tag(token: bytes) -> bytes:
-    """Delivery tag = the lock token GUID in .NET byte layout (spec §4.3): the first three
+    """Delivery tag = the lock token GUID in .NET byte layout (docs/wire.md §6.4): the first three
     fields little-endian, i.e. `uuid.UUID(bytes=token).bytes_le`, without building a UUID."""
     return token[3::-1] + token[5:3:-1] + token[7:5:-1] + token[8:]
 
@@ -90,7 +90,8 @@ def _session_filter(link: Link) -> tuple[bool, str | None]:
 
 
 def _outcome_of(delivery) -> Settlement | None:
-    """The settlement a client asked for with its disposition of a raw delivery (spec §6.1)."""
+    """The settlement a client asked for with its disposition of a raw delivery (docs/wire.md
+    §7.1)."""
     state = engine.remote_state(delivery)
     if state == engine.ACCEPTED:
         return Settlement(token=b"", outcome=Outcome.COMPLETE)
@@ -299,7 +300,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
             self._settling = False
 
     def _answer(self, delivery, settlement: Settlement, status: int | None) -> None:
-        """Echo the outcome as a settled disposition (spec §6.2), then let go of the delivery."""
+        """Echo the outcome as a settled disposition (docs/wire.md §7.2), then let go of the
+        delivery."""
         if engine.remote_settled(delivery):  # the client settled first: nothing to echo
             if status != StoreStatus.OK:
                 self._refused_silently(settlement, status)

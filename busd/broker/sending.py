@@ -1,9 +1,10 @@
 """A client's sender link to a queue: transfers in, one store call per burst, one settled
-outcome per delivery (spec §3).
+outcome per delivery (docs/wire.md §5).
 
 Transfers that arrive together (one socket read, or while the previous store call runs) are
 stored with one `Store.send` call; each delivery is then answered `accepted`, or `rejected`
-with a full error triple (spec §3.4, §8.4). `released`/`modified` are never sent to a sender.
+with a full error triple (docs/wire.md §5.4, §9.4). `released`/`modified` are never sent to a
+sender.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class QueueSenderEndpoint(LinkEndpoint):
             symbol("com.microsoft:max-message-batch-size"): self.queue.max_message_size
         }
         echo_termini(self.link)
-        # Receiver-settles-first: we settle each transfer ourselves (spec §3.1).
+        # Receiver-settles-first: we settle each transfer ourselves (docs/wire.md §4.1).
         self.link.rcv_settle_mode = 0
         self.link.open()
         self.link.flow(CREDIT_WINDOW)

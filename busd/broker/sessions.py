@@ -1,4 +1,4 @@
-"""A receiver holding one session (spec §5.3, DESIGN.md "Sessions").
+"""A receiver holding one session (docs/wire.md §6.5, docs/design.md §2.6).
 
 It first locks a session - a named one, or the next available one within the client's
 `com.microsoft:timeout`, woken by any broker process's sends - and only then answers the
@@ -32,7 +32,7 @@ DOTNET_EPOCH_TICKS = 621355968000000000
 
 
 def unix_ms_to_ticks(ms: int) -> int:
-    """.NET ticks (100 ns since 0001-01-01), the unit of `locked-until-utc` (spec §4.4)."""
+    """.NET ticks (100 ns since 0001-01-01), the unit of `locked-until-utc` (docs/wire.md §4.2)."""
     return ms * 10_000 + DOTNET_EPOCH_TICKS
 
 

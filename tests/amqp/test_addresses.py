@@ -1,4 +1,4 @@
-"""Link addresses in every form the SDKs send (spec §1.1, §5.1, §7.1, §2.1)."""
+"""Link addresses in every form the SDKs send (docs/wire.md §2.1, §2.2, §8.1, §3.1)."""
 
 import pytest
 

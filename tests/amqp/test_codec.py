@@ -443,7 +443,7 @@ def test_header_fields_are_kept():
 
 
 def test_broker_owned_annotations_are_replaced():
-    # A received message sent again carries the broker's annotations back (spec §4.1).
+    # A received message sent again carries the broker's annotations back (docs/wire.md §5.3).
     payload = sdk_bytes(
         AmqpAnnotatedMessage(
             data_body=b"x",

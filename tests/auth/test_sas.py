@@ -1,4 +1,5 @@
-"""SAS tokens: verified exactly as Service Bus does (spec §2.3), against tokens the SDK makes."""
+"""SAS tokens: verified exactly as Service Bus does (docs/wire.md §3.3), against tokens the SDK
+makes."""
 
 import time
 from urllib.parse import quote_plus
