@@ -220,13 +220,16 @@ class Client(Handler):
 
 class Sender(Client):
     """Sends `count` copies of pre-encoded messages (cycling through `payloads`, e.g. one per
-    session) as fast as the broker's credit allows; done when every one is accepted."""
+    session) as fast as the broker's credit allows, and with `window` at most that many not
+    answered yet (as a producer waiting for its sends would); done when every one is
+    accepted."""
 
     def __init__(self, container, target, entity, stats, phase, *, count: int,
-                 payloads: list[bytes]) -> None:
+                 payloads: list[bytes], window: int | None = None) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.count = count
         self.payloads = payloads
+        self.window = window
         self.sent = 0
         self.answered = 0
         self.link = None
@@ -235,12 +238,15 @@ class Sender(Client):
         self.link = self.container.create_sender(self.conn, self.entity, name=self._name("send"))
 
     def on_link_flow(self, event) -> None:
-        link = event.link
-        if link != self.link:
-            return
-        self.stats.started()
-        payloads = self.payloads
-        while link.credit > 0 and self.sent < self.count:
+        if event.link == self.link:
+            self.stats.started()
+            self._send()
+
+    def _send(self) -> None:
+        link, payloads = self.link, self.payloads
+        limit = self.count if self.window is None else min(self.count,
+                                                           self.answered + self.window)
+        while link.credit > 0 and self.sent < limit:
             link.delivery(str(self.sent).encode())
             link.send(payloads[self.sent % len(payloads)])
             link.advance()
@@ -257,6 +263,8 @@ class Sender(Client):
         self.answered += 1
         if self.answered >= self.count:
             self.finish()
+        elif self.window is not None:
+            self._send()
 
     def on_detached(self, link, condition) -> None:
         if link == self.link and self.answered < self.count:

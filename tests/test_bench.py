@@ -1,0 +1,110 @@
+"""scripts/bench's session churn: a tiny real run (its own busd, embedded Valkey, two client
+processes) must pass every check and print the cost figures; and the checks themselves must
+see each kind of violation in recorded events. Nothing here is about speed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_churn as churn  # noqa: E402
+
+NUMBER = r"(nan|[\d.]+)"
+
+
+def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench"), "--mode", "churn", "--messages", "300",
+         "--sessions", "30", "--per-session", "5-15", "--receivers", "6", "--client-procs", "2",
+         "--senders", "2", "--timeout", "90"],
+        capture_output=True, text=True, timeout=150,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    assert re.search(r"^checks \(churn: .*\): 0 violations \(order 0, delivered after complete "
+                     r"0, lost 0, two holders 0, wrong session 0\)", out, re.M), out
+    # The store's commandstats were read, and the probe said how to read them.
+    assert re.search(r"^store: Valkey .*, pid \d+; its INFO commandstats counts", out, re.M), out
+    row = re.search(rf"^churn: 6 rx / 2 procs\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}"
+                    rf"\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s", out, re.M)
+    assert row, out
+    msgs, _secs, _rate, busd, store, total, cmds = row.groups()
+    plan = churn.make_plan(30, 300, "5-15", 1)
+    assert int(msgs) == sum(plan.values())
+    for figure in (busd, store, total, cmds):
+        assert figure != "nan", out
+    assert float(cmds) > 0
+    assert re.search(r"store commands per message: [\d.]+ script runs \(evalsha", out), out
+    assert "sessions accepted" in out
+
+
+# --- the checks, on recorded events -------------------------------------------------------------
+def events(deliveries, intervals) -> list[dict]:
+    return [{"deliveries": deliveries, "intervals": intervals}]
+
+
+PLAN = {"a": 3, "b": 1}
+CLEAN_INTERVALS = [[1, "a", 0.0, 1.0], [2, "b", 0.0, 1.0]]
+CLEAN = [(0.1, 1, "a", 0), (0.2, 1, "a", 1), (0.3, 1, "a", 2), (0.1, 2, "b", 0)]
+
+
+def test_clean_events_have_no_violation() -> None:
+    verdict = churn.check(PLAN, events(CLEAN, CLEAN_INTERVALS))
+    assert verdict.violations == 0, verdict.examples
+    assert verdict.completed == 4 and verdict.sessions_accepted == 2
+
+
+def test_a_message_first_delivered_before_the_one_ahead_of_it_is_out_of_order() -> None:
+    swapped = [(0.1, 1, "a", 1), (0.2, 1, "a", 0), (0.3, 1, "a", 2), (0.1, 2, "b", 0)]
+    verdict = churn.check(PLAN, events(swapped, CLEAN_INTERVALS))
+    assert verdict.order == 2  # across receivers (a/1 before a/0) and on the link (0 after 1)
+    assert verdict.violations == 2
+
+
+def test_a_delivery_after_the_complete_is_counted() -> None:
+    again = CLEAN + [(2.5, 3, "a", 2)]
+    intervals = CLEAN_INTERVALS + [[3, "a", 2.0, 3.0]]
+    verdict = churn.check(PLAN, events(again, intervals))
+    assert verdict.after_complete == 1 and verdict.violations == 1
+
+
+def test_a_message_never_completed_is_lost() -> None:
+    verdict = churn.check(PLAN, events(CLEAN[:-1], CLEAN_INTERVALS))
+    assert verdict.lost == 1 and verdict.violations == 1
+
+
+def test_overlapping_holders_of_a_session_are_counted() -> None:
+    intervals = CLEAN_INTERVALS + [[3, "a", 0.5, 2.0]]
+    verdict = churn.check(PLAN, events(CLEAN, intervals))
+    assert verdict.two_holders == 1 and verdict.violations == 1
+
+
+def test_a_message_of_another_session_is_counted() -> None:
+    wrong = CLEAN[:3] + [(0.4, 1, "b", 0)]  # b/0 on the link holding a
+    verdict = churn.check(PLAN, events(wrong, CLEAN_INTERVALS))
+    assert verdict.wrong_session == 1 and verdict.violations == 1
+
+
+def test_events_of_several_workers_are_merged() -> None:
+    first = {"deliveries": CLEAN[:2], "intervals": [[1, "a", 0.0, 0.25]]}
+    second = {"deliveries": [(0.5, 7, "a", 2), (0.6, 8, "b", 0)],
+              "intervals": [[7, "a", 0.4, 1.0], [8, "b", 0.0, 1.0]], "accept_timeouts": 2}
+    verdict = churn.check(PLAN, [first, second])
+    assert verdict.violations == 0, verdict.examples
+    assert verdict.accept_timeouts == 2
+
+
+def test_messages_carry_their_session_and_index() -> None:
+    payload = churn.encode("s000042", 17, 64)
+    assert churn.parse(payload) == ("s000042", 17)
+    plan = churn.make_plan(10, 0, "1-5", 3)
+    assert len(plan) == 10 and all(1 <= n <= 5 for n in plan.values())
+    assert churn.make_plan(10, 0, "1-5", 3) == plan  # seeded
+    assert sum(churn.make_plan(7, 100, None, 1).values()) == 100
+    lists = churn.sender_payloads({"a": 2, "b": 1}, 16, 2)
+    assert [[churn.parse(p) for p in lst] for lst in lists] == [[("a", 0), ("a", 1)], [("b", 0)]]
