@@ -114,6 +114,8 @@ class Recorder:
         self.deliveries: list[tuple[float, int, str, int]] = []  # (t, link, sid, index)
         self.intervals: list[list] = []  # [link, sid, t answered, t let go], per held session
         self.latencies: list[float] = []  # attach sent -> answered with a session, seconds
+        # answered -> its first message: longer than idle_ms and the receiver lets go first
+        self.first_latencies: list[float] = []
         self.accept_timeouts = 0
         self.late = 0  # arrived on a link already closed here: not taken, the broker releases it
         self.errors = 0
@@ -139,7 +141,8 @@ class Recorder:
 
     def dump(self) -> dict:
         return {"deliveries": self.deliveries, "intervals": self.intervals,
-                "latencies": self.latencies, "accept_timeouts": self.accept_timeouts,
+                "latencies": self.latencies, "first_latencies": self.first_latencies,
+                "accept_timeouts": self.accept_timeouts,
                 "late": self.late, "errors": self.errors, "error_texts": self.error_texts,
                 "attaches": self.links}
 
@@ -160,6 +163,7 @@ class Loop(Handler):
         self.interval: list | None = None  # while a session is held
         self.sent_at = 0.0
         self.last = 0.0
+        self.got = 0  # messages on the current link
         self.timer = None
         self.stopped = False
 
@@ -188,6 +192,7 @@ class Loop(Handler):
         self.interval = [self.number, sid, now, None]
         self.rec.intervals.append(self.interval)
         self.last = now
+        self.got = 0
         link.flow(self.window)
         self.timer = self.conn.container.schedule(self.idle_s, self)
 
@@ -199,6 +204,9 @@ class Loop(Handler):
             self.rec.late += 1  # not ours any more: left unsettled, released with the session
             return
         now = time.monotonic()
+        if self.got == 0:
+            self.rec.first_latencies.append(now - self.interval[2])
+        self.got += 1
         self.last = now
         key = parse(payload)
         if key is None:
@@ -492,8 +500,11 @@ class Clients:
     def wait_waiting(self, receivers: int, deadline: float) -> bool:
         return self._wait(lambda: sum(self.waiting.values()) >= receivers, deadline)
 
-    def wait_done(self, expected: int) -> bool:
-        return self._wait(lambda: len(self.done) >= expected, self.deadline)
+    def wait_done(self, expected: int, until: float) -> bool:
+        return self._wait(lambda: len(self.done) >= expected, min(until, self.deadline))
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
 
     def order(self, word: str) -> None:
         for proc in self.procs:
@@ -554,6 +565,7 @@ class Verdict:
     errors: int = 0
     error_texts: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    first_latencies: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -585,6 +597,7 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
         v.errors += r.get("errors", 0)
         v.error_texts += r.get("error_texts", [])[: 5 - len(v.error_texts)]
         v.latencies += r.get("latencies", [])
+        v.first_latencies += r.get("first_latencies", [])
     v.deliveries = len(deliveries)
     v.sessions_accepted = len(intervals)
     holding = {link: sid for link, sid, _, _ in intervals}
