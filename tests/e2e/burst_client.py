@@ -34,7 +34,6 @@ from proton import (
     Link,
     Message,
     Transport,
-    symbol,
     uint,
 )
 

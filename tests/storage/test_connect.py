@@ -93,7 +93,6 @@ async def test_many_concurrent_calls_wait_for_a_connection_instead_of_failing(re
 
 
 async def test_a_call_that_waits_too_long_for_its_turn_is_server_busy(redis_url, monkeypatch):
-    import asyncio
 
     import busd.storage.redis_store as rs
     from busd.errors import BusdError, Condition
