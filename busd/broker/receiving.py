@@ -4,8 +4,8 @@ Delivery follows AMQP credit (docs/wire.md §6.2): when the client grants credit
 takes up to that many messages and they go out in one burst. With fewer available than asked, the
 same store call registers the link as a waiter, and the store wakes it (from any broker
 process) when a message becomes available for it. Settlements that arrive together are applied
-with one store call and each is answered with the settled outcome the SDK waits for (spec
-§6.2).
+with one store call and each is answered with the settled outcome the SDK waits for
+(docs/wire.md §7.2).
 
 A link's store calls keep the client's order: one fetch and one settlement batch at a time,
 and when the link goes, what it still had under way is finished before its last store call
