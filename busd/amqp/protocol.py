@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, Mapping
 from typing import Protocol as TypingProtocol
 
 from proton import Collector, Connection, Event, Transport
@@ -28,7 +29,15 @@ logging.addLevelName(TRACE, "TRACE")
 MAX_FRAME_SIZE = 256 * 1024
 
 
+class RawDeliveryTaker(TypingProtocol):
+    def on_raw_delivery(self, delivery: Any) -> None: ...
+
+
 class EventHandler(TypingProtocol):
+    # raw pn_link_t pointer -> endpoint taking that link's deliveries raw (engine.py); the
+    # handler owns it, the protocol only reads it
+    raw_links: Mapping[Any, RawDeliveryTaker]
+
     def dispatch(self, event) -> None: ...
 
     def closed(self) -> None: ...
@@ -45,8 +54,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._dispatching = False
         self._again = False
         self._deadline = 0.0
-        # raw pn_link_t pointer -> endpoint taking that link's deliveries raw (engine.py)
-        self.raw_links: dict = {}
+        self.raw_links: Mapping[Any, RawDeliveryTaker] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -68,6 +76,7 @@ class AmqpProtocol(asyncio.Protocol):
         # answers it with outcome ok. Authentication is a CBS put-token afterwards.
         self.engine.sasl().allowed_mechs("ANONYMOUS")
         self.handler: EventHandler = self._make_handler(self)
+        self.raw_links = self.handler.raw_links
         self.kick()
 
     def data_received(self, data: bytes) -> None:

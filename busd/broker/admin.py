@@ -15,8 +15,10 @@ import uuid
 from typing import Any
 
 from busd.amqp import codec
-from busd.broker.sending import MAX_SESSION_ID_LENGTH
-from busd.storage.api import EntityRef, MessageState, NewMessage, QueueSpec, StoredMessage
+from busd.broker import messages
+from busd.broker.messages import MAX_SESSION_ID_LENGTH
+from busd.errors import BusdError, Condition
+from busd.storage.api import EntityRef, MessageState, QueueSpec, StoredMessage
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
@@ -89,12 +91,7 @@ def message_view(m: StoredMessage) -> dict[str, Any]:
         "dead_letter_description": m.dead_letter_description,
     }
     try:
-        decoded = codec.decode_message(
-            codec.encode_delivery(
-                m.blob, seq=m.seq, enqueued_ms=m.enqueued_ms, delivery_count=m.delivery_count,
-                properties_patch=m.properties_patch,
-            )
-        )
+        decoded = codec.decode_message(messages.delivery_payload(m, locked=False))
     except codec.CodecError as exc:  # stored by an older version, or damaged: show what we can
         view["error"] = f"cannot decode the stored message: {exc}"
         return view
@@ -175,12 +172,8 @@ class Admin:
         content_type: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         spec = self.queue(name)
-        if session_id is not None and (
-            not session_id or len(session_id) > MAX_SESSION_ID_LENGTH or "\0" in session_id
-        ):
-            raise AdminError(
-                400, f"a session id has 1..{MAX_SESSION_ID_LENGTH} characters and no NUL"
-            )
+        if session_id == "":
+            raise AdminError(400, f"a session id has 1..{MAX_SESSION_ID_LENGTH} characters")
         if spec.requires_session and session_id is None:
             raise AdminError(400, f"queue {spec.name!r} requires sessions: give a session id")
         for key, value in (application_properties or {}).items():
@@ -195,21 +188,13 @@ class Admin:
             payload = codec.encode_message(
                 properties=properties, application_properties=application_properties, data=body
             )
-            incoming = codec.parse_incoming(payload)
         except codec.CodecError as exc:
             raise AdminError(400, f"cannot build the message: {exc}") from None
-        if len(payload) > spec.max_message_size:
-            raise AdminError(
-                413, f"the message of {len(payload)} bytes exceeds the limit of "
-                f"{spec.max_message_size} bytes of {spec.name!r}",
-            )
-        message = NewMessage(
-            blob=incoming.blob,
-            session_id=incoming.session_id if spec.requires_session else None,
-            message_id=incoming.message_id,
-            ttl_ms=incoming.ttl_ms,
-            scheduled_ms=incoming.scheduled_ms,
-        )
+        try:
+            message = messages.admit(spec, messages.parse_one(payload))
+        except BusdError as error:
+            status = 413 if error.condition == Condition.MESSAGE_SIZE_EXCEEDED else 400
+            raise AdminError(status, error.description) from None
         (seq,) = await self.broker.store.send(spec, [message])
         return {"sequence_number": seq, "message_id": properties["message_id"],
                 "duplicate": seq == 0}

@@ -1,9 +1,9 @@
 """Connection scope: routes proton events to the right link endpoint.
 
-Every link the client attaches becomes one endpoint object (attached to the proton link as
-`link.endpoint`): the CBS node, a `$management` node, a queue sender (client sends), or a
-queue receiver (client receives). Refusals follow docs/wire.md §4.3: answer the attach with the
-broker-owned terminus null, then detach with the error.
+Every link the client attaches becomes one endpoint object, chosen by busd.broker.routing and
+kept in the connection's `LinkRegistry`: the CBS node, a `$management` node, a queue sender
+(client sends), or a queue receiver (client receives). Refusals follow docs/wire.md §4.3:
+answer the attach with the broker-owned terminus null, then detach with the error.
 
 A link that goes (the client detaches it, ends its session or closes the connection) first
 finishes its store work in the order the client sent it (`LinkEndpoint.finish`); only then is
@@ -17,13 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from proton import Condition, Endpoint, Link, Terminus, symbol
+from proton import Condition, Link
 
-from busd.amqp.addresses import parse_address
 from busd.auth.sas import audience_covers
+from busd.broker.links import LinkEndpoint, LinkRegistry, close_link, refuse_link
+from busd.broker.routing import make_endpoint
 from busd.errors import BusdError, Condition as Cond
+
+if TYPE_CHECKING:
+    from busd.amqp.protocol import AmqpProtocol
+    from busd.broker.broker import Broker
 
 log = logging.getLogger("busd.broker")
 
@@ -32,46 +37,18 @@ log = logging.getLogger("busd.broker")
 SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
 
 
-def amqp_condition(error: BusdError, *, triple: bool = True) -> Condition:
-    """An AMQP error. `triple`: keep all three fields on the wire (a non-empty info map), which
-    pyamqp needs in close frames and in rejected outcomes on its sender links (docs/wire.md
-    §9.4)."""
-    info = {symbol("tracking-id"): "busd"} if triple else None
-    return Condition(error.condition.value, error.description, info)
-
-
-def refuse_link(link: Link, error: BusdError) -> None:
-    """docs/wire.md §4.3: null terminus on our side, echo the other, then detach with the error."""
-    if link.is_sender:  # we send, the client receives: our terminus is the source
-        link.source.type = Terminus.UNSPECIFIED
-        link.target.copy(link.remote_target)
-    else:
-        link.target.type = Terminus.UNSPECIFIED
-        link.source.copy(link.remote_source)
-    link.open()
-    link.condition = amqp_condition(error)
-    link.close()
-
-
-def echo_termini(link: Link) -> None:
-    link.source.copy(link.remote_source)
-    link.target.copy(link.remote_target)
-    link.snd_settle_mode = link.remote_snd_settle_mode
-    link.rcv_settle_mode = link.remote_rcv_settle_mode
-
-
 class ConnectionHandler:
     """Connection scope: the proton connection, its CBS grants and its links."""
 
-    def __init__(self, proto, broker) -> None:
+    def __init__(self, proto: AmqpProtocol, broker: Broker) -> None:
         self.proto = proto
         self.broker = broker
         self.remote_container = "?"
         # audience (lower-cased, without trailing '/') -> token expiry (unix seconds)
         self.grants: dict[str, float] = {}
-        # link name -> endpoint, for `associated-link-name` in $management requests
-        self.links_by_name: dict[str, object] = {}
-        self.endpoints: set = set()
+        # this connection's live links; `raw` is read by the protocol on every delivery
+        self.links = LinkRegistry()
+        self.raw_links = self.links.raw
         # store work of links that went, still running (see the module docstring)
         self._finishing: set[asyncio.Task] = set()
         if broker.metrics is not None:
@@ -92,7 +69,7 @@ class ConnectionHandler:
 
     def on_connection_remote_close(self, event) -> None:
         conn = event.connection
-        for endpoint in list(self.endpoints):
+        for endpoint in self.links:
             self._end(endpoint)
         self._after_finishing(conn.close)
 
@@ -104,35 +81,31 @@ class ConnectionHandler:
     def on_session_remote_close(self, event) -> None:
         # Ending a session ends its links too: their work goes first, as for a detach.
         session = event.session
-        for endpoint in [e for e in self.endpoints if e.link.session == session]:
+        for endpoint in [e for e in self.links if e.link.session == session]:
             self._end(endpoint)
         self._after_finishing(session.close)
 
     def on_link_remote_open(self, event) -> None:
         link = event.link
         try:
-            endpoint = self._make_endpoint(link)
+            endpoint = make_endpoint(self, link)
         except BusdError as error:
             log.debug("link %s refused: %s", link.name, error)
             refuse_link(link, error)
             return
-        if endpoint is None:
-            return
-        link.endpoint = endpoint
-        self.endpoints.add(endpoint)
-        self.links_by_name[link.name] = endpoint
+        self.links.add(endpoint)
         if self.broker.metrics is not None:
             self.broker.metrics.link_attached()
         endpoint.on_attach()
 
     def on_link_flow(self, event) -> None:
-        endpoint = getattr(event.link, "endpoint", None)
+        endpoint = self.links.of(event.link)
         if endpoint is not None:
             endpoint.on_flow()
 
     def on_delivery(self, event) -> None:
         delivery = event.delivery
-        endpoint = getattr(delivery.link, "endpoint", None)
+        endpoint = self.links.of(delivery.link)
         if endpoint is not None:
             endpoint.on_delivery(delivery)
 
@@ -154,13 +127,13 @@ class ConnectionHandler:
         self.proto.kick()
 
     def _link_gone(self, link: Link) -> None:
-        endpoint = getattr(link, "endpoint", None)
-        if endpoint is not None and endpoint in self.endpoints:
-            self._end(endpoint, then=lambda: _close_link(link))
+        endpoint = self.links.of(link)
+        if endpoint is not None:
+            self._end(endpoint, then=lambda: close_link(link))
         else:
-            _close_link(link)
+            close_link(link)
 
-    def _end(self, endpoint, then: Callable[[], None] | None = None) -> None:
+    def _end(self, endpoint: LinkEndpoint, then: Callable[[], None] | None = None) -> None:
         """The endpoint's link is gone: stop it at once, finish its store work in the
         background, then call `then` (answer the client) and write what that produced."""
         self._forget(endpoint)
@@ -193,39 +166,31 @@ class ConnectionHandler:
 
         asyncio.get_running_loop().create_task(wait())
 
-    def detach(self, endpoint, condition) -> None:
+    def detach(self, endpoint: LinkEndpoint, condition: Condition) -> None:
         """Detach a link on our side with an error (e.g. its session lock was lost)."""
         link = endpoint.link
 
         def close() -> None:
             link.condition = condition
-            _close_link(link)
+            close_link(link)
 
         self._end(endpoint, then=close)
 
-    def refuse(self, endpoint, error: BusdError) -> None:
+    def refuse(self, endpoint: LinkEndpoint, error: BusdError) -> None:
         """Refuse a link whose attach is still unanswered (docs/wire.md §4.3)."""
         self._forget(endpoint)
         endpoint.on_detach()
         refuse_link(endpoint.link, error)
         self.proto.kick()
 
-    def _forget(self, endpoint) -> None:
-        # A link's address may be reused once proton frees it: unroute it now.
-        raw = self.proto.raw_links
-        if raw.get(endpoint.link._impl) is endpoint:
-            del raw[endpoint.link._impl]
-        if endpoint in self.endpoints and self.broker.metrics is not None:
+    def _forget(self, endpoint: LinkEndpoint) -> None:
+        if self.links.remove(endpoint) and self.broker.metrics is not None:
             self.broker.metrics.link_detached()
-        self.endpoints.discard(endpoint)
-        name = endpoint.link.name
-        if self.links_by_name.get(name) is endpoint:
-            del self.links_by_name[name]
 
     def closed(self) -> None:
         """The socket is gone: release what this connection's links held, each after the work
         the client sent before it went."""
-        for endpoint in list(self.endpoints):
+        for endpoint in self.links:
             self._end(endpoint)
         if self.broker.metrics is not None:
             self.broker.metrics.connection_closed()
@@ -245,34 +210,3 @@ class ConnectionHandler:
             Cond.UNAUTHORIZED,
             f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first.",
         )
-
-    # --- routing ----------------------------------------------------------------------------
-    def _make_endpoint(self, link: Link):
-        from busd.broker import cbs, management, nodes, receiving, sending
-
-        terminus = link.remote_source if link.is_sender else link.remote_target
-        parsed = parse_address(terminus.address)
-        if parsed.sub == "cbs":
-            return nodes.ReplyEndpoint(self, link) if link.is_sender else cbs.CbsEndpoint(self, link)
-        queue = self.broker.queue(parsed.entity) if parsed.entity else None
-        if queue is None or parsed.is_subscription:
-            raise BusdError(
-                Cond.NOT_FOUND,
-                f"The messaging entity '{parsed.entity_path or terminus.address}' could not be "
-                "found.",
-            )
-        self.authorize(parsed.entity_path)
-        if parsed.sub == "management":
-            if link.is_sender:
-                return nodes.ReplyEndpoint(self, link)
-            return management.ManagementEndpoint(self, link, queue, dlq=parsed.dlq)
-        if link.is_sender:
-            return receiving.make_receiver_endpoint(self, link, queue, dlq=parsed.dlq)
-        if parsed.dlq:
-            raise BusdError(Cond.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
-        return sending.QueueSenderEndpoint(self, link, queue)
-
-
-def _close_link(link: Link) -> None:
-    if not (link.state & Endpoint.LOCAL_CLOSED):
-        link.close()

@@ -11,18 +11,12 @@ import logging
 import uuid
 
 from busd.amqp import codec
+from busd.broker import messages
+from busd.broker.links import ConnectionScope, Receiver, SessionHolder
+from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
-from busd.broker.receiving import new_tokens
 from busd.errors import BusdError, Condition, StoreStatus, store_error
-from busd.storage.api import (
-    EntityRef,
-    NewMessage,
-    Outcome,
-    QueueSpec,
-    ReceiveMode,
-    Settlement,
-    StoredMessage,
-)
+from busd.storage.api import EntityRef, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 
 log = logging.getLogger("busd.broker")
 
@@ -38,7 +32,7 @@ DISPOSITIONS = {
 
 
 class ManagementEndpoint(RequestEndpoint):
-    def __init__(self, conn, link, queue: QueueSpec, *, dlq: bool) -> None:
+    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec, *, dlq: bool) -> None:
         super().__init__(conn, link)
         self.queue = queue
         self.entity = EntityRef(queue, dlq=dlq)
@@ -73,40 +67,24 @@ class ManagementEndpoint(RequestEndpoint):
         return _response(message_id, status, "OK" if status < 300 else "", result), reply_to
 
     # --- helpers ------------------------------------------------------------------------------
-    def receiver_for(self, app: dict):
+    def receiver_for(self, app: dict) -> Receiver | None:
         """The receiver link named by `associated-link-name`, if it lives on this connection."""
         name = app.get("associated-link-name")
-        return self.conn.links_by_name.get(name) if name else None
+        receiver = self.conn.links.named(name) if name else None
+        return receiver if isinstance(receiver, Receiver) else None
 
-    def session_holder(self, app: dict, session_id: str) -> tuple[str, object]:
+    def session_holder(self, app: dict, session_id: str) -> SessionHolder:
+        """The receiver of this connection holding `session_id`: only it may act on the
+        session (docs/wire.md §8.4)."""
         receiver = self.receiver_for(app)
-        if receiver is None or getattr(receiver, "session_id", None) != session_id:
-            # Only the receiver holding the session lock may act on the session.
-            for endpoint in self.conn.endpoints:
-                if getattr(endpoint, "session_id", None) == session_id and hasattr(
-                    endpoint, "lock_renewed"
-                ):
-                    receiver = endpoint
-                    break
-            else:
-                raise BusdError(
-                    Condition.SESSION_LOCK_LOST,
-                    f"The session lock for '{session_id}' is not held by this client.",
-                )
-        return receiver.holder, receiver
-
-    def encode(self, message: StoredMessage, *, state: bool = False) -> bytes:
-        return codec.encode_delivery(
-            message.blob,
-            seq=message.seq,
-            enqueued_ms=message.enqueued_ms,
-            delivery_count=message.delivery_count,
-            locked_until_ms=message.locked_until_ms,
-            message_state=int(message.state) if state else None,
-            dead_letter_reason=message.dead_letter_reason,
-            dead_letter_description=message.dead_letter_description,
-            properties_patch=message.properties_patch,
-        )
+        if not isinstance(receiver, SessionHolder) or receiver.session_id != session_id:
+            receiver = self.conn.links.holding(session_id)
+        if receiver is None:
+            raise BusdError(
+                Condition.SESSION_LOCK_LOST,
+                f"The session lock for '{session_id}' is not held by this client.",
+            )
+        return receiver
 
 
 def _response(message_id, status: int, description: str, body, *, condition: str | None = None):
@@ -143,15 +121,15 @@ async def renew_lock(ep: ManagementEndpoint, body: dict, app: dict):
 
 async def renew_session_lock(ep: ManagementEndpoint, body: dict, app: dict):
     session_id = _session_id(body) or ""
-    holder, receiver = ep.session_holder(app, session_id)
-    locked_until = await ep.broker.store.renew_session_lock(ep.queue, session_id, holder)
+    receiver = ep.session_holder(app, session_id)
+    locked_until = await ep.broker.store.renew_session_lock(ep.queue, session_id, receiver.holder)
     receiver.lock_renewed(locked_until)
     return 200, {"expiration": codec.Timestamp(locked_until)}
 
 
 async def get_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     session_id = _session_id(body) or ""
-    holder, _ = ep.session_holder(app, session_id)
+    holder = ep.session_holder(app, session_id).holder
     state = await ep.broker.store.get_session_state(ep.queue, session_id, holder)
     return 200, {"session-state": state}
 
@@ -167,7 +145,7 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
             f"The session state of {len(state)} bytes exceeds the limit of "
             f"{ep.queue.max_message_size} bytes.",
         )
-    holder, _ = ep.session_holder(app, session_id)
+    holder = ep.session_holder(app, session_id).holder
     await ep.broker.store.set_session_state(ep.queue, session_id, holder, state)
     return 200, None
 
@@ -178,7 +156,7 @@ async def peek_message(ep: ManagementEndpoint, body: dict, app: dict):
     messages = await ep.broker.store.peek(ep.entity, from_seq, count, _session_id(body))
     if not messages:
         return 204, None
-    return 200, {"messages": [{"message": ep.encode(m, state=True)} for m in messages]}
+    return 200, {"messages": [{"message": delivery_payload(m, state=True)} for m in messages]}
 
 
 async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
@@ -205,7 +183,7 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
     holder = None
     if session_id is not None:
         receiver = ep.receiver_for(app)
-        holder = getattr(receiver, "holder", None)
+        holder = receiver.holder if receiver is not None else None
     statuses = await ep.broker.store.settle(ep.entity, settlements, holder)
     for status in statuses:
         if status != StoreStatus.OK:
@@ -219,14 +197,14 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
     session_id = _session_id(body)
     holder = None
     if session_id is not None:
-        holder, _ = ep.session_holder(app, session_id)
+        holder = ep.session_holder(app, session_id).holder
     tokens = new_tokens(len(seqs)) if mode == ReceiveMode.PEEK_LOCK else []
     messages = await ep.broker.store.receive_deferred(
         ep.entity, seqs, mode, tokens, session_id, holder
     )
     out = []
     for message in messages:
-        item = {"message": ep.encode(message)}
+        item = {"message": delivery_payload(message)}
         if message.lock_token is not None:
             item["lock-token"] = uuid.UUID(bytes=message.lock_token)
         out.append(item)
@@ -234,31 +212,13 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
 
 
 async def schedule_message(ep: ManagementEndpoint, body: dict, app: dict):
-    from busd.broker.sending import MAX_SESSION_ID_LENGTH
-
     new: list[NewMessage] = []
     for item in body.get("messages") or []:
-        payload = item.get("message") or b""
-        if len(payload) > ep.queue.max_message_size:
-            raise BusdError(Condition.MESSAGE_SIZE_EXCEEDED, "A scheduled message is too large.")
-        try:
-            incoming = codec.parse_incoming(bytes(payload))
-        except codec.CodecError as exc:
-            raise BusdError(Condition.DECODE_ERROR, f"Malformed message: {exc}") from None
-        session_id = incoming.session_id or item.get("session-id")
-        if ep.queue.requires_session and not session_id:
-            raise BusdError(Condition.NOT_ALLOWED, "The SessionId was not set on a message.")
-        if session_id is not None and len(session_id) > MAX_SESSION_ID_LENGTH:
-            raise BusdError(Condition.ARGUMENT_OUT_OF_RANGE, "The session id is too long.")
-        new.append(
-            NewMessage(
-                blob=incoming.blob,
-                session_id=session_id if ep.queue.requires_session else None,
-                message_id=incoming.message_id,
-                ttl_ms=incoming.ttl_ms,
-                scheduled_ms=incoming.scheduled_ms,
-            )
-        )
+        payload = bytes(item.get("message") or b"")
+        messages.check_size(ep.queue, len(payload))
+        session_id = item.get("session-id")
+        new.append(messages.admit(ep.queue, messages.parse_one(payload),
+                                  str(session_id) if session_id is not None else None))
     seqs = await ep.broker.store.schedule(ep.queue, new)
     return 200, {"sequence-numbers": codec.Array(codec.Long, [codec.Long(s) for s in seqs])}
 

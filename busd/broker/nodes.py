@@ -1,5 +1,4 @@
-"""Link endpoints shared by every node, and the request/response plumbing of `$cbs` and
-`$management`.
+"""The request/response plumbing of `$cbs` and `$management`.
 
 A request/response node is a link pair in one AMQP session: the client's sender carries
 requests to our `RequestEndpoint`; answers go back, pre-settled (the client never settles
@@ -10,71 +9,20 @@ them, docs/wire.md §3.4, §8.3), on our `ReplyEndpoint` whose address the reque
 from __future__ import annotations
 
 import abc
-import asyncio
 import logging
 import os
 
-from proton import Delivery, Endpoint, Link
+from proton import Delivery, Link
 
-from busd.broker.connection import echo_termini
+from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint
 
 log = logging.getLogger("busd.broker")
-
-# Credit we keep open on links where the client sends (requests, messages). The Python SDK
-# ignores credit anyway (docs/wire.md §5.1); other clients get a generous window.
-CREDIT_WINDOW = 1000
-
-
-class LinkEndpoint:
-    """Link scope: one attached link and what it is for."""
-
-    def __init__(self, conn, link: Link) -> None:
-        self.conn = conn
-        self.link = link
-        self.detached = False
-
-    @property
-    def broker(self):
-        return self.conn.broker
-
-    def on_attach(self) -> None:
-        echo_termini(self.link)
-        self.link.open()
-
-    def on_flow(self) -> None:
-        pass
-
-    def on_delivery(self, delivery: Delivery) -> None:
-        pass
-
-    def on_detach(self) -> None:
-        """The link is gone (detached by either side, or its session or connection ended):
-        stop starting work for it."""
-        self.detached = True
-
-    async def finish(self) -> None:
-        """The store work of this link that must be done before its detach is answered: what
-        the client sent before detaching reaches the store first (docs/design.md, under load).
-        Nothing by default."""
-
-    def kick(self) -> None:
-        self.conn.proto.kick()
-
-    def spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        task.add_done_callback(_log_task_failure)
-        return task
-
-
-def _log_task_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("link task failed", exc_info=task.exception())
 
 
 class ReplyEndpoint(LinkEndpoint):
     """Our sender for node responses: pre-settled, queued while the client gives no credit."""
 
-    def __init__(self, conn, link: Link) -> None:
+    def __init__(self, conn: ConnectionScope, link: Link) -> None:
         super().__init__(conn, link)
         self.backlog: list[bytes] = []
         # Requests name this link by `reply-to`, which the SDK sets to the link's target
@@ -176,6 +124,3 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     async def handle(self, payload: bytes) -> tuple[bytes | None, str | None]:
         """The encoded response to a request, and the address it names in `reply-to`."""
 
-
-def is_open(link: Link) -> bool:
-    return not (link.state & Endpoint.LOCAL_CLOSED)

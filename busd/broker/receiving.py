@@ -18,75 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 
 from proton import Delivery, Link, symbol
 
 from busd.amqp import codec, engine
-from busd.broker.connection import amqp_condition, echo_termini
-from busd.broker.nodes import LinkEndpoint, is_open
+from busd.broker.links import ConnectionScope, LinkEndpoint, amqp_condition, echo_termini, is_open
+from busd.broker.messages import delivery_payload, new_tokens
 from busd.errors import BusdError, Condition, StoreStatus, store_error
-from busd.storage.api import EntityRef, Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
+from busd.storage.api import EntityRef, Outcome, ReceiveMode, Settlement, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
-SESSION_FILTER = symbol("com.microsoft:session-filter")
-TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 # Most messages one store call takes for one link, whatever the credit.
 MAX_BATCH = 128
+
+
 def lock_tag(token: bytes) -> bytes:
     """Delivery tag = the lock token GUID in .NET byte layout (docs/wire.md §6.4): the first three
     fields little-endian, i.e. `uuid.UUID(bytes=token).bytes_le`, without building a UUID."""
     return token[3::-1] + token[5:3:-1] + token[7:5:-1] + token[8:]
-
-
-def new_tokens(count: int) -> list[bytes]:
-    """`count` random 16-byte lock tokens from one read of the system's random source."""
-    pool = os.urandom(16 * count)
-    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
-
-
-def make_receiver_endpoint(conn, link: Link, queue: QueueSpec, *, dlq: bool):
-    has_filter, session_id = _session_filter(link)
-    if dlq:
-        return QueueReceiverEndpoint(conn, link, EntityRef(queue, dlq=True))
-    if queue.requires_session and not has_filter:
-        raise BusdError(
-            Condition.NOT_ALLOWED,
-            f"'{queue.name}' requires sessions: a non-session receiver cannot be created on it.",
-        )
-    if not queue.requires_session and has_filter:
-        raise BusdError(
-            Condition.NOT_ALLOWED,
-            f"'{queue.name}' does not require sessions: a session receiver cannot be created.",
-        )
-    if has_filter:
-        from busd.broker.sessions import SessionReceiverEndpoint
-
-        timeout_ms = (link.remote_properties or {}).get(TIMEOUT_PROPERTY)
-        return SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
-    return QueueReceiverEndpoint(conn, link, EntityRef(queue))
-
-
-def _session_filter(link: Link) -> tuple[bool, str | None]:
-    source = link.remote_source
-    if source is None or source.filter is None:
-        return False, None
-    try:
-        data = source.filter
-        data.rewind()
-        filters = data.get_object() if data.next() is not None else {}
-    except Exception:
-        return False, None
-    if not isinstance(filters, dict) or SESSION_FILTER not in filters:
-        return False, None
-    value = filters[SESSION_FILTER]
-    if hasattr(value, "value"):  # a described filter wrapping the id
-        value = value.value
-    if isinstance(value, (bytes, memoryview)):
-        value = bytes(value).decode("utf-8")
-    return True, (str(value) if value is not None else None)
 
 
 def _outcome_of(delivery) -> Settlement | None:
@@ -129,7 +80,9 @@ def _outcome_of(delivery) -> Settlement | None:
 class QueueReceiverEndpoint(LinkEndpoint):
     """Link scope: a receiver on a queue or dead-letter queue (no session)."""
 
-    def __init__(self, conn, link: Link, entity: EntityRef) -> None:
+    raw_deliveries = True  # the client's dispositions, per message
+
+    def __init__(self, conn: ConnectionScope, link: Link, entity: EntityRef) -> None:
         super().__init__(conn, link)
         self.entity = entity
         self.queue = entity.queue
@@ -151,7 +104,6 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._raw_link = link._impl
         # raw delivery (held, engine.py) -> lock token, for peek-lock deliveries not yet settled
         self._inflight: dict = {}
-        conn.proto.raw_links[self._raw_link] = self
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
@@ -232,16 +184,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     def _send(self, message: StoredMessage) -> None:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
-        payload = codec.encode_delivery(
-            message.blob,
-            seq=message.seq,
-            enqueued_ms=message.enqueued_ms,
-            delivery_count=message.delivery_count,
-            locked_until_ms=message.locked_until_ms if peek_lock else None,
-            dead_letter_reason=message.dead_letter_reason,
-            dead_letter_description=message.dead_letter_description,
-            properties_patch=message.properties_patch,
-        )
+        payload = delivery_payload(message, locked=peek_lock)
         if peek_lock:
             tag = lock_tag(message.lock_token)
         else:  # nothing will refer to it: any unique tag does

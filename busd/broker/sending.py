@@ -14,25 +14,27 @@ import logging
 
 from proton import Delivery, symbol
 
-from busd.amqp import codec, engine
-from busd.broker.connection import amqp_condition, echo_termini
-from busd.broker.nodes import CREDIT_WINDOW, LinkEndpoint
+from busd.amqp import engine
+from busd.broker import messages
+from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint, amqp_condition, echo_termini
 from busd.errors import BusdError, Condition
 from busd.storage.api import NewMessage, QueueSpec
 
 log = logging.getLogger("busd.broker")
 
-MAX_SESSION_ID_LENGTH = 128
-
 
 class QueueSenderEndpoint(LinkEndpoint):
-    def __init__(self, conn, link, queue: QueueSpec) -> None:
+    raw_deliveries = True
+
+    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec) -> None:
         super().__init__(conn, link)
         self.queue = queue
         self.max_size = queue.max_message_size
         self._pending: list = []  # (raw delivery, payload, size) waiting for the store
         self._busy = False
         self._store_task: asyncio.Task | None = None
+        self._raw_link = link._impl
+        self._partial: dict = {}  # raw delivery -> chunks of a transfer spanning frames
 
     def on_attach(self) -> None:
         self.link.max_message_size = self.queue.max_message_size
@@ -44,9 +46,6 @@ class QueueSenderEndpoint(LinkEndpoint):
         self.link.rcv_settle_mode = 0
         self.link.open()
         self.link.flow(CREDIT_WINDOW)
-        self._raw_link = self.link._impl
-        self._partial: dict = {}  # raw delivery -> chunks of a transfer spanning frames
-        self.conn.proto.raw_links[self._raw_link] = self
 
     def on_raw_delivery(self, delivery) -> None:
         """A transfer frame arrived (engine.py: raw, this is the per-message path)."""
@@ -83,10 +82,6 @@ class QueueSenderEndpoint(LinkEndpoint):
         if not self._busy:
             self._busy = True
             self._store_task = self.spawn(self._store_pending())
-
-    def on_detach(self) -> None:
-        super().on_detach()
-        self.conn.proto.raw_links.pop(self._raw_link, None)
 
     async def finish(self) -> None:
         """Transfers received before the detach are stored (and answered) first."""
@@ -129,43 +124,8 @@ class QueueSenderEndpoint(LinkEndpoint):
         self.kick()
 
     def _decode(self, payload: bytes, size: int) -> list[NewMessage]:
-        if size > self.queue.max_message_size:
-            raise BusdError(
-                Condition.MESSAGE_SIZE_EXCEEDED,
-                f"The message of {size} bytes exceeds the limit of "
-                f"{self.queue.max_message_size} bytes of '{self.queue.name}'.",
-            )
-        try:
-            # One message, or each message of a batch envelope (format 0x80013700).
-            return [self._new_message(m) for m in codec.parse_transfer(payload)]
-        except codec.CodecError as exc:
-            raise BusdError(Condition.DECODE_ERROR, f"Malformed message: {exc}") from None
-
-    def _new_message(self, incoming) -> NewMessage:
-        session_id = incoming.session_id
-        if session_id is not None:
-            if len(session_id) > MAX_SESSION_ID_LENGTH or "\0" in session_id:
-                raise BusdError(
-                    Condition.ARGUMENT_OUT_OF_RANGE,
-                    f"The session id must be at most {MAX_SESSION_ID_LENGTH} characters "
-                    "and contain no NUL character.",
-                )
-        if self.queue.requires_session:
-            if not session_id:
-                raise BusdError(
-                    Condition.NOT_ALLOWED,
-                    f"The SessionId was not set on a message, and it cannot be sent to "
-                    f"'{self.queue.name}', which requires sessions.",
-                )
-        else:
-            session_id = None  # a plain queue ignores group-id (it stays in the message)
-        return NewMessage(
-            blob=incoming.blob,
-            session_id=session_id,
-            message_id=incoming.message_id,
-            ttl_ms=incoming.ttl_ms,
-            scheduled_ms=incoming.scheduled_ms,
-        )
+        messages.check_size(self.queue, size)  # the whole transfer, batch envelope included
+        return [messages.admit(self.queue, m) for m in messages.parse(payload)]
 
 
 def _reject(raw_delivery, error: BusdError) -> None:

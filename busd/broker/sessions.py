@@ -18,13 +18,16 @@ import time
 
 from proton import Link, symbol
 
-from busd.broker.connection import echo_termini
-from busd.broker.receiving import SESSION_FILTER, QueueReceiverEndpoint, new_tokens
+from busd.broker.links import ConnectionScope, echo_termini
+from busd.broker.messages import new_tokens
+from busd.broker.receiving import QueueReceiverEndpoint
 from busd.errors import BusdError, Condition, StoreStatus, store_error
 from busd.storage.api import EntityRef, QueueSpec, ReceiveMode, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
+SESSION_FILTER = symbol("com.microsoft:session-filter")
+TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
 # Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
 DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
@@ -40,8 +43,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     """Link scope: a receiver holding one session's lock."""
 
     def __init__(
-        self, conn, link: Link, queue: QueueSpec, session_id: str | None, timeout_ms
-    ) -> None:
+        self, conn: ConnectionScope, link: Link, queue: QueueSpec, session_id: str | None,
+        timeout_ms: int | None,
+    ) -> None:  # fmt: skip
         super().__init__(conn, link, EntityRef(queue))
         self.requested_session = session_id
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS

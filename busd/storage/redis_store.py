@@ -107,6 +107,16 @@ def _cluster_url(url: str) -> str | None:
     return None
 
 
+def _check_session_ids(ids: Any) -> None:
+    """Refuse a NUL in a session id: the keys separate ids from sequence numbers with NUL, so
+    such an id would reach another session's messages (docs/design.md §2.2). The broker
+    refuses them first; this keeps the store safe from any caller."""
+    for sid in ids:
+        if sid is not None and "\0" in sid:
+            raise BusdError(Condition.ARGUMENT_OUT_OF_RANGE,
+                            "A session id must not contain a NUL character.")
+
+
 def _check(status: int) -> None:
     if status < 0:
         raise store_error(status)
@@ -286,6 +296,7 @@ class RedisStore:
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         if not messages:
             return []
+        _check_session_ids(m.session_id for m in messages)
         args: list[Any] = [
             queue.duplicate_detection_window_ms or 0,
             1 if queue.requires_session else 0,
@@ -332,6 +343,7 @@ class RedisStore:
     async def accept_session(
         self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False
     ) -> SessionLock | None:
+        _check_session_ids([session_id])
         reply = await self._run_queue(
             "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0
         )

@@ -410,3 +410,15 @@ async def test_session_with_only_scheduled_messages_exists(store, sq, server_now
     await store.schedule(sq, [NewMessage(b"x", session_id="s1", scheduled_ms=later)])
     assert await store.list_sessions(sq, 0, 10, None) == ["s1"]
     assert await store.accept_session(sq, None, "h1") is None  # nothing available yet
+
+
+async def test_the_store_refuses_a_nul_in_a_session_id_and_stores_nothing(store, make_queue):
+    # Keys separate a session id from a sequence number with NUL: session "a\0b" would be
+    # filed among session "a"'s messages. The broker refuses such ids first; the store too.
+    q = make_queue(requires_session=True)
+    with pytest.raises(BusdError) as refused:
+        await store.send(q, [NewMessage(b"ok", session_id="b"), NewMessage(b"x", session_id="a\0b")])
+    assert refused.value.condition == Condition.ARGUMENT_OUT_OF_RANGE
+    with pytest.raises(BusdError):
+        await store.accept_session(q, "a\0", "h1")
+    assert (await store.counts(EntityRef(q))).active == 0

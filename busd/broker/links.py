@@ -1,0 +1,211 @@
+"""What every link endpoint shares, and the interfaces between endpoints and their connection.
+
+This module is the leaf of busd.broker: endpoints (nodes, senders, receivers) import it, the
+connection (busd.broker.connection) and routing (busd.broker.routing) import them, and
+nothing here imports back. An endpoint reaches its connection only through `ConnectionScope`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+
+from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
+
+from busd.errors import BusdError
+
+if TYPE_CHECKING:
+    from busd.amqp.protocol import AmqpProtocol
+    from busd.broker.broker import Broker
+
+log = logging.getLogger("busd.broker")
+
+# Credit we keep open on links where the client sends (requests, messages). The Python SDK
+# ignores credit anyway (docs/wire.md §5.1); other clients get a generous window.
+CREDIT_WINDOW = 1000
+
+
+def amqp_condition(error: BusdError, *, triple: bool = True) -> Condition:
+    """An AMQP error. `triple`: keep all three fields on the wire (a non-empty info map), which
+    pyamqp needs in close frames and in rejected outcomes on its sender links (docs/wire.md
+    §9.4)."""
+    info = {symbol("tracking-id"): "busd"} if triple else None
+    return Condition(error.condition.value, error.description, info)
+
+
+def refuse_link(link: Link, error: BusdError) -> None:
+    """docs/wire.md §4.3: null terminus on our side, echo the other, then detach with the error.
+
+    OASIS AMQP 1.0 Part 2 §2.6.3: "Note that if the application chooses not to create a
+    terminus, the session endpoint will still create a link endpoint and issue an attach
+    indicating that the link endpoint has no associated local terminus. In this case, the
+    session endpoint MUST immediately detach the newly created link endpoint."
+    """
+    if link.is_sender:  # we send, the client receives: our terminus is the source
+        link.source.type = Terminus.UNSPECIFIED
+        link.target.copy(link.remote_target)
+    else:
+        link.target.type = Terminus.UNSPECIFIED
+        link.source.copy(link.remote_source)
+    link.open()
+    link.condition = amqp_condition(error)
+    link.close()
+
+
+def echo_termini(link: Link) -> None:
+    link.source.copy(link.remote_source)
+    link.target.copy(link.remote_target)
+    link.snd_settle_mode = link.remote_snd_settle_mode
+    link.rcv_settle_mode = link.remote_rcv_settle_mode
+
+
+def is_open(link: Link) -> bool:
+    return not (link.state & Endpoint.LOCAL_CLOSED)
+
+
+def close_link(link: Link) -> None:
+    if is_open(link):
+        link.close()
+
+
+# --- interfaces ---------------------------------------------------------------------------------
+class ConnectionScope(Protocol):
+    """What an endpoint may use of its connection (busd.broker.connection.ConnectionHandler)."""
+
+    proto: AmqpProtocol
+    broker: Broker
+    remote_container: str
+    links: LinkRegistry
+
+    def grant(self, audience: str, expiry: float) -> None: ...
+
+    def authorize(self, entity_path: str) -> None:
+        """Raise unless a live CBS grant of this connection covers `entity_path`."""
+
+    def detach(self, endpoint: LinkEndpoint, condition: Condition) -> None:
+        """Detach a link on our side with an error, after its store work."""
+
+    def refuse(self, endpoint: LinkEndpoint, error: BusdError) -> None:
+        """Refuse a link whose attach is still unanswered (docs/wire.md §4.3)."""
+
+
+@runtime_checkable
+class Receiver(Protocol):
+    """A link the client receives on: `$management` requests may name it."""
+
+    session_id: str | None
+    holder: str  # its id in the store: lock holder, waiter
+
+
+@runtime_checkable
+class SessionHolder(Receiver, Protocol):
+    """A receiver that may hold a session's lock: `$management` acts on a session only through
+    the link holding it (docs/wire.md §8.4)."""
+
+    def lock_renewed(self, locked_until_ms: int) -> None: ...
+
+
+class LinkEndpoint:
+    """Link scope: one attached link and what it is for.
+
+    `raw_deliveries`: deliveries on this link go to `on_raw_delivery` as raw proton pointers
+    (busd.amqp.engine, the per-message path) instead of wrapped to `on_delivery`.
+    """
+
+    raw_deliveries = False
+
+    def __init__(self, conn: ConnectionScope, link: Link) -> None:
+        self.conn = conn
+        self.link = link
+        self.detached = False
+
+    @property
+    def broker(self) -> Broker:
+        return self.conn.broker
+
+    def on_attach(self) -> None:
+        echo_termini(self.link)
+        self.link.open()
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery: Delivery) -> None:
+        pass
+
+    def on_raw_delivery(self, delivery: Any) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        """The link is gone (detached by either side, or its session or connection ended):
+        stop starting work for it."""
+        self.detached = True
+
+    async def finish(self) -> None:
+        """The store work of this link that must be done before its detach is answered: what
+        the client sent before detaching reaches the store first (docs/design.md, under load).
+        Nothing by default."""
+
+    def kick(self) -> None:
+        self.conn.proto.kick()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(_log_task_failure)
+        return task
+
+
+def _log_task_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("link task failed", exc_info=task.exception())
+
+
+class LinkRegistry:
+    """The one map from a connection's links to their endpoints: by proton link, by link name
+    (`associated-link-name` in `$management` requests), and the subset taking raw deliveries,
+    which the connection's protocol reads on every delivery event (`raw`)."""
+
+    def __init__(self) -> None:
+        self._by_link: dict[Any, LinkEndpoint] = {}  # raw pn_link_t pointer -> endpoint
+        self._by_name: dict[str, LinkEndpoint] = {}
+        self.raw: dict[Any, LinkEndpoint] = {}
+
+    def add(self, endpoint: LinkEndpoint) -> None:
+        impl = endpoint.link._impl
+        self._by_link[impl] = endpoint
+        self._by_name[endpoint.link.name] = endpoint
+        if endpoint.raw_deliveries:
+            self.raw[impl] = endpoint
+
+    def remove(self, endpoint: LinkEndpoint) -> bool:
+        """Forget the endpoint's link (its pointer may be reused once proton frees it); False
+        when it was not registered."""
+        impl = endpoint.link._impl
+        if self._by_link.get(impl) is not endpoint:
+            return False
+        del self._by_link[impl]
+        if self.raw.get(impl) is endpoint:
+            del self.raw[impl]
+        if self._by_name.get(endpoint.link.name) is endpoint:
+            del self._by_name[endpoint.link.name]
+        return True
+
+    def of(self, link: Link) -> LinkEndpoint | None:
+        return self._by_link.get(link._impl)
+
+    def named(self, name: str) -> LinkEndpoint | None:
+        return self._by_name.get(name)
+
+    def holding(self, session_id: str) -> SessionHolder | None:
+        """The receiver of this connection holding `session_id`'s lock, if any."""
+        for endpoint in self._by_link.values():
+            if isinstance(endpoint, SessionHolder) and endpoint.session_id == session_id:
+                return endpoint
+        return None
+
+    def __iter__(self) -> Iterator[LinkEndpoint]:
+        return iter(list(self._by_link.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_link)

@@ -1,0 +1,83 @@
+"""Which endpoint takes an attached link: by address and role (docs/wire.md §2.3).
+
+The one place that knows every endpoint kind: the connection asks here, and the endpoints know
+nothing of each other. A new entity kind adds its endpoints here.
+"""
+
+from __future__ import annotations
+
+from proton import Link
+
+from busd.amqp.addresses import parse_address
+from busd.broker import cbs, management, nodes, receiving, sending, sessions
+from busd.broker.links import ConnectionScope, LinkEndpoint
+from busd.errors import BusdError, Condition
+from busd.storage.api import EntityRef, QueueSpec
+
+
+def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
+    """The endpoint for `link`, or the BusdError to refuse it with (docs/wire.md §4.3)."""
+    terminus = link.remote_source if link.is_sender else link.remote_target
+    parsed = parse_address(terminus.address)
+    if parsed.sub == "cbs":
+        return nodes.ReplyEndpoint(conn, link) if link.is_sender else cbs.CbsEndpoint(conn, link)
+    queue = conn.broker.queue(parsed.entity) if parsed.entity else None
+    if queue is None or parsed.is_subscription:
+        raise BusdError(
+            Condition.NOT_FOUND,
+            f"The messaging entity '{parsed.entity_path or terminus.address}' could not be "
+            "found.",
+        )
+    conn.authorize(parsed.entity_path)
+    if parsed.sub == "management":
+        if link.is_sender:
+            return nodes.ReplyEndpoint(conn, link)
+        return management.ManagementEndpoint(conn, link, queue, dlq=parsed.dlq)
+    if link.is_sender:  # we send: the client receives
+        return _receiver(conn, link, queue, dlq=parsed.dlq)
+    if parsed.dlq:
+        raise BusdError(Condition.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
+    return sending.QueueSenderEndpoint(conn, link, queue)
+
+
+def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,
+              dlq: bool) -> LinkEndpoint:  # fmt: skip
+    if dlq:
+        return receiving.QueueReceiverEndpoint(conn, link, EntityRef(queue, dlq=True))
+    has_filter, session_id = _session_filter(link)
+    if queue.requires_session and not has_filter:
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{queue.name}' requires sessions: a non-session receiver cannot be created on it.",
+        )
+    if not queue.requires_session and has_filter:
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{queue.name}' does not require sessions: a session receiver cannot be created.",
+        )
+    if has_filter:
+        timeout_ms = (link.remote_properties or {}).get(sessions.TIMEOUT_PROPERTY)
+        return sessions.SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
+    return receiving.QueueReceiverEndpoint(conn, link, EntityRef(queue))
+
+
+def _session_filter(link: Link) -> tuple[bool, str | None]:
+    """Whether the source asks for a session (docs/wire.md §6.5), and which (None: the next
+    available)."""
+    source = link.remote_source
+    if source is None or source.filter is None:
+        return False, None
+    try:
+        data = source.filter
+        data.rewind()
+        filters = data.get_object() if data.next() is not None else {}
+    except Exception:
+        return False, None
+    if not isinstance(filters, dict) or sessions.SESSION_FILTER not in filters:
+        return False, None
+    value = filters[sessions.SESSION_FILTER]
+    if hasattr(value, "value"):  # a described filter wrapping the id
+        value = value.value
+    if isinstance(value, (bytes, memoryview)):
+        value = bytes(value).decode("utf-8")
+    return True, (str(value) if value is not None else None)
