@@ -1,0 +1,150 @@
+"""Session receivers (docs/wire.md §4.2, §4.3, §6.5), against busd's protocol in memory: the
+attach is answered once the session is locked, with the session id in the source filter and
+the lock expiry in .NET ticks; refusals carry the session conditions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from proton import Described, Message, symbol, uint
+
+from tests.protocol.harness import (
+    LOCKED_UNTIL,
+    LOCKED_UNTIL_UTC,
+    NEXT_AVAILABLE,
+    SESSION_FILTER,
+    TIMEOUT,
+    TRACKING_ID,
+    ProtocolClient,
+    is_null,
+    ticks_to_unix,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def fill(client: ProtocolClient, entity: str = "sessions") -> None:
+    """Three messages in each of the sessions "a" and "b", interleaved ("a" first)."""
+    await client.send_to(entity, *(Message(body=f"{g}{i}", group_id=g)
+                                   for i in range(3) for g in ("a", "b")))
+
+
+async def test_specific_session_attach_echoes_the_filter_and_lock_expiry(client):
+    await fill(client)
+    before = time.time()
+    receiver = await client.attach_receiver("sessions", session="b", credit=10)
+    after = time.time()
+    assert not receiver.closed_by_broker
+    assert receiver.link.remote_source.address == "sessions"
+    assert receiver.remote_filter == {SESSION_FILTER: "b"}
+    ticks = receiver.remote_properties[LOCKED_UNTIL_UTC]
+    assert type(ticks) is int  # long (docs/wire.md §4.2)
+    # LockDuration is 10 s: ticks are 100 ns units since 0001-01-01
+    assert before + 9 <= ticks_to_unix(ticks) <= after + 11
+    items = await receiver.wait_for(3)
+    await client.settle_down(0.05)
+    assert [i.message.body for i in receiver.received] == ["b0", "b1", "b2"]
+    # A session message's x-opt-locked-until is the session lock's expiry (§6.3).
+    for item in items:
+        assert item.message.group_id == "b"
+        assert abs(item.annotations[LOCKED_UNTIL] / 1000 - ticks_to_unix(ticks)) < 0.01
+
+
+async def test_next_available_takes_the_oldest_free_session(client):
+    await fill(client)
+    first = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                         properties={TIMEOUT: uint(2000)}, credit=5)
+    assert first.remote_filter == {SESSION_FILTER: "a"}  # its oldest message is older
+    assert ticks_to_unix(first.remote_properties[LOCKED_UNTIL_UTC]) > time.time()
+    second = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                          properties={TIMEOUT: uint(2000)}, credit=5)
+    assert second.remote_filter == {SESSION_FILTER: "b"}  # "a" is held
+    a_items, b_items = await first.wait_for(3), await second.wait_for(3)
+    assert [i.message.body for i in a_items] == ["a0", "a1", "a2"]
+    assert [i.message.body for i in b_items] == ["b0", "b1", "b2"]
+
+
+async def test_described_and_binary_filter_values_name_a_session(client):
+    await fill(client)
+    described = await client.attach_receiver(
+        "sessions", filter={SESSION_FILTER: Described(symbol("x"), "a")})
+    assert described.remote_filter == {SESSION_FILTER: "a"}
+    binary = await client.attach_receiver("sessions", filter={SESSION_FILTER: b"b"})
+    assert binary.remote_filter == {SESSION_FILTER: "b"}
+
+
+async def test_next_available_with_no_session_is_refused_after_its_timeout(client):
+    started = time.monotonic()
+    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                            properties={TIMEOUT: uint(300)})
+    waited = time.monotonic() - started
+    assert 0.25 <= waited < 3
+    # Refused as any link (docs/wire.md §4.3): null source, detach with the condition.
+    assert is_null(receiver.link.remote_source)
+    (attach,) = receiver.frames("attach")
+    assert "source=" not in attach.text
+    (detach,) = receiver.frames("detach")
+    assert detach.has("closed=true")
+    assert receiver.condition.name == "com.microsoft:timeout"
+    assert receiver.condition.info == {TRACKING_ID: "busd"}
+
+
+async def test_next_available_is_answered_when_a_session_gets_a_message(connect, client):
+    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                            properties={TIMEOUT: uint(5000)}, wait=False)
+    await client.settle_down(0.1)
+    assert not receiver.answered  # the attach waits for a session (docs/wire.md §6.5)
+    producer = await connect()
+    await producer.authorize("sessions")
+    await producer.send_to("sessions", Message(body="late", group_id="late"))
+    await client.wait(lambda: receiver.answered, "the session receiver's attach")
+    assert receiver.remote_filter == {SESSION_FILTER: "late"}
+
+
+async def test_detaching_while_waiting_for_a_session_is_answered_at_once(client):
+    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                            properties={TIMEOUT: uint(5000)}, wait=False)
+    await client.settle_down(0.05)
+    assert not receiver.answered
+    started = time.monotonic()
+    receiver.link.close()
+    # The wait ends on the detach, not at the 5 s timeout (docs/wire.md §6.5).
+    await client.wait(lambda: receiver.closed_by_broker, "the detach answer", timeout=2)
+    assert time.monotonic() - started < 1
+    (detach,) = receiver.frames("detach")
+    assert detach.has("closed=true") and "error=" not in detach.text
+
+
+async def test_a_held_session_cannot_be_locked_by_another_receiver(connect, client):
+    await fill(client)
+    holder = await client.attach_receiver("sessions", session="a")
+    assert holder.remote_filter == {SESSION_FILTER: "a"}
+    other = await connect()
+    await other.authorize("sessions")
+    refused = await other.attach_receiver("sessions", session="a")
+    assert is_null(refused.link.remote_source)
+    assert refused.condition.name == "com.microsoft:session-cannot-be-locked"
+    # Once the holder detaches (and the detach is answered), the session is free again.
+    await client.detach(holder)
+    again = await other.attach_receiver("sessions", session="a", credit=3)
+    assert again.remote_filter == {SESSION_FILTER: "a"}
+    assert [i.message.body for i in await again.wait_for(3)] == ["a0", "a1", "a2"]
+
+
+async def test_session_lock_expiry_detaches_with_session_lock_lost(client):
+    await fill(client, "short-sessions")  # 300 ms session locks
+    receiver = await client.attach_receiver("short-sessions", session="a", credit=1)
+    (item,) = await receiver.wait_for(1)
+    await client.wait(lambda: receiver.closed_by_broker, "the detach of the expired session",
+                      timeout=3)
+    (detach,) = receiver.frames("detach")
+    assert detach.has("closed=true")
+    cond = receiver.condition
+    assert cond.name == "com.microsoft:session-lock-lost" and cond.description
+    assert cond.info is None  # a live link's detach: two fields (docs/wire.md §9.4)
+    # The unsettled message counts as a failed attempt (docs/design.md §2.4).
+    again = await client.attach_receiver("short-sessions", session="a", credit=1)
+    (retry,) = await again.wait_for(1)
+    assert retry.message.body == item.message.body == "a0"
+    assert retry.message.delivery_count == 1
