@@ -68,44 +68,18 @@ class BusdError(Exception):
         return _STATUS.get(self.condition, 500)
 
 
-class StoreStatus(enum.IntEnum):
-    """Status codes returned by the Lua scripts (negative = failure; see each script's header)."""
-
-    OK = 0
-    MESSAGE_LOCK_LOST = -1
-    SESSION_LOCK_LOST = -2
-    SESSION_CANNOT_BE_LOCKED = -3
-    MESSAGE_NOT_FOUND = -4
-    NO_SESSION_AVAILABLE = -5
-
-
-_STORE_ERRORS = {
-    StoreStatus.MESSAGE_LOCK_LOST: (
-        Condition.MESSAGE_LOCK_LOST,
+# What a refusal says when the code refusing it has nothing to add: the store's refusals of a
+# lock, a session or a sequence number (busd.storage maps its scripts' statuses to these).
+_DESCRIPTIONS = {
+    Condition.MESSAGE_LOCK_LOST:
         "The lock supplied is invalid: it expired, or the message was already settled.",
-    ),
-    StoreStatus.SESSION_LOCK_LOST: (
-        Condition.SESSION_LOCK_LOST,
+    Condition.SESSION_LOCK_LOST:
         "The session lock was lost: it expired or is held by another receiver.",
-    ),
-    StoreStatus.SESSION_CANNOT_BE_LOCKED: (
-        Condition.SESSION_CANNOT_BE_LOCKED,
-        "The requested session is locked by another receiver.",
-    ),
-    StoreStatus.MESSAGE_NOT_FOUND: (
-        Condition.MESSAGE_NOT_FOUND,
-        "No message with that sequence number is available in this state.",
-    ),
-    StoreStatus.NO_SESSION_AVAILABLE: (
-        Condition.TIMEOUT,
-        "No session with available messages could be locked within the timeout.",
-    ),
-}
+    Condition.SESSION_CANNOT_BE_LOCKED: "The requested session is locked by another receiver.",
+    Condition.MESSAGE_NOT_FOUND: "No message with that sequence number is available in this state.",
+}  # fmt: skip
 
 
-def store_error(status: int, detail: str = "") -> BusdError:
-    """The client-facing error for a failed store status code."""
-    condition, description = _STORE_ERRORS[StoreStatus(status)]
-    if detail:
-        description = f"{description} {detail}"
-    return BusdError(condition, description)
+def refusal(condition: Condition) -> BusdError:
+    """The client-facing error for a refusal the store reported as `condition`."""
+    return BusdError(condition, _DESCRIPTIONS.get(condition, "The request was refused."))

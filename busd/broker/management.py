@@ -15,7 +15,7 @@ from busd.broker import messages
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
-from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.errors import BusdError, Condition, refusal
 from busd.storage.api import EntityRef, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 
 log = logging.getLogger("busd.broker")
@@ -184,10 +184,9 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
     if session_id is not None:
         receiver = ep.receiver_for(app)
         holder = receiver.holder if receiver is not None else None
-    statuses = await ep.broker.store.settle(ep.entity, settlements, holder)
-    for status in statuses:
-        if status != StoreStatus.OK:
-            raise store_error(status)
+    for refused in await ep.broker.store.settle(ep.entity, settlements, holder):
+        if refused is not None:
+            raise refusal(refused)
     return 200, None
 
 

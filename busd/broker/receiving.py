@@ -25,13 +25,14 @@ from proton import Delivery, Link, symbol
 from busd.amqp import codec, engine
 from busd.broker.links import ConnectionScope, LinkEndpoint, amqp_condition, echo_termini, is_open
 from busd.broker.messages import delivery_payload, new_tokens
-from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.errors import BusdError, Condition, refusal
 from busd.storage.api import EntityRef, Outcome, ReceiveMode, Settlement, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
 # Most messages one store call takes for one link, whatever the credit.
 MAX_BATCH = 128
+STORE_UNAVAILABLE = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
 
 
 def lock_tag(token: bytes) -> bytes:
@@ -223,18 +224,20 @@ class QueueReceiverEndpoint(LinkEndpoint):
             while self._settle_queue:
                 batch, self._settle_queue = self._settle_queue, []
                 try:
-                    statuses = await self.broker.store.settle(
+                    refused = await self.broker.store.settle(
                         self.entity, [s for _, s in batch], self.holder
                     )
                 except Exception as exc:
                     log.error("settlement on %s failed: %s", self.entity.path, exc)
-                    statuses = None
-                for (delivery, settlement), status in zip(batch, statuses or [None] * len(batch)):
-                    self._answer(delivery, settlement, status)
-                if statuses and self.broker.metrics is not None:
-                    self.broker.metrics.settled_batch(
-                        self.entity.path, [s.outcome for _, s in batch], statuses
-                    )
+                    results: list[BusdError | None] = [STORE_UNAVAILABLE] * len(batch)
+                else:
+                    results = [None if c is None else refusal(c) for c in refused]
+                    if self.broker.metrics is not None:
+                        self.broker.metrics.settled_batch(
+                            self.entity.path, [s.outcome for _, s in batch], refused
+                        )
+                for (delivery, settlement), error in zip(batch, results):
+                    self._answer(delivery, settlement, error)
                 self.kick()
                 if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
                     self.pump()  # the same message may be next again (the store wakes no one
@@ -242,14 +245,14 @@ class QueueReceiverEndpoint(LinkEndpoint):
         finally:
             self._settling = False
 
-    def _answer(self, delivery, settlement: Settlement, status: int | None) -> None:
+    def _answer(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
         """Echo the outcome as a settled disposition (docs/wire.md §7.2), then let go of the
         delivery."""
         if engine.remote_settled(delivery):  # the client settled first: nothing to echo
-            if status != StoreStatus.OK:
-                self._refused_silently(settlement, status)
+            if error is not None:
+                self._refused_silently(settlement, error)
             engine.settle(delivery)
-        elif status == StoreStatus.OK:
+        elif error is None:
             outcome = settlement.outcome
             if outcome == Outcome.COMPLETE:
                 engine.settle(delivery, engine.ACCEPTED)
@@ -260,21 +263,16 @@ class QueueReceiverEndpoint(LinkEndpoint):
             else:
                 engine.settle(delivery, engine.RELEASED)
         else:
-            error = (
-                store_error(status)
-                if status is not None
-                else BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
-            )
             wrapped = engine.wrap(delivery)
             wrapped.local.condition = amqp_condition(error, triple=False)
             wrapped.update(Delivery.REJECTED)
             wrapped.settle()
         engine.release(delivery)
 
-    def _refused_silently(self, settlement: Settlement, status: int | None) -> None:
+    def _refused_silently(self, settlement: Settlement, error: BusdError) -> None:
         """A settlement the client sent already settled was refused: it cannot be told, so the
         operator is (the message comes back when its lock ends)."""
-        reason = StoreStatus(status).name.lower() if status is not None else "store_unavailable"
+        reason = error.condition.value.rpartition(":")[2].replace("-", "_")
         log.warning("settlement %s of lock token %s on %s refused: %s", settlement.outcome.value,
                     uuid_text(settlement.token), self.entity.path, reason)
         if self.broker.metrics is not None:

@@ -21,7 +21,7 @@ from proton import Link, symbol
 from busd.broker.links import ConnectionScope, echo_termini
 from busd.broker.messages import new_tokens
 from busd.broker.receiving import QueueReceiverEndpoint
-from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.errors import BusdError, Condition
 from busd.storage.api import EntityRef, QueueSpec, ReceiveMode, StoredMessage
 
 log = logging.getLogger("busd.broker")
@@ -112,7 +112,10 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         await self._stop_waiting(next_available)
         if not self.detached:
             log.debug("no session available in %s within %d ms", self.queue.name, self.timeout_ms)
-            self._refuse(store_error(StoreStatus.NO_SESSION_AVAILABLE))
+            self._refuse(BusdError(
+                Condition.TIMEOUT,
+                "No session with available messages could be locked within the timeout.",
+            ))
 
     async def _stop_waiting(self, next_available: bool) -> None:
         """Leave the store's waiters, passing on a wake-up we may have been sent."""

@@ -18,7 +18,7 @@ import asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from busd.errors import StoreStatus
+from busd.errors import Condition
 from busd.storage.api import EntityCounts, EntityRef, Outcome
 
 _OUTCOME_NAMES = {
@@ -147,9 +147,10 @@ class Metrics:
     def messages_received(self, entity: str, count: int) -> None:
         self.received.labels(entity).inc(count)
 
-    def settled_batch(self, entity: str, outcomes: list[Outcome], statuses: list[int]) -> None:
-        for outcome, status in zip(outcomes, statuses):
-            if status == StoreStatus.OK:
+    def settled_batch(self, entity: str, outcomes: list[Outcome],
+                      refused: list[Condition | None]) -> None:  # fmt: skip
+        for outcome, refusal in zip(outcomes, refused):
+            if refusal is None:
                 self.settled.labels(entity, _OUTCOME_NAMES[outcome]).inc()
 
     def settlement_refused(self, entity: str, reason: str) -> None:

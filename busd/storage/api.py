@@ -11,8 +11,9 @@ Lock tokens are 16 random bytes chosen by the caller (RFC 4122 byte order, i.e. 
 `uuid.UUID(bytes=token)` reads); the delivery tag on the wire is the .NET layout of the same
 GUID, a concern of the AMQP front only.
 
-Failures are raised as `busd.errors.BusdError` built by `busd.errors.store_error(status)`,
-except where a method documents a per-item status list (settlement answers each delivery).
+Failures are raised as `busd.errors.BusdError` with the condition a client should hear, except
+where a method documents a per-item result (settlement answers each delivery). The scripts'
+status codes stay inside the adapter.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
+
+from busd.errors import Condition
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,9 +249,9 @@ class Store(Protocol):
     # --- settlement and locks ------------------------------------------------------------
     async def settle(
         self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
-    ) -> list[int]:
-        """Apply each settlement; returns a StoreStatus per item (OK, MESSAGE_LOCK_LOST,
-        SESSION_LOCK_LOST). A failed item changes nothing."""
+    ) -> list[Condition | None]:
+        """Apply each settlement; per item None when applied, else the condition of its
+        refusal (MESSAGE_LOCK_LOST, SESSION_LOCK_LOST). A refused item changes nothing."""
 
     async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
         """New locked-until per token; raises MESSAGE_LOCK_LOST if any token is not locked."""

@@ -8,6 +8,7 @@ processes can share one server.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import uuid
 from typing import Any
@@ -16,7 +17,7 @@ import redis.asyncio as redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from busd.errors import BusdError, Condition, StoreStatus, store_error
+from busd.errors import BusdError, Condition, refusal
 from busd.storage import keys as keyspace
 from busd.storage.api import (
     EntityCounts,
@@ -117,9 +118,33 @@ def _check_session_ids(ids: Any) -> None:
                             "A session id must not contain a NUL character.")
 
 
+class ScriptStatus(enum.IntEnum):
+    """Status codes the Lua scripts return (negative: refused; see each script's header). They
+    end here: callers get a Condition or a BusdError."""
+
+    OK = 0
+    MESSAGE_LOCK_LOST = -1
+    SESSION_LOCK_LOST = -2
+    SESSION_CANNOT_BE_LOCKED = -3
+    MESSAGE_NOT_FOUND = -4
+    NO_SESSION_AVAILABLE = -5
+
+
+_CONDITIONS = {
+    ScriptStatus.MESSAGE_LOCK_LOST: Condition.MESSAGE_LOCK_LOST,
+    ScriptStatus.SESSION_LOCK_LOST: Condition.SESSION_LOCK_LOST,
+    ScriptStatus.SESSION_CANNOT_BE_LOCKED: Condition.SESSION_CANNOT_BE_LOCKED,
+    ScriptStatus.MESSAGE_NOT_FOUND: Condition.MESSAGE_NOT_FOUND,
+}
+
+
+def _refused(status: int) -> Condition | None:
+    return None if status >= 0 else _CONDITIONS[ScriptStatus(status)]
+
+
 def _check(status: int) -> None:
     if status < 0:
-        raise store_error(status)
+        raise refusal(_CONDITIONS[ScriptStatus(status)])
 
 
 class RedisStore:
@@ -347,7 +372,7 @@ class RedisStore:
         reply = await self._run_queue(
             "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0
         )
-        if reply[0] == StoreStatus.NO_SESSION_AVAILABLE:
+        if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
         _check(reply[0])
         return SessionLock(session_id=reply[1].decode(), locked_until_ms=reply[2])
@@ -425,7 +450,7 @@ class RedisStore:
     # --- settlement and locks ------------------------------------------------------------
     async def settle(
         self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
-    ) -> list[int]:
+    ) -> list[Condition | None]:
         if not settlements:
             return []
         args: list[Any] = [_entity(entity), _opt(holder)]
@@ -438,7 +463,8 @@ class RedisStore:
                 _opt(s.dead_letter_description),
                 _opt(s.properties_patch),
             ]
-        return list(await self._run_queue("settleMessages", entity.queue, *args))
+        return [_refused(status)
+                for status in await self._run_queue("settleMessages", entity.queue, *args)]
 
     async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
         if not tokens:

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from busd.errors import BusdError, Condition, StoreStatus
+from busd.errors import BusdError, Condition
 from busd.storage.api import EntityRef, MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
 PL = ReceiveMode.PEEK_LOCK
 RD = ReceiveMode.RECEIVE_AND_DELETE
-OK = StoreStatus.OK
+OK = None  # settle: applied
 
 
 async def defer_all(store, entity, n, tokens):

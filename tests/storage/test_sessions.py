@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from busd.errors import BusdError, Condition, StoreStatus
+from busd.errors import BusdError, Condition
 from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
 
-OK = StoreStatus.OK
+OK = None  # settle: applied
 PL = ReceiveMode.PEEK_LOCK
 
 
@@ -157,7 +157,7 @@ async def test_session_settle_complete(store, sq, tokens):
     (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
     assert await store.settle(EntityRef(sq), [s], "h1") == [OK]
-    assert await store.settle(EntityRef(sq), [s], "h1") == [StoreStatus.MESSAGE_LOCK_LOST]
+    assert await store.settle(EntityRef(sq), [s], "h1") == [Condition.MESSAGE_LOCK_LOST]
     assert (await store.counts(EntityRef(sq))).active == 0
 
 
@@ -166,7 +166,7 @@ async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, to
     await store.accept_session(sq, "s1", "h1")
     (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-    assert await store.settle(EntityRef(sq), [s], "h2") == [StoreStatus.SESSION_LOCK_LOST]
+    assert await store.settle(EntityRef(sq), [s], "h2") == [Condition.SESSION_LOCK_LOST]
     # without a holder: any live holder will do
     assert await store.settle(EntityRef(sq), [s], None) == [OK]
 
@@ -180,7 +180,7 @@ async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
     (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
     await asyncio.sleep(0.35)
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-    assert await store.settle(EntityRef(q), [s], "h1") == [StoreStatus.SESSION_LOCK_LOST]
+    assert await store.settle(EntityRef(q), [s], "h1") == [Condition.SESSION_LOCK_LOST]
     # nothing changed: the message is still there, unsettled
     assert (await store.counts(EntityRef(q))).locked == 1
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from busd.errors import BusdError, Condition, StoreStatus
+from busd.errors import BusdError, Condition
 from busd.storage.api import EntityRef, MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
-OK = StoreStatus.OK
-LOCK_LOST = StoreStatus.MESSAGE_LOCK_LOST
+OK = None  # settle: applied
+LOCK_LOST = Condition.MESSAGE_LOCK_LOST
 
 
 async def receive_one(store, entity, tokens):
