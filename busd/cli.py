@@ -69,7 +69,8 @@ def cli() -> None:
               help="A shared access key clients may sign tokens with (repeatable); "
                    "default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
 @click.option("--key-prefix", envvar="BUSD_KEY_PREFIX", default=_DEFAULTS.key_prefix,
-              show_default=True, help="Prefix of every store key: several brokers can share one Redis.")
+              show_default=True,
+              help="Prefix of every store key: several brokers can share one Redis.")
 @click.option("--sweep-interval", envvar="BUSD_SWEEP_INTERVAL", type=float,
               default=_DEFAULTS.sweep_interval_s, show_default=True,
               help="Seconds between sweeps for expired locks, TTL and scheduled messages.")
@@ -131,7 +132,8 @@ def serve(
 
 @cli.command("sas-token")
 @click.option("--audience", required=True,
-              help="What the token grants, e.g. sb://localhost:5672/myqueue (or sb://localhost:5672/ for all).")
+              help="What the token grants, e.g. sb://localhost:5672/myqueue "
+              "(or sb://localhost:5672/ for all).")
 @click.option("--key-name", envvar="BUSD_SAS_KEY_NAME", default="RootManageSharedAccessKey",
               show_default=True)
 @click.option("--key", envvar="BUSD_SAS_KEY_VALUE", default="SAS_KEY_VALUE", show_default=True)

@@ -310,7 +310,9 @@ def _parse_queue(raw: Any, default_max_message_size: int) -> tuple[QueueSpec, li
 
     max_delivery = props.get("MaxDeliveryCount", DEFAULT_MAX_DELIVERY_COUNT)
     if isinstance(max_delivery, bool) or not isinstance(max_delivery, int) or max_delivery < 1:
-        raise ConfigError(f"{label}: MaxDeliveryCount must be a whole number >= 1, got {max_delivery!r}")
+        raise ConfigError(
+            f"{label}: MaxDeliveryCount must be a whole number >= 1, got {max_delivery!r}"
+        )
 
     window_ms: int | None = None
     if _flag(props, "RequiresDuplicateDetection", label):

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
@@ -17,6 +18,10 @@ from busd.broker.broker import Broker
 from busd.broker.connection import ConnectionHandler
 from busd.config import Settings, load_entities
 from busd.storage.api import QueueSpec
+
+if TYPE_CHECKING:
+    from busd.observability.http import HttpServer
+    from busd.storage.embedded import EmbeddedValkey
 
 log = logging.getLogger("busd")
 
@@ -45,7 +50,8 @@ def connection_string(
 ) -> str:
     """What clients paste; `port`: the one actually bound (with --port 0)."""
     key_name, key = next(iter(settings.sas_keys.items()))
-    host = host or ("localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host)
+    loopback_or_any = settings.host in ("127.0.0.1", "0.0.0.0", "::")
+    host = host or ("localhost" if loopback_or_any else settings.host)
     return (
         f"Endpoint=sb://{host}:{port or settings.port};SharedAccessKeyName={key_name};"
         f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
@@ -58,14 +64,15 @@ class Server:
     def __init__(self, settings: Settings, entities: list[QueueSpec]) -> None:
         self.settings = settings
         self.entities = {q.name: q for q in entities}
-        self.embedded = None
+        self.embedded: EmbeddedValkey | None = None
         self.broker: Broker | None = None
         self.listener: asyncio.base_events.Server | None = None
-        self.http = None
+        self.http: HttpServer | None = None
         self.protocols: set[AmqpProtocol] = set()
 
     @property
     def port(self) -> int:
+        assert self.listener is not None, "not started"
         return self.listener.sockets[0].getsockname()[1]
 
     async def startup(self) -> None:
@@ -108,7 +115,9 @@ class Server:
         self.http = await start_http(self, settings.host, settings.http_port)
 
     def _new_protocol(self) -> AmqpProtocol:
-        proto = AmqpProtocol(lambda p: ConnectionHandler(p, self.broker), self.protocols.discard)
+        broker = self.broker
+        assert broker is not None, "not started"
+        proto = AmqpProtocol(lambda p: ConnectionHandler(p, broker), self.protocols.discard)
         self.protocols.add(proto)
         return proto
 
@@ -138,7 +147,8 @@ class Server:
         if self.http is not None:
             await self.http.close()
         closing = Condition(
-            "amqp:connection:forced", "The broker is shutting down.", {symbol("tracking-id"): "busd"}
+            "amqp:connection:forced", "The broker is shutting down.",
+            {symbol("tracking-id"): "busd"},
         )
         for proto in list(self.protocols):
             proto.shutdown(closing)

@@ -21,7 +21,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import click

@@ -33,10 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_clients as bc  # noqa: E402
 from proton import Delivery, Endpoint, Handler, Link, Message, Terminus, uint  # noqa: E402
 from proton.reactor import Container, Filter  # noqa: E402
-
-import bench_clients as bc  # noqa: E402
 
 # Where a message says which session it belongs to and its index there: "<marker><sid>/<i>;"
 # at the start of its body, found in the raw payload without decoding the message.
@@ -551,7 +550,8 @@ def split(total: int, parts: int) -> list[int]:
 # --- the checks ---------------------------------------------------------------------------------
 @dataclass
 class Verdict:
-    order: int = 0  # a message first delivered before the one ahead of it, or out of order on a link
+    # a message first delivered before the one ahead of it, or out of order on a link
+    order: int = 0
     after_complete: int = 0  # a delivery of a message some receiver had already completed
     lost: int = 0  # sent, never completed
     two_holders: int = 0  # two receivers holding one session at the same time
@@ -604,7 +604,7 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
 
     # Every message is completed the moment it arrives: its first delivery is its complete.
     first: dict[tuple[str, int], float] = {}
-    for t, link, sid, index in deliveries:
+    for t, _link, sid, index in deliveries:
         if t < first.get((sid, index), float("inf")):
             first[(sid, index)] = t
     for t, link, sid, index in deliveries:
@@ -628,7 +628,7 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
     # ... and within one link, each delivery comes after the one before it (a message of
     # another session on the link is counted as such, not here).
     last_on_link: dict[tuple[int, str], int] = {}
-    for t, link, sid, index in sorted(deliveries):
+    for _t, link, sid, index in sorted(deliveries):
         previous = last_on_link.get((link, sid))
         if previous is not None and index <= previous:
             v.order += 1

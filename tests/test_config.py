@@ -152,7 +152,8 @@ def test_names_are_lower_cased_and_duplicates_refused(tmp_path):
 def test_topics_and_forwarding_are_warnings_not_errors(tmp_path):
     path = write_config(
         tmp_path,
-        queues=[{"Name": "q", "Properties": {"ForwardTo": "other", "ForwardDeadLetteredMessagesTo": ""}}],
+        queues=[{"Name": "q", "Properties": {"ForwardTo": "other",
+                                             "ForwardDeadLetteredMessagesTo": ""}}],
         topics=[{"Name": "topic.1", "Subscriptions": [{"Name": "s1"}, {"Name": "s2"}]}],
     )
     queues, warnings = load_entities(path)
@@ -170,7 +171,8 @@ def test_unknown_properties_are_reported(tmp_path):
 def test_several_namespaces_are_merged_with_a_warning(tmp_path):
     path = write_config(
         tmp_path,
-        namespaces=[{"Name": "a", "Queues": [{"Name": "q1"}]}, {"Name": "b", "Queues": [{"Name": "q2"}]}],
+        namespaces=[{"Name": "a", "Queues": [{"Name": "q1"}]},
+                    {"Name": "b", "Queues": [{"Name": "q2"}]}],
     )
     queues, warnings = load_entities(path)
     assert [q.name for q in queues] == ["q1", "q2"]
@@ -190,7 +192,8 @@ def test_several_namespaces_are_merged_with_a_warning(tmp_path):
         ({"MaxDeliveryCount": "3"}, "MaxDeliveryCount"),
         ({"RequiresSession": "yes"}, "RequiresSession"),
         ({"DefaultMessageTimeToLive": "PT0S"}, "DefaultMessageTimeToLive"),
-        ({"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P8D"}, "DuplicateDetection"),
+        ({"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P8D"},
+         "DuplicateDetection"),
         ({"MaxMessageSizeInKilobytes": 102401}, "MaxMessageSizeInKilobytes"),
     ],
 )
@@ -207,7 +210,9 @@ def test_lock_duration_bounds_are_inclusive(tmp_path):
     assert one_queue(tmp_path, LockDuration="PT5M")[0].lock_duration_ms == 300_000
 
 
-@pytest.mark.parametrize("name", ["my queue", "q$", "ünïcode", "a//b", "/a", "a/", "", "x" * 261, "t/Subscriptions/s"])
+@pytest.mark.parametrize(
+    "name", ["my queue", "q$", "ünïcode", "a//b", "/a", "a/", "", "x" * 261, "t/Subscriptions/s"]
+)
 def test_invalid_entity_names_are_config_errors(tmp_path, name):
     with pytest.raises(ConfigError, match="queue name"):
         load_entities(write_config(tmp_path, [{"Name": name}]))

@@ -45,7 +45,7 @@ def batch_parts(buf: bytes, sections: list) -> list[tuple[bytes, list]] | None:
     """(inner message, its sections) for a batch envelope, None for a single message."""
     inner = []
     envelope_id = None
-    for code, start, vpos, end in sections:
+    for code, _start, vpos, end in sections:
         if code == DATA:
             c = buf[vpos]
             p = vpos + 2 if c == 0xA0 else vpos + 5 if c == 0xB0 else -1

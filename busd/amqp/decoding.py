@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from busd.amqp.types import AmqpDecimal, Array, CodecError, Described, Symbol, Timestamp
 
@@ -265,7 +266,7 @@ def _d_list(buf, p, depth, wide=False):
     p, count, end = _compound_bounds(buf, p, wide)
     if count > end - p:  # every element takes at least its constructor byte
         raise CodecError(f"list count {count} exceeds its size")
-    items = []
+    items: list[Any] = []
     append = items.append
     depth += 1
     for _ in range(count):
@@ -354,7 +355,7 @@ def _d_array(buf, p, depth, wide=False):
     limit = MAX_ZERO_WIDTH_COUNT if _WIDTH[ctor] == 0 else end - p
     if count > limit:
         raise CodecError(f"array count {count} exceeds its size")
-    items = []
+    items: list[Any] = []
     append = items.append
     depth += 1
     for _ in range(count):

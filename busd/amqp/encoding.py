@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from busd.amqp.types import (
     AmqpDecimal,

@@ -144,7 +144,7 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
     ann, ann_pairs = b"", 0
     # The bare message (sections from properties on, in wire order), its length so far, and
     # where application-properties are in it (or would be inserted: after properties).
-    bare_parts = []
+    bare_parts: list[tuple[int, int]] = []  # (start, end) in the payload
     contiguous = True
     bare_len = 0
     flags = ap_start = ap_end = 0

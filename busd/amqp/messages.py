@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from busd.amqp.decoding import RAW_ERRORS, decode_raw, malformed
@@ -65,12 +66,13 @@ def decode_message(payload: bytes) -> DecodedMessage:
 
 def _decode_message(buf: bytes) -> DecodedMessage:
     header = None
-    maps = {DELIVERY_ANNOTATIONS: {}, MESSAGE_ANNOTATIONS: {}, APPLICATION_PROPERTIES: {},
-            FOOTER: {}}  # fmt: skip
+    maps: dict[int, dict] = {DELIVERY_ANNOTATIONS: {}, MESSAGE_ANNOTATIONS: {},
+                             APPLICATION_PROPERTIES: {}, FOOTER: {}}
     properties = dict.fromkeys(PROPERTY_FIELDS)
-    body, body_type = None, None
+    body: Any = None
+    body_type: str | None = None
     seen = set()
-    for code, _, vpos, end in scan_sections(buf):
+    for code, _, vpos, _end in scan_sections(buf):
         if code in _SINGLETONS:
             if code in seen:
                 raise CodecError(f"duplicate message section 0x{code:02x}")
@@ -132,7 +134,7 @@ def _timestamp_value(v: Any) -> Any:
     return Timestamp(v) if type(v) is int else v
 
 
-_PROPERTY_TYPES = {
+_PROPERTY_TYPES: dict[str, Callable[[Any], Any]] = {
     "message_id": _message_id_value,
     "user_id": lambda v: v.encode("utf-8") if isinstance(v, str) else v,
     "to": lambda v: str(v),
@@ -147,7 +149,7 @@ _PROPERTY_TYPES = {
     "group_sequence": UInt,
     "reply_to_group_id": lambda v: str(v),
 }
-_HEADER_TYPES = {
+_HEADER_TYPES: dict[str, Callable[[Any], Any]] = {
     "durable": bool,
     "priority": UByte,
     "ttl": UInt,
@@ -216,6 +218,7 @@ def encode_message(
             encode_into(out, value)
     except CodecError:
         raise
-    except (struct.error, OverflowError, UnicodeError, AttributeError, TypeError, ValueError) as exc:
+    except (struct.error, OverflowError, UnicodeError, AttributeError, TypeError,
+            ValueError) as exc:
         raise CodecError(f"cannot encode message: {exc}") from None
     return bytes(out)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from typing import Protocol as TypingProtocol
 
 from proton import Collector, Connection, Event, Transport
@@ -188,7 +189,8 @@ class AmqpProtocol(asyncio.Protocol):
                 return
             out = self.engine.peek(pending)
             self.engine.pop(pending)
-            self._sock.write(out)
+            if out:
+                self._sock.write(out)
 
     def _tick(self) -> None:
         """Let proton run its timers (heartbeats, idle time-out) and arm ours for the next."""

@@ -13,7 +13,7 @@ busd.amqp.decoding and busd.amqp.encoding for the mapping each way).
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -91,9 +91,9 @@ class Timestamp(_TypedInt):
     __slots__ = ()
 
     @classmethod
-    def from_datetime(cls, dt: datetime) -> "Timestamp":
+    def from_datetime(cls, dt: datetime) -> Timestamp:
         if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=timezone.utc)
+            dt = dt.replace(tzinfo=UTC)
         return cls((dt - _EPOCH) // _ONE_MS)
 
 
@@ -179,5 +179,5 @@ def _array_type_name(element_type: Any) -> Any:
     raise CodecError(f"unknown AMQP array element type {element_type!r}")
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)

@@ -1,7 +1,8 @@
 """Shared Access Signature tokens, checked the way Service Bus checks them (docs/wire.md §3.3).
 
-A token reads `SharedAccessSignature sr=<enc(audience)>&sig=<enc(signature)>&se=<expiry>&skn=<enc(key
-name)>`, fields in any order, `enc` being `urllib.parse.quote_plus`. The signature is
+A token reads
+`SharedAccessSignature sr=<enc(audience)>&sig=<enc(signature)>&se=<expiry>&skn=<enc(key name)>`,
+fields in any order, `enc` being `urllib.parse.quote_plus`. The signature is
 Base64(HMAC-SHA256(key, sr + "\\n" + se)) where `sr` is taken exactly as it appears in the token
 (already encoded) and the key is the UTF-8 of the shared access key as written, not decoded.
 
@@ -75,7 +76,7 @@ def parse_sas_token(token: str) -> SasToken:
 
 def sign(signed_resource: str, expiry: int | str, key: str) -> str:
     """Base64 HMAC-SHA256 of `signed_resource + "\\n" + expiry`, keyed with the key as written."""
-    message = f"{signed_resource}\n{expiry}".encode("utf-8")
+    message = f"{signed_resource}\n{expiry}".encode()
     digest = hmac.new(key.encode("utf-8"), message, hashlib.sha256).digest()
     return base64.b64encode(digest).decode("ascii")
 

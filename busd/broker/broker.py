@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from busd.storage.api import WAKE_ALL, QueueSpec, Store
 

@@ -17,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from proton import Condition, Link
 
 from busd.auth.sas import audience_covers
 from busd.broker.links import LinkEndpoint, LinkRegistry, close_link, refuse_link
 from busd.broker.routing import make_endpoint
-from busd.errors import BusdError, Condition as Cond
+from busd.errors import BusdError
+from busd.errors import Condition as Cond
 
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
 
@@ -30,7 +31,7 @@ def amqp_condition(error: BusdError, *, triple: bool = True) -> Condition:
     """An AMQP error. `triple`: keep all three fields on the wire (a non-empty info map), which
     pyamqp needs in close frames and in rejected outcomes on its sender links (docs/wire.md
     §9.4)."""
-    info = {symbol("tracking-id"): "busd"} if triple else None
+    info: Any = {symbol("tracking-id"): "busd"} if triple else None
     return Condition(error.condition.value, error.description, info)
 
 

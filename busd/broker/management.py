@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from busd.amqp import codec
 from busd.broker import messages
@@ -116,7 +117,8 @@ def _ints(values) -> list[int]:
 # --- operations (each returns (status, body)) ------------------------------------------------
 async def renew_lock(ep: ManagementEndpoint, body: dict, app: dict):
     expirations = await ep.broker.store.renew_message_locks(ep.entity, _tokens(body))
-    return 200, {"expirations": codec.Array(codec.Timestamp, [codec.Timestamp(e) for e in expirations])}
+    stamps = [codec.Timestamp(e) for e in expirations]
+    return 200, {"expirations": codec.Array(codec.Timestamp, stamps)}
 
 
 async def renew_session_lock(ep: ManagementEndpoint, body: dict, app: dict):
@@ -203,7 +205,7 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
     )
     out = []
     for message in messages:
-        item = {"message": delivery_payload(message)}
+        item: dict[str, Any] = {"message": delivery_payload(message)}
         if message.lock_token is not None:
             item["lock-token"] = uuid.UUID(bytes=message.lock_token)
         out.append(item)

@@ -44,7 +44,7 @@ class ReplyEndpoint(LinkEndpoint):
 
     def _flush(self) -> None:
         while self.backlog and self.link.credit > 0 and not self.detached:
-            delivery = self.link.delivery(os.urandom(16))
+            delivery = self.link.delivery(os.urandom(16))  # type: ignore[arg-type]  # binary tag
             self.link.send(self.backlog.pop(0))
             delivery.settle()
             self.link.advance()

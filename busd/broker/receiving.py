@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 from proton import Delivery, Link, symbol
 
@@ -41,6 +42,10 @@ def lock_tag(token: bytes) -> bytes:
     return token[3::-1] + token[5:3:-1] + token[7:5:-1] + token[8:]
 
 
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _outcome_of(delivery) -> Settlement | None:
     """The settlement a client asked for with its disposition of a raw delivery (docs/wire.md
     §7.1)."""
@@ -52,7 +57,7 @@ def _outcome_of(delivery) -> Settlement | None:
         outcome = Outcome.DEFER if undeliverable else Outcome.ABANDON
         if not failed and not undeliverable:
             outcome = Outcome.RELEASE  # modified with nothing set is a plain release
-        patch = engine.wrap(delivery).remote.annotations  # properties to modify, if any
+        patch: Any = engine.wrap(delivery).remote.annotations  # properties to modify, if any
         return Settlement(
             token=b"",
             outcome=outcome,
@@ -60,11 +65,13 @@ def _outcome_of(delivery) -> Settlement | None:
         )
     if state == engine.REJECTED:
         cond = engine.wrap(delivery).remote.condition
-        info = (cond.info if cond is not None else None) or {}
-        reason = info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason"))
-        description = info.get(
+        info: Any = (cond.info if cond is not None else None) or {}
+        if not isinstance(info, dict):
+            info = {}
+        reason = _text(info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason")))
+        description = _text(info.get(
             symbol("DeadLetterErrorDescription"), info.get("DeadLetterErrorDescription")
-        )
+        ))
         if description is None and cond is not None:
             description = cond.description
         return Settlement(
@@ -178,8 +185,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if messages and self.mode == ReceiveMode.PEEK_LOCK:
             await self.broker.store.settle(
                 self.entity,
-                [Settlement(token=m.lock_token, outcome=Outcome.RELEASE, session_id=self.session_id)
-                 for m in messages],
+                [Settlement(token=m.lock_token or b"", outcome=Outcome.RELEASE,
+                            session_id=self.session_id) for m in messages],
                 self.holder,
             )
 
@@ -187,7 +194,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
         payload = delivery_payload(message, locked=peek_lock)
         if peek_lock:
-            tag = lock_tag(message.lock_token)
+            tag = lock_tag(message.lock_token)  # type: ignore[arg-type]  # set in peek-lock
         else:  # nothing will refer to it: any unique tag does
             self._tags += 1
             tag = self._tags.to_bytes(16, "big")

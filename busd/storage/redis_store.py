@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from busd.errors import BusdError, Condition, refusal
 from busd.storage import keys as keyspace
 from busd.storage.api import (
+    WAKE_ALL,
     EntityCounts,
     EntityRef,
     MessageState,
@@ -31,7 +32,6 @@ from busd.storage.api import (
     Settlement,
     StoredMessage,
     SweepResult,
-    WAKE_ALL,
     WakeCallback,
 )
 from busd.storage.scripts import Scripts
@@ -192,9 +192,9 @@ class RedisStore:
             self._client = cluster
             node = cluster.get_nodes()[0]
             options.pop("max_connections")
-            self._node = redis.Redis(host=node.host, port=node.port, **options)
+            self._node = redis.Redis(host=node.host, port=int(node.port), **options)
         await self._check_server()
-        self._scripts = Scripts(self._client)
+        self._scripts = Scripts(self._client)  # type: ignore[arg-type]  # same script API
         await self._scripts.preload()
 
     async def _check_server(self) -> None:
@@ -301,7 +301,7 @@ class RedisStore:
         if slots.locked():  # all busy: wait for a turn, for a bounded time
             try:
                 await asyncio.wait_for(slots.acquire(), CALL_WAIT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise BusdError(
                     Condition.SERVER_BUSY, "The store is busy; try again."
                 ) from None

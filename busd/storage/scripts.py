@@ -141,5 +141,5 @@ class Scripts:
         for src in self.sources.values():
             await self._client.script_load(src.text)
 
-    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def run(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> Any:
         return await self._registered[name](keys=keys, args=args)

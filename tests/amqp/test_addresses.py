@@ -55,7 +55,8 @@ def test_entity_paths_are_what_a_token_audience_must_cover():
     assert parse_address("q/$DeadLetterQueue").entity_path == "q/$deadletterqueue"
     assert parse_address("q/$DeadLetterQueue/$management").entity_path == "q/$deadletterqueue"
     assert parse_address("q/$management").entity_path == "q"
-    assert parse_address("q/$Transfer/$DeadLetterQueue").entity_path == "q/$transfer/$deadletterqueue"
+    parsed = parse_address("q/$Transfer/$DeadLetterQueue")
+    assert parsed.entity_path == "q/$transfer/$deadletterqueue"
     assert parse_address("t/Subscriptions/S").entity_path == "t/subscriptions/s"
     assert parse_address("t/Subscriptions/s").is_subscription
     assert not parse_address("q").is_subscription

@@ -38,7 +38,7 @@ from busd.amqp.codec import (
     UShort,
 )
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 U1 = uuid.UUID("7996a2e5-7e5f-479d-bcc6-22f11100456c")
 U2 = uuid.UUID("44c44ec9-21cd-463a-9327-2f7b9e778bcc")
 
@@ -618,8 +618,8 @@ def test_sdk_batch_is_unpacked():
     assert (a.message_id, a.session_id, a.partition_key) == ("first", "s1", "s1")
     assert (b.message_id, b.session_id, b.ttl_ms) == ("second", "s1", 9000)
     assert inner[1] == sdk_bytes(second) or codec.decode_message(inner[1]).body == [b"b" * 300]
-    assert b"".join(received(codec.encode_delivery(b.blob, seq=2, enqueued_ms=1,
-                                                   delivery_count=0)).body) == b"b" * 300  # fmt: skip
+    delivered = received(codec.encode_delivery(b.blob, seq=2, enqueued_ms=1, delivery_count=0))
+    assert b"".join(delivered.body) == b"b" * 300
 
 
 def test_parse_transfer_handles_batches_and_single_messages():

@@ -45,7 +45,7 @@ class ProtonCbsClient:
         )
         self._cbs: tuple[BlockingSender, BlockingReceiver] | None = None
 
-    def __enter__(self) -> "ProtonCbsClient":
+    def __enter__(self) -> ProtonCbsClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -88,7 +88,7 @@ class Received:
 class SessionReceiver:
     """A session receiver link and what has come in on it."""
 
-    client: "EngineClient"
+    client: EngineClient
     link: Link
     received: list[Received] = field(default_factory=list)
     attached_at: float = 0.0  # monotonic time the client saw the broker's attach

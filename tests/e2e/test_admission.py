@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 import urllib.error
 import urllib.request
-from datetime import datetime, timedelta, timezone
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -85,7 +85,7 @@ def test_a_sender_link_rejects_the_transfer(busd, sdk, bad):
 @pytest.mark.parametrize("bad", BAD_IDS[:2], ids=["nul-inside", "nul-at-end"])
 def test_schedule_message_is_refused(sdk, bad):
     # (The SDK itself refuses an id over 128 characters before sending it.)
-    due = datetime.now(timezone.utc) + timedelta(seconds=1)
+    due = datetime.now(UTC) + timedelta(seconds=1)
     with sdk.get_queue_sender("admit-sessions") as sender:
         with pytest.raises(ServiceBusError) as refused:
             sender.schedule_messages(ServiceBusMessage("leak?", session_id=bad), due)

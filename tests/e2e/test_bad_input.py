@@ -51,7 +51,7 @@ class RawConnection:
         self.engine: Transport | None = None
         self.connection: Connection | None = None
 
-    def handshake(self) -> "RawConnection":
+    def handshake(self) -> RawConnection:
         self.engine = Transport()
         self.engine.sasl().allowed_mechs("ANONYMOUS")
         self.connection = Connection()
@@ -91,7 +91,7 @@ class RawConnection:
                 data += chunk
         except ConnectionResetError:
             return data, True
-        except socket.timeout:
+        except TimeoutError:
             pass
         return data, False
 

@@ -140,7 +140,7 @@ def test_next_available_sessions_are_exclusive_across_processes(pair):
         by_session[session_id].append((start, end, number))
     for session_id, intervals in by_session.items():
         intervals.sort()
-        for (s1, e1, n1), (s2, e2, n2) in zip(intervals, intervals[1:]):
+        for (_s1, e1, n1), (s2, _e2, n2) in zip(intervals, intervals[1:]):
             assert e1 <= s2, f"{session_id} held by receivers {n1} and {n2} at once"
     # The work really was spread over both processes.
     assert {number % 2 for _, number, _, _ in holds} == {0, 1}

@@ -4,7 +4,7 @@ receive-by-sequence-number, scheduling and cancelling, peeking, duplicate detect
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import (
@@ -19,6 +19,7 @@ from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
+RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def test_receive_deferred_in_receive_and_delete_mode_deletes(client):
     with client.get_queue_receiver("defer") as receiver:
         (message,) = receive(receiver, 1)
         receiver.defer_message(message)
-    with client.get_queue_receiver("defer", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+    with client.get_queue_receiver("defer", receive_mode=RECEIVE_AND_DELETE) as r:
         (fetched,) = r.receive_deferred_messages([message.sequence_number])
         assert str(fetched) == "once"
         with pytest.raises(MessageNotFoundError):
@@ -135,7 +136,7 @@ def test_scheduled_message_is_invisible_until_due_and_can_be_cancelled(client):
     # Links are opened first so that connection set-up does not eat into the delay.
     with client.get_queue_sender("sched") as sender, client.get_queue_receiver("sched") as receiver:
         receiver.peek_messages(max_message_count=1)
-        due = datetime.now(timezone.utc) + timedelta(seconds=3)
+        due = datetime.now(UTC) + timedelta(seconds=3)
         keep, cancel = sender.schedule_messages(
             [ServiceBusMessage("scheduled"), ServiceBusMessage("cancelled")], due)
         assert keep < cancel
@@ -145,7 +146,7 @@ def test_scheduled_message_is_invisible_until_due_and_can_be_cancelled(client):
         peeked = receiver.peek_messages(max_message_count=5, sequence_number=keep)
         assert [(str(m), m.state.value) for m in peeked] == [("scheduled", 2)]
         assert receiver.receive_messages(max_message_count=1, max_wait_time=0.5) == []
-        assert datetime.now(timezone.utc) < due  # the empty receive happened before the due time
+        assert datetime.now(UTC) < due  # the empty receive happened before the due time
         messages = receive(receiver, 1, wait=5)
         assert [str(m) for m in messages] == ["scheduled"]
         assert messages[0].sequence_number == keep
@@ -157,11 +158,11 @@ def test_scheduled_enqueue_time_on_send_delays_delivery(client):
     with client.get_queue_sender("sched") as sender, client.get_queue_receiver("sched") as receiver:
         receiver.peek_messages(max_message_count=1)
         message = ServiceBusMessage("via annotation")
-        due = datetime.now(timezone.utc) + timedelta(seconds=3)
+        due = datetime.now(UTC) + timedelta(seconds=3)
         message.scheduled_enqueue_time_utc = due
         sender.send_messages(message)
         assert receiver.receive_messages(max_message_count=1, max_wait_time=0.5) == []
-        assert datetime.now(timezone.utc) < due
+        assert datetime.now(UTC) < due
         (got,) = receive(receiver, 1, wait=5)
         assert str(got) == "via annotation"
         receiver.complete_message(got)
@@ -170,7 +171,7 @@ def test_scheduled_enqueue_time_on_send_delays_delivery(client):
 def test_scheduled_session_message_joins_its_session_when_due(client):
     with client.get_queue_sender("ssched") as sender:
         sender.schedule_messages(ServiceBusMessage("later", session_id="ss"),
-                                 datetime.now(timezone.utc) + timedelta(seconds=3))
+                                 datetime.now(UTC) + timedelta(seconds=3))
         sender.send_messages(ServiceBusMessage("now", session_id="ss"))
     with client.get_queue_receiver("ssched", session_id="ss") as receiver:
         (now,) = receive(receiver, 1)
@@ -200,13 +201,13 @@ def test_duplicate_message_id_is_dropped_inside_the_window(client):
         sender.send_messages(ServiceBusMessage("one", message_id="same"))
         sender.send_messages(ServiceBusMessage("two", message_id="same"))
         sender.send_messages(ServiceBusMessage("other", message_id="different"))
-    with client.get_queue_receiver("dedup", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+    with client.get_queue_receiver("dedup", receive_mode=RECEIVE_AND_DELETE) as r:
         assert [str(m) for m in receive(r, 2)] == ["one", "other"]
         assert r.receive_messages(max_message_count=1, max_wait_time=0.5) == []
     time.sleep(2.2)  # the window is 2 s
     with client.get_queue_sender("dedup") as sender:
         sender.send_messages(ServiceBusMessage("three", message_id="same"))
-    with client.get_queue_receiver("dedup", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+    with client.get_queue_receiver("dedup", receive_mode=RECEIVE_AND_DELETE) as r:
         assert [str(m) for m in receive(r, 1)] == ["three"]
 
 
@@ -224,8 +225,8 @@ def test_peek_on_the_dead_letter_queue(client):
 def test_scheduled_messages_take_part_in_duplicate_detection(client):
     with client.get_queue_sender("dedup") as sender:
         sender.schedule_messages(ServiceBusMessage("scheduled", message_id="sched-dup"),
-                                 datetime.now(timezone.utc) + timedelta(seconds=1))
+                                 datetime.now(UTC) + timedelta(seconds=1))
         sender.send_messages(ServiceBusMessage("duplicate", message_id="sched-dup"))
-    with client.get_queue_receiver("dedup", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+    with client.get_queue_receiver("dedup", receive_mode=RECEIVE_AND_DELETE) as r:
         assert [str(m) for m in receive(r, 1, wait=4)] == ["scheduled"]
         assert r.receive_messages(max_message_count=1, max_wait_time=0.5) == []

@@ -21,6 +21,7 @@ from azure.servicebus.exceptions import (
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
+RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_batch_is_stored_as_separate_messages(client):
             batch.add_message(ServiceBusMessage(f"b{i}"))
         sender.send_messages(batch)
         sender.send_messages([ServiceBusMessage("l0"), ServiceBusMessage("l1")])
-    with client.get_queue_receiver("batch", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+    with client.get_queue_receiver("batch", receive_mode=RECEIVE_AND_DELETE) as receiver:
         messages = receive(receiver, 6)
     assert [str(m) for m in messages] == ["b0", "b1", "b2", "b3", "l0", "l1"]
     assert len({m.sequence_number for m in messages}) == 6
@@ -135,7 +136,7 @@ def test_expired_lock_is_redelivered_and_max_delivery_count_dead_letters(client)
 def test_receive_and_delete_removes_on_delivery(client):
     with client.get_queue_sender("rad") as sender:
         sender.send_messages([ServiceBusMessage("x"), ServiceBusMessage("y")])
-    with client.get_queue_receiver("rad", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+    with client.get_queue_receiver("rad", receive_mode=RECEIVE_AND_DELETE) as receiver:
         assert [str(m) for m in receive(receiver, 2)] == ["x", "y"]
     with client.get_queue_receiver("rad", max_wait_time=1) as receiver:
         assert receiver.receive_messages(max_message_count=2, max_wait_time=1) == []
@@ -191,7 +192,7 @@ def test_oversized_message_is_refused_and_the_link_keeps_working(client):
         with pytest.raises(MessageSizeExceededError):
             sender.send_messages(ServiceBusMessage(b"x" * (100 * 1024)))
         sender.send_messages(ServiceBusMessage("fits"))
-    with client.get_queue_receiver("small", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+    with client.get_queue_receiver("small", receive_mode=RECEIVE_AND_DELETE) as receiver:
         assert [str(m) for m in receive(receiver, 1)] == ["fits"]
 
 

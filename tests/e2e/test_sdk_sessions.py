@@ -51,7 +51,9 @@ def client(busd):
 
 def send(client, queue_name, session_id, bodies, **kwargs):
     with client.get_queue_sender(queue_name) as sender:
-        sender.send_messages([ServiceBusMessage(b, session_id=session_id, **kwargs) for b in bodies])
+        sender.send_messages(
+            [ServiceBusMessage(b, session_id=session_id, **kwargs) for b in bodies]
+        )
 
 
 
@@ -182,7 +184,8 @@ def test_expired_session_lock_raises_count_and_loses_the_lock(client):
 def test_auto_lock_renewer_keeps_the_session(client):
     send(client, "short", "renewed", ["r0", "r1"])
     renewer = AutoLockRenewer(max_lock_renewal_duration=20)
-    with client.get_queue_receiver("short", session_id="renewed", auto_lock_renewer=renewer) as receiver:
+    with client.get_queue_receiver("short", session_id="renewed",
+                                   auto_lock_renewer=renewer) as receiver:
         (first,) = receive(receiver, 1)
         time.sleep(4)  # twice the lock duration
         receiver.complete_message(first)

@@ -243,7 +243,7 @@ def test_completions_sent_with_the_detach_stick(pair):
             client.close_link(receiver)  # the rest of the completions and the detach: one write
             assert went_out_together(client, "detach"), client.frames_of_write(client.writes)
             ledger.completed_now(round_no, indexes)
-            client.wait(lambda: receiver.gone, what="the detach answer")
+            client.wait(lambda r=receiver: r.gone, what="the detach answer")
     for probe in probes:
         probe.close()
     ledger.check_store(b, name, target)
@@ -311,8 +311,8 @@ def test_completions_sent_with_the_connection_close_stick(pair):
                 client.sock.shutdown(socket.SHUT_WR)
                 shut = client
             else:
-                client.wait(lambda: bool(client.conn.state & client.conn.REMOTE_CLOSED)
-                            or client.eof, what="the close answer")
+                client.wait(lambda c=client: bool(c.conn.state & c.conn.REMOTE_CLOSED) or c.eof,
+                            what="the close answer")
                 client.sock.close()
             previous_ending = ending
     if shut is not None:
@@ -379,7 +379,7 @@ class ChurnReceiver:
     IDLE_S), complete all but the last in one write and the last together with the detach in
     the next, wait for the detach answer, accept again."""
 
-    def __init__(self, number: int, busd, queue_name: str, log: "ChurnLog") -> None:
+    def __init__(self, number: int, busd, queue_name: str, log: ChurnLog) -> None:
         self.number = number
         self.queue_name = queue_name
         self.log = log
@@ -520,7 +520,7 @@ def test_next_available_receivers_under_churn(pair):
         by_session[session_id].append((start, end, number))
     for session_id, intervals in sorted(by_session.items()):
         intervals.sort()
-        for (s1, e1, n1), (s2, e2, n2) in zip(intervals, intervals[1:]):
+        for (_s1, e1, n1), (s2, _e2, n2) in zip(intervals, intervals[1:]):
             if s2 < e1:
                 problems.append(f"{session_id} held by receivers {n1} and {n2} at once")
     assert {number % 2 for _, number, _, _ in log.holds} == {0, 1}, "one busd did all the work"

@@ -56,5 +56,5 @@ def test_two_servers_on_two_directories_get_their_own_ports(tmp_path):
 def test_url_before_start_and_double_stop(tmp_path):
     store = EmbeddedValkey(tmp_path)
     with pytest.raises(EmbeddedStoreError):
-        store.url
+        _ = store.url
     store.stop()  # nothing to stop: no error

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from busd.errors import Condition
 from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
 
 

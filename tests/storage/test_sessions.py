@@ -417,7 +417,8 @@ async def test_the_store_refuses_a_nul_in_a_session_id_and_stores_nothing(store,
     # filed among session "a"'s messages. The broker refuses such ids first; the store too.
     q = make_queue(requires_session=True)
     with pytest.raises(BusdError) as refused:
-        await store.send(q, [NewMessage(b"ok", session_id="b"), NewMessage(b"x", session_id="a\0b")])
+        await store.send(q, [NewMessage(b"ok", session_id="b"),
+                             NewMessage(b"x", session_id="a\0b")])
     assert refused.value.condition == Condition.ARGUMENT_OUT_OF_RANGE
     with pytest.raises(BusdError):
         await store.accept_session(q, "a\0", "h1")

@@ -10,8 +10,7 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
-from busd.storage.api import WAKE_ALL
+from busd.storage.api import WAKE_ALL, EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
 
 PL = ReceiveMode.PEEK_LOCK
@@ -328,7 +327,7 @@ async def test_listener_resubscribes_after_its_connection_is_killed_and_wakes_ev
         try:
             if await wakes.next(timeout=0.1) == w:
                 return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await store.receive(EntityRef(q), 10, RAD, [])
     pytest.fail("no wake-up after the subscription's connection was killed")
