@@ -28,6 +28,10 @@ from busd.storage.api import NewMessage, QueueSpec
 
 log = logging.getLogger("busd.broker")
 
+# Most transfers one store call takes: a client that ignores credit (docs/wire.md §5.1) and
+# floods the link still meets a store that answers each call in milliseconds.
+MAX_STORE_BATCH = 256
+
 
 class QueueSenderEndpoint(LinkEndpoint):
     raw_deliveries = True
@@ -39,6 +43,7 @@ class QueueSenderEndpoint(LinkEndpoint):
         self._pending: list = []  # (raw delivery, payload, size) waiting for the store
         self._busy = False
         self._store_task: asyncio.Task | None = None
+        self._unanswered = 0  # transfers held until the store answers (pending or in a call)
         self._raw_link = link._impl
         self._partial: dict = {}  # raw delivery -> chunks of a transfer spanning frames
 
@@ -80,11 +85,10 @@ class QueueSenderEndpoint(LinkEndpoint):
             engine.link_advance(link)
             return
         engine.link_advance(link)
-        credit = engine.link_credit(link)
-        if credit < CREDIT_WINDOW // 2:
-            engine.link_flow(link, CREDIT_WINDOW - credit)
         engine.hold(delivery)  # answered after the store call
+        self._unanswered += 1
         self._pending.append((delivery, data, size))
+        self._top_up()
         if not self._busy:
             self._busy = True
             self._store_task = self.spawn(self._store_pending())
@@ -94,11 +98,24 @@ class QueueSenderEndpoint(LinkEndpoint):
         if self._store_task is not None:
             await asyncio.gather(self._store_task, return_exceptions=True)
 
+    def _top_up(self) -> None:
+        """Keep credit plus unanswered transfers at the window: a client that honours credit
+        never has more than CREDIT_WINDOW transfers waiting for the store."""
+        outstanding = engine.link_credit(self._raw_link) + self._unanswered
+        if outstanding < CREDIT_WINDOW // 2 and not self.detached:
+            engine.link_flow(self._raw_link, CREDIT_WINDOW - outstanding)
+
     async def _store_pending(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
-                await self._store(batch)
+                batch = self._pending[:MAX_STORE_BATCH]
+                del self._pending[:MAX_STORE_BATCH]
+                try:
+                    await self._store(batch)
+                finally:
+                    self._unanswered -= len(batch)
+                self._top_up()
+                self.kick()  # the answers and the new credit in one write
         finally:
             self._busy = False
 
@@ -128,7 +145,6 @@ class QueueSenderEndpoint(LinkEndpoint):
             engine.settle(delivery, engine.ACCEPTED)
         for delivery, _, _ in batch:
             engine.release(delivery)
-        self.kick()
 
     def _decode(self, payload: bytes, size: int) -> list[NewMessage]:
         messages.check_size(self.queue, size)  # the whole transfer, batch envelope included

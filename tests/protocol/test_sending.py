@@ -3,6 +3,8 @@ busd's protocol in memory. What was accepted is checked by receiving it back."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from proton import Delivery, Message
 
@@ -132,3 +134,39 @@ async def test_credit_is_topped_up_below_half_the_window(client):
     # Below 500 the broker flows the window back up to 1000 (docs/wire.md §5.1).
     await client.wait(lambda: sender.link.credit >= 900, "the credit top-up")
     assert len(sender.frames("flow")) >= 2
+
+
+_FLOW = re.compile(r"delivery-count=(\w+), link-credit=(\w+)")  # proton prints them in hex
+_SETTLED_RANGE = re.compile(r"role=true, first=(\w+)(?:, last=(\w+))?")
+
+
+async def test_credit_never_outruns_the_store(client):
+    # 900 transfers in one write: more than half the window, none answered yet. The broker
+    # must not top the credit up for transfers still waiting for the store, or a fast sender
+    # piles up unbounded work (docs/wire.md §5.1). Walk the broker's frames in order: at
+    # every flow, what it permits minus what it answered stays within the window.
+    sender = await client.attach_sender("plain")
+    first = len(client.frames)
+    deliveries = await client.send(sender, *(Message(body=i) for i in range(900)))
+    assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+    await client.wait(lambda: sender.link.credit >= 500, "the credit top-up")
+    frames = [f for f in client.frames[first:] if f.incoming]
+
+    def settled(frame) -> int:
+        m = _SETTLED_RANGE.search(frame.text) if frame.performative == "disposition" else None
+        return int(m.group(2) or m.group(1), 0) - int(m.group(1), 0) + 1 if m else 0
+
+    answered, flows = 0, 0
+    for i, frame in enumerate(frames):
+        answered += settled(frame)
+        if frame.performative == "flow" and (m := _FLOW.search(frame.text)):
+            flows += 1
+            permitted = int(m.group(1), 0) + int(m.group(2), 0)
+            # proton writes a flow ahead of the dispositions produced in the same step
+            batch = 0
+            for later in frames[i + 1:]:
+                if later.performative != "disposition":
+                    break
+                batch += settled(later)
+            assert permitted - (answered + batch) <= 1000, (frame.text, answered + batch)
+    assert answered == 900 and flows >= 1
