@@ -18,7 +18,7 @@ from busd.amqp import codec
 from busd.broker import messages
 from busd.broker.messages import MAX_SESSION_ID_LENGTH
 from busd.errors import BusdError, Condition
-from busd.storage.api import EntityRef, MessageState, QueueSpec, StoredMessage
+from busd.storage.api import MessageState, QueueSpec, StoredMessage
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
@@ -123,7 +123,7 @@ class Admin:
 
     async def queue_info(self, name: str) -> dict[str, Any]:
         spec = self.queue(name)
-        counts = await self.broker.store.counts(EntityRef(spec))
+        counts = await self.broker.store.counts(spec)
         return {
             "name": spec.name,
             "properties": {
@@ -148,7 +148,7 @@ class Admin:
         if not 1 <= count <= MAX_PEEK:
             raise AdminError(400, f"count must be 1..{MAX_PEEK}, got {count}")
         messages = await self.broker.store.peek(
-            EntityRef(spec, dlq=dlq), max(from_seq, 0), count, session_id
+            spec.dead_letter_queue if dlq else spec, max(from_seq, 0), count, session_id
         )
         return [message_view(m) for m in messages]
 
@@ -201,7 +201,7 @@ class Admin:
 
     async def purge(self, name: str, *, dlq: bool = False) -> dict[str, Any]:
         spec = self.queue(name)
-        return {"purged": await self.broker.store.purge(EntityRef(spec, dlq=dlq))}
+        return {"purged": await self.broker.store.purge(spec.dead_letter_queue if dlq else spec)}
 
     async def resubmit(self, name: str, limit: int | None = None) -> dict[str, Any]:
         """Move dead-lettered messages back: at most `limit`, or every one (in chunks)."""
@@ -216,6 +216,6 @@ class Admin:
             moved += n
             if n < chunk:
                 break
-        remaining = await store.counts(EntityRef(spec, dlq=True))
+        remaining = await store.counts(spec.dead_letter_queue)
         return {"resubmitted": moved, "remaining": remaining.active + remaining.deferred,
                 "dead_letter": remaining.dead_letter}

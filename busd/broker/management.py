@@ -17,7 +17,7 @@ from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
 from busd.errors import BusdError, Condition, refusal
-from busd.storage.api import EntityRef, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 
 log = logging.getLogger("busd.broker")
 
@@ -36,7 +36,7 @@ class ManagementEndpoint(RequestEndpoint):
     def __init__(self, conn: ConnectionScope, link, queue: QueueSpec, *, dlq: bool) -> None:
         super().__init__(conn, link)
         self.queue = queue
-        self.entity = EntityRef(queue, dlq=dlq)
+        self.entity = queue.dead_letter_queue if dlq else queue
 
     async def handle(self, payload: bytes):
         try:

@@ -27,7 +27,7 @@ from busd.amqp import codec, engine
 from busd.broker.links import ConnectionScope, LinkEndpoint, amqp_condition, echo_termini, is_open
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.errors import BusdError, Condition, refusal
-from busd.storage.api import EntityRef, Outcome, ReceiveMode, Settlement, StoredMessage
+from busd.storage.api import Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
@@ -90,10 +90,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     raw_deliveries = True  # the client's dispositions, per message
 
-    def __init__(self, conn: ConnectionScope, link: Link, entity: EntityRef) -> None:
+    def __init__(self, conn: ConnectionScope, link: Link, entity: QueueSpec) -> None:
         super().__init__(conn, link)
         self.entity = entity
-        self.queue = entity.queue
+        self.queue = entity  # (a dead-letter queue is named and counted by its queue)
         self.mode = (
             ReceiveMode.RECEIVE_AND_DELETE
             if link.remote_snd_settle_mode == Link.SND_SETTLED

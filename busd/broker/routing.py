@@ -12,7 +12,7 @@ from busd.amqp.addresses import parse_address
 from busd.broker import cbs, management, nodes, receiving, sending, sessions
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.errors import BusdError, Condition
-from busd.storage.api import EntityRef, QueueSpec
+from busd.storage.api import QueueSpec
 
 
 def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
@@ -43,7 +43,7 @@ def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
 def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,
               dlq: bool) -> LinkEndpoint:  # fmt: skip
     if dlq:
-        return receiving.QueueReceiverEndpoint(conn, link, EntityRef(queue, dlq=True))
+        return receiving.QueueReceiverEndpoint(conn, link, queue.dead_letter_queue)
     has_filter, session_id = _session_filter(link)
     if queue.requires_session and not has_filter:
         raise BusdError(
@@ -58,7 +58,7 @@ def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,
     if has_filter:
         timeout_ms = (link.remote_properties or {}).get(sessions.TIMEOUT_PROPERTY)
         return sessions.SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
-    return receiving.QueueReceiverEndpoint(conn, link, EntityRef(queue))
+    return receiving.QueueReceiverEndpoint(conn, link, queue)
 
 
 def _session_filter(link: Link) -> tuple[bool, str | None]:

@@ -22,7 +22,7 @@ from busd.broker.links import ConnectionScope, echo_termini
 from busd.broker.messages import new_tokens
 from busd.broker.receiving import QueueReceiverEndpoint
 from busd.errors import BusdError, Condition
-from busd.storage.api import EntityRef, QueueSpec, ReceiveMode, StoredMessage
+from busd.storage.api import QueueSpec, ReceiveMode, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
@@ -46,7 +46,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self, conn: ConnectionScope, link: Link, queue: QueueSpec, session_id: str | None,
         timeout_ms: int | None,
     ) -> None:  # fmt: skip
-        super().__init__(conn, link, EntityRef(queue))
+        super().__init__(conn, link, queue)
         self.requested_session = session_id
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
         self.locked_until_ms = 0

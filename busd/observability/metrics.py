@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from busd.errors import Condition
-from busd.storage.api import EntityCounts, EntityRef, Outcome
+from busd.storage.api import EntityCounts, Outcome
 
 _OUTCOME_NAMES = {
     Outcome.COMPLETE: "completed",
@@ -163,7 +163,7 @@ class Metrics:
     # --- scrape -----------------------------------------------------------------------------
     async def render(self, broker) -> bytes:
         specs = list(broker.entities.values())
-        refs = [EntityRef(spec, dlq=dlq) for spec in specs for dlq in (False, True)]
+        refs = [e for spec in specs for e in (spec, spec.dead_letter_queue)]
         figures: list[EntityCounts] = []
         for start in range(0, len(refs), SCRAPE_CONCURRENCY):  # bounded: one connection each
             chunk = refs[start : start + SCRAPE_CONCURRENCY]

@@ -18,6 +18,7 @@ status codes stay inside the adapter.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,9 @@ from busd.errors import Condition
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """What the store needs to know about a queue. Names are lower-cased (Service Bus names are
+    """The handle of an entity in every Store call: a queue (its properties, which the store
+    needs on each call), or with `dlq` its dead-letter sub-queue (the same properties, other
+    messages; `queue.dead_letter_queue`). Names are lower-cased (Service Bus names are
     case-insensitive)."""
 
     name: str
@@ -39,18 +42,15 @@ class QueueSpec:
     dead_letter_on_expiration: bool = False
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class EntityRef:
-    """A receivable entity: a queue, or its dead-letter sub-queue."""
-
-    queue: QueueSpec
     dlq: bool = False
 
     @property
+    def dead_letter_queue(self) -> QueueSpec:
+        return self if self.dlq else dataclasses.replace(self, dlq=True)
+
+    @property
     def path(self) -> str:
-        return f"{self.queue.name}/$deadletterqueue" if self.dlq else self.queue.name
+        return f"{self.name}/$deadletterqueue" if self.dlq else self.name
 
 
 class ReceiveMode(enum.IntEnum):
@@ -188,7 +188,7 @@ class Store(Protocol):
     # --- non-session receive ----------------------------------------------------------------
     async def receive(
         self,
-        entity: EntityRef,
+        entity: QueueSpec,
         count: int,
         mode: ReceiveMode,
         tokens: list[bytes],
@@ -249,23 +249,23 @@ class Store(Protocol):
 
     # --- settlement and locks ------------------------------------------------------------
     async def settle(
-        self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
+        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
         """Apply each settlement; per item None when applied, else the condition of its
         refusal (MESSAGE_LOCK_LOST, SESSION_LOCK_LOST). A refused item changes nothing."""
 
-    async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
+    async def renew_message_locks(self, entity: QueueSpec, tokens: list[bytes]) -> list[int]:
         """New locked-until per token; raises MESSAGE_LOCK_LOST if any token is not locked."""
 
     # --- lifecycle operations (defer, schedule, peek) -------------------------------------
     async def peek(
-        self, entity: EntityRef, from_seq: int, count: int, session_id: str | None = None
+        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
         """Messages with seq >= from_seq in any state, without locking."""
 
     async def receive_deferred(
         self,
-        entity: EntityRef,
+        entity: QueueSpec,
         seqs: list[int],
         mode: ReceiveMode,
         tokens: list[bytes],
@@ -295,7 +295,7 @@ class Store(Protocol):
         whole: marks this process live, drops the waiters of processes that stopped sweeping,
         and wakes waiters where work and waiters meet (a wake-up that was lost)."""
 
-    async def purge(self, entity: EntityRef) -> int:
+    async def purge(self, entity: QueueSpec) -> int:
         """Delete every message of the entity; returns how many."""
 
     async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
@@ -304,7 +304,7 @@ class Store(Protocol):
         delivery count 0, no dead-letter reason, the queue's default time to live from now.
         Returns how many moved; 0 when none is left."""
 
-    async def counts(self, entity: EntityRef) -> EntityCounts: ...
+    async def counts(self, entity: QueueSpec) -> EntityCounts: ...
 
 
 AsyncFactory = Callable[[], Awaitable[Store]]

@@ -22,7 +22,6 @@ from busd.storage import keys as keyspace
 from busd.storage.api import (
     WAKE_ALL,
     EntityCounts,
-    EntityRef,
     MessageState,
     NewMessage,
     QueueSpec,
@@ -84,7 +83,7 @@ def _effective_ttl(queue: QueueSpec, message: NewMessage) -> int | None:
     return min(limits) if limits else None
 
 
-def _entity(entity: EntityRef) -> str:
+def _entity(entity: QueueSpec) -> str:
     return "d" if entity.dlq else "q"
 
 
@@ -321,6 +320,8 @@ class RedisStore:
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         if not messages:
             return []
+        if queue.dlq:
+            raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
         _check_session_ids(m.session_id for m in messages)
         args: list[Any] = [
             queue.duplicate_detection_window_ms or 0,
@@ -342,7 +343,7 @@ class RedisStore:
     # --- receive ---------------------------------------------------------------------------
     async def receive(
         self,
-        entity: EntityRef,
+        entity: QueueSpec,
         count: int,
         mode: ReceiveMode,
         tokens: list[bytes],
@@ -355,7 +356,7 @@ class RedisStore:
             raise ValueError("peek-lock needs one token per message")
         rows = await self._run_queue(
             "receiveMessages",
-            entity.queue,
+            entity,
             _entity(entity),
             1 if peek_lock else 0,
             count,
@@ -449,7 +450,7 @@ class RedisStore:
 
     # --- settlement and locks ------------------------------------------------------------
     async def settle(
-        self, entity: EntityRef, settlements: list[Settlement], holder: str | None = None
+        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
         if not settlements:
             return []
@@ -464,27 +465,27 @@ class RedisStore:
                 _opt(s.properties_patch),
             ]
         return [_refused(status)
-                for status in await self._run_queue("settleMessages", entity.queue, *args)]
+                for status in await self._run_queue("settleMessages", entity, *args)]
 
-    async def renew_message_locks(self, entity: EntityRef, tokens: list[bytes]) -> list[int]:
+    async def renew_message_locks(self, entity: QueueSpec, tokens: list[bytes]) -> list[int]:
         if not tokens:
             return []
-        reply = await self._run_queue("renewMessageLocks", entity.queue, _entity(entity), *tokens)
+        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity), *tokens)
         _check(reply[0])
         return list(reply[1:])
 
     # --- lifecycle operations --------------------------------------------------------------
     async def peek(
-        self, entity: EntityRef, from_seq: int, count: int, session_id: str | None = None
+        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
         rows = await self._run_queue(
-            "peekMessages", entity.queue, _entity(entity), from_seq, count, _opt(session_id)
+            "peekMessages", entity, _entity(entity), from_seq, count, _opt(session_id)
         )
         return [_message(r) for r in rows]
 
     async def receive_deferred(
         self,
-        entity: EntityRef,
+        entity: QueueSpec,
         seqs: list[int],
         mode: ReceiveMode,
         tokens: list[bytes],
@@ -496,7 +497,7 @@ class RedisStore:
             raise ValueError("peek-lock needs one token per message")
         reply = await self._run_queue(
             "receiveDeferred",
-            entity.queue,
+            entity,
             _entity(entity),
             1 if peek_lock else 0,
             _opt(session_id),
@@ -527,8 +528,8 @@ class RedisStore:
             expired_session_locks=[sid.decode() for sid in reply[3:]],
         )
 
-    async def purge(self, entity: EntityRef) -> int:
-        return await self._run_queue("purgeEntity", entity.queue, _entity(entity))
+    async def purge(self, entity: QueueSpec) -> int:
+        return await self._run_queue("purgeEntity", entity, _entity(entity))
 
     async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
         if limit <= 0:
@@ -542,8 +543,8 @@ class RedisStore:
         )
         return moved
 
-    async def counts(self, entity: EntityRef) -> EntityCounts:
-        reply = await self._run_queue("countEntity", entity.queue, _entity(entity))
+    async def counts(self, entity: QueueSpec) -> EntityCounts:
+        reply = await self._run_queue("countEntity", entity, _entity(entity))
         active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply[:7]
         totals = reply[7:]
         return EntityCounts(

@@ -17,7 +17,6 @@ from busd.amqp import codec
 from busd.auth.sas import generate_sas_token
 from busd.cli import cli
 from busd.storage.api import (
-    EntityRef,
     NewMessage,
     Outcome,
     QueueSpec,
@@ -197,11 +196,11 @@ async def test_resubmit_of_many_goes_in_chunks(busd, redis_url):
                  for i in range(1200)]
         await store.send(spec, [NewMessage(blob) for blob in blobs])
         for _ in range(3):
-            got = await store.receive(EntityRef(spec), 400, ReceiveMode.PEEK_LOCK,
+            got = await store.receive(spec, 400, ReceiveMode.PEEK_LOCK,
                                       [os.urandom(16) for _ in range(400)])
-            await store.settle(EntityRef(spec),
+            await store.settle(spec,
                                [Settlement(m.lock_token, Outcome.DEAD_LETTER) for m in got])
-        assert (await store.counts(EntityRef(spec))).dead_letter == 1200
+        assert (await store.counts(spec)).dead_letter == 1200
     finally:
         await store.close()
     done = tool_json(busd, "dlq", "resubmit", "many")

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 import redis
 
-from busd.storage.api import EntityRef, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
 
 PL = ReceiveMode.PEEK_LOCK
@@ -68,18 +68,18 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
 
     await s.send(q, [NewMessage(b"a", message_id="1"), NewMessage(b"b"), NewMessage(b"c")])
     (sched,) = await s.schedule(q, [NewMessage(b"later", scheduled_ms=now + 60_000)])
-    a, b, c = await s.receive(EntityRef(q), 3, PL, tokens(3))
-    await s.renew_message_locks(EntityRef(q), [a.lock_token])
-    await s.settle(EntityRef(q), [
+    a, b, c = await s.receive(q, 3, PL, tokens(3))
+    await s.renew_message_locks(q, [a.lock_token])
+    await s.settle(q, [
         Settlement(a.lock_token, Outcome.ABANDON),  # max delivery count 1: dead-lettered
         Settlement(b.lock_token, Outcome.DEFER),
         Settlement(c.lock_token, Outcome.RELEASE),
     ])
-    await s.receive_deferred(EntityRef(q), [b.seq], PL, tokens(1))
-    await s.peek(EntityRef(q), 0, 10)
+    await s.receive_deferred(q, [b.seq], PL, tokens(1))
+    await s.peek(q, 0, 10)
     await s.cancel_scheduled(q, [sched])
-    (dead,) = await s.receive(EntityRef(q, dlq=True), 1, PL, tokens(1))
-    await s.settle(EntityRef(q, dlq=True), [Settlement(dead.lock_token, Outcome.COMPLETE)])
+    (dead,) = await s.receive(q.dead_letter_queue, 1, PL, tokens(1))
+    await s.settle(q.dead_letter_queue, [Settlement(dead.lock_token, Outcome.COMPLETE)])
 
     await s.send(sq, [NewMessage(b"1", session_id="s1"), NewMessage(b"2", session_id="s2")])
     lock = await s.accept_session(sq, None, "h1")
@@ -88,7 +88,7 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     await s.get_session_state(sq, lock.session_id, "h1")
     await s.renew_session_lock(sq, lock.session_id, "h1")
     done = Settlement(got[0].lock_token, Outcome.COMPLETE, session_id=lock.session_id)
-    await s.settle(EntityRef(sq), [done], "h1")
+    await s.settle(sq, [done], "h1")
     await s.release_session(sq, lock.session_id, "h1")
     await s.accept_session(sq, "s2", "h2")
     await s.receive_session(sq, "s2", "h2", 1, PL, tokens(1))
@@ -98,10 +98,10 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     await s.list_sessions(sq, 0, 10, None)
     await s.list_sessions(sq, 0, 10, 0)
     assert len(await s.session_infos(sq)) == 2
-    await s.counts(EntityRef(sq))
-    await s.counts(EntityRef(q, dlq=True))
-    assert await s.purge(EntityRef(sq)) == 1
-    await s.purge(EntityRef(q, dlq=True))
+    await s.counts(sq)
+    await s.counts(q.dead_letter_queue)
+    assert await s.purge(sq) == 1
+    await s.purge(q.dead_letter_queue)
 
 
 async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
@@ -114,10 +114,10 @@ async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
         await asyncio.sleep(0.1)  # the subscription is in place
         q = QueueSpec("routed")
         waiter = f"{s.process_id}:receiver"
-        assert await s.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [], waiter) == []
+        assert await s.receive(q, 1, ReceiveMode.RECEIVE_AND_DELETE, [], waiter) == []
         (seq,) = await s.send(q, [NewMessage(b"via the cluster client")])
         assert await asyncio.wait_for(woken.get(), 5) == waiter
-        (message,) = await s.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+        (message,) = await s.receive(q, 1, ReceiveMode.RECEIVE_AND_DELETE, [])
         assert (message.seq, message.blob) == (seq, b"via the cluster client")
         assert await s.ping()
     finally:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from busd.storage.api import EntityRef, NewMessage, ReceiveMode
+from busd.storage.api import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore
 
 
@@ -56,7 +56,7 @@ async def test_scripts_are_reloaded_after_script_flush(store, make_queue, redis_
         await client.aclose()
     q = make_queue()
     assert await store.send(q, [NewMessage(b"a")]) == [1]
-    got = await store.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+    got = await store.receive(q, 1, ReceiveMode.RECEIVE_AND_DELETE, [])
     assert got[0].blob == b"a"
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 
-from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
 
 
 async def dead_letter_all(store, q, tokens, n):
-    got = await store.receive(EntityRef(q), n, ReceiveMode.PEEK_LOCK, tokens(n))
+    got = await store.receive(q, n, ReceiveMode.PEEK_LOCK, tokens(n))
     assert len(got) == n
     settlements = [Settlement(m.lock_token, Outcome.DEAD_LETTER, dead_letter_reason="bad")
                    for m in got]
-    assert await store.settle(EntityRef(q), settlements) == [None] * n  # every one applied
+    assert await store.settle(q, settlements) == [None] * n  # every one applied
     return got
 
 
@@ -29,9 +29,9 @@ async def test_resubmit_moves_dead_letters_back_as_new_messages(store, make_queu
     assert await store.resubmit_dead_letters(q, 2) == 1
     assert await store.resubmit_dead_letters(q, 2) == 0
 
-    counts = await store.counts(EntityRef(q))
+    counts = await store.counts(q)
     assert (counts.active, counts.dead_letter) == (3, 0)
-    again = await store.receive(EntityRef(q), 3, ReceiveMode.PEEK_LOCK, tokens(3))
+    again = await store.receive(q, 3, ReceiveMode.PEEK_LOCK, tokens(3))
     assert [m.blob for m in again] == [b"a", b"b", b"c"]  # oldest first
     assert min(m.seq for m in again) > max(m.seq for m in dead)  # new sequence numbers
     assert all(m.delivery_count == 0 and m.dead_letter_reason is None for m in again)
@@ -44,16 +44,16 @@ async def test_resubmit_leaves_locked_dead_letters_and_keeps_sessions(store, mak
     assert lock is not None
     got = await store.receive_session(q, "s", "holder", 2, ReceiveMode.PEEK_LOCK, tokens(2))
     await store.settle(
-        EntityRef(q),
+        q,
         [Settlement(m.lock_token, Outcome.DEAD_LETTER, session_id="s") for m in got],
         "holder",
     )
     await store.release_session(q, "s", "holder")
-    held = await store.receive(EntityRef(q, dlq=True), 1, ReceiveMode.PEEK_LOCK, tokens(1))
+    held = await store.receive(q.dead_letter_queue, 1, ReceiveMode.PEEK_LOCK, tokens(1))
     assert [m.blob for m in held] == [b"s1"]
 
     assert await store.resubmit_dead_letters(q, 100) == 1
-    dlq = await store.counts(EntityRef(q, dlq=True))
+    dlq = await store.counts(q.dead_letter_queue)
     assert (dlq.active, dlq.locked) == (0, 1)
     infos = await store.session_infos(q)
     assert [(i.session_id, i.message_count) for i in infos] == [("s", 1)]
@@ -67,30 +67,30 @@ async def test_totals_count_each_event_once(store, make_queue, tokens):
     await store.send(q, [NewMessage(b"short", ttl_ms=1)])
     await asyncio.sleep(0.05)
 
-    got = await store.receive(EntityRef(q), 6, ReceiveMode.PEEK_LOCK, tokens(6))  # expires one
+    got = await store.receive(q, 6, ReceiveMode.PEEK_LOCK, tokens(6))  # expires one
     assert len(got) == 6
     outcomes = [Outcome.COMPLETE, Outcome.COMPLETE, Outcome.ABANDON, Outcome.DEFER,
                 Outcome.DEAD_LETTER, Outcome.RELEASE]
     assert await store.settle(
-        EntityRef(q), [Settlement(m.lock_token, o) for m, o in zip(got, outcomes)]
+        q, [Settlement(m.lock_token, o) for m, o in zip(got, outcomes)]
     ) == [None] * 6
     # the abandoned and released ones: delivered again, then their locks run out; the
     # abandoned one reaches MaxDeliveryCount 2 and is dead-lettered
-    again = await store.receive(EntityRef(q), 2, ReceiveMode.PEEK_LOCK, tokens(2))
+    again = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, tokens(2))
     assert len(again) == 2
     await asyncio.sleep(0.4)
     await store.sweep(q)
     await store.sweep(q)  # finds nothing more
 
-    totals = (await store.counts(EntityRef(q))).totals
+    totals = (await store.counts(q)).totals
     assert totals == {
         "sent": 7, "received": 8, "completed": 2, "abandoned": 1, "deferred": 1,
         "released": 1, "deadlettered": 2, "expired": 1, "lockexpired": 2,
     }
-    assert await store.purge(EntityRef(q, dlq=True)) == 2
-    assert (await store.counts(EntityRef(q, dlq=True))).totals == {"purged": 2}
+    assert await store.purge(q.dead_letter_queue) == 2
+    assert (await store.counts(q.dead_letter_queue)).totals == {"purged": 2}
     assert await store.resubmit_dead_letters(q, 10) == 0
-    assert (await store.counts(EntityRef(q))).totals["sent"] == 7  # purge keeps totals
+    assert (await store.counts(q)).totals["sent"] == 7  # purge keeps totals
 
 
 async def test_session_lock_expiry_and_duplicates_are_counted(store, make_queue, tokens):
@@ -103,5 +103,5 @@ async def test_session_lock_expiry_and_duplicates_are_counted(store, make_queue,
     await asyncio.sleep(0.3)
     result = await store.sweep(q)
     assert result.expired_session_locks == ["s"]
-    totals = (await store.counts(EntityRef(q))).totals
+    totals = (await store.counts(q)).totals
     assert totals == {"sent": 1, "duplicates": 1, "sessionlockexpired": 1}

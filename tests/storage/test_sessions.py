@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
 
 OK = None  # settle: applied
 PL = ReceiveMode.PEEK_LOCK
@@ -136,7 +136,7 @@ async def test_receive_and_delete_in_session(store, sq):
     await store.accept_session(sq, "s1", "h1")
     got = await store.receive_session(sq, "s1", "h1", 5, ReceiveMode.RECEIVE_AND_DELETE, [])
     assert [m.blob for m in got] == [b"a", b"b"]
-    assert (await store.counts(EntityRef(sq))).active == 0
+    assert (await store.counts(sq)).active == 0
     assert await store.list_sessions(sq, 0, 10, None) == []
 
 
@@ -145,7 +145,7 @@ async def test_session_abandon_makes_it_the_next_delivered(store, sq, tokens):
     await store.accept_session(sq, "s1", "h1")
     one, two = await store.receive_session(sq, "s1", "h1", 2, PL, tokens(2))
     assert await store.settle(
-        EntityRef(sq), [Settlement(one.lock_token, Outcome.ABANDON, session_id="s1")], "h1"
+        sq, [Settlement(one.lock_token, Outcome.ABANDON, session_id="s1")], "h1"
     ) == [OK]
     (nxt,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
     assert (nxt.blob, nxt.delivery_count) == (b"1", 1)
@@ -156,9 +156,9 @@ async def test_session_settle_complete(store, sq, tokens):
     await store.accept_session(sq, "s1", "h1")
     (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-    assert await store.settle(EntityRef(sq), [s], "h1") == [OK]
-    assert await store.settle(EntityRef(sq), [s], "h1") == [Condition.MESSAGE_LOCK_LOST]
-    assert (await store.counts(EntityRef(sq))).active == 0
+    assert await store.settle(sq, [s], "h1") == [OK]
+    assert await store.settle(sq, [s], "h1") == [Condition.MESSAGE_LOCK_LOST]
+    assert (await store.counts(sq)).active == 0
 
 
 async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, tokens):
@@ -166,9 +166,9 @@ async def test_session_settle_by_other_holder_is_session_lock_lost(store, sq, to
     await store.accept_session(sq, "s1", "h1")
     (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-    assert await store.settle(EntityRef(sq), [s], "h2") == [Condition.SESSION_LOCK_LOST]
+    assert await store.settle(sq, [s], "h2") == [Condition.SESSION_LOCK_LOST]
     # without a holder: any live holder will do
-    assert await store.settle(EntityRef(sq), [s], None) == [OK]
+    assert await store.settle(sq, [s], None) == [OK]
 
 
 async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
@@ -180,9 +180,9 @@ async def test_session_settle_after_session_lock_expiry_is_session_lock_lost(
     (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
     await asyncio.sleep(0.35)
     s = Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-    assert await store.settle(EntityRef(q), [s], "h1") == [Condition.SESSION_LOCK_LOST]
+    assert await store.settle(q, [s], "h1") == [Condition.SESSION_LOCK_LOST]
     # nothing changed: the message is still there, unsettled
-    assert (await store.counts(EntityRef(q))).locked == 1
+    assert (await store.counts(q)).locked == 1
 
 
 async def test_session_lock_expiry_counts_in_flight_messages(store, make_queue, tokens):
@@ -229,7 +229,7 @@ async def test_session_lock_expiry_at_max_delivery_count_dead_letters(store, mak
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
     await asyncio.sleep(0.25)
     await store.sweep(q)
-    (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 5)
+    (dead,) = await store.peek(q.dead_letter_queue, 0, 5)
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
     assert dead.session_id == "s1"
 
@@ -342,7 +342,7 @@ async def test_counts_of_a_session_queue(store, sq, tokens):
     await store.send(sq, msgs("s1", b"1", b"2") + msgs("s2", b"3"))
     await store.accept_session(sq, "s1", "h1")
     await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
-    c = await store.counts(EntityRef(sq))
+    c = await store.counts(sq)
     assert (c.active, c.locked, c.sessions, c.locked_sessions) == (2, 1, 2, 1)
 
 
@@ -353,7 +353,7 @@ async def test_session_wide_expiry_expires_every_unlocked_message(store, make_qu
     await asyncio.sleep(0.1)
     lock = await store.accept_session(q, None, "h1")
     assert lock.session_id == "s2"
-    dead = await store.peek(EntityRef(q, dlq=True), 0, 10)
+    dead = await store.peek(q.dead_letter_queue, 0, 10)
     assert [m.blob for m in dead] == [b"short", b"long1", b"long2"]
     assert {m.dead_letter_reason for m in dead} == {"TTLExpiredException"}
     assert await store.list_sessions(q, 0, 10, None) == ["s2"]
@@ -369,25 +369,25 @@ async def test_session_wide_expiry_spares_locked_messages(store, make_queue, tok
     await asyncio.sleep(0.35)
     assert await store.receive_session(q, "s1", "h1", 5, PL, tokens(5)) == []
     assert await store.settle(
-        EntityRef(q), [Settlement(first.lock_token, Outcome.COMPLETE, session_id="s1")], "h1"
+        q, [Settlement(first.lock_token, Outcome.COMPLETE, session_id="s1")], "h1"
     ) == [OK]
-    assert (await store.counts(EntityRef(q))).active == 0
+    assert (await store.counts(q)).active == 0
 
 
 async def test_message_with_session_id_on_plain_queue_is_a_plain_message(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, msgs("s1", b"a"))
-    (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
+    (m,) = await store.receive(q, 1, PL, tokens(1))
     assert m.session_id == "s1"
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
+    assert await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
 
 
 async def test_plain_queue_lists_no_sessions(store, make_queue):
     q = make_queue()
     await store.send(q, msgs("s1", b"a"))
     assert await store.list_sessions(q, 0, 10, None) == []
-    assert (await store.counts(EntityRef(q))).sessions == 0
-    assert [m.blob for m in await store.peek(EntityRef(q), 0, 10, session_id="s1")] == [b"a"]
+    assert (await store.counts(q)).sessions == 0
+    assert [m.blob for m in await store.peek(q, 0, 10, session_id="s1")] == [b"a"]
 
 
 async def test_session_ids_that_share_a_prefix_stay_apart(store, sq, tokens):
@@ -400,7 +400,7 @@ async def test_session_ids_that_share_a_prefix_stay_apart(store, sq, tokens):
         got = await store.receive_session(sq, sid, f"h{i}", 10, PL, tokens(10))
         assert [m.blob for m in got] == [sid.encode()]
         assert [m.session_id for m in got] == [sid]
-        assert [m.blob for m in await store.peek(EntityRef(sq), 0, 10, session_id=sid)] == [
+        assert [m.blob for m in await store.peek(sq, 0, 10, session_id=sid)] == [
             sid.encode()
         ]
 
@@ -422,4 +422,4 @@ async def test_the_store_refuses_a_nul_in_a_session_id_and_stores_nothing(store,
     assert refused.value.condition == Condition.ARGUMENT_OUT_OF_RANGE
     with pytest.raises(BusdError):
         await store.accept_session(q, "a\0", "h1")
-    assert (await store.counts(EntityRef(q))).active == 0
+    assert (await store.counts(q)).active == 0

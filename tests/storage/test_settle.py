@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import EntityRef, MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
 OK = None  # settle: applied
 LOCK_LOST = Condition.MESSAGE_LOCK_LOST
@@ -20,37 +20,37 @@ async def receive_one(store, entity, tokens):
 async def test_complete_deletes_message(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
-    counts = await store.counts(EntityRef(q))
+    m = await receive_one(store, q, tokens)
+    assert await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE)]) == [OK]
+    counts = await store.counts(q)
     assert (counts.active, counts.locked) == (0, 0)
-    assert await store.peek(EntityRef(q), 0, 10) == []
+    assert await store.peek(q, 0, 10) == []
 
 
 async def test_abandon_increments_delivery_count(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.ABANDON)]) == [OK]
-    again = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
+    assert await store.settle(q, [Settlement(m.lock_token, Outcome.ABANDON)]) == [OK]
+    again = await receive_one(store, q, tokens)
     assert (again.seq, again.delivery_count) == (m.seq, 1)
 
 
 async def test_abandoned_message_is_the_next_delivered(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b"), NewMessage(b"c")])
-    first, second = await store.receive(EntityRef(q), 2, ReceiveMode.PEEK_LOCK, tokens(2))
-    await store.settle(EntityRef(q), [Settlement(first.lock_token, Outcome.ABANDON)])
-    nxt = await receive_one(store, EntityRef(q), tokens)
+    first, second = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, tokens(2))
+    await store.settle(q, [Settlement(first.lock_token, Outcome.ABANDON)])
+    nxt = await receive_one(store, q, tokens)
     assert nxt.blob == b"a"
 
 
 async def test_release_unlocks_without_counting(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.RELEASE)]) == [OK]
-    again = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
+    assert await store.settle(q, [Settlement(m.lock_token, Outcome.RELEASE)]) == [OK]
+    again = await receive_one(store, q, tokens)
     assert (again.seq, again.delivery_count) == (m.seq, 0)
 
 
@@ -58,11 +58,11 @@ async def test_max_delivery_count_moves_to_dlq(store, make_queue, tokens):
     q = make_queue(max_delivery_count=3)
     await store.send(q, [NewMessage(b"poison")])
     for attempt in range(3):
-        m = await receive_one(store, EntityRef(q), tokens)
+        m = await receive_one(store, q, tokens)
         assert m.delivery_count == attempt
-        await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.ABANDON)])
-    assert await store.receive(EntityRef(q), 1, ReceiveMode.PEEK_LOCK, tokens(1)) == []
-    dead = await receive_one(store, EntityRef(q, dlq=True), tokens)
+        await store.settle(q, [Settlement(m.lock_token, Outcome.ABANDON)])
+    assert await store.receive(q, 1, ReceiveMode.PEEK_LOCK, tokens(1)) == []
+    dead = await receive_one(store, q.dead_letter_queue, tokens)
     assert dead.blob == b"poison"
     assert dead.seq == m.seq
     assert dead.delivery_count == 3
@@ -70,22 +70,22 @@ async def test_max_delivery_count_moves_to_dlq(store, make_queue, tokens):
     assert (
         dead.dead_letter_description == "Message could not be consumed after 3 delivery attempts."
     )
-    assert (await store.counts(EntityRef(q))).dead_letter == 1
+    assert (await store.counts(q)).dead_letter == 1
 
 
 async def test_dead_letter_keeps_reason_description_and_sequence_number(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"x"), NewMessage(b"bad")])
-    await store.receive(EntityRef(q), 1, ReceiveMode.RECEIVE_AND_DELETE, [])
-    m = await receive_one(store, EntityRef(q), tokens)
+    await store.receive(q, 1, ReceiveMode.RECEIVE_AND_DELETE, [])
+    m = await receive_one(store, q, tokens)
     s = Settlement(
         m.lock_token,
         Outcome.DEAD_LETTER,
         dead_letter_reason="Bad",
         dead_letter_description="really",
     )
-    assert await store.settle(EntityRef(q), [s]) == [OK]
-    (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 10)
+    assert await store.settle(q, [s]) == [OK]
+    (dead,) = await store.peek(q.dead_letter_queue, 0, 10)
     assert (dead.seq, dead.blob) == (2, b"bad")
     assert (dead.dead_letter_reason, dead.dead_letter_description) == ("Bad", "really")
     assert dead.enqueued_ms == m.enqueued_ms
@@ -94,22 +94,22 @@ async def test_dead_letter_keeps_reason_description_and_sequence_number(store, m
 async def test_dead_letter_without_reason_has_none(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"x")])
-    m = await receive_one(store, EntityRef(q), tokens)
-    await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.DEAD_LETTER)])
-    (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 10)
+    m = await receive_one(store, q, tokens)
+    await store.settle(q, [Settlement(m.lock_token, Outcome.DEAD_LETTER)])
+    (dead,) = await store.peek(q.dead_letter_queue, 0, 10)
     assert dead.dead_letter_reason is None and dead.dead_letter_description is None
 
 
 async def test_defer_hides_message_from_receive(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
-    m = await receive_one(store, EntityRef(q), tokens)
-    assert await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.DEFER)]) == [OK]
-    nxt = await store.receive(EntityRef(q), 5, ReceiveMode.PEEK_LOCK, tokens(5))
+    m = await receive_one(store, q, tokens)
+    assert await store.settle(q, [Settlement(m.lock_token, Outcome.DEFER)]) == [OK]
+    nxt = await store.receive(q, 5, ReceiveMode.PEEK_LOCK, tokens(5))
     assert [x.blob for x in nxt] == [b"b"]
-    counts = await store.counts(EntityRef(q))
+    counts = await store.counts(q)
     assert counts.deferred == 1
-    (peeked,) = await store.peek(EntityRef(q), 1, 1)
+    (peeked,) = await store.peek(q, 1, 1)
     assert peeked.state == MessageState.DEFERRED
 
 
@@ -117,24 +117,24 @@ async def test_settle_with_unknown_token_is_lock_lost(store, make_queue, tokens)
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
     unknown = Settlement(tokens(1)[0], Outcome.COMPLETE)
-    assert await store.settle(EntityRef(q), [unknown]) == [LOCK_LOST]
-    assert (await store.counts(EntityRef(q))).active == 1
+    assert await store.settle(q, [unknown]) == [LOCK_LOST]
+    assert (await store.counts(q)).active == 1
 
 
 async def test_settle_twice_is_lock_lost(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
     s = Settlement(m.lock_token, Outcome.COMPLETE)
-    assert await store.settle(EntityRef(q), [s, s]) == [OK, LOCK_LOST]
+    assert await store.settle(q, [s, s]) == [OK, LOCK_LOST]
 
 
 async def test_settle_batch_answers_each_item(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b"), NewMessage(b"c")])
-    a, b, c = await store.receive(EntityRef(q), 3, ReceiveMode.PEEK_LOCK, tokens(3))
+    a, b, c = await store.receive(q, 3, ReceiveMode.PEEK_LOCK, tokens(3))
     statuses = await store.settle(
-        EntityRef(q),
+        q,
         [
             Settlement(a.lock_token, Outcome.COMPLETE),
             Settlement(tokens(1)[0], Outcome.COMPLETE),
@@ -143,7 +143,7 @@ async def test_settle_batch_answers_each_item(store, make_queue, tokens):
         ],
     )
     assert statuses == [OK, LOCK_LOST, OK, OK]
-    counts = await store.counts(EntityRef(q))
+    counts = await store.counts(q)
     assert (counts.active, counts.locked, counts.deferred) == (1, 0, 1)
 
 
@@ -152,28 +152,28 @@ async def test_settle_after_lock_expiry_is_lock_lost_and_changes_nothing(store, 
 
     q = make_queue(lock_duration_ms=100)
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
     await asyncio.sleep(0.2)
     late = Settlement(m.lock_token, Outcome.COMPLETE)
-    assert await store.settle(EntityRef(q), [late]) == [LOCK_LOST]
-    again = await receive_one(store, EntityRef(q), tokens)
+    assert await store.settle(q, [late]) == [LOCK_LOST]
+    again = await receive_one(store, q, tokens)
     assert (again.seq, again.delivery_count) == (m.seq, 1)
 
 
 async def test_properties_patch_is_returned_on_later_deliveries(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
     assert m.properties_patch is None
     patch = b"\x00patch\xff"
     abandon = Settlement(m.lock_token, Outcome.ABANDON, properties_patch=patch)
-    await store.settle(EntityRef(q), [abandon])
-    again = await receive_one(store, EntityRef(q), tokens)
+    await store.settle(q, [abandon])
+    again = await receive_one(store, q, tokens)
     assert again.properties_patch == patch
     await store.settle(
-        EntityRef(q), [Settlement(again.lock_token, Outcome.DEAD_LETTER, properties_patch=b"p2")]
+        q, [Settlement(again.lock_token, Outcome.DEAD_LETTER, properties_patch=b"p2")]
     )
-    (dead,) = await store.peek(EntityRef(q, dlq=True), 0, 1)
+    (dead,) = await store.peek(q.dead_letter_queue, 0, 1)
     assert dead.properties_patch == b"p2"
 
 
@@ -182,26 +182,26 @@ async def test_renew_message_locks_extends_by_lock_duration(store, make_queue, t
 
     q = make_queue(lock_duration_ms=600)
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
-    got = await store.receive(EntityRef(q), 2, ReceiveMode.PEEK_LOCK, tokens(2))
+    got = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, tokens(2))
     await asyncio.sleep(0.4)
     before = server_now()
-    renewed = await store.renew_message_locks(EntityRef(q), [m.lock_token for m in got])
+    renewed = await store.renew_message_locks(q, [m.lock_token for m in got])
     after = server_now()
     for until, m in zip(renewed, got):
         assert before + 600 <= until <= after + 600
         assert until > m.locked_until_ms
     await asyncio.sleep(0.4)  # past the first lock, within the renewed one
     completions = [Settlement(m.lock_token, Outcome.COMPLETE) for m in got]
-    statuses = await store.settle(EntityRef(q), completions)
+    statuses = await store.settle(q, completions)
     assert statuses == [OK, OK]
 
 
 async def test_renew_unknown_lock_raises_lock_lost_and_renews_none(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    m = await receive_one(store, EntityRef(q), tokens)
+    m = await receive_one(store, q, tokens)
     with pytest.raises(BusdError) as err:
-        await store.renew_message_locks(EntityRef(q), [m.lock_token, tokens(1)[0]])
+        await store.renew_message_locks(q, [m.lock_token, tokens(1)[0]])
     assert err.value.condition == Condition.MESSAGE_LOCK_LOST
-    (peeked,) = await store.peek(EntityRef(q), 0, 1)
+    (peeked,) = await store.peek(q, 0, 1)
     assert peeked.locked_until_ms == m.locked_until_ms

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.api import WAKE_ALL, EntityRef, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import WAKE_ALL, NewMessage, Outcome, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
 
 PL = ReceiveMode.PEEK_LOCK
@@ -68,7 +68,7 @@ def waiter(store, name: str) -> str:
 async def wait_for_message(store, q, name: str, dlq: bool = False) -> str:
     """Register `name` as a waiting receiver of an empty entity; returns its waiter id."""
     w = waiter(store, name)
-    assert await store.receive(EntityRef(q, dlq=dlq), 1, RAD, [], w) == []
+    assert await store.receive((q.dead_letter_queue if dlq else q), 1, RAD, [], w) == []
     return w
 
 
@@ -114,7 +114,7 @@ async def test_a_receiver_that_got_everything_it_asked_for_is_not_waiting(
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
     w = waiter(store, "r")
-    assert len(await store.receive(EntityRef(q), 1, RAD, [], w)) == 1
+    assert len(await store.receive(q, 1, RAD, [], w)) == 1
     await store.send(q, [NewMessage(b"b")])
     assert await wakes.none()
 
@@ -133,29 +133,29 @@ async def test_abandon_and_release_wake_a_waiter(store, make_queue, wakes, token
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
     for outcome in (Outcome.ABANDON, Outcome.RELEASE):
-        (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
+        (m,) = await store.receive(q, 1, PL, tokens(1))
         w = await wait_for_message(store, q, f"after-{outcome.value}")
         assert await wakes.none(0.05)
-        await store.settle(EntityRef(q), [Settlement(m.lock_token, outcome)])
+        await store.settle(q, [Settlement(m.lock_token, outcome)])
         assert await wakes.next() == w
 
 
 async def test_complete_does_not_wake(store, make_queue, wakes, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
+    (m,) = await store.receive(q, 1, PL, tokens(1))
     await wait_for_message(store, q, "r")
-    await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.COMPLETE)])
+    await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE)])
     assert await wakes.none()
 
 
 async def test_dead_lettering_wakes_a_dead_letter_receiver(store, make_queue, wakes, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
-    (m,) = await store.receive(EntityRef(q), 1, PL, tokens(1))
+    (m,) = await store.receive(q, 1, PL, tokens(1))
     plain = await wait_for_message(store, q, "plain")
     dead = await wait_for_message(store, q, "dead", dlq=True)
-    await store.settle(EntityRef(q), [Settlement(m.lock_token, Outcome.DEAD_LETTER)])
+    await store.settle(q, [Settlement(m.lock_token, Outcome.DEAD_LETTER)])
     assert await wakes.all() == [dead]
     assert await store.stop_waiting(q, "q", plain)
 
@@ -163,7 +163,7 @@ async def test_dead_lettering_wakes_a_dead_letter_receiver(store, make_queue, wa
 async def test_lock_expiry_wakes(store, make_queue, wakes, tokens):
     q = make_queue(lock_duration_ms=50)
     await store.send(q, [NewMessage(b"a")])
-    await store.receive(EntityRef(q), 1, PL, tokens(1))
+    await store.receive(q, 1, PL, tokens(1))
     w = await wait_for_message(store, q, "r")
     await asyncio.sleep(0.1)
     await store.sweep(q)
@@ -205,7 +205,7 @@ async def test_the_holder_is_not_woken_by_its_own_abandon(store, make_queue, wak
     await store.accept_session(q, "s1", holder)
     (m,) = await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
     await store.settle(
-        EntityRef(q), [Settlement(m.lock_token, Outcome.ABANDON, session_id="s1")], holder
+        q, [Settlement(m.lock_token, Outcome.ABANDON, session_id="s1")], holder
     )
     assert await wakes.none()
 
@@ -263,7 +263,7 @@ async def test_the_sweep_drops_the_waiters_of_a_process_that_stopped(
     monkeypatch.setattr(rs, "LIVENESS_MS", 50)
     dead = "deadbeef0000"
     await store._run_queue("sweepQueue", q, dead, 50, 16)  # the other process was live once
-    assert await store.receive(EntityRef(q), 1, RAD, [], f"{dead}:r") == []
+    assert await store.receive(q, 1, RAD, [], f"{dead}:r") == []
     live = await wait_for_message(store, q, "live")
     await asyncio.sleep(0.1)
     await store.sweep(q)  # the dead process did not sweep: its waiter goes
@@ -329,5 +329,5 @@ async def test_listener_resubscribes_after_its_connection_is_killed_and_wakes_ev
                 return
         except TimeoutError:
             pass
-        await store.receive(EntityRef(q), 10, RAD, [])
+        await store.receive(q, 10, RAD, [])
     pytest.fail("no wake-up after the subscription's connection was killed")
