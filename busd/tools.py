@@ -46,7 +46,8 @@ class ToolError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # per instance, though newer click declares it a class variable
+        setattr(self, "exit_code", exit_code)  # noqa: B010
 
     def show(self, file=None) -> None:
         click.echo(f"busd: error: {self.message}", err=True)
