@@ -166,6 +166,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     self.broker.metrics.messages_received(self.queue.name, len(messages))
                 self.kick()
                 if len(messages) < count and not self._again:
+                    # OASIS AMQP 1.0 Part 2 §2.6.7: "If set, the sender will (after sending
+                    # all available messages) advance the delivery-count as much as
+                    # possible, consuming all link-credit, and send the flow state to the
+                    # receiver." (`drained` does both.)
                     if self.link.drain_mode:
                         self.link.drained()
                         self.kick()
