@@ -107,6 +107,14 @@ def _cluster_url(url: str) -> str | None:
     return None
 
 
+def _token_string(tokens: list[bytes]) -> bytes:
+    """A call's lock tokens as the scripts take them: one argument, 16 bytes per token
+    (lua/includes/tokenAt.lua), instead of one argument per message."""
+    if not all(map((16).__eq__, map(len, tokens))):
+        raise ValueError("lock tokens are 16 bytes")
+    return b"".join(tokens)
+
+
 def _check_session_ids(ids: Any) -> None:
     """Refuse a NUL in a session id: the keys separate ids from sequence numbers with NUL, so
     such an id would reach another session's messages (docs/design.md §2.2). The broker
@@ -225,6 +233,8 @@ class RedisStore:
             except asyncio.CancelledError:
                 pass
         self._listeners.clear()
+        if self._scripts is not None:
+            await self._scripts.close()
         if self._node is not None and self._node is not self._client:
             await self._node.aclose()
         if self._client is not None:
@@ -299,7 +309,8 @@ class RedisStore:
         slots = self._slots
         if slots.locked():  # all busy: wait for a turn, for a bounded time
             try:
-                await asyncio.wait_for(slots.acquire(), CALL_WAIT_S)
+                async with asyncio.timeout(CALL_WAIT_S):  # a timer, not a task per wait
+                    await slots.acquire()
             except TimeoutError:
                 raise BusdError(
                     Condition.SERVER_BUSY, "The store is busy; try again."
@@ -361,7 +372,7 @@ class RedisStore:
             1 if peek_lock else 0,
             count,
             _opt(waiter),
-            *(tokens[:count] if peek_lock else ()),
+            *((_token_string(tokens[:count]),) if peek_lock else ()),
         )
         return [_message(r) for r in rows]
 
@@ -397,7 +408,7 @@ class RedisStore:
             session_id,
             1 if peek_lock else 0,
             max(count, 0),
-            *(tokens[:count] if peek_lock else ()),
+            *((_token_string(tokens[:count]),) if peek_lock else ()),
         )
         _check(reply[0])
         return [_message(r) for r in reply[1:]]
@@ -504,7 +515,7 @@ class RedisStore:
             _opt(holder),
             len(seqs),
             *seqs,
-            *(tokens[: len(seqs)] if peek_lock else ()),
+            *((_token_string(tokens[: len(seqs)]),) if peek_lock else ()),
         )
         _check(reply[0])
         return [_message(r) for r in reply[1:]]

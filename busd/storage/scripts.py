@@ -16,15 +16,22 @@ a key built inside a script with another hash tag fails loudly instead of workin
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from redis.asyncio import Redis as PlainRedis
+from redis.exceptions import DataError, NoScriptError
+from redis.exceptions import TimeoutError as StoreTimeoutError
+
 from busd.storage.keys import QUEUE_KEYS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.connection import AbstractConnection
     from redis.commands.core import AsyncScript
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -126,8 +133,16 @@ def load_sources(directory: Path = LUA_DIR) -> dict[str, ScriptSource]:
 
 
 class Scripts:
-    """The scripts registered with one client. redis-py's Script object runs EVALSHA and
-    falls back to loading the script on NOSCRIPT (a restarted or failed-over server)."""
+    """The scripts registered with one client.
+
+    On a single server each call is one EVALSHA written as a pre-encoded command on a
+    connection of our own: the part that repeats (script hash, the queue's keys) is encoded
+    once per script and queue, and the call skips redis-py's per-command machinery (pool lock,
+    retries, observability hooks), which cost more than the rest of a store call. The caller
+    bounds the calls in flight (RedisStore._slots), hence the connections kept here. A call is
+    never retried: a script that ran must not run twice. On a cluster, redis-py's Script
+    objects route each call to the node owning the queue's slot. Either way a server that lost
+    the scripts (NOSCRIPT: restarted, failed over, flushed) gets them again."""
 
     def __init__(self, client: Redis, sources: dict[str, ScriptSource] | None = None) -> None:
         self.sources = sources if sources is not None else load_sources()
@@ -135,11 +150,101 @@ class Scripts:
         self._registered: dict[str, AsyncScript] = {
             name: client.register_script(src.text) for name, src in self.sources.items()
         }
+        self._sha = {
+            name: hashlib.sha1(src.text.encode()).hexdigest().encode()
+            for name, src in self.sources.items()
+        }
+        # Only a plain client has one pool for every key; a cluster client routes per slot.
+        self._pool = client.connection_pool if type(client) is PlainRedis else None
+        self._idle: list[AbstractConnection] = []
+        # The client's socket time-out bounds a whole call (one timer, not one per read and
+        # write).
+        self._timeout: float | None = None
+        if self._pool is not None:
+            self._timeout = self._pool.make_connection().socket_timeout
+        # (script, keys) -> (number of KEYS, encoded 'EVALSHA <sha> <numkeys> <keys...>')
+        self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
     async def preload(self) -> None:
         """Load every script now, so that the first calls need no NOSCRIPT round trip."""
         for src in self.sources.values():
             await self._client.script_load(src.text)
 
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect()
+
     async def run(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> Any:
-        return await self._registered[name](keys=keys, args=args)
+        if self._pool is None:
+            return await self._registered[name](keys=keys, args=args)
+        command = self._command(name, keys, args)
+        conn = await self._connection()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await conn.send_packed_command(command, check_health=False)
+                try:
+                    return await conn.read_response()
+                except NoScriptError:
+                    pass
+                await self._client.script_load(self.sources[name].text)
+                await conn.send_packed_command(command, check_health=False)
+                return await conn.read_response()
+        except TimeoutError:  # the call was cancelled half-way: the connection disconnected
+            raise StoreTimeoutError(f"{name}: no answer within {self._timeout} s") from None
+        finally:
+            # Broken by an error, it is disconnected and connects again on its next use.
+            self._idle.append(conn)
+
+    async def _connection(self) -> AbstractConnection:
+        assert self._pool is not None
+        if not self._idle:
+            conn = self._pool.make_connection()  # connects on its first command
+            conn.socket_timeout = None  # bounded by run() instead
+            return conn
+        conn = self._idle.pop()
+        reader = getattr(conn, "_reader", None)
+        if reader is not None and reader.at_eof():
+            # The server closed it while it was idle (restart, idle time-out): nothing was sent
+            # on it yet, so it just connects again.
+            await conn.disconnect()
+        return conn
+
+    def _command(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> bytes:
+        """The RESP encoding of `EVALSHA <sha> <numkeys> <keys...> <args...>`."""
+        cache_key = (name, tuple(keys))
+        head = self._heads.get(cache_key)
+        if head is None:
+            parts = [_bulk(b"EVALSHA"), _bulk(self._sha[name]), _bulk(b"%d" % len(keys))]
+            parts += [_bulk(_encode(k)) for k in keys]
+            head = self._heads[cache_key] = (len(keys), b"".join(parts))
+        parts = [b"*%d\r\n" % (3 + head[0] + len(args)), head[1]]
+        for arg in args:
+            value = _encode(arg)
+            parts.append(b"$%d\r\n" % len(value))
+            parts.append(value)
+            parts.append(b"\r\n")
+        return b"".join(parts)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _encode(value: Any) -> bytes:
+    """An argument as redis-py would send it: bytes as they are, text as UTF-8, numbers as
+    their decimal text."""
+    kind = type(value)
+    if kind is bytes:
+        return value
+    if kind is str:
+        return value.encode()
+    if kind is int:
+        return b"%d" % value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return b"%d" % value
+    if isinstance(value, float):
+        return repr(value).encode()
+    raise DataError(f"Invalid input of type: {type(value).__name__!r}")

@@ -17,7 +17,8 @@
     ARGV[10]  holder ('' any)
     ARGV[11]  n, the number of sequence numbers
     ARGV[12..11+n]  sequence numbers
-    ARGV[12+n..]    peek-lock: one lock token per sequence number
+    ARGV[12+n]      peek-lock: the lock tokens, 16 bytes each, one per sequence number, as
+                    one string
 
   Output:
     { 0, delivery row, ... } (includes/deliveryRow.lua)
@@ -31,6 +32,8 @@
 --- @include "readMeta"
 --- @include "sessionLockedUntil"
 --- @include "takeMessage"
+--- @include "tokenAt"
+--- @include "countEvent"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[7]]
@@ -57,15 +60,16 @@ for i = 1, n do
   if sid == '' and m.ss then return { -4 } end
   if not seen[seq] then
     seen[seq] = true
-    found[#found + 1] = { seq, m, ARGV[11 + n + i] }
+    found[#found + 1] = { seq, m, i }
   end
 end
 
 local out = { 0 }
 for _, f in ipairs(found) do
   local token = false
-  if peekLock then token = f[3] end
+  if peekLock then token = tokenAt(ARGV[12 + n], f[3]) end
   if not peekLock then lockedUntil = false end
   out[#out + 1] = takeMessage(Q, E, f[1], f[2], token, lockedUntil)
 end
+countEvent(Q, E, 'received', #out - 1)
 return out

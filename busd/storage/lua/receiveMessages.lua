@@ -22,7 +22,8 @@
     ARGV[8]   receive mode: '1' peek-lock, '0' receive-and-delete
     ARGV[9]   count
     ARGV[10]  waiter id ('' none: do not register)
-    ARGV[11..] peek-lock: one lock token per message (at least `count`)
+    ARGV[11]  peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
+              as one string
 
   Output:
     array of delivery rows (includes/deliveryRow.lua)
@@ -35,6 +36,8 @@
 --- @include "readMeta"
 --- @include "expireIfDue"
 --- @include "takeMessage"
+--- @include "tokenAt"
+--- @include "countEvent"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[7]]
@@ -46,8 +49,8 @@ local lockedUntil = false
 if peekLock then lockedUntil = Q.now + Q.lockMs end
 local out = {}
 while #out < count do
-  local seqs = redis.call('ZRANGE', E.ready, 0, count - #out - 1)
-  if #seqs == 0 then break end
+  local wanted = count - #out
+  local seqs = redis.call('ZRANGE', E.ready, 0, wanted - 1)
   for _, s in ipairs(seqs) do
     local seq = tonumber(s)
     local m = readMeta(E, seq)
@@ -55,11 +58,14 @@ while #out < count do
       redis.call('ZREM', E.ready, s) -- not available (cannot happen; never loop on it)
     elseif E.dlq or not expireIfDue(Q, seq, m) then
       local token = false
-      if peekLock then token = ARGV[11 + #out] end
+      if peekLock then token = tokenAt(ARGV[11], #out + 1) end
       out[#out + 1] = takeMessage(Q, E, seq, m, token, lockedUntil)
     end
   end
+  -- fewer than asked: that was all of them (another look only replaces what was skipped)
+  if #seqs < wanted then break end
 end
+countEvent(Q, E, 'received', #out)
 local waiter = ARGV[10]
 if waiter ~= '' then
   if #out < count then

@@ -16,7 +16,8 @@
     ARGV[8]   session id
     ARGV[9]   receive mode: '1' peek-lock, '0' receive-and-delete
     ARGV[10]  count
-    ARGV[11..] peek-lock: one lock token per message (at least `count`)
+    ARGV[11]  peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
+              as one string
 
   Output:
     { 0, delivery row, ... } (includes/deliveryRow.lua; locked-until is the session's)
@@ -33,6 +34,8 @@
 --- @include "readMeta"
 --- @include "expireIfDue"
 --- @include "takeMessage"
+--- @include "tokenAt"
+--- @include "countEvent"
 
 local Q = queueContext(0, 0)
 local holder = ARGV[7]
@@ -44,12 +47,13 @@ housekeeping(Q, Q.q)
 
 local lockedUntil = sessionLockedUntil(Q, sid, holder)
 if not lockedUntil then return { -2 } end
+Q.held = sid -- held: not free whatever it has available (includes/refreshFreeSession.lua)
 
 local out = { 0 }
 local lo, hi = sessionRange(sid)
 while #out - 1 < count do
-  local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, count - #out + 1)
-  if #members == 0 then break end
+  local wanted = count - #out + 1
+  local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, wanted)
   for _, member in ipairs(members) do
     local seq = memberSeq(member)
     local m = readMeta(Q.q, seq)
@@ -57,9 +61,12 @@ while #out - 1 < count do
       redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
     elseif not expireIfDue(Q, seq, m) then
       local token = false
-      if peekLock then token = ARGV[11 + #out - 1] end
+      if peekLock then token = tokenAt(ARGV[11], #out) end
       out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil)
     end
   end
+  -- fewer than asked: that was all of them (another look only replaces what was skipped)
+  if #members < wanted then break end
 end
+countEvent(Q, Q.q, 'received', #out - 1)
 return out

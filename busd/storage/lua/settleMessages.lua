@@ -43,15 +43,27 @@ local E = Q[ARGV[7]]
 local holder = ARGV[8]
 if holder == '' then holder = false end
 Q.caller = holder
+Q.emptied = {} -- sessions that may have lost their last message, looked at once at the end
 
 local function orNil(s)
   if s == '' then return nil end
   return s
 end
 
+-- Settling changes no session lock: each session's is read once per call.
+local locks = {}
+local function sessionLocked(sid)
+  local lockedUntil = locks[sid]
+  if lockedUntil == nil then
+    lockedUntil = sessionLockedUntil(Q, sid, holder)
+    locks[sid] = lockedUntil
+  end
+  return lockedUntil
+end
+
 -- The settlement's status, before anything is written.
 local function check(token, sid)
-  if sid and not sessionLockedUntil(Q, sid, holder) then return -2 end
+  if sid and not sessionLocked(sid) then return -2 end
   local seq = redis.call('HGET', E.tokens, token)
   if not seq then return -1 end
   seq = tonumber(seq)
@@ -59,7 +71,7 @@ local function check(token, sid)
   if not m or m.st ~= 'l' or m.tok ~= token then return -1 end
   if m.ss then
     if sid and m.sid ~= sid then return -1 end
-    if not sid and not sessionLockedUntil(Q, m.sid, holder) then return -2 end
+    if not sid and not sessionLocked(m.sid) then return -2 end
   elseif m.lu <= Q.now then
     return -1
   end
@@ -75,6 +87,7 @@ for i = 10, #ARGV, 6 do
 end
 
 local out = {}
+local counts = {}
 for i = 9, #ARGV, 6 do
   local outcome = ARGV[i + 1]
   local status, seq, m = check(ARGV[i], orNil(ARGV[i + 2]))
@@ -105,8 +118,14 @@ for i = 9, #ARGV, 6 do
         deadLetter(Q, seq, m, orNil(ARGV[i + 3]), orNil(ARGV[i + 4]))
       end
     end
-    if outcome ~= 'dead-letter' or E.dlq then countEvent(Q, E, outcomes[outcome]) end
+    if outcome ~= 'dead-letter' or E.dlq then
+      counts[outcome] = (counts[outcome] or 0) + 1
+    end
   end
   out[#out + 1] = status
+end
+for _, sid in ipairs(Q.emptied) do forgetSessionIfEmpty(Q, sid) end
+for _, outcome in ipairs({ 'complete', 'abandon', 'release', 'defer', 'dead-letter' }) do
+  countEvent(Q, E, outcomes[outcome], counts[outcome] or 0)
 end
 return out

@@ -1,5 +1,7 @@
 --- @include "unindexMessage"
 --- @include "forgetSessionIfEmpty"
+-- Delete a message. A session left without messages (and state) ceases to exist: at once, or,
+-- when the script collects them in Q.emptied (a list), once per session when it is done.
 local function deleteMessage(Q, E, seq, m)
   unindexMessage(Q, E, seq, m)
   redis.call('HDEL', E.body, seq)
@@ -7,6 +9,14 @@ local function deleteMessage(Q, E, seq, m)
   redis.call('ZREM', E.all, seq)
   if m.sid then
     redis.call('ZREM', E.sall, seqMember(m.sid, seq))
-    if m.ss then forgetSessionIfEmpty(Q, m.sid) end
+    if m.ss then
+      local emptied = Q.emptied
+      if not emptied then
+        forgetSessionIfEmpty(Q, m.sid)
+      elseif not emptied[m.sid] then
+        emptied[m.sid] = true
+        emptied[#emptied + 1] = m.sid
+      end
+    end
   end
 end

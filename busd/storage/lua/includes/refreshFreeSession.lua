@@ -4,8 +4,12 @@
 -- Keep the invariant: a session is in sfree, scored by the seq of its oldest available
 -- message, exactly when it has available messages and no holder. A session that becomes free
 -- here wakes one waiting next-available receiver.
-local function refreshFreeSession(Q, sid)
-  if redis.call('HEXISTS', Q.sholder, sid) == 0 then
+-- What the caller knows saves looking: Q.held is a session the script checked its caller
+-- holds (so it is not in sfree, and stays out); `unheld` says the caller has just removed
+-- the session's holder (so it was not in sfree, and is only if it has available messages).
+local function refreshFreeSession(Q, sid, unheld)
+  if Q.held == sid then return end
+  if unheld or redis.call('HEXISTS', Q.sholder, sid) == 0 then
     local lo, hi = sessionRange(sid)
     local first = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, 1)[1]
     if first then
@@ -14,6 +18,9 @@ local function refreshFreeSession(Q, sid)
       end
       return
     end
+    -- Held until now, it was not free; every message it got since was filed, then taken
+    -- out again, through these functions.
+    if unheld then return end
   end
   redis.call('ZREM', Q.sfree, sid)
 end

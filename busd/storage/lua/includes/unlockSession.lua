@@ -8,6 +8,7 @@
 -- The holder goes first, so that the session, once it has available messages, is free and
 -- wakes one waiting next-available receiver (not the holder that is leaving).
 local function unlockSession(Q, sid, failed)
+  if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
   local lo, hi = sessionRange(sid)
@@ -20,5 +21,5 @@ local function unlockSession(Q, sid, failed)
       redis.call('ZREM', Q.q.sinflight, member)
     end
   end
-  refreshFreeSession(Q, sid)
+  refreshFreeSession(Q, sid, true)
 end
