@@ -191,6 +191,7 @@ class Admin:
         except codec.CodecError as exc:
             raise AdminError(400, f"cannot build the message: {exc}") from None
         try:
+            messages.check_size(spec, len(payload))
             message = messages.admit(spec, messages.parse_one(payload))
         except BusdError as error:
             status = 413 if error.condition == Condition.MESSAGE_SIZE_EXCEEDED else 400

@@ -43,8 +43,8 @@ def admit(entity: QueueSpec, incoming: codec.IncomingMessage,
           session_id: str | None = None) -> NewMessage:  # fmt: skip
     """The message to store for `incoming` (parsed by busd.amqp.incoming), or the BusdError the
     client should see. `session_id`: one given beside the message (schedule-message's
-    `session-id`), used when the message carries no group-id."""
-    check_size(entity, incoming.size)
+    `session-id`), used when the message carries no group-id. The caller checks the size
+    (`check_size`) of what arrived: a whole transfer may hold a batch of messages."""
     if incoming.session_id is not None:
         session_id = incoming.session_id
     check_session_id(session_id)
