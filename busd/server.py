@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -20,7 +21,7 @@ from busd.config import Settings, load_entities
 from busd.storage.api import QueueSpec
 
 if TYPE_CHECKING:
-    from busd.observability.http import HttpServer
+    from busd.http.server import HttpServer
     from busd.storage.embedded import EmbeddedValkey
 
 log = logging.getLogger("busd")
@@ -69,6 +70,7 @@ class Server:
         self.listener: asyncio.base_events.Server | None = None
         self.http: HttpServer | None = None
         self.protocols: set[AmqpProtocol] = set()
+        self.tls_context: ssl.SSLContext | None = None
 
     @property
     def port(self) -> int:
@@ -108,11 +110,17 @@ class Server:
         self.listener = await loop.create_server(
             self._new_protocol, settings.host, settings.port, reuse_address=True
         )
-        # Health, metrics and admin, on the AMQP listener's address; port 0: any free port
-        # (the banner tells which).
-        from busd.observability.http import start_http
+        # Health, metrics, admin, the management API and the dashboard, over HTTP and HTTPS,
+        # on the AMQP listener's address; port 0: any free port (the banner tells which).
+        from busd.http import front, server
+        from busd.http.atom import AtomApi
+        from busd.http.entities import ConfigEntities
 
-        self.http = await start_http(self, settings.host, settings.http_port)
+        atom = AtomApi(ConfigEntities(self.broker), settings.sas_keys)
+        self.http = await server.start(
+            settings.host, settings.http_port, front.handler(self, atom),
+            tls=self.tls_context, amqp_factory=self._new_protocol,
+        )
 
     def _new_protocol(self) -> AmqpProtocol:
         broker = self.broker

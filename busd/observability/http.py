@@ -1,8 +1,5 @@
-"""A tiny HTTP endpoint on `--http-port`: `GET /health`, `GET /metrics` (Prometheus text) and
-the admin API under `/admin/` (busd.observability.admin).
-
-Plain asyncio streams, one request per connection: a handful of routes for tools and
-scrapers do not justify a web framework.
+"""`GET /health`, `GET /metrics` (Prometheus text) and the admin API under `/admin/`
+(busd.observability.admin) on the HTTP port (busd.http serves the port and routes to here).
 """
 
 from __future__ import annotations
@@ -15,60 +12,6 @@ from http import HTTPStatus
 from busd.auth.sas import SasError, verify_sas_token
 
 log = logging.getLogger("busd.http")
-
-# Largest request body accepted (a message sent through the admin API, as JSON).
-MAX_BODY = 128 * 1024 * 1024
-
-
-class HttpServer:
-    def __init__(self, server, listener: asyncio.base_events.Server) -> None:
-        self.server = server
-        self.listener = listener
-
-    @property
-    def port(self) -> int:
-        return self.listener.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        self.listener.close()
-
-
-async def start_http(server, host: str, port: int) -> HttpServer:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            lines = request_head.decode("latin-1").split("\r\n")
-            method, target, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
-            length = int(headers.get("content-length") or 0)
-            if not 0 <= length <= MAX_BODY:
-                status, ctype, body = _json(413, {"error": "request body too large"})
-            else:
-                data = await asyncio.wait_for(reader.readexactly(length), 60) if length else b""
-                path, _, query = target.partition("?")
-                status, ctype, body = await route(server, method, path, query, data,
-                                                  headers.get("authorization", ""))
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
-                ConnectionError):
-            writer.close()
-            return
-        head = (
-            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1") + body)
-        try:
-            await writer.drain()
-        except ConnectionError:
-            pass
-        writer.close()
-
-    listener = await asyncio.start_server(handle, host, port)
-    return HttpServer(server, listener)
 
 
 def _status(code: int) -> str:

@@ -1,0 +1,305 @@
+"""The Service Bus management (ATOM) API, as the SDKs' administration clients call it
+(docs/management.md §3): queues, topics, subscriptions and rules, runtime counts, namespace
+info.
+
+Routing here; XML in busd.http.atom_xml; entities through `Entities` (busd.http.entities), which
+keeps them in the store's catalog. Paths are matched case-insensitively with a trailing `/`
+allowed, any `api-version` is accepted and `enrich` is ignored: every answer carries the
+counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from urllib.parse import quote, unquote
+
+from busd.auth.sas import SasError, audience_covers, entity_path_of, verify_sas_token
+from busd.config import ConfigError, normalize_entity_name
+from busd.http import atom_xml as ax
+from busd.http.entities import Entities, Entity
+from busd.http.server import Request, Response
+
+log = logging.getLogger("busd.http")
+
+DEFAULT_TOP = 100
+MAX_TOP = 1000
+
+
+def is_atom(request: Request) -> bool:
+    """SDK requests all carry `api-version`; `$namespaceinfo` and `$Resources` are ours alone."""
+    if "api-version" in request.params:
+        return True
+    first = unquote(request.path.lstrip("/")).split("/", 1)[0].lower()
+    return first in ("$namespaceinfo", "$resources")
+
+
+def _xml(status: int, element, content_type: str = ax.ENTRY_TYPE) -> Response:
+    return Response(status, content_type, ax.serialize(element))
+
+
+def error_response(status: int, detail: str) -> Response:
+    return Response(status, ax.ERROR_TYPE, ax.error(status, detail))
+
+
+class AtomApi:
+    def __init__(self, entities: Entities, sas_keys: dict[str, str]) -> None:
+        self.entities = entities
+        self.sas_keys = sas_keys
+        self.started_ms = int(time.time() * 1000)
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self._route(request)
+        except ax.AtomError as exc:
+            if exc.status >= 500:
+                log.warning("%s %s: %s", request.method, request.path, exc.detail)
+            return error_response(exc.status, exc.detail)
+
+    # --- authorization ------------------------------------------------------------------------
+    def _authorize(self, request: Request, entity_path: str) -> None:
+        """A valid SAS token signed with one of our keys, over its `sr` exactly as sent (each
+        SDK signs a different audience: docs/management.md §2), whose audience covers the
+        entity. Any host is accepted: behind a port mapping the client's host is not ours."""
+        try:
+            token = verify_sas_token(request.headers.get("authorization", ""), self.sas_keys)
+        except SasError as exc:
+            raise ax.AtomError(401, f"Unauthorized: {exc.reason}") from None
+        granted = entity_path_of(token.audience.partition("?")[0]).lower()
+        wanted = entity_path.strip("/").lower()
+        if granted and granted != wanted and not audience_covers(token.audience.partition("?")[0],
+                                                                   wanted):
+            raise ax.AtomError(
+                401, f"Unauthorized: the token's audience {token.audience!r} does not cover "
+                f"{entity_path!r}")
+
+    # --- routing ------------------------------------------------------------------------------
+    async def _route(self, request: Request) -> Response:
+        raw = request.path.strip("/")
+        segments = [unquote(s) for s in raw.split("/")] if raw else []
+        self._authorize(request, "/".join(segments))
+        lower = [s.lower() for s in segments]
+        method = request.method
+        if lower == ["$namespaceinfo"]:
+            _only(method, "GET")
+            url = f"{request.base_url}/$namespaceinfo{_api(request)}"
+            return _xml(200, ax.namespace_info(url, self.started_ms))
+        if len(lower) == 2 and lower[0] == "$resources" and lower[1] in ("queues", "topics"):
+            _only(method, "GET")
+            kind = lower[1][:-1]
+            found = await self.entities.list(kind)
+            return await self._feed(request, kind.capitalize() + "s", found)
+        if not segments:
+            raise ax.AtomError(404, "No service is hosted at the specified address.")
+        if "subscriptions" in lower:
+            at = lower.index("subscriptions")
+            topic = _name("/".join(segments[:at]), "topic")
+            rest = segments[at + 1:]
+            if not rest:
+                _only(method, "GET")
+                await self._topic(topic)
+                return await self._feed(request, "Subscriptions",
+                                  await self.entities.list("subscription", topic))
+            sub = _name(rest[0], "subscription", nested=True)
+            if len(rest) == 1:
+                return await self._entity(request, "subscription", f"{topic}/{sub}")
+            if rest[1].lower() != "rules" or len(rest) > 3:
+                raise ax.AtomError(404, "No service is hosted at the specified address.")
+            if len(rest) == 2:
+                _only(method, "GET")
+                await self._subscription(topic, sub)
+                return await self._feed(request, "Rules",
+                                  await self.entities.list("rule", f"{topic}/{sub}"))
+            rule = _name(rest[2], "rule", nested=True)
+            return await self._rule(request, topic, sub, rule)
+        name = _name("/".join(segments), "entity")
+        return await self._entity(request, None, name)
+
+    async def _topic(self, topic: str) -> Entity:
+        found = await self.entities.get("topic", topic)
+        if found is None:
+            raise ax.AtomError(404, f"Entity '{topic}' was not found.", 40400)
+        return found
+
+    async def _subscription(self, topic: str, sub: str) -> Entity:
+        found = await self.entities.get("subscription", f"{topic}/{sub}")
+        if found is None:
+            raise ax.AtomError(404, f"Entity '{topic}/Subscriptions/{sub}' was not found.",
+                               40400)
+        return found
+
+    # --- queues, topics, subscriptions -------------------------------------------------------
+    async def _entity(self, request: Request, kind: str | None, path: str) -> Response:
+        """GET/PUT/DELETE of `/{name}` (a queue or a topic: `kind` None) or of a subscription."""
+        method = request.method
+        if method == "GET":
+            found = await self._find(kind, path)
+            if found is None:
+                # Not a 404: the service answers 200 with this feed, and the Go SDK (KEDA,
+                # Dapr) takes a 404 for a hard error.
+                return _xml(200, ax.not_found_feed(), ax.FEED_TYPE)
+            return _xml(200, await self._entry(request, found))
+        if method == "DELETE":
+            if not await self.entities.delete(kind or await self._kind_of(path), path):
+                raise ax.AtomError(404, "No service is hosted at the specified address.", 40400)
+            return Response(200, ax.ENTRY_TYPE, b"")
+        if method == "PUT":
+            if kind is None:
+                kind = ax.entity_kind(request.body)
+            properties = ax.parse_description(request.body, kind)
+            _validate(kind, properties)
+            if "if-match" in request.headers:
+                existing = await self.entities.get(kind, path)
+                if existing is None:
+                    raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
+                updated = await self.entities.update(kind, path, properties)
+                return _xml(200, await self._entry(request, updated))
+            if kind == "subscription":
+                await self._topic(path.rsplit("/", 1)[0])
+            if await self._find(None if kind != "subscription" else kind, path) is not None:
+                raise ax.AtomError(409, "Conflict. You're requesting an operation that isn't "
+                                   f"allowed in the resource's current state: '{path}' exists.",
+                                   40900)
+            created = await self.entities.create(kind, path, properties)
+            return _xml(201, await self._entry(request, created))
+        raise ax.AtomError(405, f"{method} is not supported here")
+
+    async def _find(self, kind: str | None, path: str) -> Entity | None:
+        if kind is not None:
+            return await self.entities.get(kind, path)
+        return await self.entities.get("queue", path) or await self.entities.get("topic", path)
+
+    async def _kind_of(self, path: str) -> str:
+        found = await self._find(None, path)
+        return found.kind if found is not None else "queue"
+
+    # --- rules ---------------------------------------------------------------------------------
+    async def _rule(self, request: Request, topic: str, sub: str, rule: str) -> Response:
+        method = request.method
+        path = f"{topic}/{sub}/{rule}"
+        if method == "GET":
+            found = await self.entities.get("rule", path)
+            if found is None:  # rules, unlike the rest, are a real 404
+                raise ax.AtomError(
+                    404, f"Entity '{ax.NAMESPACE_NAME}:Topic:{topic}|{sub}|{rule}' was not found.")
+            return _xml(200, await self._entry(request, found))
+        if method == "DELETE":
+            if not await self.entities.delete("rule", path):
+                raise ax.AtomError(404, "No service is hosted at the specified address.", 40400)
+            return Response(200, ax.ENTRY_TYPE, b"")
+        if method == "PUT":
+            description = ax.parse_rule(request.body, rule)
+            await self._subscription(topic, sub)
+            existing = await self.entities.get("rule", path)
+            if "if-match" in request.headers:
+                if existing is None:
+                    raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
+                found = await self.entities.update("rule", path, {"rule": description})
+                return _xml(200, await self._entry(request, found))
+            if existing is not None:
+                raise ax.AtomError(409, f"Conflict: rule '{rule}' exists.", 40900)
+            found = await self.entities.create("rule", path, {"rule": description})
+            return _xml(201, await self._entry(request, found))
+        raise ax.AtomError(405, f"{method} is not supported here")
+
+    # --- answers -------------------------------------------------------------------------------
+    def _url(self, request: Request, entity: Entity) -> str:
+        if entity.kind in ("queue", "topic"):
+            path = quote(entity.path)
+        elif entity.kind == "subscription":
+            topic, sub = entity.path.rsplit("/", 1)
+            path = f"{quote(topic)}/Subscriptions/{quote(sub)}"
+        else:
+            topic, sub, rule = entity.path.rsplit("/", 2)
+            path = f"{quote(topic)}/Subscriptions/{quote(sub)}/Rules/{quote(rule)}"
+        return f"{request.base_url}/{path}{_api(request)}"
+
+    async def _entry(self, request: Request, entity: Entity, base: str | None = None):
+        url = self._url(request, entity)
+        if entity.kind == "rule":
+            content = ax.rule_description(entity.properties["rule"], entity.created_ms)
+        else:
+            runtime = await self.entities.runtime(entity)
+            content = ax.description(entity.kind, entity.properties, runtime)
+        return ax.entry(url, entity.name, content, updated_ms=entity.updated_ms,
+                        published_ms=entity.created_ms,
+                        author=ax.NAMESPACE_NAME if entity.kind in ("queue", "topic") else None,
+                        base=base)
+
+    async def _feed(self, request: Request, title: str, found: list[Entity]) -> Response:
+        params = request.params
+        skip = _int_param(params, "$skip", 0)
+        top = min(_int_param(params, "$top", DEFAULT_TOP), MAX_TOP)
+        if skip < 0 or top < 1:
+            raise ax.AtomError(400, "$skip must be >= 0 and $top >= 1")
+        ordered = sorted(found, key=lambda e: e.path)
+        page = ordered[skip: skip + top]
+        self_url = f"{request.base_url}{request.target}"
+        next_url = None
+        if skip + top < len(ordered):
+            api = params.get("api-version", [""])[-1]
+            next_url = (f"{request.base_url}{request.path}?$skip={skip + top}&$top={top}"
+                        + (f"&api-version={quote(api)}" if api else ""))
+        entries = [await self._entry(request, e, base=self_url) for e in page]
+        return _xml(200, ax.feed(title, self_url, entries, next_url), ax.FEED_TYPE)
+
+
+def _api(request: Request) -> str:
+    api = request.params.get("api-version", [""])[-1]
+    return f"?api-version={quote(api)}" if api else ""
+
+
+def _only(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise ax.AtomError(405, f"{method} is not supported here: use {allowed}")
+
+
+def _int_param(params: dict[str, list[str]], name: str, default: int) -> int:
+    values = params.get(name) or params.get(quote(name))
+    if not values:
+        return default
+    try:
+        return int(values[-1])
+    except ValueError:
+        raise ax.AtomError(400, f"{name} must be a whole number, got {values[-1]!r}") from None
+
+
+def _name(name: str, what: str, nested: bool = False) -> str:
+    try:
+        normalized = normalize_entity_name(name, what)
+    except ConfigError as exc:
+        raise ax.AtomError(400, str(exc)) from None
+    if nested and "/" in normalized:
+        raise ax.AtomError(400, f"a {what} name cannot contain '/': {name!r}")
+    return normalized
+
+
+# Bounds as for the entities file (docs/design.md §2.1).
+def _validate(kind: str, p: dict[str, Any]) -> None:
+    from busd import config as c
+
+    def bad(message: str) -> None:
+        raise ax.AtomError(400, message)
+
+    lock = p.get("LockDuration", c.DEFAULT_LOCK_DURATION_MS)
+    if lock is None or not c.MIN_LOCK_DURATION_MS <= lock <= c.MAX_LOCK_DURATION_MS:
+        bad(f"LockDuration must be 1 second to 5 minutes, got {ax.format_duration(lock)}")
+    mdc = p.get("MaxDeliveryCount", 10)
+    if not 1 <= mdc <= ax.INT32_MAX:
+        bad(f"MaxDeliveryCount must be 1..{ax.INT32_MAX}, got {mdc}")
+    if "DefaultMessageTimeToLive" in p and p["DefaultMessageTimeToLive"] is not None \
+            and p["DefaultMessageTimeToLive"] <= 0:
+        bad("DefaultMessageTimeToLive must be longer than zero")
+    window = p.get("DuplicateDetectionHistoryTimeWindow", c.DEFAULT_DUPLICATE_WINDOW_MS)
+    if window is None or not c.MIN_DUPLICATE_WINDOW_MS <= window <= c.MAX_DUPLICATE_WINDOW_MS:
+        bad("DuplicateDetectionHistoryTimeWindow must be 1 second to 7 days")
+    kb = p.get("MaxMessageSizeInKilobytes", 1024)
+    if not 1 <= kb <= c.MAX_MESSAGE_SIZE_LIMIT // c.KIB:
+        bad(f"MaxMessageSizeInKilobytes must be 1..{c.MAX_MESSAGE_SIZE_LIMIT // c.KIB}, got {kb}")
+    mb = p.get("MaxSizeInMegabytes", 1024)
+    if mb < 1:
+        bad(f"MaxSizeInMegabytes must be at least 1, got {mb}")
+    if "AutoDeleteOnIdle" in p and p["AutoDeleteOnIdle"] is not None \
+            and p["AutoDeleteOnIdle"] < 300_000:
+        bad("AutoDeleteOnIdle must be at least 5 minutes")

@@ -1,0 +1,273 @@
+"""The HTTP port (`--http-port`, 5300): HTTP and HTTPS on one listener, HTTP/1.1 keep-alive.
+
+The Python and JavaScript administration clients always speak HTTPS and keep the port of the
+connection string; .NET speaks plain HTTP to an emulator (docs/management.md §1). So each
+accepted connection is sniffed before anything is read: a first byte 0x16 is a TLS ClientHello
+and the connection is wrapped in TLS; `A` starts an AMQP protocol header, and the connection is
+handed to the AMQP front, so one `Endpoint=sb://localhost:5300` serves both kinds of client;
+anything else is plain HTTP.
+
+Requests go to `handler(request) -> Response`; this module knows nothing of the routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from urllib.parse import parse_qs
+
+log = logging.getLogger("busd.http")
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 128 * 1024 * 1024  # a message sent through the admin API, as JSON
+FIRST_BYTE_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
+BODY_TIMEOUT_S = 60.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+TLS_RECORD = 0x16
+
+
+@dataclass
+class Request:
+    method: str
+    target: str  # as sent: path and query
+    path: str
+    query: str
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+    scheme: str  # http or https
+
+    @property
+    def params(self) -> dict[str, list[str]]:
+        return parse_qs(self.query, keep_blank_values=True)
+
+    @property
+    def host(self) -> str:
+        return self.headers.get("host", "localhost")
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.host}"
+
+
+@dataclass
+class Response:
+    status: int
+    content_type: str = "text/plain; charset=utf-8"
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class HttpServer:
+    """One listening socket; `close()` stops accepting and closes every open connection."""
+
+    def __init__(self, sock: socket.socket, handler: Handler, tls: ssl.SSLContext | None,
+                 amqp_factory: Callable[[], asyncio.Protocol] | None) -> None:  # fmt: skip
+        self.sock = sock
+        self.handler = handler
+        self.tls = tls
+        self.amqp_factory = amqp_factory
+        self._connections: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._accepting = asyncio.create_task(self._accept(), name="busd-http-accept")
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    async def close(self) -> None:
+        self._accepting.cancel()
+        await asyncio.gather(self._accepting, return_exceptions=True)
+        self.sock.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self.sock)
+            except OSError as exc:  # e.g. too many open files: keep the listener alive
+                log.warning("http accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            task = asyncio.create_task(self._connection(conn))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _connection(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            first = await _peek(loop, conn)
+        except (TimeoutError, OSError):
+            conn.close()
+            return
+        if not first:
+            conn.close()
+            return
+        try:
+            if first[0] == ord("A") and self.amqp_factory is not None:
+                await loop.connect_accepted_socket(self.amqp_factory, conn)
+                return
+            tls = self.tls if first[0] == TLS_RECORD else None
+            if first[0] == TLS_RECORD and tls is None:
+                conn.close()
+                return
+            reader = asyncio.StreamReader(limit=MAX_HEAD)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, conn, ssl=tls,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("http connection dropped before its first request: %s", exc)
+            conn.close()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        self._writers.add(writer)
+        try:
+            await self._serve(reader, writer, "https" if tls else "http")
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     scheme: str) -> None:  # fmt: skip
+        while True:
+            try:
+                request = await _read_request(reader, writer, scheme)
+            except _BadRequest as exc:
+                await _write(writer, Response(exc.status, body=f"{exc}\n".encode()), False)
+                return
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ssl.SSLError,
+                    OSError):  # fmt: skip
+                return
+            if request is None:
+                return
+            try:
+                response = await self.handler(request)
+            except Exception:
+                log.exception("%s %s failed", request.method, request.path)
+                response = Response(500, body=b"internal error\n")
+            keep = request.headers.get("connection", "").lower() != "close"
+            try:
+                await _write(writer, response, keep, head_only=request.method == "HEAD")
+            except (ConnectionError, OSError):
+                return
+            if not keep:
+                return
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The connection's first byte, left in the socket for whoever reads it next."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        await asyncio.wait_for(ready, FIRST_BYTE_TIMEOUT_S)
+    finally:
+        loop.remove_reader(conn.fileno())
+    return conn.recv(1, socket.MSG_PEEK)
+
+
+async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        scheme: str) -> Request | None:  # fmt: skip
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial.strip():
+            return None  # the client closed a kept-alive connection
+        raise
+    except asyncio.LimitOverrunError:
+        raise _BadRequest(431, "request head too large") from None
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        method, target, _ = lines[0].split(" ", 2)
+    except ValueError:
+        raise _BadRequest(400, "malformed request line") from None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    if headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await asyncio.wait_for(_read_chunked(reader), BODY_TIMEOUT_S)
+    else:
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            raise _BadRequest(400, "bad Content-Length") from None
+        if not 0 <= length <= MAX_BODY:
+            raise _BadRequest(413, "request body too large")
+        body = await asyncio.wait_for(reader.readexactly(length), BODY_TIMEOUT_S) if length else b""
+    path, _, query = target.partition("?")
+    return Request(method.upper(), target, path, query, headers, body, scheme)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise _BadRequest(400, "bad chunk size") from None
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                pass
+            return b"".join(parts)
+        total += size
+        if total > MAX_BODY:
+            raise _BadRequest(413, "request body too large")
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+async def _write(writer: asyncio.StreamWriter, response: Response, keep: bool,
+                 head_only: bool = False) -> None:  # fmt: skip
+    try:
+        phrase = HTTPStatus(response.status).phrase
+    except ValueError:
+        phrase = "Status"
+    head = [f"HTTP/1.1 {response.status} {phrase}",
+            f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}",
+            f"Connection: {'keep-alive' if keep else 'close'}"]
+    head += [f"{name}: {value}" for name, value in response.headers.items()]
+    data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+    writer.write(data if head_only else data + response.body)
+    await writer.drain()
+
+
+async def start(host: str, port: int, handler: Handler, *, tls: ssl.SSLContext | None = None,
+                amqp_factory: Callable[[], asyncio.Protocol] | None = None) -> HttpServer:
+    """Listen on host:port (0: any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=128)
+    sock.setblocking(False)
+    return HttpServer(sock, handler, tls, amqp_factory)

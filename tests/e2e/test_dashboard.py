@@ -1,0 +1,137 @@
+"""The web dashboard in a real headless Chromium (Debian's `chromium` and `chromium-driver`,
+driven by Selenium): it signs in with a key, shows a queue's counts after SDK sends, pages
+through a session's messages and resubmits a dead letter. A screenshot of each run is kept
+under test-artifacts/ (the path is printed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)",
+                allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("dash-plain"), queue("dash-sessions", RequiresSession=True)])
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _cell(driver, row_selector: str, column: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, f"{row_selector} td.{column}").text
+
+
+def _wait_text(driver, selector: str, text: str, timeout: float = 15) -> None:
+    WebDriverWait(driver, timeout).until(
+        ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), text))
+
+
+def _seqs(driver) -> list[int]:
+    return [int(e.text) for e in driver.find_elements(By.CSS_SELECTOR, "#messages td.seq")]
+
+
+def test_dashboard_counts_pages_and_resubmits(busd, browser):
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-plain") as sender:
+            sender.send_messages([ServiceBusMessage(f"plain {i}") for i in range(3)])
+        with client.get_queue_receiver("dash-plain") as receiver:
+            (first,) = receive(receiver, 1)
+            receiver.dead_letter_message(first, reason="looked-at", error_description="test")
+        with client.get_queue_sender("dash-sessions") as sender:
+            sender.send_messages([ServiceBusMessage(f"step {i}", session_id="order-7")
+                                  for i in range(23)])
+
+    browser.get(busd.http_url + "/")
+    WebDriverWait(browser, 15).until(ec.visibility_of_element_located((By.ID, "login-form")))
+    browser.find_element(By.ID, "key").send_keys("not-the-key")
+    browser.find_element(By.ID, "login-button").click()
+    _wait_text(browser, "#status", "wrong key")
+    browser.find_element(By.ID, "key").clear()
+    browser.find_element(By.ID, "key").send_keys("SAS_KEY_VALUE")
+    browser.find_element(By.ID, "login-button").click()
+
+    plain = 'tr[data-queue="dash-plain"]'
+    WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, plain)))
+    assert _cell(browser, plain, "active") == "2"
+    assert _cell(browser, plain, "dead-letter") == "1"
+    assert _cell(browser, plain, "scheduled") == "0"
+    assert _cell(browser, plain, "deferred") == "0"
+    sessions = 'tr[data-queue="dash-sessions"]'
+    assert _cell(browser, sessions, "active") == "23"
+    assert _cell(browser, sessions, "sessions") == "1"
+
+    # a session's messages, ten at a time
+    browser.find_element(By.CSS_SELECTOR, sessions).click()
+    row = 'tr[data-session="order-7"]'
+    WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+    assert _cell(browser, row, "message-count") == "23"
+    assert _cell(browser, row, "locked") == "no"
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.peek-session").click()
+    _wait_text(browser, "#page-info", "page 1, 10 message(s)")
+    page1 = _seqs(browser)
+    assert len(page1) == 10 and page1 == sorted(page1)
+    bodies = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#messages td.body")]
+    assert bodies == [f"step {i}" for i in range(10)]
+    browser.find_element(By.ID, "next-page").click()
+    _wait_text(browser, "#page-info", "page 2, 10 message(s)")
+    page2 = _seqs(browser)
+    assert page2[0] > page1[-1] and len(page2) == 10
+    browser.find_element(By.ID, "next-page").click()
+    _wait_text(browser, "#page-info", "page 3, 3 message(s)")
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#messages td.body")] == [
+        "step 20", "step 21", "step 22"]
+    assert not browser.find_element(By.ID, "next-page").is_enabled()
+
+    # the dead letter, then back to the queue
+    browser.find_element(By.CSS_SELECTOR, plain).click()
+    browser.find_element(By.ID, "peek-dlq").click()
+    _wait_text(browser, "#messages-title", "Dead letters of dash-plain")
+    assert _cell(browser, "#messages tbody tr", "reason") == "looked-at"
+    browser.find_element(By.ID, "resubmit").click()
+    _wait_text(browser, "#status", "Resubmitted 1 dead letter(s)")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _cell(browser, plain, "active") != "3":
+        time.sleep(0.2)
+    assert _cell(browser, plain, "active") == "3"
+    assert _cell(browser, plain, "dead-letter") == "0"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    assert browser.save_screenshot(str(shot))
+    print(f"dashboard screenshot: {shot}")
+    assert os.path.getsize(shot) > 10_000

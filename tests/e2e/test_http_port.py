@@ -1,0 +1,73 @@
+"""The HTTP port itself: HTTP/1.1 keep-alive, AMQP sniffed and served on it too, the routes
+kept apart (health, admin, management API, dashboard)."""
+
+from __future__ import annotations
+
+import http.client
+import time
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from busd.auth.sas import generate_sas_token
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("port-q"), queue("health")])
+
+
+def _token(busd) -> str:
+    return generate_sas_token(f"https://localhost:{busd.http_port}", "RootManageSharedAccessKey",
+                              "SAS_KEY_VALUE", int(time.time()) + 600)
+
+
+def test_one_connection_serves_many_requests(busd):
+    conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    headers = {"Authorization": _token(busd)}
+    for _ in range(3):
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        assert response.status == 200 and b'"store": true' in response.read()
+        conn.request("GET", "/port-q?api-version=2021-05", headers=headers)
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type").startswith("application/atom+xml")
+        assert b"<title type=\"text\">port-q</title>" in response.read()
+    conn.close()
+
+
+def test_a_queue_named_like_a_route_is_reached_through_the_management_api(busd):
+    conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    conn.request("GET", "/health?api-version=2024-05", headers={"Authorization": _token(busd)})
+    response = conn.getresponse()
+    assert b"<QueueDescription" in response.read()
+
+
+def test_amqp_clients_may_use_the_http_port(busd):
+    conn_str = busd.connection_string.replace(f":{busd.port};", f":{busd.http_port};")
+    with ServiceBusClient.from_connection_string(conn_str) as client:
+        with client.get_queue_sender("port-q") as sender:
+            sender.send_messages(ServiceBusMessage("over 5300"))
+        with client.get_queue_receiver("port-q") as receiver:
+            (message,) = receive(receiver, 1)
+            assert str(message) == "over 5300"
+            receiver.complete_message(message)
+
+
+def test_the_dashboard_page_is_served_and_its_login_checks_the_key(busd):
+    conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    conn.request("GET", "/")
+    response = conn.getresponse()
+    assert response.status == 200 and b"<title>busd</title>" in response.read()
+    conn.request("POST", "/dashboard/login",
+                 body=b'{"key_name": "RootManageSharedAccessKey", "key": "nope"}')
+    response = conn.getresponse()
+    assert response.status == 401 and b"wrong key" in response.read()
+    conn.request("POST", "/dashboard/login",
+                 body=b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}')
+    response = conn.getresponse()
+    assert response.status == 200 and b"SharedAccessSignature" in response.read()
