@@ -16,7 +16,7 @@ from proton import Condition, symbol
 from busd import __version__
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
-from busd.broker.connection import ConnectionHandler
+from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler
 from busd.config import Settings, load_entities
 from busd.storage.api import QueueSpec
 
@@ -96,6 +96,7 @@ class Server:
             from busd.observability.metrics import Metrics
 
             metrics = Metrics()
+            metrics.set_census(lambda: len(LIVE_CONNECTIONS))
         except ImportError:
             pass
         self.broker = Broker(

@@ -44,6 +44,22 @@ class EventHandler(TypingProtocol):
     def closed(self) -> None: ...
 
 
+class _Closed:
+    """The handler of a connection whose socket is gone: events left in the engine are
+    dropped."""
+
+    raw_links: Mapping[Any, RawDeliveryTaker] = {}
+
+    def dispatch(self, event) -> None:
+        pass
+
+    def closed(self) -> None:
+        pass
+
+
+_CLOSED = _Closed()
+
+
 class AmqpProtocol(asyncio.Protocol):
     """Connection scope: the socket, the proton engine, and the connection's handler."""
 
@@ -68,7 +84,8 @@ class AmqpProtocol(asyncio.Protocol):
         self.engine.max_frame_size = MAX_FRAME_SIZE
         if frame_log.isEnabledFor(TRACE):
             self.engine.trace(Transport.TRACE_FRM)
-            self.engine.tracer = lambda _t, msg: frame_log.log(TRACE, "[%s] %s", self.peer, msg)
+            peer = self.peer  # not self: proton keeps the tracer on its C side
+            self.engine.tracer = lambda _t, msg: frame_log.log(TRACE, "[%s] %s", peer, msg)
         self.connection = Connection()
         self.collector = Collector()
         self.connection.collect(self.collector)
@@ -124,7 +141,11 @@ class AmqpProtocol(asyncio.Protocol):
             self.engine.close_head()
         except TransportException:
             pass
-        self.handler.closed()
+        # The handler finishes what the connection's links started; nothing of it points back
+        # here afterwards, so both are freed as soon as that is done, without waiting for the
+        # garbage collector (docs/design.md §3.12).
+        handler, self.handler, self.raw_links = self.handler, _CLOSED, {}
+        handler.closed()
         if self._on_closed is not None:
             self._on_closed(self)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,10 @@ log = logging.getLogger("busd.broker")
 # incoming window open for clients that pipeline many transfers (docs/wire.md §1.4).
 SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
 
+# Every connection handler still in memory (open, or closed and not yet freed): the census
+# behind the busd_connection_objects gauge, which shows a connection that is never freed.
+LIVE_CONNECTIONS: weakref.WeakSet[ConnectionHandler] = weakref.WeakSet()
+
 
 class ConnectionHandler:
     """Connection scope: the proton connection, its CBS grants and its links."""
@@ -53,6 +58,7 @@ class ConnectionHandler:
         self.raw_links = self.links.raw
         # store work of links that went, still running (see the module docstring)
         self._finishing: set[asyncio.Task] = set()
+        LIVE_CONNECTIONS.add(self)
         if broker.metrics is not None:
             broker.metrics.connection_opened()
 

@@ -171,6 +171,9 @@ class LinkRegistry:
         self._by_link: dict[Any, LinkEndpoint] = {}  # raw pn_link_t pointer -> endpoint
         self._by_name: dict[str, LinkEndpoint] = {}
         self.raw: dict[Any, LinkEndpoint] = {}
+        # (raw pn_session_t pointer, address) -> our reply link of a request/response node
+        # in that AMQP session (busd.broker.nodes)
+        self._replies: dict[tuple[Any, str], LinkEndpoint] = {}
 
     def add(self, endpoint: LinkEndpoint) -> None:
         impl = endpoint.link._impl
@@ -191,6 +194,18 @@ class LinkRegistry:
         if self._by_name.get(endpoint.link.name) is endpoint:
             del self._by_name[endpoint.link.name]
         return True
+
+    def add_reply(self, session: Any, address: str, endpoint: LinkEndpoint) -> None:
+        self._replies[(session._impl, address.lower())] = endpoint
+
+    def remove_reply(self, session: Any, address: str, endpoint: LinkEndpoint) -> None:
+        key = (session._impl, address.lower())
+        if self._replies.get(key) is endpoint:
+            del self._replies[key]
+
+    def reply(self, session: Any, address: str) -> Any:
+        """The reply link `address` names in `session`, if it is still attached."""
+        return self._replies.get((session._impl, address.lower()))
 
     def of(self, link: Link) -> LinkEndpoint | None:
         return self._by_link.get(link._impl)

@@ -31,9 +31,8 @@ class ReplyEndpoint(LinkEndpoint):
             (link.remote_target.address or "").lower(),
             (link.remote_source.address or "").lower(),
         }
-        replies = _session_replies(link.session)
         for address in self.addresses:
-            replies[address] = self
+            conn.links.add_reply(link.session, address, self)
 
     def send(self, payload: bytes) -> None:
         self.backlog.append(payload)
@@ -52,21 +51,8 @@ class ReplyEndpoint(LinkEndpoint):
 
     def on_detach(self) -> None:
         super().on_detach()
-        replies = _session_replies(self.link.session)
         for address in self.addresses:
-            if replies.get(address) is self:
-                del replies[address]
-
-
-def _session_replies(session) -> dict:
-    replies = getattr(session, "reply_links", None)
-    if replies is None:
-        replies = session.reply_links = {}
-    return replies
-
-
-def reply_link(session, address: str) -> ReplyEndpoint | None:
-    return _session_replies(session).get(address.lower())
+            self.conn.links.remove_reply(self.link.session, address, self)
 
 
 class RequestEndpoint(LinkEndpoint, abc.ABC):
@@ -78,6 +64,12 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     # anything up to the largest message size busd allows, plus room for the envelope.
     max_size = 100 * 1024 * 1024 + 64 * 1024
 
+    def __init__(self, conn: ConnectionScope, link: Link) -> None:
+        super().__init__(conn, link)
+        # delivery (raw pointer) -> [size so far, chunks...] of a request spanning frames:
+        # kept here, not on proton's delivery, so that it goes with the link
+        self._partial: dict = {}
+
     def on_attach(self) -> None:
         super().on_attach()
         self.link.flow(CREDIT_WINDOW)
@@ -85,21 +77,20 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     def on_delivery(self, delivery: Delivery) -> None:
         if not delivery.readable:
             return
-        chunks = getattr(delivery, "chunks", None)
+        chunks = self._partial.get(delivery._impl)
         if chunks is None:
-            chunks = delivery.chunks = []
-            delivery.size = 0
+            chunks = self._partial[delivery._impl] = [0]
         data = self.link.recv(delivery.pending)
         if data:
-            delivery.size += len(data)
+            chunks[0] += len(data)
             # Past the limit keep counting but stop storing: the request is dropped anyway.
-            if delivery.size <= self.max_size:
+            if chunks[0] <= self.max_size:
                 chunks.append(data)
         if delivery.partial:
             return
-        size = delivery.size
-        payload = b"".join(chunks)
-        delivery.chunks = None
+        del self._partial[delivery._impl]
+        size = chunks[0]
+        payload = b"".join(chunks[1:])
         self.link.advance()
         if self.link.credit < CREDIT_WINDOW // 2:
             self.link.flow(CREDIT_WINDOW - self.link.credit)
@@ -110,11 +101,15 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
             return
         self.spawn(self._answer(payload))
 
+    def on_detach(self) -> None:
+        super().on_detach()
+        self._partial.clear()
+
     async def _answer(self, payload: bytes) -> None:
         response, reply_to = await self.handle(payload)
         if response is None:
             return
-        reply = reply_link(self.link.session, reply_to or self.reply_key)
+        reply = self.conn.links.reply(self.link.session, reply_to or self.reply_key)
         if reply is None:
             log.warning("no reply link %r for a %s request", reply_to, self.reply_key)
             return
