@@ -14,7 +14,7 @@ import os
 
 from proton import Delivery, Link
 
-from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint
+from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint, credit_of
 
 log = logging.getLogger("busd.broker")
 
@@ -42,7 +42,7 @@ class ReplyEndpoint(LinkEndpoint):
         self._flush()
 
     def _flush(self) -> None:
-        while self.backlog and self.link.credit > 0 and not self.detached:
+        while self.backlog and credit_of(self.link) > 0 and not self.detached:
             delivery = self.link.delivery(os.urandom(16))  # type: ignore[arg-type]  # binary tag
             self.link.send(self.backlog.pop(0))
             delivery.settle()

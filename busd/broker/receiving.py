@@ -24,7 +24,14 @@ from typing import Any
 from proton import Delivery, Link, symbol
 
 from busd.amqp import codec, engine
-from busd.broker.links import ConnectionScope, LinkEndpoint, amqp_condition, echo_termini, is_open
+from busd.broker.links import (
+    ConnectionScope,
+    LinkEndpoint,
+    amqp_condition,
+    credit_of,
+    echo_termini,
+    is_open,
+)
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.errors import BusdError, Condition, refusal
 from busd.storage.api import Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
@@ -133,7 +140,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if self._fetching:
             self._again = True
             return
-        if self.link.credit <= 0:
+        if credit_of(self.link) <= 0:
             return
         self._fetching = True
         self._fetch_task = self.spawn(self._fetch())
@@ -144,8 +151,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     async def _fetch(self) -> None:
         try:
-            while not self.detached and self.link.credit > 0:
-                count = min(self.link.credit, MAX_BATCH)
+            while not self.detached and (credit := credit_of(self.link)) > 0:
+                count = min(credit, MAX_BATCH)
                 self._again = False
                 try:
                     messages = await self._take(count)

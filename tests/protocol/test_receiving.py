@@ -130,3 +130,21 @@ async def test_receive_and_delete_deliveries_are_settled_without_lock(client):
     # Deleted when taken: a peek finds nothing.
     peeked = await client.request("plain", "peek-message", {"message-count": 10})
     assert peeked.properties["statusCode"] == 204
+
+
+@pytest.mark.parametrize("credit", [2**31, 2**32 - 1])
+async def test_credit_beyond_a_signed_int_delivers(client: ProtocolClient, credit: int):
+    """Link credit is an AMQP uint [2.7.4]: busd serves what it can of up to 2^32-1 (proton
+    keeps it in a signed int, where it reads as negative)."""
+    await client.send_to("plain", *(Message(body=f"m{i}") for i in range(3)))
+    receiver = await client.attach_receiver("plain")
+    receiver.flow(credit - 2**32 if credit >= 2**31 else credit)  # proton takes an int
+    await client.settle_down(0.05)
+    assert receiver.frames("flow", incoming=False)[-1].has(f"link-credit={credit:#x}")
+    await receiver.wait_for(3)
+    assert [r.message.body for r in receiver.received] == ["m0", "m1", "m2"]
+    # ...and a message sent later still arrives on the credit left
+    await client.send_to("plain", Message(body="later"))
+    await receiver.wait_for(4)
+    receiver.drain(0)
+    await client.wait(lambda: not receiver.link.draining(), "the drained flow")
