@@ -23,6 +23,23 @@ EXIT_STARTUP = 69  # sysexits EX_UNAVAILABLE: the store or a port could not be h
 _DEFAULTS = Settings()
 
 
+class _PortOrOff(click.ParamType):
+    name = "port|off"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() in ("off", "none", "no", "false"):
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a port number nor 'off'", param, ctx)
+
+
+PORT_OR_OFF = _PortOrOff()
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"busd: error: {message}", err=True)
     sys.exit(code)
@@ -61,6 +78,14 @@ def cli() -> None:
 @click.option("--http-port", envvar="BUSD_HTTP_PORT", type=int, default=_DEFAULTS.http_port,
               show_default=True,
               help="Port for health, metrics and admin over HTTP (0: any free port).")
+@click.option("--tls-port", envvar="BUSD_TLS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.tls_port,
+              show_default=True,
+              help="Port for AMQP over TLS (0: any free port, off: none).")
+@click.option("--tls-cert", envvar="BUSD_TLS_CERT", default=None, type=click.Path(dir_okay=False),
+              help="PEM certificate (chain) for TLS; none: a self-signed one kept in the data "
+                   "directory.")
+@click.option("--tls-key", envvar="BUSD_TLS_KEY", default=None, type=click.Path(dir_okay=False),
+              help="PEM private key of --tls-cert.")
 @click.option("--log-level", envvar="BUSD_LOG_LEVEL", default=_DEFAULTS.log_level,
               show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False))
 @click.option("--log-format", envvar="BUSD_LOG_FORMAT", default=_DEFAULTS.log_format,
@@ -85,6 +110,9 @@ def serve(
     redis_url: str | None,
     data_dir: str,
     http_port: int,
+    tls_port: int | None,
+    tls_cert: str | None,
+    tls_key: str | None,
     log_level: str,
     log_format: str,
     sas_keys: tuple[str, ...],
@@ -101,6 +129,9 @@ def serve(
             data_dir=data_dir,
             config_path=config_path or None,
             http_port=http_port,
+            tls_port=tls_port,
+            tls_cert=tls_cert or None,
+            tls_key=tls_key or None,
             log_level=log_level,
             log_format=log_format,
             key_prefix=key_prefix,

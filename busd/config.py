@@ -59,6 +59,9 @@ class Settings:
     data_dir: str = "./busd-data"
     config_path: str | None = None  # the entities file (emulator Config.json)
     http_port: int = 5300  # health, metrics, admin
+    tls_port: int | None = 5671  # AMQP over TLS (the SDKs' port outside the emulator); None: off
+    tls_cert: str | None = None  # PEM files; None: a self-signed pair kept in data_dir
+    tls_key: str | None = None
     log_level: str = "info"
     log_format: str = "text"
     sas_keys: dict[str, str] = field(
@@ -72,8 +75,10 @@ class Settings:
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
-        for name in ("port", "http_port"):
+        for name in ("port", "http_port", "tls_port"):
             value = getattr(self, name)
+            if value is None and name == "tls_port":
+                continue
             if not isinstance(value, int) or not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0..65535), got {value!r}")
         self.log_level = str(self.log_level).lower()
@@ -104,6 +109,11 @@ class Settings:
             )
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key prefix must be non-empty, without braces or spaces")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+        for what, value in (("TLS certificate", self.tls_cert), ("TLS key", self.tls_key)):
+            if value and not Path(value).is_file():
+                raise ConfigError(f"{what} {value} does not exist or is not a file")
         if self.config_path is not None and not Path(self.config_path).is_file():
             raise ConfigError(f"entities file {self.config_path} does not exist or is not a file")
         if self.redis_url is not None and not self.redis_url.startswith(

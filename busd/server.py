@@ -19,6 +19,8 @@ from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler
 from busd.config import Settings, load_entities
 from busd.storage.api import QueueSpec
+from busd.tls import Tls
+from busd.tls import load as load_tls
 
 if TYPE_CHECKING:
     from busd.http.server import HttpServer
@@ -28,6 +30,7 @@ log = logging.getLogger("busd")
 
 # How long shutdown waits for clients to finish before closing their sockets.
 GRACE_S = 3.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def redacted(url: str) -> str:
@@ -47,15 +50,18 @@ def _names(entities, shown: int = 10) -> str:
 
 
 def connection_string(
-    settings: Settings, host: str | None = None, port: int | None = None
+    settings: Settings, host: str | None = None, port: int | None = None, tls: bool = False
 ) -> str:
-    """What clients paste; `port`: the one actually bound (with --port 0)."""
+    """What clients paste; `port`: the one actually bound (with --port 0). `tls`: the string
+    for the TLS listener, without the emulator flag (the SDKs then speak TLS; most of them
+    connect to port 5671 whatever the string says)."""
     key_name, key = next(iter(settings.sas_keys.items()))
     loopback_or_any = settings.host in ("127.0.0.1", "0.0.0.0", "::")
     host = host or ("localhost" if loopback_or_any else settings.host)
+    emulator = "" if tls else "UseDevelopmentEmulator=true;"
     return (
         f"Endpoint=sb://{host}:{port or settings.port};SharedAccessKeyName={key_name};"
-        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+        f"SharedAccessKey={key};{emulator}"
     )
 
 
@@ -71,11 +77,19 @@ class Server:
         self.http: HttpServer | None = None
         self.protocols: set[AmqpProtocol] = set()
         self.tls_context: ssl.SSLContext | None = None
+        self.tls: Tls | None = None
+        self.tls_listener: asyncio.base_events.Server | None = None
 
     @property
     def port(self) -> int:
         assert self.listener is not None, "not started"
         return self.listener.sockets[0].getsockname()[1]
+
+    @property
+    def tls_port(self) -> int | None:
+        if self.tls_listener is None:
+            return None
+        return self.tls_listener.sockets[0].getsockname()[1]
 
     async def startup(self) -> None:
         from busd.storage.redis_store import RedisStore
@@ -107,10 +121,21 @@ class Server:
             metrics=metrics,
         )
         await self.broker.start()
+        # The certificate of every TLS listener; made (RSA key generation) off the event loop.
+        self.tls = await asyncio.to_thread(
+            load_tls, settings.tls_cert, settings.tls_key, settings.data_dir
+        )
+        self.tls_context = self.tls.context
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(
             self._new_protocol, settings.host, settings.port, reuse_address=True
         )
+        if settings.tls_port is not None:
+            # AMQP over TLS: the same engine; asyncio's SSL transport does the handshake.
+            self.tls_listener = await loop.create_server(
+                self._new_protocol, settings.host, settings.tls_port, reuse_address=True,
+                ssl=self.tls_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
         # Health, metrics, admin, the management API and the dashboard, over HTTP and HTTPS,
         # on the AMQP listener's address; port 0: any free port (the banner tells which).
         from busd.http import front, server
@@ -143,9 +168,19 @@ class Server:
             + (f" ({_names(self.entities)})" if self.entities else "")
             + (f" from {settings.config_path}" if settings.config_path else ""),
         ]
+        if self.tls_port is not None:
+            lines.append(f"  amqps:    amqps://{settings.host}:{self.tls_port}")
         if self.http is not None:
             lines.append(
                 f"  http:     http://{settings.host}:{self.http.port}/health, /metrics, /admin"
+            )
+        if self.tls is not None:
+            made = " (self-signed, made by busd)" if self.tls.generated else ""
+            lines.append(f"  certificate: {os.path.abspath(self.tls.cert_path)}{made}")
+        if self.tls_port is not None:
+            lines.append(
+                "  TLS connection string: "
+                + connection_string(self.settings, port=self.tls_port, tls=True)
             )
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
@@ -153,6 +188,8 @@ class Server:
     async def shutdown(self) -> None:
         if self.listener is not None:
             self.listener.close()
+        if self.tls_listener is not None:
+            self.tls_listener.close()
         if self.http is not None:
             await self.http.close()
         closing = Condition(

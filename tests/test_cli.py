@@ -27,7 +27,7 @@ def test_serve_lists_every_option():
     result = run("serve", "--help")
     assert result.exit_code == 0
     for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
-                   "--log-level", "--log-format"):
+                   "--tls-port", "--tls-cert", "--tls-key", "--log-level", "--log-format"):
         assert option in result.output
 
 
@@ -37,6 +37,13 @@ def test_bad_port_from_environment_is_a_one_line_config_error():
     assert result.output.strip().splitlines() == [
         "busd: error: port must be a TCP port (0..65535), got 70000"
     ]
+
+
+def test_tls_port_takes_a_port_or_off():
+    result = run("serve", "--tls-port", "sometimes")
+    assert result.exit_code == 2 and "neither a port number nor 'off'" in result.output
+    result = run("serve", "--tls-cert", "/nonexistent/cert.pem")
+    assert result.exit_code == EXIT_CONFIG and "--tls-key" in result.output
 
 
 def test_missing_entities_file_is_a_config_error(tmp_path):

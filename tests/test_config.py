@@ -273,11 +273,19 @@ def test_settings_defaults_match_the_emulator_credentials():
         {"sas_keys": {}},
         {"redis_url": "localhost:6379"},
         {"config_path": "/nonexistent/Config.json"},
+        {"tls_port": 65536},
+        {"tls_cert": "/nonexistent/cert.pem", "tls_key": "/nonexistent/key.pem"},
+        {"tls_key": __file__},  # a key without its certificate
     ],
 )
 def test_settings_validation_refuses_bad_values(changes):
     with pytest.raises(ConfigError):
         Settings(**changes).validate()
+
+
+def test_tls_listener_defaults_to_5671_and_may_be_off():
+    assert Settings().tls_port == 5671
+    Settings(tls_port=None).validate()
 
 
 def test_settings_accept_100_mib_messages_and_any_case_log_level():

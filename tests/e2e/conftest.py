@@ -22,6 +22,8 @@ import pytest
 BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
 # The banner's HTTP line: `http:     http://127.0.0.1:<port>/health, /metrics, /admin`
 HTTP_BANNER = re.compile(r"http:\s+http://[^\s/]+:(\d+)/health")
+TLS_BANNER = re.compile(r"amqps:\s+amqps://[^:]+:(\d+)")
+CERT_BANNER = re.compile(r"certificate: (\S+)")
 
 
 @dataclass
@@ -32,6 +34,8 @@ class BusdProcess:
     log_path: Path
     lines: list[str] = field(default_factory=list)
     http_port: int | None = None  # None when started without an HTTP port
+    tls_port: int | None = None  # AMQP over TLS
+    cert_path: str | None = None  # the certificate TLS clients must trust
 
     @property
     def http_url(self) -> str:
@@ -102,7 +106,7 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
     )
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--http-port", "0", "--config", str(config), "--log-level", log_level]
+           "--http-port", "0", "--tls-port", "0", "--config", str(config), "--log-level", log_level]
     if redis_url is not None:
         cmd += ["--redis-url", redis_url]
     else:
@@ -115,8 +119,12 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
         match = BANNER.search(text)
         if match and "connection string:" in text:  # the banner's last line: all of it is there
             http = HTTP_BANNER.search(text)
+            tls = TLS_BANNER.search(text)
+            cert = CERT_BANNER.search(text)
             return BusdProcess(proc, int(match.group(1)), prefix, log_path,
-                               http_port=int(http.group(1)) if http else None)
+                               http_port=int(http.group(1)) if http else None,
+                               tls_port=int(tls.group(1)) if tls else None,
+                               cert_path=cert.group(1) if cert else None)
         if proc.poll() is not None:
             break
         time.sleep(0.05)

@@ -1,0 +1,108 @@
+"""AMQP over TLS: the official SDK (sync and aio) without the emulator flag, trusting busd's
+certificate through `connection_verify`, sends and receives on queues and sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, TransportType
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
+from azure.servicebus.exceptions import ServiceBusConnectionError
+
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("plain"), queue("sessions", RequiresSession=True)])
+
+
+def tls_kwargs(busd) -> dict:
+    """What an application passes to reach a TLS listener that is not on 5671: the SDK drops
+    the connection string's port outside the emulator and connects to a custom endpoint's."""
+    return {
+        "custom_endpoint_address": f"sb://localhost:{busd.tls_port}",
+        "transport_type": TransportType.Amqp,  # a custom endpoint alone means WebSockets
+        "connection_verify": busd.cert_path,
+        "retry_total": 0,
+    }
+
+
+def tls_connection_string(busd) -> str:
+    return ("Endpoint=sb://localhost;SharedAccessKeyName=RootManageSharedAccessKey;"
+            "SharedAccessKey=SAS_KEY_VALUE")
+
+
+def test_banner_names_the_listener_and_the_certificate(busd):
+    assert busd.tls_port and busd.cert_path
+    text = busd.log_text()
+    assert "TLS connection string: Endpoint=sb://localhost:" in text
+    # the TLS string does not carry the emulator flag: with it, the SDKs speak plain AMQP
+    tls_line = next(line for line in text.splitlines() if "TLS connection string" in line)
+    assert "UseDevelopmentEmulator" not in tls_line
+
+
+def test_sdk_sync_over_tls_queue_and_session(busd):
+    with ServiceBusClient.from_connection_string(tls_connection_string(busd),
+                                                 **tls_kwargs(busd)) as client:
+        with client.get_queue_sender("plain") as sender:
+            sender.send_messages(ServiceBusMessage(b"over tls"))
+        with client.get_queue_receiver("plain", max_wait_time=5) as receiver:
+            got = receive(receiver, 1)
+            assert [str(m) for m in got] == ["over tls"]
+            receiver.complete_message(got[0])
+        with client.get_queue_sender("sessions") as sender:
+            sender.send_messages([ServiceBusMessage(f"s{i}", session_id="tls-s") for i in range(3)])
+        with client.get_queue_receiver("sessions", session_id="tls-s",
+                                       max_wait_time=5) as receiver:
+            got = receive(receiver, 3)
+            assert [str(m) for m in got] == ["s0", "s1", "s2"]
+            receiver.session.set_state(b"state")
+            assert receiver.session.get_state() == b"state"
+            for m in got:
+                receiver.complete_message(m)
+
+
+def test_sdk_aio_over_tls_session(busd):
+    async def main() -> list[str]:
+        async with AsyncServiceBusClient.from_connection_string(
+                tls_connection_string(busd), **tls_kwargs(busd)) as client:
+            async with client.get_queue_sender("sessions") as sender:
+                await sender.send_messages(ServiceBusMessage("aio", session_id="tls-aio"))
+            async with client.get_queue_receiver("sessions", session_id="tls-aio",
+                                                 max_wait_time=5) as receiver:
+                got = await receiver.receive_messages(max_wait_time=5)
+                for m in got:
+                    await receiver.complete_message(m)
+                return [str(m) for m in got]
+
+    assert asyncio.run(main()) == ["aio"]
+
+
+def test_a_client_that_does_not_trust_the_certificate_is_refused(busd):
+    kwargs = tls_kwargs(busd)
+    del kwargs["connection_verify"]  # the system's CAs only
+    with ServiceBusClient.from_connection_string(tls_connection_string(busd), **kwargs) as client:
+        with pytest.raises(ServiceBusConnectionError):
+            with client.get_queue_sender("plain") as sender:
+                sender.send_messages(ServiceBusMessage(b"nope"))
+
+
+def test_plain_amqp_on_the_tls_port_is_refused_and_busd_keeps_serving(busd):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", busd.tls_port), timeout=5) as s:
+        s.sendall(b"AMQP\x03\x01\x00\x00")
+        try:
+            s.recv(64)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    ctx = ssl.create_default_context(cafile=busd.cert_path)
+    with socket.create_connection(("127.0.0.1", busd.tls_port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(b"AMQP\x03\x01\x00\x00")
+            assert s.recv(8) == b"AMQP\x03\x01\x00\x00"  # the SASL layer answers
