@@ -12,6 +12,7 @@ import time
 import click
 
 from busd import __version__
+from busd.broker.limits import Limits
 from busd.config import LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
 from busd.tools import COMMANDS as TOOL_COMMANDS
 
@@ -55,6 +56,41 @@ def _parse_sas_keys(values: tuple[str, ...]) -> dict[str, str] | None:
             raise ConfigError(f"--sas-key takes NAME=KEY, got {value!r}")
         keys[name] = key
     return keys
+
+
+_LIMITS = Limits()
+# (option, field, type, help): what one client may make the process hold (busd/broker/limits.py)
+_LIMIT_OPTIONS = [
+    ("--link-buffer", "link_buffer", int,
+     "Bytes one link may buffer of an unfinished transfer (0: its queue's max message size "
+     "+ 64 KiB); past it the transfer is refused, amqp:link:message-size-exceeded."),
+    ("--connection-buffer", "connection_buffer", int,
+     "Bytes of unfinished transfers one connection may buffer (at least the largest queue's "
+     "max message size); past it the link is detached, amqp:resource-limit-exceeded."),
+    ("--process-buffer", "process_buffer", int,
+     "Bytes of unfinished transfers the process may buffer; past it the link is detached, "
+     "amqp:resource-limit-exceeded."),
+    ("--cbs-request-size", "cbs_request", int,
+     "Largest $cbs request (a put-token is a few KB); past it the link is detached, "
+     "amqp:link:message-size-exceeded."),
+    ("--max-links-per-connection", "links_per_connection", int,
+     "Links one connection may have; more are refused, amqp:resource-limit-exceeded."),
+    ("--max-connections", "connections", int,
+     "Connections this process serves at once (0: no cap); more are closed, "
+     "amqp:resource-limit-exceeded."),
+    ("--auth-timeout", "auth_timeout_s", float,
+     "Seconds a connection may stay without a valid put-token (0: no limit); then it is "
+     "closed, amqp:unauthorized-access."),
+]
+
+
+def _limit_options(command):
+    for option, name, kind, text in reversed(_LIMIT_OPTIONS):
+        envvar = "BUSD_" + option.removeprefix("--").replace("-", "_").upper()
+        command = click.option(option, name, envvar=envvar, type=kind,
+                               default=getattr(_LIMITS, name), show_default=True,
+                               help=text)(command)
+    return command
 
 
 @click.group(context_settings={"auto_envvar_prefix": "BUSD", "help_option_names": ["-h", "--help"]})
@@ -103,6 +139,7 @@ def cli() -> None:
               default=_DEFAULTS.store_connections, show_default=True,
               help="Store calls run at once (one connection each); more wait for a turn, and "
                    "one that waits 30 s is answered com.microsoft:server-busy.")
+@_limit_options
 def serve(
     host: str,
     port: int,
@@ -119,6 +156,7 @@ def serve(
     key_prefix: str,
     sweep_interval: float,
     store_connections: int,
+    **limits,
 ) -> None:
     """Run the broker until interrupted."""
     try:
@@ -137,6 +175,7 @@ def serve(
             key_prefix=key_prefix,
             sweep_interval_s=sweep_interval,
             store_connections=store_connections,
+            limits=Limits(**limits),
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from busd.broker.limits import Limits
 from busd.storage.api import QueueSpec
 
 KIB = 1024
@@ -72,6 +73,8 @@ class Settings:
     key_prefix: str = "busd"  # every store key starts with it, so one Redis can host several
     # store calls one process runs at once (one connection each); more wait for a turn
     store_connections: int = 64
+    # what one client may make the process hold (busd/broker/limits.py)
+    limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -107,6 +110,8 @@ class Settings:
             raise ConfigError(
                 f"store connections must be 1..10000, got {self.store_connections}"
             )
+        if (problem := self.limits.problem()) is not None:
+            raise ConfigError(problem)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key prefix must be non-empty, without braces or spaces")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -119,6 +119,7 @@ class Server:
             sas_keys=settings.sas_keys,
             sweep_interval_s=settings.sweep_interval_s,
             metrics=metrics,
+            limits=settings.limits,
         )
         await self.broker.start()
         # The certificate of every TLS listener; made (RSA key generation) off the event loop.

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from busd.broker.limits import Buffers, Limits
 from busd.storage.api import WAKE_ALL, QueueSpec, Store
 
 log = logging.getLogger("busd.broker")
@@ -35,12 +36,18 @@ class Broker:
         sas_keys: dict[str, str],
         sweep_interval_s: float = 1.0,
         metrics=None,
+        limits: Limits | None = None,
     ) -> None:
         self.store = store
         self.entities = entities
         self.sas_keys = sas_keys
         self.sweep_interval_s = sweep_interval_s
         self.metrics = metrics
+        largest = max((q.max_message_size for q in entities.values()), default=0)
+        self.limits = (limits or Limits()).effective(largest)
+        # bytes of unfinished transfers held by every connection of this process
+        self.buffers = Buffers(self.limits.process_buffer)
+        self.open_connections = 0
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
         # waiter id -> what to call when the store wakes it (receivers of this process)
         self._wakeable: dict[str, Callable[[], None]] = {}

@@ -21,10 +21,11 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from proton import Condition, Link
+from proton import Condition, Endpoint, Link
 
 from busd.auth.sas import audience_covers
-from busd.broker.links import LinkEndpoint, LinkRegistry, close_link, refuse_link
+from busd.broker.limits import MAX_NAME_LENGTH, Buffers
+from busd.broker.links import LinkEndpoint, LinkRegistry, amqp_condition, close_link, refuse_link
 from busd.broker.routing import make_endpoint
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
@@ -58,22 +59,91 @@ class ConnectionHandler:
         self.raw_links = self.links.raw
         # store work of links that went, still running (see the module docstring)
         self._finishing: set[asyncio.Task] = set()
+        # bytes of unfinished transfers this connection's links hold (docs/design.md §3.12)
+        self.buffers = Buffers(broker.limits.connection_buffer, broker.buffers)
+        self._closed = False
         LIVE_CONNECTIONS.add(self)
+        broker.open_connections += 1
         if broker.metrics is not None:
             broker.metrics.connection_opened()
+        # Closed unless a put-token succeeds in time (cancelled by `grant`).
+        self._auth_timer: asyncio.TimerHandle | None = None
+        if broker.limits.auth_timeout_s:
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                broker.limits.auth_timeout_s, self._auth_timed_out)
 
     # --- event dispatch -------------------------------------------------------------------
     def dispatch(self, event) -> None:
         method = getattr(self, event.type.method, None)
-        if method is not None:
+        if method is None:
+            return
+        try:
             method(event)
+        except Exception:  # contained to the link, else the connection; never the process
+            log.exception("connection %s: handling %s failed", self.proto.peer, event.type)
+            self._contain(event)
+
+    def _contain(self, event) -> None:
+        internal = BusdError(Cond.INTERNAL, "busd failed to handle this; it is logged.")
+        try:
+            link = event.link
+            endpoint = self.links.of(link) if link is not None else None
+            if endpoint is not None:
+                self.detach(endpoint, amqp_condition(internal, triple=False))
+            elif link is not None:
+                if not link.state & Endpoint.LOCAL_ACTIVE:
+                    refuse_link(link, internal)  # the attach is answered, whatever failed
+                else:
+                    link.condition = amqp_condition(internal, triple=False)
+                    close_link(link)
+            else:
+                self.close_connection(internal)
+        except Exception:
+            log.exception("connection %s: closing after a failure failed", self.proto.peer)
+            self.proto.abort()
+        self.proto.kick()
+
+    def close_connection(self, error: BusdError) -> None:
+        """Close the AMQP connection with `error` (opening it first if it is not yet: an open
+        is always answered with an open [2.4.1])."""
+        conn = self.proto.connection
+        if conn.state & Endpoint.LOCAL_CLOSED:
+            return
+        if not conn.state & Endpoint.LOCAL_ACTIVE:
+            conn.container = self.broker.container_id
+            conn.open()
+        conn.condition = amqp_condition(error)
+        conn.close()  # proton writes the close, then ends the output and we the socket
+        self.proto.kick()
 
     def on_connection_remote_open(self, event) -> None:
         conn = event.connection
-        self.remote_container = conn.remote_container or "?"
+        try:
+            self.remote_container = _name(lambda: conn.remote_container, "container-id") or "?"
+        except BusdError as error:
+            log.info("connection %s refused: %s", self.proto.peer, error.description)
+            self.close_connection(error)
+            return
+        cap = self.broker.limits.connections
+        if cap and self.broker.open_connections > cap:
+            log.warning("connection %s refused: %d connections open, the limit",
+                        self.proto.peer, cap)
+            self.close_connection(BusdError(
+                Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."))
+            return
         conn.container = self.broker.container_id
         conn.open()
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if not self.grants and not self._closed:
+            log.info("connection %s closed: no valid put-token within %g s", self.proto.peer,
+                     self.broker.limits.auth_timeout_s)
+            self.close_connection(BusdError(
+                Cond.UNAUTHORIZED,
+                f"No valid token was put on $cbs within {self.broker.limits.auth_timeout_s:g} s "
+                "of connecting."))
 
     def on_connection_remote_close(self, event) -> None:
         conn = event.connection
@@ -96,9 +166,15 @@ class ConnectionHandler:
     def on_link_remote_open(self, event) -> None:
         link = event.link
         try:
+            _check_names(link)
+            if len(self.links) >= self.broker.limits.links_per_connection:
+                raise BusdError(
+                    Cond.RESOURCE_LIMIT,
+                    f"A connection may have at most {self.broker.limits.links_per_connection} "
+                    "links.")
             endpoint = make_endpoint(self, link)
         except BusdError as error:
-            log.debug("link %s refused: %s", link.name, error)
+            log.debug("link refused: %s", error)
             refuse_link(link, error)
             return
         self.links.add(endpoint)
@@ -116,6 +192,13 @@ class ConnectionHandler:
         endpoint = self.links.of(delivery.link)
         if endpoint is not None:
             endpoint.on_delivery(delivery)
+        elif delivery.link.is_receiver and delivery.readable:
+            # A link that went (refused, detached) while the client still sends on it: read
+            # and drop, or proton would keep the bytes for as long as the connection lasts.
+            link = delivery.link
+            link.recv(delivery.pending)
+            if not delivery.partial:
+                delivery.settle()
 
     def on_link_remote_close(self, event) -> None:
         self._link_gone(event.link)
@@ -145,7 +228,10 @@ class ConnectionHandler:
         """The endpoint's link is gone: stop it at once, finish its store work in the
         background, then call `then` (answer the client) and write what that produced."""
         self._forget(endpoint)
-        endpoint.on_detach()
+        try:
+            endpoint.on_detach()
+        except Exception:  # its store work and the answer still go ahead
+            log.exception("stopping link %s failed", endpoint.link.name)
         task = asyncio.get_running_loop().create_task(endpoint.finish())
         self._finishing.add(task)
 
@@ -198,15 +284,30 @@ class ConnectionHandler:
     def closed(self) -> None:
         """The socket is gone: release what this connection's links held, each after the work
         the client sent before it went."""
-        for endpoint in self.links:
-            self._end(endpoint)
-        if self.broker.metrics is not None:
-            self.broker.metrics.connection_closed()
+        if self._closed:
+            return
+        self._closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        try:
+            for endpoint in self.links:
+                try:
+                    self._end(endpoint)
+                except Exception:  # the other links are released all the same
+                    log.exception("releasing a link of %s failed", self.proto.peer)
+        finally:
+            self.broker.open_connections -= 1
+            if self.broker.metrics is not None:
+                self.broker.metrics.connection_closed()
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
 
     # --- authorisation --------------------------------------------------------------------
     def grant(self, audience: str, expiry: float) -> None:
         self.grants[audience.lower()] = expiry
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
 
     def authorize(self, entity_path: str) -> None:
         """Raise unless a live CBS token of this connection covers `entity_path`."""
@@ -218,3 +319,22 @@ class ConnectionHandler:
             Cond.UNAUTHORIZED,
             f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first.",
         )
+
+
+def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | None:
+    """A name the client gave, decoded: refused when it is not UTF-8 or too long."""
+    try:
+        value = value_of() if callable(value_of) else value_of
+    except UnicodeDecodeError:
+        raise BusdError(Cond.INVALID_FIELD, f"The {what} is not valid UTF-8.") from None
+    if value is not None and len(value) > MAX_NAME_LENGTH:
+        raise BusdError(Cond.INVALID_FIELD,
+                        f"The {what} is longer than {MAX_NAME_LENGTH} characters.")
+    return value
+
+
+def _check_names(link: Link) -> None:
+    """A link's name and addresses are text busd can log and route (docs/wire.md §2)."""
+    _name(lambda: link.name, "link name")
+    _name(lambda: link.remote_source.address, "source address")
+    _name(lambda: link.remote_target.address, "target address")

@@ -19,6 +19,7 @@ from busd.errors import BusdError
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol
     from busd.broker.broker import Broker
+    from busd.broker.limits import Buffers
 
 log = logging.getLogger("busd.broker")
 
@@ -86,6 +87,7 @@ class ConnectionScope(Protocol):
     broker: Broker
     remote_container: str
     links: LinkRegistry
+    buffers: Buffers  # bytes of unfinished transfers its links hold
 
     def grant(self, audience: str, expiry: float) -> None: ...
 

@@ -34,7 +34,7 @@ DISPOSITIONS = {
 
 class ManagementEndpoint(RequestEndpoint):
     def __init__(self, conn: ConnectionScope, link, queue: QueueSpec, *, dlq: bool) -> None:
-        super().__init__(conn, link)
+        super().__init__(conn, link, conn.broker.limits.link_ceiling(queue.max_message_size))
         self.queue = queue
         self.entity = queue.dead_letter_queue if dlq else queue
 

@@ -14,7 +14,14 @@ import os
 
 from proton import Delivery, Link
 
-from busd.broker.links import CREDIT_WINDOW, ConnectionScope, LinkEndpoint, credit_of
+from busd.broker.links import (
+    CREDIT_WINDOW,
+    ConnectionScope,
+    LinkEndpoint,
+    amqp_condition,
+    credit_of,
+)
+from busd.errors import BusdError, Condition
 
 log = logging.getLogger("busd.broker")
 
@@ -60,13 +67,14 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     on the reply link; requests are small, so proton's Python classes are fine here."""
 
     reply_key: str = ""
-    # Every request must be answered (an unanswered one hangs the SDK, docs/wire.md §8.3), so take
-    # anything up to the largest message size busd allows, plus room for the envelope.
-    max_size = 100 * 1024 * 1024 + 64 * 1024
 
-    def __init__(self, conn: ConnectionScope, link: Link) -> None:
+    def __init__(self, conn: ConnectionScope, link: Link, max_size: int | None = None) -> None:
         super().__init__(conn, link)
-        # delivery (raw pointer) -> [size so far, chunks...] of a request spanning frames:
+        # A larger request detaches the link (docs/design.md §3.12): `$cbs` (no max_size)
+        # takes a token, `$management` up to its entity's largest message (set-session-state).
+        self.max_size = conn.broker.limits.cbs_request if max_size is None else max_size
+        # delivery (raw pointer) -> [size so far, bytes held, chunks...] of a request spanning
+        # frames:
         # kept here, not on proton's delivery, so that it goes with the link
         self._partial: dict = {}
 
@@ -79,30 +87,43 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
             return
         chunks = self._partial.get(delivery._impl)
         if chunks is None:
-            chunks = self._partial[delivery._impl] = [0]
+            chunks = self._partial[delivery._impl] = [0, 0]  # size so far, bytes held
         data = self.link.recv(delivery.pending)
         if data:
             chunks[0] += len(data)
-            # Past the limit keep counting but stop storing: the request is dropped anyway.
-            if chunks[0] <= self.max_size:
-                chunks.append(data)
+            if chunks[0] > self.max_size:
+                return self._too_large(chunks[0])
+            if delivery.partial:
+                if not self.conn.buffers.take(len(data)):
+                    return self._too_large(chunks[0])
+                chunks[1] += len(data)
+            chunks.append(data)
         if delivery.partial:
             return
         del self._partial[delivery._impl]
-        size = chunks[0]
-        payload = b"".join(chunks[1:])
+        self.conn.buffers.give(chunks[1])
+        payload = b"".join(chunks[2:])
         self.link.advance()
         if self.link.credit < CREDIT_WINDOW // 2:
             self.link.flow(CREDIT_WINDOW - self.link.credit)
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
-        if delivery.aborted or size > self.max_size:
-            log.info("%s request of %d bytes dropped", self.reply_key or "node", size)
+        if delivery.aborted:
             return
         self.spawn(self._answer(payload))
 
+    def _too_large(self, size: int) -> None:
+        log.info("connection %s: %s request of %d bytes or more refused", self.conn.proto.peer,
+                 self.reply_key or "node", size)
+        if not self.detached:
+            self.conn.detach(self, amqp_condition(BusdError(
+                Condition.MESSAGE_SIZE_EXCEEDED,
+                f"A request on this link may have at most {self.max_size} bytes.")))
+
     def on_detach(self) -> None:
         super().on_detach()
+        for chunks in self._partial.values():
+            self.conn.buffers.give(chunks[1])
         self._partial.clear()
 
     async def _answer(self, payload: bytes) -> None:

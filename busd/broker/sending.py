@@ -45,7 +45,9 @@ class QueueSenderEndpoint(LinkEndpoint):
         self._store_task: asyncio.Task | None = None
         self._unanswered = 0  # transfers held until the store answers (pending or in a call)
         self._raw_link = link._impl
-        self._partial: dict = {}  # raw delivery -> chunks of a transfer spanning frames
+        # raw delivery -> [size so far, bytes held, chunks...] of a transfer spanning frames
+        self._partial: dict = {}
+        self.ceiling = self.broker.limits.link_ceiling(queue.max_message_size)
 
     def on_attach(self) -> None:
         self.link.max_message_size = self.queue.max_message_size
@@ -67,17 +69,23 @@ class QueueSenderEndpoint(LinkEndpoint):
         chunks = self._partial.get(delivery)
         if engine.partial(delivery):
             if chunks is None:
-                chunks = self._partial[delivery] = [0]
+                chunks = self._partial[delivery] = [0, 0]
             chunks[0] += len(data)
-            # Past the limit keep counting but stop storing: the answer is a refusal anyway.
-            if chunks[0] <= self.max_size + 64 * 1024:
+            # Past the link's ceiling keep counting but stop holding: the answer is a refusal
+            # (message-size-exceeded) anyway.
+            if chunks[0] <= self.ceiling:
+                if not self.conn.buffers.take(len(data)):
+                    self._over_budget()
+                    return
+                chunks[1] += len(data)
                 chunks.append(data)
             return
         if chunks is not None:
             del self._partial[delivery]
+            self.conn.buffers.give(chunks[1])
             size = chunks[0] + len(data)
             chunks.append(data)
-            data = b"".join(chunks[1:])
+            data = b"".join(chunks[2:])
         else:
             size = len(data)
         if engine.aborted(delivery):
@@ -92,6 +100,22 @@ class QueueSenderEndpoint(LinkEndpoint):
         if not self._busy:
             self._busy = True
             self._store_task = self.spawn(self._store_pending())
+
+    def _over_budget(self) -> None:
+        """The connection's or the process's unfinished transfers would pass their limit:
+        this link goes, and what it held with it."""
+        log.warning("connection %s: unfinished transfers past the buffer limit; detaching %s",
+                    self.conn.proto.peer, self.queue.name)
+        if not self.detached:
+            self.conn.detach(self, amqp_condition(BusdError(
+                Condition.RESOURCE_LIMIT,
+                "Too many bytes of unfinished transfers are buffered; send fewer at once.")))
+
+    def on_detach(self) -> None:
+        super().on_detach()
+        for chunks in self._partial.values():
+            self.conn.buffers.give(chunks[1])
+        self._partial.clear()
 
     async def finish(self) -> None:
         """Transfers received before the detach are stored (and answered) first."""
