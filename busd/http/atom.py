@@ -206,13 +206,13 @@ class AtomApi:
     # --- answers -------------------------------------------------------------------------------
     def _url(self, request: Request, entity: Entity) -> str:
         if entity.kind in ("queue", "topic"):
-            path = quote(entity.path)
+            path = _part(entity.path)
         elif entity.kind == "subscription":
             topic, sub = entity.path.rsplit("/", 1)
-            path = f"{quote(topic)}/Subscriptions/{quote(sub)}"
+            path = f"{_part(topic)}/Subscriptions/{_part(sub)}"
         else:
-            topic, sub, rule = entity.path.rsplit("/", 2)
-            path = f"{quote(topic)}/Subscriptions/{quote(sub)}/Rules/{quote(rule)}"
+            topic, sub, _ = entity.path.rsplit("/", 2)
+            path = f"{_part(topic)}/Subscriptions/{_part(sub)}/Rules/{_part(entity.name)}"
         return f"{request.base_url}/{path}{_api(request)}"
 
     async def _entry(self, request: Request, entity: Entity, base: str | None = None):
@@ -243,6 +243,11 @@ class AtomApi:
                         + (f"&api-version={quote(api)}" if api else ""))
         entries = [await self._entry(request, e, base=self_url) for e in page]
         return _xml(200, ax.feed(title, self_url, entries, next_url), ax.FEED_TYPE)
+
+
+def _part(name: str) -> str:
+    """A name in an entry's URL; `$Default` stays as is: JavaScript reads rule names from it."""
+    return quote(name, safe="/$")
 
 
 def _api(request: Request) -> str:

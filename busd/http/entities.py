@@ -22,10 +22,13 @@ class Entity:
     properties: dict[str, Any] = field(default_factory=dict)  # by element name
     created_ms: int | None = None
     updated_ms: int | None = None
+    title: str | None = None  # the name as created, when the path is lower-cased (rules)
 
     @property
     def name(self) -> str:
         """What `<title>` carries: a subscription's or rule's own name, a queue's whole path."""
+        if self.title:
+            return self.title
         return self.path if self.kind in ("queue", "topic") else self.path.rsplit("/", 1)[1]
 
 
@@ -98,6 +101,8 @@ class ConfigEntities:
                            40301)
 
     async def delete(self, kind: str, path: str) -> bool:
+        if await self.get(kind, path) is None:
+            return False
         raise ax.AtomError(403, "entities come from the entities file: none can be deleted",
                            40301)
 

@@ -204,7 +204,7 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         raise _BadRequest(431, "request head too large") from None
     lines = head.decode("latin-1").split("\r\n")
     try:
-        method, target, _ = lines[0].split(" ", 2)
+        method, target, version = lines[0].split(" ", 2)
     except ValueError:
         raise _BadRequest(400, "malformed request line") from None
     headers: dict[str, str] = {}
@@ -224,6 +224,8 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         if not 0 <= length <= MAX_BODY:
             raise _BadRequest(413, "request body too large")
         body = await asyncio.wait_for(reader.readexactly(length), BODY_TIMEOUT_S) if length else b""
+    if version.strip().upper() == "HTTP/1.0" and "connection" not in headers:
+        headers["connection"] = "close"  # HTTP/1.0 keeps a connection only when it asks to
     path, _, query = target.partition("?")
     return Request(method.upper(), target, path, query, headers, body, scheme)
 

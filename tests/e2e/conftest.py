@@ -43,6 +43,12 @@ class BusdProcess:
         return f"http://127.0.0.1:{self.http_port}"
 
     @property
+    def admin_connection_string(self) -> str:
+        """What the SDKs' administration clients take: the HTTP port (they speak HTTPS)."""
+        assert self.http_port is not None, "this busd has no HTTP port"
+        return self.connection_string.replace(f":{self.port};", f":{self.http_port};")
+
+    @property
     def connection_string(self) -> str:
         return (
             f"Endpoint=sb://localhost:{self.port};SharedAccessKeyName=RootManageSharedAccessKey;"

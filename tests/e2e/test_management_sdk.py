@@ -1,0 +1,96 @@
+"""The official Python SDK's ServiceBusAdministrationClient (sync and aio) against busd over
+HTTPS, trusting busd's certificate with `connection_verify=`: what frameworks call at start-up
+and what autoscalers read (docs/management.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.management import ServiceBusAdministrationClient
+
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("kq-plain"), queue("kq-sessions", RequiresSession=True)])
+
+
+@pytest.fixture(scope="module")
+def admin(busd):
+    assert busd.cert_path, "busd printed no certificate path"
+    with ServiceBusAdministrationClient.from_connection_string(
+            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        yield client
+
+
+def test_namespace_properties(admin):
+    info = admin.get_namespace_properties()
+    assert info.name == "sbemulatorns" and info.messaging_sku == "Standard"
+
+
+def test_entities_from_the_file_are_listed_with_their_properties(admin):
+    names = [q.name for q in admin.list_queues()]
+    assert {"kq-plain", "kq-sessions"} <= set(names)
+    props = admin.get_queue("kq-sessions")
+    assert props.requires_session is True
+    assert props.lock_duration == dt.timedelta(minutes=1)
+    assert props.default_message_time_to_live == dt.timedelta(hours=1)
+
+
+def test_runtime_counts_after_a_known_workload(busd, admin):
+    """Each count the SDK (and KEDA: only active_message_count) reads, one by one."""
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("kq-plain") as sender:
+            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
+            due = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            sender.schedule_messages([ServiceBusMessage("later"), ServiceBusMessage("later")],
+                                     due)
+        with client.get_queue_receiver("kq-plain") as receiver:
+            got = receive(receiver, 4)
+            assert len(got) == 4
+            receiver.complete_message(got[0])
+            receiver.dead_letter_message(got[1], reason="test")
+            receiver.defer_message(got[2])
+            # got[3] stays locked while the counts are read
+            rt = admin.get_queue_runtime_properties("kq-plain")
+            assert rt.active_message_count == 3  # 2 available + 1 locked
+            assert rt.dead_letter_message_count == 1
+            assert rt.scheduled_message_count == 2
+            assert rt.transfer_message_count == 0
+            assert rt.transfer_dead_letter_message_count == 0
+            assert rt.total_message_count == 7  # + the deferred one
+            listed = {q.name: q for q in admin.list_queues_runtime_properties()}
+            assert listed["kq-plain"].active_message_count == 3
+            assert listed["kq-plain"].total_message_count == 7
+
+        with client.get_queue_sender("kq-sessions") as sender:
+            sender.send_messages([ServiceBusMessage("a", session_id="a") for _ in range(3)]
+                                 + [ServiceBusMessage("b", session_id="b")])
+        with client.get_queue_receiver("kq-sessions", session_id="a") as receiver:
+            (held,) = receive(receiver, 1)
+            rt = admin.get_queue_runtime_properties("kq-sessions")
+            assert rt.active_message_count == 4  # 3 available + 1 locked in a locked session
+            assert rt.total_message_count == 4
+            receiver.complete_message(held)
+        rt = admin.get_queue_runtime_properties("kq-sessions")
+        assert (rt.active_message_count, rt.total_message_count) == (3, 3)
+
+
+def test_missing_entities_raise_resource_not_found(admin):
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue("kq-nosuch")
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue_runtime_properties("kq-nosuch")
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_topic("kq-nosuch")
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_subscription("kq-nosuch", "s")
+    with pytest.raises(ResourceNotFoundError):
+        admin.delete_queue("kq-nosuch")
+
