@@ -1,5 +1,6 @@
 """Stored messages as delivered to a receiver, and the application-property changes a
-delivery merges in (dead-lettering, `modified` outcomes, $management updates).
+delivery merges in (dead-lettering, `modified` outcomes, $management updates); and a stored
+message rewritten with such changes (a rule action's copy on a subscription).
 
 Delivering a message is a few byte joins: a fresh header with the delivery-count, the broker's
 annotations in front of the sender's, then the bare bytes of the blob built by
@@ -22,9 +23,11 @@ from busd.amqp.decoding import (
 )
 from busd.amqp.encoding import encode_into, encode_value
 from busd.amqp.incoming import BLOB_HEAD, BLOB_VERSION, HAS_APP_PROPERTIES
+from busd.amqp.messages import PROPERTY_FIELDS, encode_message
 from busd.amqp.sections import (
     ANNOTATIONS_OPEN,
     APP_PROPERTIES_OPEN,
+    PROPERTIES,
     map_header,
     map_start,
     scan_sections,
@@ -32,7 +35,9 @@ from busd.amqp.sections import (
 )
 from busd.amqp.types import CodecError
 
-__all__ = ["encode_delivery", "encode_properties_patch", "decode_properties_patch"]
+__all__ = [
+    "encode_delivery", "encode_properties_patch", "decode_properties_patch", "rewrite_blob",
+]  # fmt: skip
 
 _pq = struct.Struct(">q").pack
 _pBI = struct.Struct(">BI").pack
@@ -127,7 +132,7 @@ def encode_delivery(
 
 
 def _patch_application_properties(
-    bare, present, ap_start, ap_end, patch, reason, description
+    bare, present, ap_start, ap_end, patch, reason, description, remove=frozenset()
 ) -> bytes:
     updates = _patch_entries(patch) if patch else {}
     if reason is not None:
@@ -144,10 +149,12 @@ def _patch_application_properties(
                 key, ke = decode_raw(section, p, 1)
                 ve = skip_raw(section, ke)
                 raw = section[p:ve]
+                p = ve
                 if isinstance(key, str) and key in updates:
                     raw = updates.pop(key)
+                elif remove and key in remove:
+                    continue
                 entries.append(raw)
-                p = ve
         except CodecError:
             raise
         except RAW_ERRORS as exc:
@@ -201,3 +208,81 @@ def decode_properties_patch(patch: bytes) -> dict[str, Any]:
     """The changes held by a patch from encode_properties_patch (later keys win)."""
     buf = patch if type(patch) is bytes else bytes(patch)
     return {k: decode_value(raw, skip_value(raw))[0] for k, raw in _patch_entries(buf).items()}
+
+
+_KEEP: Any = object()
+
+
+def rewrite_blob(
+    blob: bytes,
+    *,
+    properties_patch: bytes | dict | None = None,
+    remove: frozenset[str] | set[str] = frozenset(),
+    properties: dict[str, Any] | None = None,
+    ttl_ms: Any = _KEEP,
+) -> bytes:
+    """A stored message with changes made to its bare message, as a new blob.
+
+    `properties_patch` sets application-properties (the form of encode_properties_patch, or a
+    dict) and `remove` deletes them (keys match exactly); `properties` replaces message
+    properties by PROPERTY_FIELDS name (None clears one); `ttl_ms` replaces header.ttl
+    (None clears it). The rest is kept byte for byte."""
+    try:
+        _, flags, header_len, ann_pairs, ann_len, ap_start, ap_end = _unpack_blob_head(blob)
+    except (struct.error, TypeError):
+        raise CodecError("not a stored message") from None
+    p = _BLOB_HEAD_SIZE
+    bare_start = p + header_len + ann_len
+    if bare_start > len(blob) or blob[0] != BLOB_VERSION:
+        raise CodecError("not a stored message")
+    header_fields = blob[p : p + header_len]
+    annotations = blob[p + header_len : bare_start]
+    bare = blob[bare_start:]
+    try:
+        if ttl_ms is not _KEEP:
+            fields, q = [], p
+            while q < p + header_len:
+                v, q = decode_raw(blob, q, 1)
+                fields.append(v)
+            durable, priority = (fields + [None, None])[:2]
+            header_fields = (
+                (b"\x40" if durable is None else b"\x41" if durable else b"\x42")
+                + (b"\x40" if priority is None else bytes((0x50, priority)))
+                + (b"\x40" if ttl_ms is None else _pBI(0x70, ttl_ms))
+                + b"\x40"
+            )
+        if properties:
+            start = end = 0  # no properties section: it goes first
+            current: dict[str, Any] = {}
+            for code, s_start, vpos, s_end in scan_sections(bare):
+                if code == PROPERTIES:
+                    values = decode_raw(bare, vpos, 1)[0] or []
+                    current = dict(zip(PROPERTY_FIELDS, values))
+                    start, end = s_start, s_end
+                    break
+            for name in properties:
+                if name not in PROPERTY_FIELDS:
+                    raise CodecError(f"unknown message property {name!r}")
+            current.update(properties)
+            section = encode_message(properties=current) or b"\x00\x53\x73\x45"
+            bare = b"".join((bare[:start], section, bare[end:]))
+            if ap_start >= end:
+                delta = len(section) - (end - start)
+                ap_start += delta
+                ap_end += delta
+        if properties_patch or remove:
+            before = len(bare)
+            bare = _patch_application_properties(
+                bare, flags & HAS_APP_PROPERTIES, ap_start, ap_end, properties_patch,
+                None, None, frozenset(remove),
+            )  # fmt: skip
+            ap_end += len(bare) - before
+            flags |= HAS_APP_PROPERTIES
+    except CodecError:
+        raise
+    except RAW_ERRORS as exc:
+        raise malformed("stored message", exc) from None
+    head = BLOB_HEAD.pack(
+        BLOB_VERSION, flags, len(header_fields), ann_pairs, len(annotations), ap_start, ap_end
+    )
+    return b"".join((head, header_fields, annotations, bare))

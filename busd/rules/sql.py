@@ -1,0 +1,717 @@
+"""Service Bus's SQL filter and rule-action language: parsed once into Python closures,
+evaluated many times (docs/rules.md §2 and §3).
+
+Values while evaluating: None is SQL NULL (unknown), bool, int (Int64 constants), float,
+str, uuid.UUID, datetime (UTC) and timedelta; anything else a property may hold is compared
+only for equality with itself. Conditions use three-valued logic: a filter matches only when it
+is TRUE. A type error (`'a' > 1`, `1 / 0`, `NOT 'x'`) raises `EvaluationError`; the rule set
+reports it as a filter evaluation exception (docs/rules.md §4).
+
+A compiled expression is a function of a *scope*: an object with
+
+    user(lower_name) -> value or None         a user (application) property, missing = None
+    user_exists(lower_name) -> bool
+    sys(canonical_name) -> value or None      a system property (SYSTEM_PROPERTIES)
+
+(busd.rules.view.MessageView, and the overlay an action writes through).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
+
+from busd.rules.errors import EvaluationError, RuleError
+
+__all__ = [
+    "SYSTEM_PROPERTIES", "SETTABLE_SYSTEM_PROPERTIES", "Expression", "Statement",
+    "compile_filter", "compile_action",
+]  # fmt: skip
+
+# Service Bus caps filter and action text at 1024 characters, and an action at 32 statements.
+MAX_EXPRESSION_LENGTH = 1024
+MAX_ACTION_STATEMENTS = 32
+
+# `sys.` names (case-insensitive) -> the canonical name a scope answers to. These are the
+# BrokeredMessage properties Service Bus exposes to filters; `Subject` is the newer SDKs' name
+# for `Label`.
+SYSTEM_PROPERTIES = {
+    name.lower(): name
+    for name in (
+        "MessageId", "CorrelationId", "To", "ReplyTo", "Label", "SessionId",
+        "ReplyToSessionId", "ContentType", "TimeToLive", "ScheduledEnqueueTimeUtc",
+        "PartitionKey", "ViaPartitionKey", "SequenceNumber", "EnqueuedSequenceNumber",
+        "EnqueuedTimeUtc", "ExpiresAtUtc", "DeliveryCount", "Size", "LockToken",
+        "LockedUntilUtc", "DeadLetterSource", "State", "ForcePersistence",
+    )
+}  # fmt: skip
+SYSTEM_PROPERTIES["subject"] = "Label"
+# What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
+# accepted and have no effect (Service Bus ignores the first; busd has no partitions).
+SETTABLE_SYSTEM_PROPERTIES = frozenset(
+    ("MessageId", "CorrelationId", "To", "ReplyTo", "Label", "SessionId", "ReplyToSessionId",
+     "ContentType", "TimeToLive", "ScheduledEnqueueTimeUtc", "PartitionKey")
+)  # fmt: skip
+
+_GRAMMAR = r"""
+filter: expr
+action: (statement ";"*)+
+
+statement: SET property EQ expr         -> set_stmt
+         | REMOVE property              -> remove_stmt
+
+?expr: and_expr
+     | expr OR and_expr                 -> or_
+?and_expr: not_expr
+         | and_expr AND not_expr        -> and_
+?not_expr: predicate
+         | NOT not_expr                 -> not_
+?predicate: sum
+          | sum (EQ | COMPOP) sum        -> compare
+          | sum IS NULL                 -> is_null
+          | sum IS NOT NULL             -> is_not_null
+          | sum IN "(" expr_list ")"    -> in_
+          | sum NOT IN "(" expr_list ")" -> not_in
+          | sum LIKE sum [ESCAPE sum]   -> like
+          | sum NOT LIKE sum [ESCAPE sum] -> not_like
+          | EXISTS "(" property ")"     -> exists
+expr_list: expr ("," expr)*
+?sum: product
+    | sum ADDOP product                 -> arith
+?product: unary
+        | product MULOP unary           -> arith
+?unary: atom
+      | ADDOP unary                     -> sign
+?atom: STRING                           -> string
+     | INT                              -> integer
+     | FLOAT                            -> double
+     | TRUE                             -> true
+     | FALSE                            -> false
+     | NULL                             -> null
+     | PARAM                            -> param
+     | property
+     | NAME "(" [expr ("," expr)*] ")"  -> function
+     | "(" expr ")"
+property: name ("." name)?
+?name: NAME | BRACKETED | QUOTED
+
+AND.2: /and\b/i
+OR.2: /or\b/i
+NOT.2: /not\b/i
+IS.2: /is\b/i
+NULL.2: /null\b/i
+IN.2: /in\b/i
+LIKE.2: /like\b/i
+ESCAPE.2: /escape\b/i
+EXISTS.2: /exists\b/i
+TRUE.2: /true\b/i
+FALSE.2: /false\b/i
+SET.2: /set\b/i
+REMOVE.2: /remove\b/i
+NAME: /[A-Za-z_][A-Za-z0-9_]*/
+BRACKETED: /\[(?:[^\]]|\]\])*\]/
+QUOTED: /"(?:[^"]|"")*"/
+STRING: /'(?:[^']|'')*'/
+PARAM: /@[A-Za-z_][A-Za-z0-9_]*/
+FLOAT.3: /(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+/
+INT: /\d+/
+EQ: "="
+COMPOP: "<>" | "!=" | "<=" | ">=" | "<" | ">"
+ADDOP: "+" | "-"
+MULOP: "*" | "/" | "%"
+
+%import common.WS
+%ignore WS
+"""
+
+_RESERVED = frozenset(
+    "and or not is null in like escape exists true false set remove".split()
+)
+
+_PARSER = Lark(_GRAMMAR, start=["filter", "action"], parser="lalr", propagate_positions=True)
+
+Scope = Any
+Expression = Callable[[Scope], Any]
+
+
+class _Const:
+    """Marks a compiled node whose value does not depend on the message (folded at compile)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+Node = Expression | _Const
+
+
+def _fn(node: Node) -> Expression:
+    if isinstance(node, _Const):
+        value = node.value
+        return lambda scope: value
+    return node
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def _parse(text: str, start: str, what: str) -> Tree:
+    if not isinstance(text, str):
+        raise RuleError(f"{what} must be a string")
+    if not text.strip():
+        raise RuleError(f"{what} is empty")
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise RuleError(f"{what} is longer than {MAX_EXPRESSION_LENGTH} characters")
+    try:
+        return _PARSER.parse(text, start=start)
+    except UnexpectedInput as exc:
+        raise RuleError(_syntax_message(text, exc, what)) from None
+
+
+def _syntax_message(text: str, exc: UnexpectedInput, what: str) -> str:
+    if isinstance(exc, UnexpectedEOF):
+        return f"{what}: syntax error at position {len(text) + 1}: unexpected end of expression"
+    pos = exc.pos_in_stream if exc.pos_in_stream is not None else 0
+    if isinstance(exc, UnexpectedCharacters):
+        found = repr(text[pos])
+    else:
+        token = getattr(exc, "token", None)
+        found = repr(str(token)) if token is not None and token.type != "$END" else "end"
+        if token is not None and token.type == "$END":
+            return f"{what}: syntax error at position {len(text) + 1}: unexpected end of expression"
+    return f"{what}: syntax error at position {pos + 1}: unexpected {found}"
+
+
+def _error_at(node: Tree | Token, message: str, what: str) -> RuleError:
+    pos = node.start_pos if isinstance(node, Token) else node.meta.start_pos
+    return RuleError(f"{what}: {message} at position {(pos or 0) + 1}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling
+
+
+class Statement:
+    """One compiled action statement: SET (value is an Expression) or REMOVE (value None)."""
+
+    __slots__ = ("scope", "name", "value")
+
+    def __init__(self, scope: str, name: str, value: Expression | None) -> None:
+        self.scope = scope  # "user" or "sys"
+        self.name = name  # user: as written; sys: canonical
+        self.value = value
+
+    def __repr__(self) -> str:
+        verb = "REMOVE" if self.value is None else "SET"
+        return f"Statement({verb} {self.scope}.{self.name})"
+
+
+def compile_filter(text: str, parameters: Mapping[str, Any] | None = None) -> Expression | bool:
+    """A SQL filter compiled to a function of a scope returning True/False/None, or a plain
+    bool when the filter does not depend on the message (`1=1`). RuleError when invalid."""
+    node = _compile_filter_cached(text, _frozen(parameters))
+    return node.value if isinstance(node, _Const) else node
+
+
+def compile_action(text: str, parameters: Mapping[str, Any] | None = None) -> tuple[Statement, ...]:
+    """A SQL rule action compiled to its statements, in order. RuleError when invalid."""
+    return _compile_action_cached(text, _frozen(parameters))
+
+
+def _frozen(parameters: Mapping[str, Any] | None) -> tuple:
+    if not parameters:
+        return ()
+    if not isinstance(parameters, Mapping):
+        raise RuleError("filter parameters must be a map of names to values")
+    out = []
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not key.lstrip("@"):
+            raise RuleError(f"filter parameter name {key!r} is not a name")
+        if not _is_value(value):
+            raise RuleError(f"filter parameter {key!r} has an unsupported type")
+        out.append((key.lstrip("@").lower(), type(value).__name__, value))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
+
+
+def _is_value(value: Any) -> bool:
+    return value is None or isinstance(
+        value, (str, bool, int, float, uuid.UUID, datetime, timedelta)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_filter_cached(text: str, params: tuple) -> Node:
+    what = "SQL filter"
+    tree = _parse(text, "filter", what)
+    compiler = _Compiler({k: v for k, _, v in params}, what)
+    top = tree.children[0]
+    node = compiler.compile(top)
+    if isinstance(node, _Const):
+        if node.value is not None and not isinstance(node.value, bool):
+            raise _error_at(top, "the filter is not a condition", what)
+        return _Const(node.value is True)
+    if top.data in ("property", "function", "arith", "sign"):  # a value: must be a condition
+        value = node
+        return lambda s: _condition(value(s), "a filter")
+    return node
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_action_cached(text: str, params: tuple) -> tuple[Statement, ...]:
+    what = "SQL action"
+    tree = _parse(text, "action", what)
+    compiler = _Compiler({k: v for k, _, v in params}, what)
+    statements = []
+    for stmt in tree.children:
+        prop = stmt.children[1]
+        scope, name = compiler.property_name(prop)
+        if scope == "sys":
+            if name not in SETTABLE_SYSTEM_PROPERTIES:
+                raise _error_at(prop, f"system property {name} cannot be changed", what)
+        if stmt.data == "set_stmt":
+            statements.append(Statement(scope, name, _fn(compiler.compile(stmt.children[3]))))
+        else:
+            statements.append(Statement(scope, name, None))
+    if len(statements) > MAX_ACTION_STATEMENTS:
+        raise RuleError(f"{what} has more than {MAX_ACTION_STATEMENTS} statements")
+    return tuple(statements)
+
+
+def _unquote(token: Token) -> str:
+    text = str(token)
+    if token.type == "BRACKETED":
+        return text[1:-1].replace("]]", "]")
+    if token.type == "QUOTED":
+        return text[1:-1].replace('""', '"')
+    return text
+
+
+class _Compiler:
+    def __init__(self, parameters: dict[str, Any], what: str) -> None:
+        self.parameters = parameters
+        self.what = what
+
+    def error(self, node: Tree | Token, message: str) -> RuleError:
+        return _error_at(node, message, self.what)
+
+    def property_name(self, tree: Tree) -> tuple[str, str]:
+        """(scope, name): ("user", name as written) or ("sys", canonical name)."""
+        parts = [p for p in tree.children if isinstance(p, Token)]
+        for part in parts:
+            if part.type == "NAME" and part.lower() in _RESERVED:
+                raise self.error(part, f"{str(part)!r} is a reserved word: write [{part}]")
+        if len(parts) == 1:
+            return "user", _unquote(parts[0])
+        scope_token, name_token = parts
+        scope = str(scope_token).lower()
+        name = _unquote(name_token)
+        if scope_token.type != "NAME" or scope not in ("sys", "user"):
+            raise self.error(scope_token, f"unknown property scope {str(scope_token)!r}")
+        if scope == "user":
+            return "user", name
+        canonical = SYSTEM_PROPERTIES.get(name.lower())
+        if canonical is None:
+            raise self.error(name_token, f"unknown system property {name!r}")
+        return "sys", canonical
+
+    def compile(self, tree: Tree | Token) -> Node:
+        if isinstance(tree, Token):  # only the NAME of a bare property reaches here via inlining
+            raise self.error(tree, f"unexpected {str(tree)!r}")
+        method = getattr(self, "c_" + tree.data.rstrip("_"))
+        return method(tree)
+
+    # constants
+
+    def c_string(self, tree: Tree) -> Node:
+        return _Const(str(tree.children[0])[1:-1].replace("''", "'"))
+
+    def c_integer(self, tree: Tree) -> Node:
+        value = int(str(tree.children[0]))
+        if value > 2**63 - 1:
+            raise self.error(tree, "integer constant out of the Int64 range")
+        return _Const(value)
+
+    def c_double(self, tree: Tree) -> Node:
+        return _Const(float(str(tree.children[0])))
+
+    def c_true(self, tree: Tree) -> Node:
+        return _Const(True)
+
+    def c_false(self, tree: Tree) -> Node:
+        return _Const(False)
+
+    def c_null(self, tree: Tree) -> Node:
+        return _Const(None)
+
+    def c_param(self, tree: Tree) -> Node:
+        name = str(tree.children[0])[1:]
+        try:
+            return _Const(self.parameters[name.lower()])
+        except KeyError:
+            raise self.error(tree, f"parameter @{name} has no value") from None
+
+    # properties and functions
+
+    def c_property(self, tree: Tree) -> Node:
+        scope, name = self.property_name(tree)
+        if scope == "sys":
+            return lambda s: s.sys(name)
+        key = name.lower()
+        return lambda s: s.user(key)
+
+    def c_function(self, tree: Tree) -> Node:
+        name_token, *args = tree.children
+        args = [a for a in args if a is not None]
+        name = str(name_token).lower()
+        if name == "newid":
+            if args:
+                raise self.error(tree, "newid() takes no argument")
+            return lambda s: uuid.uuid4()
+        if name in ("p", "property"):
+            if len(args) != 1:
+                raise self.error(tree, f"{name}() takes one argument")
+            arg = _fn(self.compile(args[0]))
+            return lambda s: _dynamic_property(s, arg(s))
+        raise self.error(name_token, f"unknown function {str(name_token)}()")
+
+    def c_exists(self, tree: Tree) -> Node:
+        scope, name = self.property_name(tree.children[1])
+        if scope == "sys":
+            return lambda s: s.sys(name) is not None
+        key = name.lower()
+        return lambda s: s.user_exists(key)
+
+    # operators
+
+    def _fold(self, tree: Tree, fn: Callable[..., Any], *nodes: Node) -> Node:
+        """fn applied to the nodes' values; computed now when every node is a constant."""
+        if all(isinstance(n, _Const) for n in nodes):
+            try:
+                return _Const(fn(*[n.value for n in nodes]))  # type: ignore[union-attr]
+            except EvaluationError as exc:
+                raise self.error(tree, str(exc)) from None
+        fns = [_fn(n) for n in nodes]
+        if len(fns) == 1:
+            (a,) = fns
+            return lambda s: fn(a(s))
+        if len(fns) == 2:
+            a, b = fns
+            return lambda s: fn(a(s), b(s))
+        return lambda s: fn(*[f(s) for f in fns])
+
+    def _logic(self, tree: Tree, decisive: bool, fold: Callable[..., Any], op: str) -> Node:
+        """OR (decisive TRUE) or AND (decisive FALSE) in three-valued logic; the right side
+        is not evaluated when the left one decides."""
+        a, b = self.compile(tree.children[0]), self.compile(tree.children[2])
+        if isinstance(a, _Const) and isinstance(b, _Const):
+            return self._fold(tree, fold, a, b)
+        fa, fb = _fn(a), _fn(b)
+
+        def logic(s: Scope) -> Any:
+            x = _condition(fa(s), op)
+            if x is decisive:
+                return decisive
+            y = _condition(fb(s), op)
+            if y is decisive:
+                return decisive
+            return None if x is None or y is None else not decisive
+
+        return logic
+
+    def c_or(self, tree: Tree) -> Node:
+        return self._logic(tree, True, _or_values, "OR")
+
+    def c_and(self, tree: Tree) -> Node:
+        return self._logic(tree, False, _and_values, "AND")
+
+    def c_not(self, tree: Tree) -> Node:
+        return self._fold(tree, _not_value, self.compile(tree.children[1]))
+
+    def c_compare(self, tree: Tree) -> Node:
+        left, op, right = tree.children
+        compare = _COMPARISONS[str(op)]
+        return self._fold(tree, compare, self.compile(left), self.compile(right))
+
+    def c_is_null(self, tree: Tree) -> Node:
+        return self._fold(tree, lambda v: v is None, self.compile(tree.children[0]))
+
+    def c_is_not_null(self, tree: Tree) -> Node:
+        return self._fold(tree, lambda v: v is not None, self.compile(tree.children[0]))
+
+    def _in(self, tree: Tree, negate: bool) -> Node:
+        left = self.compile(tree.children[0])
+        items = [self.compile(c) for c in tree.children[-1].children]
+        if all(isinstance(i, _Const) for i in items):
+            values = tuple(i.value for i in items)  # type: ignore[union-attr]
+            return self._fold(tree, lambda v: _in_values(v, values, negate), left)
+        return self._fold(tree, lambda v, *vs: _in_values(v, vs, negate), left, *items)
+
+    def c_in(self, tree: Tree) -> Node:
+        return self._in(tree, False)
+
+    def c_not_in(self, tree: Tree) -> Node:
+        return self._in(tree, True)
+
+    def _like(self, tree: Tree, negate: bool) -> Node:
+        children = [c for c in tree.children if c is not None and not isinstance(c, Token)]
+        left = self.compile(children[0])
+        pattern = self.compile(children[1])
+        escape = self.compile(children[2]) if len(children) > 2 else _Const(None)
+        if isinstance(pattern, _Const) and isinstance(escape, _Const):
+            try:
+                regex = _like_regex(pattern.value, escape.value, len(children) > 2)
+            except EvaluationError as exc:
+                raise self.error(children[1], str(exc)) from None
+            return self._fold(tree, lambda v: _like_match(v, regex, negate), left)
+        has_escape = len(children) > 2
+
+        def like(v: Any, p: Any, e: Any) -> Any:
+            return _like_match(v, _like_regex(p, e, has_escape), negate)
+
+        return self._fold(tree, like, left, pattern, escape)
+
+    def c_like(self, tree: Tree) -> Node:
+        return self._like(tree, False)
+
+    def c_not_like(self, tree: Tree) -> Node:
+        return self._like(tree, True)
+
+    def c_arith(self, tree: Tree) -> Node:
+        left, op, right = tree.children
+        return self._fold(tree, _ARITHMETIC[str(op)], self.compile(left), self.compile(right))
+
+    def c_sign(self, tree: Tree) -> Node:
+        op, operand = tree.children
+        return self._fold(tree, _negate if str(op) == "-" else _plus, self.compile(operand))
+
+
+# ---------------------------------------------------------------------------------------------
+# Run-time semantics
+
+
+def _dynamic_property(scope: Scope, name: Any) -> Any:
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise EvaluationError("property() needs a property name (a string)")
+    head, dot, tail = name.partition(".")
+    if dot and head.lower() == "sys":
+        canonical = SYSTEM_PROPERTIES.get(tail.lower())
+        if canonical is None:
+            raise EvaluationError(f"unknown system property {tail!r}")
+        return scope.sys(canonical)
+    if dot and head.lower() == "user":
+        name = tail
+    return scope.user(name.lower())
+
+
+def _condition(value: Any, op: str) -> bool | None:
+    if value is None or value is True or value is False:
+        return value
+    raise EvaluationError(f"{op} needs conditions, not {_type_name(value)}")
+
+
+def _or_values(a: Any, b: Any) -> bool | None:
+    x, y = _condition(a, "OR"), _condition(b, "OR")
+    if x is True or y is True:
+        return True
+    return None if x is None or y is None else False
+
+
+def _and_values(a: Any, b: Any) -> bool | None:
+    x, y = _condition(a, "AND"), _condition(b, "AND")
+    if x is False or y is False:
+        return False
+    return None if x is None or y is None else True
+
+
+def _not_value(v: Any) -> bool | None:
+    c = _condition(v, "NOT")
+    return None if c is None else not c
+
+
+def _type_name(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, uuid.UUID):
+        return "a guid"
+    if isinstance(v, datetime):
+        return "a date-time"
+    if isinstance(v, timedelta):
+        return "a time span"
+    return f"a value of type {type(v).__name__}"
+
+
+def _kind(v: Any) -> int:
+    # Values of the same kind compare; int and float are one kind (C# widens to double).
+    t = type(v)
+    if t is str:
+        return 1
+    if t is bool:
+        return 2
+    if t is int or t is float:
+        return 3
+    if isinstance(v, bool):
+        return 2
+    if isinstance(v, (int, float)):
+        return 3
+    if isinstance(v, str):
+        return 1
+    if isinstance(v, uuid.UUID):
+        return 4
+    if isinstance(v, datetime):
+        return 5
+    if isinstance(v, timedelta):
+        return 6
+    return 7
+
+
+_ORDERED_KINDS = (1, 3, 5, 6)
+
+
+def _comparison(op: str, test: Callable[[Any, Any], bool], ordered: bool):
+    def compare(a: Any, b: Any) -> bool | None:
+        if a is None or b is None:
+            return None
+        ka = _kind(a)
+        if ka != _kind(b):
+            raise EvaluationError(f"cannot compare {_type_name(a)} with {_type_name(b)}")
+        if ordered and ka not in _ORDERED_KINDS:
+            raise EvaluationError(f"{op} cannot order {_type_name(a)} values")
+        if ka == 7 and type(a) is not type(b):
+            raise EvaluationError(f"cannot compare {_type_name(a)} with {_type_name(b)}")
+        return test(a, b)
+
+    return compare
+
+
+_COMPARISONS = {
+    "=": _comparison("=", lambda a, b: a == b, False),
+    "<>": _comparison("<>", lambda a, b: a != b, False),
+    "!=": _comparison("!=", lambda a, b: a != b, False),
+    "<": _comparison("<", lambda a, b: a < b, True),
+    "<=": _comparison("<=", lambda a, b: a <= b, True),
+    ">": _comparison(">", lambda a, b: a > b, True),
+    ">=": _comparison(">=", lambda a, b: a >= b, True),
+}
+_EQUALS = _COMPARISONS["="]
+
+
+def _in_values(v: Any, values: tuple, negate: bool) -> bool | None:
+    if v is None:
+        return None
+    unknown = False
+    for item in values:
+        r = _EQUALS(v, item)
+        if r is True:
+            return not negate
+        if r is None:
+            unknown = True
+    return None if unknown else negate
+
+
+@functools.lru_cache(maxsize=1024)
+def _like_regex(pattern: Any, escape: Any, has_escape: bool) -> re.Pattern | None:
+    if pattern is None or (has_escape and escape is None):
+        return None
+    if not isinstance(pattern, str):
+        raise EvaluationError(f"LIKE needs a string pattern, not {_type_name(pattern)}")
+    if has_escape and (not isinstance(escape, str) or len(escape) != 1):
+        raise EvaluationError("ESCAPE needs a one-character string")
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if has_escape and c == escape:
+            if i + 1 == n:
+                raise EvaluationError("a LIKE pattern cannot end with its escape character")
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _like_match(v: Any, regex: re.Pattern | None, negate: bool) -> bool | None:
+    if v is None or regex is None:
+        return None
+    if not isinstance(v, str):
+        raise EvaluationError(f"LIKE needs a string, not {_type_name(v)}")
+    matched = regex.fullmatch(v) is not None
+    return matched != negate
+
+
+def _int_div(a: int, b: int) -> int:
+    if b == 0:
+        raise EvaluationError("division by zero")
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _arith(op: str, ints: Callable[[int, int], Any], floats: Callable[[float, float], Any]):
+    def apply(a: Any, b: Any) -> Any:
+        if a is None or b is None:
+            return None
+        ka, kb = _kind(a), _kind(b)
+        if ka == 3 and kb == 3:
+            if type(a) is int and type(b) is int or (
+                isinstance(a, int) and isinstance(b, int)
+            ):
+                return ints(int(a), int(b))
+            return floats(float(a), float(b))
+        if op == "+" and ka == 1 and kb == 1:
+            return a + b
+        if op in "+-" and ka in (5, 6) and kb == 6:  # date-time or time span +/- time span
+            return a + b if op == "+" else a - b
+        if op == "-" and ka == 5 and kb == 5:
+            return a - b
+        raise EvaluationError(f"cannot apply {op} to {_type_name(a)} and {_type_name(b)}")
+
+    return apply
+
+
+def _float_div(a: float, b: float) -> float:
+    if b == 0.0:  # C# double division: infinities and NaN rather than an error
+        return float("nan") if a == 0.0 or a != a else float("inf") if a > 0 else float("-inf")
+    return a / b
+
+
+def _float_mod(a: float, b: float) -> float:
+    return float("nan") if b == 0.0 else math.fmod(a, b)
+
+
+_ARITHMETIC = {
+    "+": _arith("+", lambda a, b: a + b, lambda a, b: a + b),
+    "-": _arith("-", lambda a, b: a - b, lambda a, b: a - b),
+    "*": _arith("*", lambda a, b: a * b, lambda a, b: a * b),
+    "/": _arith("/", _int_div, _float_div),
+    "%": _arith("%", lambda a, b: a - b * _int_div(a, b), _float_mod),
+}
+
+
+def _negate(v: Any) -> Any:
+    if v is None:
+        return None
+    if _kind(v) in (3, 6):
+        return -v
+    raise EvaluationError(f"cannot negate {_type_name(v)}")
+
+
+def _plus(v: Any) -> Any:
+    if v is None or _kind(v) in (3, 6):
+        return v
+    raise EvaluationError(f"unary + needs a number, not {_type_name(v)}")
