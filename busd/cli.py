@@ -47,13 +47,16 @@ def _fail(message: str, code: int) -> None:
 
 
 def _parse_sas_keys(values: tuple[str, ...]) -> dict[str, str] | None:
+    from busd.auth.rights import parse_key
+
     if not values:
         return None
     keys: dict[str, str] = {}
     for value in values:
-        name, sep, key = value.partition("=")
-        if not sep or not name or not key:
-            raise ConfigError(f"--sas-key takes NAME=KEY, got {value!r}")
+        try:
+            name, key = parse_key(value)
+        except ValueError as exc:
+            raise ConfigError(f"--sas-key: {exc}") from None
         keys[name] = key
     return keys
 
@@ -126,9 +129,12 @@ def cli() -> None:
               show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False))
 @click.option("--log-format", envvar="BUSD_LOG_FORMAT", default=_DEFAULTS.log_format,
               show_default=True, type=click.Choice(LOG_FORMATS, case_sensitive=False))
-@click.option("--sas-key", "sas_keys", envvar="BUSD_SAS_KEY", multiple=True, metavar="NAME=KEY",
-              help="A shared access key clients may sign tokens with (repeatable); "
-                   "default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
+@click.option("--sas-key", "sas_keys", envvar="BUSD_SAS_KEY", multiple=True,
+              metavar="NAME=KEY[:RIGHTS]",
+              help="A shared access key clients may sign tokens with (repeatable; in "
+                   "BUSD_SAS_KEY separated by spaces), with its rights, e.g. "
+                   "reader=KEY:Listen or app=KEY:Send,Listen (none given: Send, Listen and "
+                   "Manage); default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
 @click.option("--key-prefix", envvar="BUSD_KEY_PREFIX", default=_DEFAULTS.key_prefix,
               show_default=True,
               help="Prefix of every store key: several brokers can share one Redis.")

@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import click
 
+from busd.auth.rights import MANAGE, parse_key
 from busd.auth.sas import generate_sas_token
 
 EXIT_FAILED = 1
@@ -53,13 +54,26 @@ class ToolError(click.ClickException):
         click.echo(f"busd: error: {self.message}", err=True)
 
 
+def _admin_key(setting: str) -> tuple[str, str]:
+    keys = []
+    for spec in setting.split():
+        try:
+            keys.append(parse_key(spec))
+        except ValueError as exc:
+            raise ToolError(f"BUSD_SAS_KEY: {exc}", EXIT_INVALID) from None
+    if not keys:
+        raise ToolError("BUSD_SAS_KEY holds no key", EXIT_INVALID)
+    return next(((n, k) for n, k in keys if MANAGE in k.claims), keys[0])
+
+
 class AdminClient:
     """Calls busd's admin API, signing each request with a SAS token made from the key in
-    `BUSD_SAS_KEY` (NAME=KEY, as `busd serve --sas-key`; the emulator's key by default)."""
+    `BUSD_SAS_KEY` (NAME=KEY[:RIGHTS], as `busd serve --sas-key`; the emulator's key by
+    default). The admin API wants the Manage right: of several keys, the first holding it."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        key_name, _, key = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
+        key_name, key = _admin_key(os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY))
         host = urlsplit(self.url).netloc
         self.token = generate_sas_token(f"sb://{host}/", key_name, key, int(time.time()) + 3600)
 

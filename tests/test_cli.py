@@ -56,6 +56,10 @@ def test_bad_sas_key_option_is_a_config_error():
     result = run("serve", "--sas-key", "no-equals-sign")
     assert result.exit_code == EXIT_CONFIG
     assert "NAME=KEY" in result.output
+    result = run("serve", env={"BUSD_SAS_KEY": "ok=k:Send reader=k:Read"})
+    assert result.exit_code == EXIT_CONFIG
+    assert result.output.strip() == (
+        "busd: error: --sas-key: unknown right 'Read': rights are Send, Listen and Manage")
 
 
 def test_unknown_log_level_is_a_usage_error():

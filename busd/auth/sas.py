@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote_plus, unquote_plus, urlencode
 
 TOKEN_PREFIX = "SharedAccessSignature "
@@ -84,13 +84,14 @@ def sign(signed_resource: str, expiry: int | str, key: str) -> str:
 def verify_sas_token(token: str, keys: Mapping[str, str], now: float | None = None) -> SasToken:
     """Parse and check a token: known key name, matching signature, not expired.
 
-    Returns the parsed token (its audience is what the connection may then use); raises SasError
-    with the reason otherwise.
+    Returns the parsed token (its audience is what the connection may then use), its `key_name`
+    the name as `keys` spells it; raises SasError with the reason otherwise.
     """
     parsed = parse_sas_token(token)
-    key = _find_key(parsed.key_name, keys)
-    if key is None:
+    found = _find_key(parsed.key_name, keys)
+    if found is None:
         raise SasError(f"unknown shared access key name {parsed.key_name!r}")
+    key_name, key = found
     expected = sign(parsed.signed_resource, parsed.expiry, key)
     if not hmac.compare_digest(expected.encode("ascii"), parsed.signature.encode("utf-8")):
         raise SasError(
@@ -100,21 +101,22 @@ def verify_sas_token(token: str, keys: Mapping[str, str], now: float | None = No
     current = time.time() if now is None else now
     if parsed.expiry <= current:
         raise SasError(f"the token expired at {parsed.expiry} (now {int(current)})")
-    return parsed
+    return replace(parsed, key_name=key_name)
 
 
-def _find_key(key_name: str, keys: Mapping[str, str]) -> str | None:
+def _find_key(key_name: str, keys: Mapping[str, str]) -> tuple[str, str] | None:
+    """(the name as `keys` spells it, the key)."""
     if key_name in keys:
-        return keys[key_name]
+        return key_name, keys[key_name]
     # The SDK encodes skn twice (quote_plus, then urlencode): decode once more before giving up.
     twice = unquote_plus(key_name)
     if twice in keys:
-        return keys[twice]
+        return twice, keys[twice]
     # Key names are case-insensitive in Service Bus.
     for name in (key_name, twice):
         for known, key in keys.items():
             if known.lower() == name.lower():
-                return key
+                return known, key
     return None
 
 

@@ -1,8 +1,11 @@
 """`$cbs`: claims-based security. The client puts a SAS token for an audience; busd verifies it
-(HMAC-SHA256, key name, expiry) and records the grant on the connection (docs/wire.md §3).
+(HMAC-SHA256, key name, expiry) and records the grant, with its key's rights, on the connection
+(docs/wire.md §3).
 
-Expiry is checked here and at attach time only: live links are not torn down when a token
-lapses, because the SDK refreshes tokens only while user code drives it (docs/wire.md §3.5).
+A token for an entity that does not exist is answered 404, as Service Bus does; only a validly
+signed token learns that, so names cannot be enumerated without a key. When a token expires,
+the connection detaches the links it covered unless a new token was put in time
+(busd.broker.connection).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from busd.amqp import codec
-from busd.auth import sas
+from busd.amqp.addresses import AddressError, parse_address
+from busd.auth import rights, sas
 from busd.broker.nodes import RequestEndpoint
 
 log = logging.getLogger("busd.auth")
@@ -35,7 +39,7 @@ class CbsEndpoint(RequestEndpoint):
         if token is None and isinstance(request.body, bytes):
             token = request.body.decode("utf-8", "replace")
         try:
-            grant = sas.verify_sas_token(token or "", self.broker.sas_keys)
+            grant = rights.grant_of(token or "", self.broker.sas_keys)
         except sas.SasError as exc:
             log.warning(
                 "authentication refused: peer=%s container=%s audience=%s: %s",
@@ -46,17 +50,33 @@ class CbsEndpoint(RequestEndpoint):
             )
             if self.broker.metrics is not None:
                 self.broker.metrics.auth_refused()
-            return _response(message_id, 401, str(exc), error=True), None
+            return _response(message_id, 401, str(exc)), None
         # The grant is for the audience the token was signed for, whatever `name` says.
-        self.conn.grant(grant.audience, grant.expiry)
+        if not self._exists(grant):
+            return _response(
+                message_id, 404,
+                f"The messaging entity '{grant.audience}' could not be found."), None
+        self.conn.grant(grant)
         return _response(message_id, 202, "Accepted"), None
 
+    def _exists(self, grant: rights.Grant) -> bool:
+        """Whether the entity the token is for exists; a namespace-wide token always does."""
+        path = sas.entity_path_of(grant.audience)
+        if not path:
+            return True
+        try:
+            address = parse_address(path)
+        except AddressError:
+            return False
+        if address.sub == "cbs" or not address.entity or address.is_subscription:
+            return False
+        return self.broker.queue(address.entity) is not None
 
-def _response(message_id, status: int, description: str, *, error: bool = False) -> bytes:
+
+def _response(message_id, status: int, description: str) -> bytes:
+    # Refusals carry no `error-condition`, as Service Bus's: the status code says it, and the
+    # SDK then shows the code and description in its exception (docs/wire.md §3.4).
     app = {"status-code": codec.Int(status), "status-description": description}
-    if error:
-        # Its mere presence marks the put as failed (docs/wire.md §3.4).
-        app["error-condition"] = codec.Symbol("amqp:unauthorized-access")
     return codec.encode_message(
         properties={"correlation_id": message_id}, application_properties=app
     )

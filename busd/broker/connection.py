@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from proton import Condition, Endpoint, Link
 
-from busd.auth.sas import audience_covers
+from busd.auth.rights import Grant, allows, missing_claim
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
 from busd.broker.links import LinkEndpoint, LinkRegistry, amqp_condition, close_link, refuse_link
 from busd.broker.routing import make_endpoint
@@ -40,6 +40,9 @@ log = logging.getLogger("busd.broker")
 # incoming window open for clients that pipeline many transfers (docs/wire.md §1.4).
 SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
 
+# A token's expiry is in whole seconds: links are detached this long after it.
+EXPIRY_SLACK_S = 0.05
+
 # Every connection handler still in memory (open, or closed and not yet freed): the census
 # behind the busd_connection_objects gauge, which shows a connection that is never freed.
 LIVE_CONNECTIONS: weakref.WeakSet[ConnectionHandler] = weakref.WeakSet()
@@ -52,8 +55,10 @@ class ConnectionHandler:
         self.proto = proto
         self.broker = broker
         self.remote_container = "?"
-        # audience (lower-cased, without trailing '/') -> token expiry (unix seconds)
-        self.grants: dict[str, float] = {}
+        # audience (lower-cased) -> what its latest verified token grants
+        self.grants: dict[str, Grant] = {}
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
         # this connection's live links; `raw` is read by the protocol on every delivery
         self.links = LinkRegistry()
         self.raw_links = self.links.raw
@@ -290,6 +295,7 @@ class ConnectionHandler:
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
+        self._disarm_expiry()
         try:
             for endpoint in self.links:
                 try:
@@ -302,23 +308,72 @@ class ConnectionHandler:
                 self.broker.metrics.connection_closed()
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
 
-    # --- authorisation --------------------------------------------------------------------
-    def grant(self, audience: str, expiry: float) -> None:
-        self.grants[audience.lower()] = expiry
+    # --- authorisation (docs/wire.md §3.5) --------------------------------------------------
+    def grant(self, grant: Grant) -> None:
+        """A verified token: it replaces the one put before for the same audience (a refresh)."""
+        self.grants[grant.audience.lower()] = grant
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
+        self._arm_expiry()
 
-    def authorize(self, entity_path: str) -> None:
-        """Raise unless a live CBS token of this connection covers `entity_path`."""
+    def authorize(self, entity_path: str, right: str | None) -> None:
+        """Raise unless a live CBS token of this connection covers `entity_path` with `right`
+        (None: any right)."""
         now = time.time()
-        for audience, expiry in self.grants.items():
-            if expiry > now and audience_covers(audience, entity_path):
+        covering = [g for g in self.grants.values() if g.expiry > now and g.covers(entity_path)]
+        if any(allows(g.claims, right) for g in covering):
+            return
+        if covering:
+            reason = f"Unauthorized access to '{entity_path}': {missing_claim(right)}."
+        else:
+            reason = (f"Unauthorized access to '{entity_path}': put a valid token for it on "
+                      "$cbs first.")
+        raise BusdError(Cond.UNAUTHORIZED, reason)
+
+    def _arm_expiry(self) -> None:
+        """One timer per connection, at its earliest token expiry: a refresh that moves the
+        expiry later costs one wake-up that finds nothing to do."""
+        if not self.grants:
+            return
+        earliest = min(g.expiry for g in self.grants.values())
+        if self._expiry_timer is not None:
+            if self._expiry_at <= earliest:
                 return
-        raise BusdError(
-            Cond.UNAUTHORIZED,
-            f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first.",
-        )
+            self._expiry_timer.cancel()
+        self._expiry_at = earliest
+        self._expiry_timer = asyncio.get_running_loop().call_later(
+            max(0.0, earliest - time.time()) + EXPIRY_SLACK_S, self._expire)
+
+    def _expire(self) -> None:
+        """Tokens lapsed: forget them, and detach the links no live token covers any more with
+        `amqp:unauthorized-access`, as Service Bus does."""
+        self._expiry_timer = None
+        now = time.time()
+        self.grants = {a: g for a, g in self.grants.items() if g.expiry > now}
+        for endpoint in self.links:
+            if endpoint.needs is None or endpoint.detached:
+                continue
+            entity_path, right = endpoint.needs
+            try:
+                self.authorize(entity_path, right)
+            except BusdError:
+                log.info("connection %s: token for '%s' expired: detaching link %s",
+                         self.proto.peer, entity_path, endpoint.link.name)
+                error = BusdError(Cond.UNAUTHORIZED,
+                                  f"The token for '{entity_path}' expired: put a new one on $cbs "
+                                  "before it expires to keep links open.")
+                if endpoint.link.state & Endpoint.LOCAL_UNINIT:  # attach not answered yet
+                    self.refuse(endpoint, error)
+                else:
+                    self.detach(endpoint, amqp_condition(error, triple=False))
+        self._arm_expiry()
+        self.proto.kick()
+
+    def _disarm_expiry(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
 
 
 def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | None:

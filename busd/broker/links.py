@@ -18,6 +18,7 @@ from busd.errors import BusdError
 
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol
+    from busd.auth.rights import Grant
     from busd.broker.broker import Broker
     from busd.broker.limits import Buffers
 
@@ -89,10 +90,11 @@ class ConnectionScope(Protocol):
     links: LinkRegistry
     buffers: Buffers  # bytes of unfinished transfers its links hold
 
-    def grant(self, audience: str, expiry: float) -> None: ...
+    def grant(self, grant: Grant) -> None: ...
 
-    def authorize(self, entity_path: str) -> None:
-        """Raise unless a live CBS grant of this connection covers `entity_path`."""
+    def authorize(self, entity_path: str, right: str | None) -> None:
+        """Raise unless a live CBS grant of this connection covers `entity_path` with `right`
+        (busd.auth.rights; None: any)."""
 
     def detach(self, endpoint: LinkEndpoint, condition: Condition) -> None:
         """Detach a link on our side with an error, after its store work."""
@@ -125,6 +127,9 @@ class LinkEndpoint:
     """
 
     raw_deliveries = False
+    # (entity path, right) the link was authorized for: it is detached when no live token of
+    # its connection covers them any more. None: the link needs no token ($cbs).
+    needs: tuple[str, str | None] | None = None
 
     def __init__(self, conn: ConnectionScope, link: Link) -> None:
         self.conn = conn

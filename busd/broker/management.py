@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from busd.amqp import codec
+from busd.auth.rights import LISTEN, SEND
 from busd.broker import messages
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
@@ -50,12 +51,16 @@ class ManagementEndpoint(RequestEndpoint):
         app = request.application_properties or {}
         operation = str(app.get("operation") or "")
         body = request.body if isinstance(request.body, dict) else {}
-        handler = OPERATIONS.get(operation.removeprefix("com.microsoft:"))
+        name = operation.removeprefix("com.microsoft:")
+        handler = OPERATIONS.get(name)
         try:
             if handler is None:
                 raise BusdError(
                     Condition.NOT_IMPLEMENTED, f"The operation {operation!r} is not supported."
                 )
+            # Each request: the right depends on the operation, and the token may have lapsed
+            # since the attach. `needs` holds the entity path routing authorized.
+            self.conn.authorize(self.needs[0] if self.needs else "", OPERATION_RIGHTS[name])
             status, result = await handler(self, body, app)
         except BusdError as error:
             log.debug("$management %s failed: %s", operation, error)
@@ -239,6 +244,21 @@ async def get_message_sessions(ep: ManagementEndpoint, body: dict, app: dict):
         return 204, None
     return 200, {"skip": codec.Int(skip), "sessions-ids": codec.Array(str, ids)}
 
+
+# The right each operation needs (busd.auth.rights; Manage implies both others), as in
+# Service Bus: what a receiver does needs Listen, what a sender does needs Send.
+OPERATION_RIGHTS = {
+    "renew-lock": LISTEN,
+    "renew-session-lock": LISTEN,
+    "get-session-state": LISTEN,
+    "set-session-state": LISTEN,
+    "peek-message": LISTEN,
+    "update-disposition": LISTEN,
+    "receive-by-sequence-number": LISTEN,
+    "schedule-message": SEND,
+    "cancel-scheduled-message": SEND,
+    "get-message-sessions": LISTEN,
+}
 
 OPERATIONS = {
     "renew-lock": renew_lock,

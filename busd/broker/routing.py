@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from proton import Link
 
-from busd.amqp.addresses import parse_address
+from busd.amqp.addresses import Address, parse_address
+from busd.auth.rights import LISTEN, SEND
 from busd.broker import cbs, management, nodes, receiving, sending, sessions
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.errors import BusdError, Condition
@@ -21,14 +22,22 @@ def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
     parsed = parse_address(terminus.address)
     if parsed.sub == "cbs":
         return nodes.ReplyEndpoint(conn, link) if link.is_sender else cbs.CbsEndpoint(conn, link)
+    # The token first: without one, an entity that exists and one that does not get the same
+    # answer (no enumeration of names). `$management` checks each operation's right itself.
+    right = None if parsed.sub == "management" else LISTEN if link.is_sender else SEND
+    conn.authorize(parsed.entity_path, right)
+    endpoint = _endpoint(conn, link, parsed)
+    endpoint.needs = (parsed.entity_path, right)
+    return endpoint
+
+
+def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoint:
     queue = conn.broker.queue(parsed.entity) if parsed.entity else None
     if queue is None or parsed.is_subscription:
         raise BusdError(
             Condition.NOT_FOUND,
-            f"The messaging entity '{parsed.entity_path or terminus.address}' could not be "
-            "found.",
+            f"The messaging entity '{parsed.entity_path}' could not be found.",
         )
-    conn.authorize(parsed.entity_path)
     if parsed.sub == "management":
         if link.is_sender:
             return nodes.ReplyEndpoint(conn, link)

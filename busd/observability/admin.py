@@ -9,9 +9,12 @@
     POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
     POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
 
-A queue name may hold `/`: clients send it percent-encoded (`orders%2Feu`). Answers are JSON;
-a failure is `{"error": "..."}` with 400 (bad request), 404 (unknown queue or route), 405,
-413 (message too large), or 503 (the store does not answer).
+Every request needs a SAS token signed with a key holding the Manage right whose audience covers
+the queue (the namespace, for the list), as Service Bus's management operations, reads included
+(busd.auth.rights). A queue name may hold `/`: clients send it percent-encoded (`orders%2Feu`).
+Answers are JSON; a failure is `{"error": "..."}` with 400 (bad request), 401 (no valid token,
+audience or right), 404 (unknown queue or route), 405, 413 (message too large), or 503 (the
+store does not answer).
 """
 
 from __future__ import annotations
@@ -78,17 +81,30 @@ def _optional_text(document: dict[str, Any], name: str) -> str | None:
     return value
 
 
+_PREFIX = "/admin/queues/"
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(queue name, action) of a path under /admin/queues/."""
+    rest = path[len(_PREFIX):]
+    action = next((a for a in _ACTIONS if rest.endswith(a)), "")
+    return unquote(rest[: len(rest) - len(action)]), action
+
+
+def entity_of(path: str) -> str:
+    """The entity an admin request acts on, which its token must cover: a queue, or the
+    whole namespace ("") for the list of queues and anything unknown."""
+    return _split(path)[0] if path.startswith(_PREFIX) else ""
+
+
 async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: bytes) -> Response:
     if path in ("/admin/queues", "/admin/queues/"):
         if method != "GET":
             raise AdminError(405, "use GET")
         return 200, await admin.queues()
-    prefix = "/admin/queues/"
-    if not path.startswith(prefix):
+    if not path.startswith(_PREFIX):
         raise AdminError(404, f"no route {path}")
-    rest = path[len(prefix):]
-    action = next((a for a in _ACTIONS if rest.endswith(a)), "")
-    name = unquote(rest[: len(rest) - len(action)])
+    name, action = _split(path)
     allowed = {"": ("GET",), "/sessions": ("GET",), "/purge": ("POST",),
                "/dlq/resubmit": ("POST",), "/messages": ("GET", "POST")}[action]
     if method not in allowed:

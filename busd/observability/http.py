@@ -9,7 +9,7 @@ import json
 import logging
 from http import HTTPStatus
 
-from busd.auth.sas import SasError, verify_sas_token
+from busd.auth.rights import MANAGE, Unauthorized, authorize_header
 
 log = logging.getLogger("busd.http")
 
@@ -27,14 +27,16 @@ async def route(
 ) -> tuple[str, str, bytes]:
     broker = server.broker
     if path.startswith("/admin/"):
-        from busd.observability.admin import route_admin
+        from busd.observability.admin import entity_of, route_admin
 
-        # The admin API can purge queues: it takes a SAS token signed with one of the
-        # broker's keys, like an AMQP client's put-token. Health and metrics stay open.
+        # The admin API can purge queues: it takes a SAS token covering the queue, signed with
+        # a key holding the Manage right, as Service Bus's management operations (reads too).
+        # Health and metrics stay open.
         try:
-            verify_sas_token(authorization, broker.sas_keys)
-        except SasError as exc:
-            return _json(401, {"error": f"admin requests need a valid SAS token: {exc}"})
+            authorize_header(authorization, broker.sas_keys, entity_of(path), MANAGE)
+        except Unauthorized as exc:
+            return _json(401, {"error": f"admin requests need a valid SAS token with the "
+                                        f"Manage right covering the queue: {exc.reason}"})
         return _json(*await route_admin(broker, method, path, query, body))
     if method != "GET":
         return _status(405), "text/plain", b"only GET\n"

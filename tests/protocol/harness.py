@@ -38,11 +38,14 @@ from proton import (
     symbol,
 )
 
+from busd.auth.rights import LISTEN, MANAGE, SEND, SasKey
 from busd.auth.sas import generate_sas_token
 
 SAS_KEY_NAME = "RootManageSharedAccessKey"
 SAS_KEY = "SAS_KEY_VALUE"
-SAS_KEYS = {SAS_KEY_NAME: SAS_KEY}
+# The root key keeps every right; the others carry one right each (busd.auth.rights).
+SAS_KEYS = {SAS_KEY_NAME: SAS_KEY, "sender": SasKey("send-key", {SEND}),
+            "listener": SasKey("listen-key", {LISTEN}), "manager": SasKey("manage-key", {MANAGE})}
 HOST = "localhost:5672"  # what the client names in its audiences; nothing listens there
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")

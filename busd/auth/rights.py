@@ -1,0 +1,146 @@
+"""Rights of shared access keys, and the one check of a token against what a request needs
+(docs/design.md §2.10).
+
+As in Service Bus, a shared access key carries claims: `Send`, `Listen`, `Manage`. `Manage`
+implies the other two. A key given without claims, and the emulator's root key, carry all three.
+A request needs a verified token whose audience covers the entity it acts on, signed with a key
+holding the right it needs; `authorize` is that check, for AMQP links, `$management` operations
+and the HTTP APIs alike.
+
+A key is kept as a `SasKey`: the key text itself (a `str`, so everything that signs or verifies
+with it is unchanged) that also carries its claims.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from busd.auth.sas import SasError, audience_covers, entity_path_of, verify_sas_token
+
+SEND = "Send"
+LISTEN = "Listen"
+MANAGE = "Manage"
+ALL_RIGHTS: frozenset[str] = frozenset((SEND, LISTEN, MANAGE))
+_BY_LOWER = {right.lower(): right for right in ALL_RIGHTS}
+
+
+class Unauthorized(Exception):
+    """A request was refused; `reason` is fit for the client's error description."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SasKey(str):
+    """A shared access key (its text) with the claims of its rule."""
+
+    claims: frozenset[str]
+
+    def __new__(cls, key: str, claims: Iterable[str] = ALL_RIGHTS) -> SasKey:
+        self = super().__new__(cls, key)
+        self.claims = frozenset(claims)
+        return self
+
+
+def parse_rights(text: str) -> frozenset[str]:
+    """`Send,Listen` (any case, `,` or `|` between) as a set of rights; ValueError otherwise."""
+    names = [part.strip() for part in text.replace("|", ",").split(",")]
+    rights = set()
+    for name in names:
+        right = _BY_LOWER.get(name.lower())
+        if right is None:
+            raise ValueError(f"unknown right {name!r}: rights are Send, Listen and Manage")
+        rights.add(right)
+    return frozenset(rights)
+
+
+def parse_key(spec: str) -> tuple[str, SasKey]:
+    """`NAME=KEY` or `NAME=KEY:Send,Listen` as (name, key with its claims); ValueError otherwise.
+
+    Service Bus keys are Base64 (no `:`), so the last `:` starts the claims."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"a key is NAME=KEY or NAME=KEY:Send,Listen,Manage, got {spec!r}")
+    key, colon, claims = rest.rpartition(":")
+    if not colon:
+        return name, SasKey(rest)
+    if not key:
+        raise ValueError(f"the key {name!r} is empty")
+    return name, SasKey(key, parse_rights(claims))
+
+
+def claims_of(keys: Mapping[str, str], key_name: str) -> frozenset[str]:
+    """The claims of the key named `key_name` (as `verify_sas_token` found it): all three for a
+    key given without claims."""
+    return getattr(keys.get(key_name), "claims", ALL_RIGHTS)
+
+
+def allows(claims: frozenset[str], right: str | None) -> bool:
+    """Whether `claims` grant `right` (None: any claim at all). Manage implies the others."""
+    if right is None:
+        return bool(claims)
+    return right in claims or MANAGE in claims
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a verified token lets its bearer do: act on `audience` with `claims` until `expiry`
+    (seconds since the Unix epoch)."""
+
+    audience: str
+    expiry: float
+    claims: frozenset[str]
+
+    @property
+    def namespace_wide(self) -> bool:
+        return not _path(self.audience)
+
+    def covers(self, entity_path: str) -> bool:
+        return audience_covers(_path(self.audience), entity_path)
+
+
+def _path(audience: str) -> str:
+    # Some SDKs sign an HTTP audience with its query string (`...?api-version=...`).
+    return entity_path_of(audience.partition("?")[0])
+
+
+def grant_of(token: str, keys: Mapping[str, str], now: float | None = None) -> Grant:
+    """Verify `token` (busd.auth.sas) and return what it grants; SasError when it is refused."""
+    parsed = verify_sas_token(token, keys, now)
+    return Grant(parsed.audience, parsed.expiry, claims_of(keys, parsed.key_name))
+
+
+def authorize(grant: Grant, entity_path: str, right: str | None,
+              now: float | None = None) -> None:  # fmt: skip
+    """Raise Unauthorized unless `grant` is live, covers `entity_path` (the empty path: the whole
+    namespace) and carries `right` (None: any)."""
+    current = time.time() if now is None else now
+    if grant.expiry <= current:
+        raise Unauthorized(f"the token expired at {int(grant.expiry)}")
+    wanted = entity_path.strip("/")
+    if not (grant.covers(wanted) if wanted else grant.namespace_wide):
+        raise Unauthorized(
+            f"the token's audience {grant.audience!r} does not cover "
+            f"{repr(wanted) if wanted else 'the namespace'}"
+        )
+    if not allows(grant.claims, right):
+        raise Unauthorized(missing_claim(right))
+
+
+def missing_claim(right: str | None) -> str:
+    return f"'{right or 'Send, Listen or Manage'}' claim(s) are required to perform this operation"
+
+
+def authorize_header(authorization: str, keys: Mapping[str, str], entity_path: str,
+                     right: str | None) -> Grant:  # fmt: skip
+    """The check of an HTTP request: the `Authorization` header's SAS token verified, covering
+    `entity_path` with `right`. Raises Unauthorized (answer 401, as Service Bus does)."""
+    try:
+        grant = grant_of(authorization, keys)
+    except SasError as exc:
+        raise Unauthorized(exc.reason) from None
+    authorize(grant, entity_path, right)
+    return grant

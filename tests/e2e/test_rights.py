@@ -1,0 +1,193 @@
+"""Keys with rights, token audiences and expiry, end to end (docs/design.md §2.10): the official
+SDK gets the exceptions Service Bus gives it, and the admin HTTP API checks the audience and the
+Manage right."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from azure.core.credentials import AccessToken
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import (
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+)
+
+from busd.auth.sas import generate_sas_token
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+KEYS = ("RootManageSharedAccessKey=SAS_KEY_VALUE reader=listen-key:Listen "
+        "writer=send-key:Send ops=manage-key:Manage")
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("authq"), queue("other"), queue("rights"), queue("busy"),
+                         queue("idle")], extra_env={"BUSD_SAS_KEY": KEYS})
+
+
+class ShortLivedTokens:
+    """An SDK credential whose SAS tokens live `ttl` seconds: the SDK puts a new one when a
+    tenth of the lifetime is left, while user code drives the client."""
+
+    token_type = b"servicebus.windows.net:sastoken"
+
+    def __init__(self, ttl: int) -> None:
+        self.ttl = ttl
+        self.issued = 0
+
+    def get_token(self, *scopes: str, **kwargs) -> AccessToken:
+        self.issued += 1
+        expiry = int(time.time()) + self.ttl
+        return AccessToken(generate_sas_token(scopes[0], "RootManageSharedAccessKey",
+                                              "SAS_KEY_VALUE", expiry), expiry)
+
+
+def expiry_detaches(busd, entity: str) -> int:
+    return busd.log_text().count(f"token for '{entity}' expired: detaching link")
+
+
+def conn_str(busd, name: str, key: str) -> str:
+    return (f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={name};"
+            f"SharedAccessKey={key};UseDevelopmentEmulator=true;")
+
+
+def sdk(busd, name: str = "RootManageSharedAccessKey", key: str = "SAS_KEY_VALUE"):
+    # retry_total=0: the refusals under test are not retried anyway; other failures show at once
+    return ServiceBusClient.from_connection_string(conn_str(busd, name, key), retry_total=0)
+
+
+# --- the SDK --------------------------------------------------------------------------------
+def test_a_listen_only_key_cannot_send(busd):
+    with sdk(busd, "reader", "listen-key") as client:
+        with pytest.raises(ServiceBusAuthorizationError, match="'Send' claim"):
+            with client.get_queue_sender("rights") as sender:
+                sender.send_messages(ServiceBusMessage("refused"))
+        # ...but receives and peeks
+        with client.get_queue_receiver("rights", max_wait_time=1) as receiver:
+            assert receiver.receive_messages(max_wait_time=1) == []
+            assert receiver.peek_messages() == []
+
+
+def test_a_send_only_key_cannot_receive(busd):
+    with sdk(busd, "writer", "send-key") as client:
+        with client.get_queue_sender("rights") as sender:
+            sender.send_messages(ServiceBusMessage("sent by the writer"))
+        with pytest.raises(ServiceBusAuthorizationError, match="'Listen' claim"):
+            with client.get_queue_receiver("rights", max_wait_time=1) as receiver:
+                receiver.receive_messages(max_wait_time=1)
+    with sdk(busd, "ops", "manage-key") as client:  # Manage implies Listen
+        with client.get_queue_receiver("rights", max_wait_time=2) as receiver:
+            (message,) = receive(receiver, 1)
+            assert str(message) == "sent by the writer"
+            receiver.complete_message(message)
+
+
+def cbs_refusal(error: ServiceBusAuthenticationError) -> tuple[int, str]:
+    """The put-token answer behind the SDK's exception (its own message is generic)."""
+    inner = error.inner_exception
+    description = inner.status_description
+    if isinstance(description, bytes):
+        description = description.decode()
+    return inner.status_code, description
+
+
+def test_a_token_for_a_missing_entity_fails_authentication(busd):
+    with sdk(busd) as client:
+        with pytest.raises(ServiceBusAuthenticationError) as caught:
+            with client.get_queue_sender("nosuch") as sender:
+                sender.send_messages(ServiceBusMessage("nowhere"))
+    status, description = cbs_refusal(caught.value)
+    assert status == 404 and "could not be found" in description
+
+
+def test_a_wrong_key_gets_the_same_answer_for_existing_and_missing_entities(busd):
+    answers = []
+    for entity in ("authq", "nosuch"):
+        with sdk(busd, key="WRONG") as client:
+            with pytest.raises(ServiceBusAuthenticationError) as caught:
+                with client.get_queue_sender(entity) as sender:
+                    sender.send_messages(ServiceBusMessage("probe"))
+            status, description = cbs_refusal(caught.value)
+            answers.append((status, description.replace(entity, "<name>")))
+    assert answers[0] == answers[1] and answers[0][0] == 401
+
+
+def test_a_receiver_that_refreshes_its_token_keeps_its_link(busd):
+    tokens = ShortLivedTokens(ttl=20)  # refreshed in its last 2 s
+    client = ServiceBusClient(f"localhost:{busd.port}", tokens, use_tls=False)
+    with client, client.get_queue_receiver("busy", max_wait_time=1) as receiver:
+        deadline = time.monotonic() + 23
+        while time.monotonic() < deadline:
+            receiver.receive_messages(max_wait_time=1)
+        with sdk(busd) as other, other.get_queue_sender("busy") as sender:
+            sender.send_messages(ServiceBusMessage("after the refresh"))
+        (message,) = receive(receiver, 1)
+        assert str(message) == "after the refresh"
+        receiver.complete_message(message)
+    assert tokens.issued >= 2
+    assert expiry_detaches(busd, "busy") == 0
+
+
+def test_an_idle_client_past_its_token_is_detached_and_reattaches(busd):
+    tokens = ShortLivedTokens(ttl=10)
+    client = ServiceBusClient(f"localhost:{busd.port}", tokens, use_tls=False)
+    with client, client.get_queue_receiver("idle", max_wait_time=1) as receiver:
+        assert receiver.receive_messages(max_wait_time=1) == []
+        deadline = time.monotonic() + 15
+        while expiry_detaches(busd, "idle") == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)  # idle: the SDK puts no new token
+        assert expiry_detaches(busd, "idle") == 1
+        # The SDK sees the detach on its next call and attaches again with a new token.
+        with sdk(busd) as other, other.get_queue_sender("idle") as sender:
+            sender.send_messages(ServiceBusMessage("after the expiry"))
+        (message,) = receive(receiver, 1)
+        assert str(message) == "after the expiry"
+        receiver.complete_message(message)
+    assert tokens.issued >= 2
+
+
+# --- the admin HTTP API -----------------------------------------------------------------------
+def admin(busd, method: str, path: str, audience: str = "", key_name: str = "ops",
+          key: str = "manage-key") -> tuple[int, object]:
+    token = generate_sas_token(f"sb://localhost/{audience}", key_name, key,
+                               int(time.time()) + 300)
+    request = urllib.request.Request(busd.http_url + path, method=method,
+                                     data=b"" if method == "POST" else None)
+    request.add_header("Authorization", token)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_admin_tokens_act_only_on_the_entities_their_audience_covers(busd):
+    with sdk(busd) as client, client.get_queue_sender("other") as sender:
+        sender.send_messages(ServiceBusMessage("keep me"))
+    code, answer = admin(busd, "POST", "/admin/queues/other/purge", audience="authq")
+    assert code == 401 and "does not cover 'other'" in answer["error"]
+    assert admin(busd, "GET", "/admin/queues/other", audience="authq")[0] == 401
+    assert admin(busd, "GET", "/admin/queues", audience="authq")[0] == 401  # the namespace
+    assert admin(busd, "POST", "/admin/queues/authq/purge", audience="authq")[0] == 200
+    assert admin(busd, "GET", "/admin/queues/authq", audience="authq")[0] == 200
+    # nothing was purged from `other`; a namespace-wide token covers every queue
+    code, info = admin(busd, "GET", "/admin/queues/other")
+    assert code == 200 and info["counts"]["active"] == 1, info
+    assert admin(busd, "GET", "/admin/queues")[0] == 200
+
+
+def test_admin_requests_need_the_manage_right(busd):
+    for key_name, key in (("reader", "listen-key"), ("writer", "send-key")):
+        for method, path in (("GET", "/admin/queues/authq"), ("GET", "/admin/queues"),
+                             ("POST", "/admin/queues/authq/purge")):
+            code, answer = admin(busd, method, path, key_name=key_name, key=key)
+            assert code == 401 and "'Manage' claim" in answer["error"], (key_name, path)
+    assert admin(busd, "GET", "/admin/queues", key_name="RootManageSharedAccessKey",
+                 key="SAS_KEY_VALUE")[0] == 200
