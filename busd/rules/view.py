@@ -30,6 +30,8 @@ _ANNOTATION = {
     "ViaPartitionKey": "x-opt-via-partition-key",
 }
 _STATE_NAMES = {0: "Active", 1: "Deferred", 2: "Scheduled"}
+_PROPERTIES_OPEN = b"\x00\x53\x73"
+_APP_PROPERTIES_OPEN = b"\x00\x53\x74"
 
 
 class MessageView:
@@ -131,17 +133,23 @@ class MessageView:
 
     def _read_properties(self) -> list:
         bare_start = self._parts()[5]
-        bare = self._blob[bare_start:]
+        blob = self._blob
         props: list = []
         try:
-            for code, _, vpos, _ in scan_sections(bare):
-                if code == PROPERTIES:
-                    props = decode_raw(bare, vpos, 1)[0] or []
-                    break
+            if blob[bare_start : bare_start + 3] == _PROPERTIES_OPEN:  # the usual place: first
+                props = decode_raw(blob, bare_start + 3, 1)[0] or []
+            else:
+                bare = blob[bare_start:]
+                for code, _, vpos, _ in scan_sections(bare):
+                    if code == PROPERTIES:
+                        props = decode_raw(bare, vpos, 1)[0] or []
+                        break
         except CodecError:
             raise
         except RAW_ERRORS as exc:
             raise CodecError(f"malformed stored message: {exc}") from None
+        if not isinstance(props, list):
+            raise CodecError("malformed stored message: properties are not a list")
         self._props = props
         return props
 
@@ -150,16 +158,21 @@ class MessageView:
         user: dict[str, Any] = {}
         keys: dict[str, str] = {}
         if flags & HAS_APP_PROPERTIES:
-            _, _, _, _, _, ap_start, ap_end = BLOB_HEAD.unpack_from(self._blob)
-            section = self._blob[bare_start + ap_start : bare_start + ap_end]
+            blob = self._blob
+            start = bare_start + BLOB_HEAD.unpack_from(blob)[5]
             try:
-                ((_, _, vpos, _),) = scan_sections(section)
-                value = decode_raw(section, vpos, 1)[0] or {}
+                if blob[start : start + 3] == _APP_PROPERTIES_OPEN:
+                    value = decode_raw(blob, start + 3, 1)[0] or {}
+                else:  # a descriptor written another way: find the value
+                    end = bare_start + BLOB_HEAD.unpack_from(blob)[6]
+                    ((_, _, vpos, _),) = scan_sections(blob[start:end])
+                    value = decode_raw(blob[start:end], vpos, 1)[0] or {}
+                items = value.items()
             except CodecError:
                 raise
-            except (RAW_ERRORS + (TypeError,)) as exc:
+            except (RAW_ERRORS + (TypeError, AttributeError)) as exc:
                 raise CodecError(f"malformed stored application-properties: {exc}") from None
-            for key, v in value.items():
+            for key, v in items:
                 lower = str(key).lower()
                 if lower not in user:  # two keys differing in case: the first one sent wins
                     user[lower] = _sql_value(v)
