@@ -1,10 +1,11 @@
 """Settings of one busd process, and the entities file (the Service Bus emulator's Config.json).
 
 `Settings` only holds values; `Settings.validate()` checks them once at start-up. The CLI maps
-its options one to one onto the fields. `load_entities()` reads the emulator's Config.json as is
-and turns each queue into the `QueueSpec` the broker and the store use. Whatever busd does not
-support yet (topics, forwarding) becomes a warning, never a refusal to start: users bring the
-file they already have.
+its options one to one onto the fields. `load_entities()` reads the emulator's Config.json as
+the emulator ships it (JSON with `//` and `/* */` comments) and turns its queues, topics,
+subscriptions and rules into the records of busd.entities, which seed the store's catalog.
+Properties busd does not use become warnings, never a refusal to start: users bring the file
+they already have.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from busd.broker.limits import Limits
-from busd.storage.api import QueueSpec
+from busd.entities import (
+    DEFAULT_RULE_NAME,
+    QueueEntity,
+    RuleEntity,
+    SubscriptionEntity,
+    TopicEntity,
+)
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -46,6 +53,8 @@ _TIMESPAN_MAX_DAYS = 10_675_199
 
 ENTITY_NAME_MAX_LENGTH = 260
 _ENTITY_NAME_RE = re.compile(r"[A-Za-z0-9._/-]{1,260}", re.ASCII)
+SUBSCRIPTION_NAME_MAX_LENGTH = 50  # Service Bus's limit, for rule names too
+_SUBSCRIPTION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,50}", re.ASCII)
 
 
 class ConfigError(Exception):
@@ -168,6 +177,45 @@ def normalize_entity_name(name: object, what: str = "queue") -> str:
     return name.lower()
 
 
+def normalize_subscription_name(name: object) -> str:
+    """A subscription's lower-cased name (one path segment, at most 50 characters)."""
+    if not isinstance(name, str) or not _SUBSCRIPTION_NAME_RE.fullmatch(name):
+        raise ConfigError(
+            f"subscription name must be 1..{SUBSCRIPTION_NAME_MAX_LENGTH} letters, digits, "
+            f"'-', '.' or '_', got {name!r}"
+        )
+    return name.lower()
+
+
+def check_rule_name(name: object) -> str:
+    """A rule's name as given (rule names compare case-insensitively)."""
+    if (not isinstance(name, str) or not name or len(name) > SUBSCRIPTION_NAME_MAX_LENGTH
+            or any(c in name for c in "/\\?#")):
+        raise ConfigError(
+            f"rule name must be 1..{SUBSCRIPTION_NAME_MAX_LENGTH} characters without "
+            f"'/', '\\', '?' or '#', got {name!r}"
+        )
+    return name
+
+
+def normalize_forward_target(value: object, what: str) -> str | None:
+    """A ForwardTo-style value as a bare entity path: None for empty, scheme and authority of
+    an absolute URL (`sb://host:port/q`, as the management API sends it) dropped."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be an entity name, got {value!r}")
+    text = value.strip()
+    scheme = text.find("://")
+    if scheme >= 0:
+        slash = text.find("/", scheme + 3)
+        text = "" if slash < 0 else text[slash:]
+    text = text.strip("/")
+    if not text:
+        return None
+    return normalize_entity_name(text, what)
+
+
 # --- ISO 8601 durations --------------------------------------------------------------------------
 
 _DURATION_RE = re.compile(
@@ -213,7 +261,7 @@ def parse_duration_ms(text: str) -> int | None:
 
 # --- the entities file -------------------------------------------------------------------------
 
-# Queue properties busd reads; anything else in Properties is reported as ignored.
+# Properties busd reads, per kind; anything else in Properties is reported as ignored.
 _QUEUE_PROPERTIES = {
     "RequiresSession",
     "LockDuration",
@@ -226,12 +274,79 @@ _QUEUE_PROPERTIES = {
     "ForwardDeadLetteredMessagesTo",
     "MaxMessageSizeInKilobytes",  # busd's own: Service Bus sets this per namespace tier
 }
+_TOPIC_PROPERTIES = {
+    "DefaultMessageTimeToLive",
+    "RequiresDuplicateDetection",
+    "DuplicateDetectionHistoryTimeWindow",
+    "MaxMessageSizeInKilobytes",
+}
+_SUBSCRIPTION_PROPERTIES = {
+    "RequiresSession",
+    "LockDuration",
+    "MaxDeliveryCount",
+    "DefaultMessageTimeToLive",
+    "DeadLetteringOnMessageExpiration",
+    "DeadLetteringOnFilterEvaluationExceptions",
+    "ForwardTo",
+    "ForwardDeadLetteredMessagesTo",
+}
+
+
+@dataclass
+class EntitiesFile:
+    """What an entities file declares. `rules` maps a subscription's path to its rules, for
+    each subscription whose `Rules` is non-empty (the others get the `$Default` TrueFilter)."""
+
+    queues: list[QueueEntity] = field(default_factory=list)
+    topics: list[TopicEntity] = field(default_factory=list)
+    subscriptions: list[SubscriptionEntity] = field(default_factory=list)
+    rules: dict[str, list[RuleEntity]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def rules_of(self, subscription: SubscriptionEntity) -> list[RuleEntity]:
+        return self.rules.get(subscription.path) or [
+            RuleEntity(subscription.topic, subscription.name, DEFAULT_RULE_NAME)
+        ]
+
+
+def strip_json_comments(text: str) -> str:
+    """JSON with `//` and `/* */` comments (as the emulator's own Config.json has) as plain
+    JSON: each comment becomes spaces (its newlines stay), so error positions still point at
+    the file; `//` inside a string (a URL) is left alone."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    start = 0
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+        elif c == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out.append(text[start:i])
+            out.append(" " * (end - i))
+            i = start = end
+        elif c == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise ValueError(f"a /* comment is not closed (at character {i})")
+            end += 2
+            out.append(text[start:i])
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:end]))
+            i = start = end
+        else:
+            i += 1
+    out.append(text[start:])
+    return "".join(out)
 
 
 def load_entities(
     path: str | Path, default_max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-) -> tuple[list[QueueSpec], list[str]]:
-    """Read an emulator Config.json: the queues it declares, and warnings for what is ignored.
+) -> EntitiesFile:
+    """Read an emulator Config.json: the entities it declares, and warnings for what is ignored.
 
     Raises ConfigError naming the file (and the entity) for anything that would make busd
     behave differently from what the file asks: bad JSON, bad names, out-of-range values.
@@ -242,134 +357,268 @@ def load_entities(
     except OSError as e:
         raise ConfigError(f"cannot read entities file {path}: {e.strerror or e}") from e
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"entities file {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from e
+        document = json.loads(strip_json_comments(text))
+    except ValueError as e:
+        where = (f" at line {e.lineno} column {e.colno}"
+                 if isinstance(e, json.JSONDecodeError) else "")
+        message = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        raise ConfigError(f"entities file {path} is not valid JSON: {message}{where}") from e
     try:
         return _parse_document(document, default_max_message_size)
     except ConfigError as e:
         raise ConfigError(f"entities file {path}: {e}") from e
 
 
-def _parse_document(
-    document: Any, default_max_message_size: int
-) -> tuple[list[QueueSpec], list[str]]:
+def _parse_document(document: Any, default_max_message_size: int) -> EntitiesFile:
     if not isinstance(document, dict) or not isinstance(document.get("UserConfig"), dict):
         raise ConfigError('expected an object with "UserConfig" (the emulator Config.json format)')
     namespaces = document["UserConfig"].get("Namespaces")
     if not isinstance(namespaces, list):
         raise ConfigError('"UserConfig.Namespaces" must be a list')
-    warnings: list[str] = []
+    found = EntitiesFile()
     if len(namespaces) > 1:
-        warnings.append(
+        found.warnings.append(
             f"{len(namespaces)} namespaces declared: busd serves one namespace per endpoint, "
-            "so the queues of all of them are merged"
+            "so the entities of all of them are merged"
         )
-    queues: list[QueueSpec] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # queue and topic names share one namespace
+
+    def claim(name: str, label: str) -> None:
+        if name in seen:
+            raise ConfigError(
+                f"{label} is declared twice (queue and topic names are case-insensitive and "
+                f"share one namespace; first as {seen[name]})"
+            )
+        seen[name] = label
+
     for ns in namespaces:
         if not isinstance(ns, dict):
             raise ConfigError("each entry of UserConfig.Namespaces must be an object")
-        ns_queues = ns.get("Queues") or []
-        if not isinstance(ns_queues, list):
-            raise ConfigError(f"namespace {ns.get('Name')!r}: Queues must be a list")
-        for raw in ns_queues:
-            spec, queue_warnings = _parse_queue(raw, default_max_message_size)
-            if spec.name in seen:
-                raise ConfigError(
-                    f"queue {raw.get('Name')!r} is declared twice (names are case-insensitive; "
-                    f"first as {seen[spec.name]!r})"
-                )
-            seen[spec.name] = raw.get("Name")
-            queues.append(spec)
-            warnings.extend(queue_warnings)
-        for topic in ns.get("Topics") or []:
-            name = topic.get("Name") if isinstance(topic, dict) else topic
-            subs = topic.get("Subscriptions") or [] if isinstance(topic, dict) else []
-            warnings.append(
-                f"topic {name!r} ({len(subs)} subscription(s)) ignored: "
-                "topics are not supported yet"
-            )
-    return queues, warnings
+        for key in ("Queues", "Topics"):
+            if not isinstance(ns.get(key) or [], list):
+                raise ConfigError(f"namespace {ns.get('Name')!r}: {key} must be a list")
+        for raw in ns.get("Queues") or []:
+            queue, queue_warnings = _parse_queue(raw, default_max_message_size)
+            claim(queue.name, f"queue {raw.get('Name')!r}")
+            found.queues.append(queue)
+            found.warnings.extend(queue_warnings)
+        for raw in ns.get("Topics") or []:
+            topic = _parse_topic(raw, default_max_message_size, found)
+            claim(topic.name, f"topic {raw.get('Name')!r}")
+            found.topics.append(topic)
+    _check_forwarding(found)
+    return found
 
 
-def _parse_queue(raw: Any, default_max_message_size: int) -> tuple[QueueSpec, list[str]]:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"each queue must be an object with a Name, got {raw!r}")
-    name = normalize_entity_name(raw.get("Name"), "queue")
-    label = f"queue {raw['Name']!r}"
+def _properties(raw: dict, label: str, known: set[str], warnings: list[str]) -> dict:
     props = raw.get("Properties") or {}
     if not isinstance(props, dict):
         raise ConfigError(f"{label}: Properties must be an object")
-    warnings = [
+    warnings.extend(
         f"{label}: property {key!r} is not used by busd and is ignored"
         for key in props
-        if key not in _QUEUE_PROPERTIES
-    ]
-    for key in ("ForwardTo", "ForwardDeadLetteredMessagesTo"):
-        if props.get(key):
-            warnings.append(f"{label}: {key}={props[key]!r} ignored: forwarding is not supported")
+        if key not in known
+    )
+    return props
 
+
+def _lock_duration(props: dict, label: str) -> int:
     lock_ms = _duration(props, "LockDuration", label, DEFAULT_LOCK_DURATION_MS)
     if lock_ms is None or not MIN_LOCK_DURATION_MS <= lock_ms <= MAX_LOCK_DURATION_MS:
         raise ConfigError(
             f"{label}: LockDuration {props.get('LockDuration')!r} is out of range "
             "(1 second to 5 minutes, e.g. PT30S or PT5M)"
         )
+    return lock_ms
 
+
+def _ttl(props: dict, label: str) -> int | None:
     ttl_ms = _duration(props, "DefaultMessageTimeToLive", label, None)
     if ttl_ms is not None and ttl_ms <= 0:
         raise ConfigError(f"{label}: DefaultMessageTimeToLive must be longer than zero")
+    return ttl_ms
 
+
+def _max_delivery(props: dict, label: str) -> int:
     max_delivery = props.get("MaxDeliveryCount", DEFAULT_MAX_DELIVERY_COUNT)
     if isinstance(max_delivery, bool) or not isinstance(max_delivery, int) or max_delivery < 1:
         raise ConfigError(
             f"{label}: MaxDeliveryCount must be a whole number >= 1, got {max_delivery!r}"
         )
+    return max_delivery
 
-    window_ms: int | None = None
-    if _flag(props, "RequiresDuplicateDetection", label):
-        window_ms = _duration(
-            props, "DuplicateDetectionHistoryTimeWindow", label, DEFAULT_DUPLICATE_WINDOW_MS
-        )
-        if window_ms is None or not MIN_DUPLICATE_WINDOW_MS <= window_ms <= MAX_DUPLICATE_WINDOW_MS:
-            raise ConfigError(
-                f"{label}: DuplicateDetectionHistoryTimeWindow "
-                f"{props.get('DuplicateDetectionHistoryTimeWindow')!r} is out of range "
-                "(1 second to 7 days)"
-            )
 
-    max_size = default_max_message_size
-    if "MaxMessageSizeInKilobytes" in props:
-        kb = props["MaxMessageSizeInKilobytes"]
-        if (
-            isinstance(kb, bool)
-            or not isinstance(kb, int)
-            or not 1 <= kb * KIB <= MAX_MESSAGE_SIZE_LIMIT
-        ):
-            raise ConfigError(
-                f"{label}: MaxMessageSizeInKilobytes must be 1..{MAX_MESSAGE_SIZE_LIMIT // KIB}, "
-                f"got {kb!r}"
-            )
-        max_size = kb * KIB
-
-    spec = QueueSpec(
-        name=name,
-        requires_session=_flag(props, "RequiresSession", label),
-        lock_duration_ms=lock_ms,
-        max_delivery_count=max_delivery,
-        default_ttl_ms=ttl_ms,
-        dead_letter_on_expiration=_flag(props, "DeadLetteringOnMessageExpiration", label),
-        duplicate_detection_window_ms=window_ms,
-        max_message_size=max_size,
+def _duplicate_window(props: dict, label: str) -> int | None:
+    if not _flag(props, "RequiresDuplicateDetection", label):
+        return None
+    window_ms = _duration(
+        props, "DuplicateDetectionHistoryTimeWindow", label, DEFAULT_DUPLICATE_WINDOW_MS
     )
-    return spec, warnings
+    if window_ms is None or not MIN_DUPLICATE_WINDOW_MS <= window_ms <= MAX_DUPLICATE_WINDOW_MS:
+        raise ConfigError(
+            f"{label}: DuplicateDetectionHistoryTimeWindow "
+            f"{props.get('DuplicateDetectionHistoryTimeWindow')!r} is out of range "
+            "(1 second to 7 days)"
+        )
+    return window_ms
 
 
-def _flag(props: dict, key: str, label: str) -> bool:
-    value = props.get(key, False)
+def _max_size(props: dict, label: str, default: int) -> int:
+    if "MaxMessageSizeInKilobytes" not in props:
+        return default
+    kb = props["MaxMessageSizeInKilobytes"]
+    if (isinstance(kb, bool) or not isinstance(kb, int)
+            or not 1 <= kb * KIB <= MAX_MESSAGE_SIZE_LIMIT):
+        raise ConfigError(
+            f"{label}: MaxMessageSizeInKilobytes must be 1..{MAX_MESSAGE_SIZE_LIMIT // KIB}, "
+            f"got {kb!r}"
+        )
+    return kb * KIB
+
+
+def _receivable(props: dict, label: str) -> dict[str, Any]:
+    """The properties queues and subscriptions share (those of what receivers take from)."""
+    return {
+        "requires_session": _flag(props, "RequiresSession", label),
+        "lock_duration_ms": _lock_duration(props, label),
+        "max_delivery_count": _max_delivery(props, label),
+        "default_ttl_ms": _ttl(props, label),
+        "dead_letter_on_expiration": _flag(props, "DeadLetteringOnMessageExpiration", label),
+        "forward_to": normalize_forward_target(props.get("ForwardTo"), f"{label}: ForwardTo"),
+        "forward_dead_lettered_to": normalize_forward_target(
+            props.get("ForwardDeadLetteredMessagesTo"),
+            f"{label}: ForwardDeadLetteredMessagesTo"),
+    }
+
+
+def _parse_queue(raw: Any, default_max_message_size: int) -> tuple[QueueEntity, list[str]]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"each queue must be an object with a Name, got {raw!r}")
+    name = normalize_entity_name(raw.get("Name"), "queue")
+    label = f"queue {raw['Name']!r}"
+    warnings: list[str] = []
+    props = _properties(raw, label, _QUEUE_PROPERTIES, warnings)
+    queue = QueueEntity(
+        name=name,
+        duplicate_detection_window_ms=_duplicate_window(props, label),
+        max_message_size=_max_size(props, label, default_max_message_size),
+        **_receivable(props, label),
+    )
+    return queue, warnings
+
+
+def _parse_topic(raw: Any, default_max_message_size: int, found: EntitiesFile) -> TopicEntity:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"each topic must be an object with a Name, got {raw!r}")
+    name = normalize_entity_name(raw.get("Name"), "topic")
+    label = f"topic {raw['Name']!r}"
+    props = _properties(raw, label, _TOPIC_PROPERTIES, found.warnings)
+    topic = TopicEntity(
+        name=name,
+        default_ttl_ms=_ttl(props, label),
+        duplicate_detection_window_ms=_duplicate_window(props, label),
+        max_message_size=_max_size(props, label, default_max_message_size),
+    )
+    subs = raw.get("Subscriptions") or []
+    if not isinstance(subs, list):
+        raise ConfigError(f"{label}: Subscriptions must be a list")
+    seen: dict[str, str] = {}
+    for sub_raw in subs:
+        sub = _parse_subscription(name, sub_raw, label, found)
+        if sub.name in seen:
+            raise ConfigError(f"{label}: subscription {sub_raw.get('Name')!r} is declared "
+                              f"twice (names are case-insensitive; first as {seen[sub.name]!r})")
+        seen[sub.name] = sub_raw.get("Name")
+        found.subscriptions.append(sub)
+    return topic
+
+
+def _parse_subscription(topic: str, raw: Any, topic_label: str,
+                        found: EntitiesFile) -> SubscriptionEntity:  # fmt: skip
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{topic_label}: each subscription must be an object with a Name, "
+                          f"got {raw!r}")
+    try:
+        name = normalize_subscription_name(raw.get("Name"))
+    except ConfigError as e:
+        raise ConfigError(f"{topic_label}: {e}") from None
+    label = f"subscription {raw['Name']!r} of {topic_label}"
+    props = _properties(raw, label, _SUBSCRIPTION_PROPERTIES, found.warnings)
+    sub = SubscriptionEntity(
+        topic=topic,
+        name=name,
+        dead_letter_on_filter_exceptions=_flag(
+            props, "DeadLetteringOnFilterEvaluationExceptions", label, default=True),
+        **_receivable(props, label),
+    )
+    rules = raw.get("Rules") or []
+    if not isinstance(rules, list):
+        raise ConfigError(f"{label}: Rules must be a list")
+    parsed: dict[str, RuleEntity] = {}
+    for rule_raw in rules:
+        rule = _parse_rule(sub, rule_raw, label)
+        if rule.path in parsed:
+            raise ConfigError(f"{label}: rule {rule.name!r} is declared twice (rule names are "
+                              "case-insensitive)")
+        parsed[rule.path] = rule
+    if parsed:
+        found.rules[sub.path] = list(parsed.values())
+    return sub
+
+
+def _parse_rule(sub: SubscriptionEntity, raw: Any, sub_label: str) -> RuleEntity:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{sub_label}: each rule must be an object with a Name, got {raw!r}")
+    try:
+        name = check_rule_name(raw.get("Name"))
+    except ConfigError as e:
+        raise ConfigError(f"{sub_label}: {e}") from None
+    label = f"rule {name!r} of {sub_label}"
+    props = raw.get("Properties")
+    if not isinstance(props, dict):
+        raise ConfigError(f"{label}: Properties must be an object with a FilterType")
+    return RuleEntity(sub.topic, sub.name, name, _rule_record(props, label))
+
+
+_FILTER_TYPES = {"correlation": "CorrelationFilter", "sql": "SqlFilter"}
+
+
+def _rule_record(props: dict, label: str) -> dict[str, Any]:
+    """A rule of the file as the catalog keeps it: the emulator's `Properties` as given, under
+    "config", after the checks of its schema (FilterType and the filter it names)."""
+    kind = props.get("FilterType")
+    if not isinstance(kind, str) or kind.lower() not in _FILTER_TYPES:
+        raise ConfigError(f"{label}: FilterType must be Correlation or Sql, got {kind!r}")
+    section = _FILTER_TYPES[kind.lower()]
+    body = props.get(section)
+    if not isinstance(body, dict) or not body:
+        raise ConfigError(f"{label}: FilterType {kind} needs a non-empty {section} object")
+    if section == "SqlFilter" and not isinstance(body.get("SqlExpression"), str):
+        raise ConfigError(f"{label}: SqlFilter needs a SqlExpression string")
+    action = props.get("Action")
+    if action is not None and not (isinstance(action, dict)
+                                   and isinstance(action.get("SqlExpression"), str)):
+        raise ConfigError(f"{label}: Action needs a SqlExpression string")
+    return {"config": props}
+
+
+def _check_forwarding(found: EntitiesFile) -> None:
+    """A forwarding destination is a queue or topic of the same file (Service Bus refuses a
+    source whose destination does not exist)."""
+    names = {q.name for q in found.queues} | {t.name for t in found.topics}
+    sources: list[tuple[str, QueueEntity | SubscriptionEntity]] = [
+        (f"queue {q.name!r}", q) for q in found.queues
+    ] + [(f"subscription {s.path!r}", s) for s in found.subscriptions]
+    for label, source in sources:
+        for key, target in (("ForwardTo", source.forward_to),
+                            ("ForwardDeadLetteredMessagesTo", source.forward_dead_lettered_to)):
+            if target is not None and target not in names:
+                raise ConfigError(f"{label}: {key} {target!r} names no queue or topic of "
+                                  "this file")
+
+
+def _flag(props: dict, key: str, label: str, *, default: bool = False) -> bool:
+    value = props.get(key, default)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):

@@ -33,6 +33,7 @@ class Condition(str, enum.Enum):
     ARGUMENT_OUT_OF_RANGE = "com.microsoft:argument-out-of-range"
     SERVER_BUSY = "com.microsoft:server-busy"
     DEAD_LETTER = "com.microsoft:dead-letter"
+    ENTITY_ALREADY_EXISTS = "com.microsoft:entity-already-exists"
 
 
 # HTTP-like status codes used in `$management` responses for each condition.
@@ -52,6 +53,7 @@ _STATUS = {
     Condition.ARGUMENT_ERROR: 400,
     Condition.ARGUMENT_OUT_OF_RANGE: 400,
     Condition.SERVER_BUSY: 503,
+    Condition.ENTITY_ALREADY_EXISTS: 409,
 }
 
 

@@ -17,8 +17,7 @@ from busd import __version__
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler
-from busd.config import Settings, load_entities
-from busd.storage.api import QueueSpec
+from busd.config import EntitiesFile, Settings, load_entities
 from busd.tls import Tls
 from busd.tls import load as load_tls
 
@@ -68,9 +67,9 @@ def connection_string(
 class Server:
     """Process scope: the store (embedded or remote), the broker, the listeners."""
 
-    def __init__(self, settings: Settings, entities: list[QueueSpec]) -> None:
+    def __init__(self, settings: Settings, entities: EntitiesFile | None = None) -> None:
         self.settings = settings
-        self.entities = {q.name: q for q in entities}
+        self.entities = entities or EntitiesFile()
         self.embedded: EmbeddedValkey | None = None
         self.broker: Broker | None = None
         self.listener: asyncio.base_events.Server | None = None
@@ -115,7 +114,6 @@ class Server:
             pass
         self.broker = Broker(
             store,
-            self.entities,
             sas_keys=settings.sas_keys,
             sweep_interval_s=settings.sweep_interval_s,
             metrics=metrics,
@@ -127,6 +125,7 @@ class Server:
             load_tls, settings.tls_cert, settings.tls_key, settings.data_dir
         )
         self.tls_context = self.tls.context
+        await seed_catalog(self.broker.catalog, self.entities)
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(
             self._new_protocol, settings.host, settings.port, reuse_address=True
@@ -162,12 +161,20 @@ class Server:
             store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
         else:
             store = redacted(settings.redis_url or "")
+        assert self.broker is not None
+        catalog = self.broker.catalog
+        queues = [q.name for q in catalog.queues()]
+        topics = catalog.topics()
+        subscriptions = sum(len(catalog.subscriptions(t.name)) for t in topics)
         lines = [
             f"busd {__version__} listening on amqp://{settings.host}:{self.port}",
             f"  store:    {store}",
-            f"  entities: {len(self.entities)} queue(s)"
-            + (f" ({_names(self.entities)})" if self.entities else "")
-            + (f" from {settings.config_path}" if settings.config_path else ""),
+            f"  entities: {len(queues)} queue(s)"
+            + (f" ({_names(queues)})" if queues else "")
+            + f", {len(topics)} topic(s)"
+            + (f" ({_names(t.name for t in topics)}; {subscriptions} subscription(s))"
+               if topics else "")
+            + (f"; seeded from {settings.config_path}" if settings.config_path else ""),
         ]
         if self.tls_port is not None:
             lines.append(f"  amqps:    amqps://{settings.host}:{self.tls_port}")
@@ -223,15 +230,27 @@ def entities_file(settings: Settings) -> str | None:
     return EMULATOR_CONFIG if os.path.exists(EMULATOR_CONFIG) else None
 
 
+async def seed_catalog(catalog, entities: EntitiesFile) -> None:
+    """Write the entities file into the store's catalog (docs/design.md §2.1): the file wins
+    for the entities it names (their properties, and a subscription's rules, become the
+    file's); entities created at run time and absent from the file are left alone."""
+    for queue in entities.queues:
+        await catalog.put(queue)
+    for topic in entities.topics:
+        await catalog.put(topic)
+    for sub in entities.subscriptions:
+        await catalog.put(sub, rules=entities.rules_of(sub))
+
+
 async def serve(settings: Settings) -> int:
-    entities: list[QueueSpec] = []
+    entities = EntitiesFile()
     settings.config_path = entities_file(settings)
     if settings.config_path:
-        entities, warnings = load_entities(settings.config_path, settings.max_message_size)
-        for warning in warnings:
+        entities = load_entities(settings.config_path, settings.max_message_size)
+        for warning in entities.warnings:
             log.warning("%s", warning)
     else:
-        log.warning("no --config given: no entities are defined")
+        log.warning("no --config given: entities are those already in the store")
     server = Server(settings, entities)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

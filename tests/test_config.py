@@ -11,10 +11,16 @@ from busd.config import (
     load_entities,
     normalize_entity_name,
     parse_duration_ms,
+    strip_json_comments,
 )
-from busd.storage.api import QueueSpec
+from busd.entities import QueueEntity as QueueSpec
 
 SAMPLE = Path(__file__).resolve().parents[1] / "config" / "Config.json"
+
+
+def queues_and_warnings(path, **kwargs):
+    found = load_entities(path, **kwargs)
+    return found.queues, found.warnings
 
 
 def write_config(tmp_path, queues=None, topics=None, namespaces=None):
@@ -27,7 +33,8 @@ def write_config(tmp_path, queues=None, topics=None, namespaces=None):
 
 
 def one_queue(tmp_path, **props):
-    queues, warnings = load_entities(write_config(tmp_path, [{"Name": "q", "Properties": props}]))
+    path = write_config(tmp_path, [{"Name": "q", "Properties": props}])
+    queues, warnings = queues_and_warnings(path)
     assert len(queues) == 1
     return queues[0], warnings
 
@@ -69,10 +76,10 @@ def test_malformed_durations_are_refused(text):
 
 
 def test_sample_config_loads_as_the_emulator_writes_it():
-    doc = json.loads(SAMPLE.read_text())
+    doc = json.loads(strip_json_comments(SAMPLE.read_text()))
     assert doc["UserConfig"]["Namespaces"][0]["Name"] == "sbemulatorns"
     assert "Logging" in doc["UserConfig"]
-    queues, warnings = load_entities(SAMPLE)
+    queues, warnings = queues_and_warnings(SAMPLE)
     by_name = {q.name: q for q in queues}
     assert warnings == []
     assert by_name["queue.1"] == QueueSpec(
@@ -84,7 +91,7 @@ def test_sample_config_loads_as_the_emulator_writes_it():
 
 
 def test_defaults_when_properties_are_absent(tmp_path):
-    queues, warnings = load_entities(write_config(tmp_path, [{"Name": "plain"}]))
+    queues, warnings = queues_and_warnings(write_config(tmp_path, [{"Name": "plain"}]))
     assert queues == [QueueSpec(name="plain")]
     spec = queues[0]
     assert spec.lock_duration_ms == 60_000
@@ -137,30 +144,99 @@ def test_duplicate_window_without_detection_leaves_detection_off(tmp_path):
 
 def test_default_max_message_size_can_be_raised(tmp_path):
     path = write_config(tmp_path, [{"Name": "big"}])
-    queues, _ = load_entities(path, default_max_message_size=50 * 1024 * 1024)
+    queues, _ = queues_and_warnings(path, default_max_message_size=50 * 1024 * 1024)
     assert queues[0].max_message_size == 50 * 1024 * 1024
 
 
 def test_names_are_lower_cased_and_duplicates_refused(tmp_path):
-    queues, _ = load_entities(write_config(tmp_path, [{"Name": "Orders.EU/Incoming_1"}]))
+    queues, _ = queues_and_warnings(write_config(tmp_path, [{"Name": "Orders.EU/Incoming_1"}]))
     assert queues[0].name == "orders.eu/incoming_1"
     path = write_config(tmp_path, [{"Name": "Orders"}, {"Name": "orders"}])
     with pytest.raises(ConfigError, match="declared twice"):
         load_entities(path)
 
 
-def test_topics_and_forwarding_are_warnings_not_errors(tmp_path):
+def test_topics_subscriptions_and_forwarding_are_read(tmp_path):
     path = write_config(
         tmp_path,
-        queues=[{"Name": "q", "Properties": {"ForwardTo": "other",
-                                             "ForwardDeadLetteredMessagesTo": ""}}],
-        topics=[{"Name": "topic.1", "Subscriptions": [{"Name": "s1"}, {"Name": "s2"}]}],
+        queues=[{"Name": "q", "Properties": {"ForwardTo": "sb://localhost:5300/Other",
+                                             "ForwardDeadLetteredMessagesTo": ""}},
+                {"Name": "other"}],
+        topics=[{"Name": "Topic.1", "Properties": {"RequiresDuplicateDetection": True},
+                 "Subscriptions": [{"Name": "S1", "Properties": {"RequiresSession": True,
+                                                                 "ForwardTo": "q"}},
+                                   {"Name": "s2", "Rules": [{"Name": "r", "Properties": {
+                                       "FilterType": "Sql",
+                                       "SqlFilter": {"SqlExpression": "a = 1"}}}]}]}],
     )
-    queues, warnings = load_entities(path)
-    assert [q.name for q in queues] == ["q"]
-    assert any("ForwardTo" in w and "'other'" in w for w in warnings)
-    assert not any("ForwardDeadLetteredMessagesTo" in w for w in warnings)  # empty: nothing asked
-    assert any("topic.1" in w and "2 subscription" in w for w in warnings)
+    found = load_entities(path)
+    assert found.warnings == []
+    q = found.queues[0]
+    assert (q.forward_to, q.forward_dead_lettered_to) == ("other", None)
+    (topic,) = found.topics
+    assert topic.name == "topic.1" and topic.duplicate_detection_window_ms == 10 * 60_000
+    s1, s2 = found.subscriptions
+    assert (s1.path, s1.requires_session, s1.forward_to) == (
+        "topic.1/subscriptions/s1", True, "q")
+    assert s2.dead_letter_on_filter_exceptions  # Service Bus's default
+    assert [r.name for r in found.rules_of(s1)] == ["$Default"]
+    assert [r.name for r in found.rules_of(s2)] == ["r"]
+
+
+def test_the_sample_topic_loads_as_the_emulator_ships_it():
+    """Comments inside objects, empty ForwardTo strings, correlation and SQL rules."""
+    found = load_entities(SAMPLE)
+    assert [t.name for t in found.topics] == ["topic.1"]
+    assert [s.name for s in found.subscriptions] == [
+        "subscription.1", "subscription.2", "subscription.3", "subscription.4"]
+    rules = {s.name: [r.name for r in found.rules_of(s)] for s in found.subscriptions}
+    assert rules == {"subscription.1": ["app-prop-filter-1"],
+                     "subscription.2": ["user-prop-filter-1"],
+                     "subscription.3": ["$Default"], "subscription.4": ["sql-filter-1"]}
+    assert found.warnings == []
+
+
+def test_comments_are_stripped_but_not_inside_strings(tmp_path):
+    path = tmp_path / "Config.json"
+    path.write_text("""{ // a comment
+      "UserConfig": { /* block
+      comment */ "Namespaces": [{"Name": "ns", "Queues": [
+        {"Name": "q", "Properties": {"ForwardTo": "sb://h/x//y"}}  // "quoted" in a comment
+      ], "Topics": [{"Name": "x"}]}]}}""")
+    with pytest.raises(ConfigError, match="'x//y'|must not start or end"):
+        load_entities(path)  # the // inside the string stayed part of the value
+    path.write_text('{"UserConfig": {"Namespaces": []}} /* not closed')
+    with pytest.raises(ConfigError, match="not closed"):
+        load_entities(path)
+    path.write_text('{"UserConfig": {"Namespaces": [\n// c\n{"Name": 1,}]}}')
+    with pytest.raises(ConfigError, match="line 3"):
+        load_entities(path)
+
+
+@pytest.mark.parametrize("subscription, rule, message", [
+    ({"Name": "bad/name"}, None, "subscription name"),
+    ({"Name": "s", "Properties": {"LockDuration": "PT10M"}}, None,
+     "subscription 's' of topic 't': LockDuration"),
+    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Odd"}},
+     "rule 'r' of subscription 's' of topic 't': FilterType"),
+    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Correlation"}},
+     "rule 'r' .*CorrelationFilter"),
+    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"x": 1}}},
+     "rule 'r' .*SqlExpression"),
+    ({"Name": "s", "Properties": {"ForwardTo": "nowhere"}}, None, "'nowhere' names no queue"),
+])
+def test_bad_topic_entries_name_the_entity(tmp_path, subscription, rule, message):
+    if rule is not None:
+        subscription = {**subscription, "Rules": [rule]}
+    path = write_config(tmp_path, topics=[{"Name": "t", "Subscriptions": [subscription]}])
+    with pytest.raises(ConfigError, match=message):
+        load_entities(path)
+
+
+def test_a_queue_and_a_topic_cannot_share_a_name(tmp_path):
+    path = write_config(tmp_path, queues=[{"Name": "X"}], topics=[{"Name": "x"}])
+    with pytest.raises(ConfigError, match="declared twice"):
+        load_entities(path)
 
 
 def test_unknown_properties_are_reported(tmp_path):
@@ -174,7 +250,7 @@ def test_several_namespaces_are_merged_with_a_warning(tmp_path):
         namespaces=[{"Name": "a", "Queues": [{"Name": "q1"}]},
                     {"Name": "b", "Queues": [{"Name": "q2"}]}],
     )
-    queues, warnings = load_entities(path)
+    queues, warnings = queues_and_warnings(path)
     assert [q.name for q in queues] == ["q1", "q2"]
     assert any("namespaces" in w for w in warnings)
 
@@ -243,7 +319,7 @@ def test_wrong_shape_and_missing_file_are_config_errors(tmp_path):
 def test_byte_order_mark_is_tolerated(tmp_path):
     path = tmp_path / "Config.json"
     path.write_bytes(b"\xef\xbb\xbf" + SAMPLE.read_bytes())
-    assert len(load_entities(path)[0]) == 3
+    assert len(load_entities(path).queues) == 3
 
 
 # --- Settings -----------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_compose_command_serves_the_mounted_config_from_valkey(tmp_path, redis_u
     try:
         assert get_json(http_url + "/health")[0] == 200
         status, queues = get_json(http_url + "/admin/queues")
-        expected, _ = load_entities(str(host_file), 1024 * 1024)
+        expected = load_entities(str(host_file), 1024 * 1024).queues
         assert status == 200
         assert [q["name"] for q in queues] == sorted(q.name for q in expected)
         assert subprocess.run(healthcheck(http_url), timeout=20).returncode == 0

@@ -1,4 +1,4 @@
-"""Server scope: the entities, the store, wake-ups of waiting receivers, and the sweep.
+"""Server scope: the entity catalog, the store, wake-ups of waiting receivers, and the sweep.
 
 One `Broker` per process. It holds no state of record: the store does. What it holds is
 local bookkeeping (the receivers of this process that may be woken, by id), rebuilt by
@@ -17,21 +17,25 @@ import itertools
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 
+from busd.broker.catalog import Catalog
 from busd.broker.limits import Buffers, Limits
+from busd.broker.links import LinkEndpoint, amqp_condition
+from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
+from busd.errors import BusdError, Condition
 from busd.storage.api import WAKE_ALL, QueueSpec, Store
 
 log = logging.getLogger("busd.broker")
 
 
 class Broker:
-    """Server scope. `entities` maps lower-cased queue names to their specs."""
+    """Server scope. The entities are the catalog's (`catalog`), shared through the store."""
 
     def __init__(
         self,
         store: Store,
-        entities: dict[str, QueueSpec],
         *,
         sas_keys: dict[str, str],
         sweep_interval_s: float = 1.0,
@@ -39,7 +43,10 @@ class Broker:
         limits: Limits | None = None,
     ) -> None:
         self.store = store
-        self.entities = entities
+        self.catalog = Catalog(store)
+        self.catalog.listen(self._entity_changed)
+        # entity path -> the links attached to it (detached when the entity is deleted)
+        self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
         self.sas_keys = sas_keys
         self.sweep_interval_s = sweep_interval_s
         self.metrics = metrics
@@ -57,12 +64,25 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
 
     def queue(self, name: str) -> QueueSpec | None:
-        return self.entities.get(name.lower())
+        """The store handle of a queue."""
+        queue = self.catalog.queue(name)
+        return None if queue is None else queue.spec
+
+    def spec(self, path: str) -> QueueSpec | None:
+        """The store handle of a queue or a subscription (`<topic>/subscriptions/<name>`)."""
+        return self.catalog.spec(path)
+
+    @property
+    def entities(self) -> dict[str, QueueSpec]:
+        """Every queue-like entity (queues and subscriptions) by path: what tools and metrics
+        list."""
+        return {spec.name: spec for spec in self.catalog.specs()}
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         await self.store.connect()
         await self.store.subscribe(self.wake)
+        await self.catalog.start()
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="busd-sweep"))
 
     async def stop(self) -> None:
@@ -70,7 +90,42 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.catalog.stop()
         await self.store.close()
+
+    # --- entities going away ------------------------------------------------------------------
+    def track(self, path: str, endpoint: LinkEndpoint) -> None:
+        """An endpoint attached to an entity (a queue, topic or subscription path; its
+        dead-letter sub-queue and `$management` count as the entity): it is detached with
+        `amqp:not-found` when the entity is deleted, by any process."""
+        self._attached.setdefault(path, weakref.WeakSet()).add(endpoint)
+
+    def _entity_changed(self, old: Entity | None, new: Entity | None) -> None:
+        if new is not None or not isinstance(old, (QueueEntity, TopicEntity,
+                                                   SubscriptionEntity)):
+            return
+        paths = [old.path]
+        if isinstance(old, TopicEntity):  # its subscriptions went with it
+            prefix = f"{old.path}/subscriptions/"
+            paths += [p for p in self._attached if p.startswith(prefix)]
+        for path in paths:
+            self.entity_gone(path)
+
+    def entity_gone(self, path: str) -> None:
+        """Detach every link of this process attached to a deleted entity."""
+        endpoints = self._attached.pop(path, None)
+        if not endpoints:
+            return
+        error = BusdError(Condition.NOT_FOUND,
+                          f"The messaging entity '{path}' was deleted.")
+        for endpoint in list(endpoints):
+            if endpoint.detached:
+                continue
+            try:
+                endpoint.conn.detach(endpoint, amqp_condition(error))
+                endpoint.kick()
+            except Exception:
+                log.exception("detaching a link of deleted entity %s failed", path)
 
     # --- wake-ups ---------------------------------------------------------------------------
     def new_waiter_id(self) -> str:
@@ -102,7 +157,7 @@ class Broker:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_interval_s)
-            for spec in list(self.entities.values()):
+            for spec in self.catalog.specs():
                 started = time.monotonic()
                 try:
                     result = await self.store.sweep(spec)

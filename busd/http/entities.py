@@ -90,7 +90,8 @@ class ConfigEntities:
     async def list(self, kind: str, parent: str | None = None) -> list[Entity]:
         if kind != "queue":
             return []
-        return [Entity("queue", s.name, queue_properties(s)) for s in self.broker.entities.values()]
+        return [Entity("queue", q.name, queue_properties(q.spec))
+                for q in self.broker.catalog.queues()]
 
     async def create(self, kind: str, path: str, properties: dict[str, Any]) -> Entity:
         raise ax.AtomError(403, "entities come from the entities file: none can be created",

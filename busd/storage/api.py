@@ -29,10 +29,13 @@ from busd.errors import Condition
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """The handle of an entity in every Store call: a queue (its properties, which the store
-    needs on each call), or with `dlq` its dead-letter sub-queue (the same properties, other
-    messages; `queue.dead_letter_queue`). Names are lower-cased (Service Bus names are
-    case-insensitive)."""
+    """The handle of a queue-like entity in every Store call: a queue, or a topic's
+    subscription (`topic` set), with the properties the store needs on each call; with `dlq`
+    its dead-letter sub-queue (the same properties, other messages; `.dead_letter_queue`).
+
+    `name` is the entity's path, lower-cased (Service Bus names are case-insensitive): the
+    queue's name, or `<topic>/subscriptions/<subscription>`. It names the entity in logs,
+    metrics and tools; the store builds keys from `key_scope`."""
 
     name: str
     requires_session: bool = False
@@ -43,6 +46,7 @@ class QueueSpec:
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024
     dlq: bool = False
+    topic: str | None = None  # a subscription's topic; None for a queue
 
     @property
     def dead_letter_queue(self) -> QueueSpec:
@@ -51,6 +55,20 @@ class QueueSpec:
     @property
     def path(self) -> str:
         return f"{self.name}/$deadletterqueue" if self.dlq else self.name
+
+    @property
+    def subscription(self) -> str | None:
+        """A subscription's own name (the last segment of its path); None for a queue."""
+        return None if self.topic is None else self.name.rsplit("/", 1)[1]
+
+    @property
+    def key_scope(self) -> tuple[str, str | None]:
+        """(queue or topic, subscription or None): what busd.storage.keys builds keys from."""
+        return (self.name, None) if self.topic is None else (self.topic, self.subscription)
+
+
+def subscription_path(topic: str, subscription: str) -> str:
+    return f"{topic}/subscriptions/{subscription}"
 
 
 class ReceiveMode(enum.IntEnum):
@@ -157,6 +175,10 @@ class EntityCounts:
 # with WAKE_ALL: wake-ups may have been missed, everyone should look again).
 WakeCallback = Callable[[str], None]
 WAKE_ALL = "*"
+# Called with the `<kind>:<path>` of a catalog record that changed (created, updated or
+# deleted, by any process), or with None: changes may have been missed (the subscription was
+# made or made again), reload everything.
+CatalogCallback = Callable[[str | None], None]
 
 
 class Store(Protocol):
@@ -179,6 +201,41 @@ class Store(Protocol):
         available wakes only who can take it: the holder of its session; else, for a session
         that became free, the oldest waiting next-available receiver; else the oldest waiting
         receiver of its entity. Each wake-up reaches one waiter, once."""
+
+    # --- the entity catalog ---------------------------------------------------------------
+    # Records of entities (queues, topics, subscriptions, rules) as JSON-able dicts, each under
+    # (kind, path); the broker gives them meaning (busd.broker.catalog). Paths are lower-case:
+    # `q`, `t`, `t/subscriptions/s`, `t/subscriptions/s/rules/r`. Every change is announced to
+    # every process (catalog_subscribe).
+    async def catalog_all(self) -> dict[str, dict]:
+        """Every record, by `<kind>:<path>`."""
+
+    async def catalog_get(self, kind: str, path: str) -> dict | None: ...
+
+    async def catalog_put(
+        self, kind: str, path: str, record: dict, *, only_new: bool = False
+    ) -> bool:
+        """Write a record; with `only_new`, only when there is none (returns False then)."""
+
+    async def catalog_delete(self, items: list[tuple[str, str]]) -> int:
+        """Delete records (kind, path) in one step; returns how many existed."""
+
+    async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
+        """Start listening for catalog changes (see CatalogCallback)."""
+
+    async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
+        """Mark subscriptions of a topic live: fan-out stores copies only in live ones. Done
+        before a subscription's record is written."""
+
+    async def drop_queue(self, queue: QueueSpec) -> int:
+        """Delete everything of a queue: messages (and dead letters), sessions, state, ids,
+        totals. Done after its record is deleted. Returns how many messages went."""
+
+    async def drop_subscriptions(
+        self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+    ) -> int:
+        """The same for subscriptions of a topic (no longer live), and with `with_topic` the
+        topic's own keys too. Returns how many messages went."""
 
     # --- send ------------------------------------------------------------------------------
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:

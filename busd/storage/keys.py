@@ -6,9 +6,20 @@ message between them atomically. A key name is `{<prefix>:<queue>}:<name>` where
 the logical name a script's header gives it (`q.ready`, `d.body`, `sfree`, ...): `q.` keys
 belong to the queue itself, `d.` keys to its dead-letter sub-queue, the rest to the whole queue.
 
-Assumptions: the prefix and queue names contain no `{` or `}` (queue names are letters, digits,
-`-._/`), and session ids contain no NUL byte (session members of the lexicographic indexes are
-`<session id>\\0<16-digit sequence number>`).
+A topic's keys carry the topic's tag, `{<prefix>:<topic>}`, and so do the keys of each of its
+subscriptions: `{<prefix>:<topic>}:s:<subscription>:<name>`. One script can therefore store a
+message in every subscription of a topic (fan-out) on Redis Cluster too. A subscription is
+queue-like (the same logical key set as a queue) except for `seq` and `dedup`, which are its
+topic's: every copy keeps the number the topic gave it, and numbers given later in the
+subscription (a resubmitted dead letter) come from the same counter, so they never collide.
+Queue and topic names share one namespace (as in Service Bus), so their tags never meet.
+
+The entity catalog (busd.storage.api.Store.catalog_*) is one hash outside every entity's tag,
+with a pub/sub channel beside it.
+
+Assumptions: the prefix and entity names contain no `{` or `}` (names are letters, digits,
+`-._/`; subscription names contain no `/` or `:`), and session ids contain no NUL byte
+(session members of the lexicographic indexes are `<session id>\\0<16-digit sequence number>`).
 """
 
 from __future__ import annotations
@@ -49,6 +60,11 @@ KEY_DOC: dict[str, str] = {
     "stats": "hash: <entity>.<event> -> count; monotonic totals of what happened to the "
     "queue ('q.') and its dead-letter sub-queue ('d.'): sent, received, completed, "
     "expired, ... (includes/countEvent.lua)",
+    # topic-wide (a topic's own keys besides `seq` and `dedup`)
+    "subs": "set: names of the topic's live subscriptions; fan-out stores copies only in "
+    "these, so a subscription deleted while a process still routes to it gets nothing",
+    "tstats": "hash: <event> -> count; monotonic totals of the topic: sent, duplicates, "
+    "dropped (matched no subscription)",
 }
 
 QUEUE_WIDE = (
@@ -72,26 +88,56 @@ QUEUE_KEYS: tuple[str, ...] = (
 )
 
 
-def hash_tag(prefix: str, queue: str) -> str:
-    return "{" + f"{prefix}:{queue}" + "}"
+# A topic's own keys, in the order of includes/topicContext.lua.
+TOPIC_KEYS: tuple[str, ...] = ("seq", "dedup", "subs", "tstats")
+# Keys a subscription shares with its topic (see the module docstring).
+SHARED_WITH_TOPIC = frozenset(("seq", "dedup"))
 
 
-def key(prefix: str, queue: str, name: str) -> str:
-    """The Redis key of one logical key name of a queue."""
+def hash_tag(prefix: str, entity: str) -> str:
+    """The hash tag of a queue or topic (and so of the topic's subscriptions)."""
+    return "{" + f"{prefix}:{entity}" + "}"
+
+
+def key(prefix: str, entity: str, name: str, subscription: str | None = None) -> str:
+    """The Redis key of one logical key name of a queue or topic (`entity`), or of the topic's
+    `subscription`."""
     base = name.split(".", 1)[-1]
     if base not in KEY_DOC:
         raise KeyError(f"unknown key name {name!r}")
-    return f"{hash_tag(prefix, queue)}:{name}"
+    if subscription is None or name in SHARED_WITH_TOPIC:
+        return f"{hash_tag(prefix, entity)}:{name}"
+    return f"{hash_tag(prefix, entity)}:s:{subscription}:{name}"
 
 
-def keys(prefix: str, queue: str, names: tuple[str, ...] | list[str]) -> list[str]:
-    return [key(prefix, queue, n) for n in names]
+def keys(
+    prefix: str, entity: str, names: tuple[str, ...] | list[str], subscription: str | None = None
+) -> list[str]:
+    return [key(prefix, entity, n, subscription) for n in names]
+
+
+def _glob_escape(text: str) -> str:
+    return text.replace("[", "\\[").replace("?", "\\?").replace("*", "\\*")
 
 
 def queue_pattern(prefix: str, queue: str) -> str:
-    """A SCAN pattern for every key of a queue (tools and tests)."""
-    tag = hash_tag(prefix, queue).replace("[", "\\[").replace("?", "\\?").replace("*", "\\*")
-    return f"{tag}:*"
+    """A SCAN pattern for every key of a queue, or of a topic and all its subscriptions."""
+    return f"{_glob_escape(hash_tag(prefix, queue))}:*"
+
+
+def subscription_pattern(prefix: str, topic: str, subscription: str) -> str:
+    """A SCAN pattern for the keys a subscription owns (not those it shares with its topic)."""
+    return f"{_glob_escape(hash_tag(prefix, topic))}:s:{_glob_escape(subscription)}:*"
+
+
+def catalog_key(prefix: str) -> str:
+    """The hash of every entity record: `<kind>:<path>` -> JSON (busd.storage.api)."""
+    return f"{prefix}:catalog"
+
+
+def catalog_channel(prefix: str) -> str:
+    """Where a change of the catalog is announced: the `<kind>:<path>` that changed."""
+    return f"{prefix}:catalog:changes"
 
 
 def wake_channel(prefix: str, process_id: str = "") -> str:

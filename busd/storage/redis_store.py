@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import uuid
 from typing import Any
@@ -21,6 +22,7 @@ from busd.errors import BusdError, Condition, refusal
 from busd.storage import keys as keyspace
 from busd.storage.api import (
     WAKE_ALL,
+    CatalogCallback,
     EntityCounts,
     MessageState,
     NewMessage,
@@ -51,6 +53,13 @@ CALL_WAIT_S = 30.0
 LIVENESS_MS = 15_000
 # Most waiters of one kind a sweep wakes where work and waiters meet (lost wake-ups).
 REPAIR_WAKES = 16
+# Key lists of topic scripts kept encoded (by script, topic and subscription set).
+TOPIC_KEY_CACHE = 1024
+
+
+def catalog_field(kind: str, path: str) -> str:
+    """A record's field in the catalog hash: `<kind>:<path>` (kinds hold no ':')."""
+    return f"{kind}:{path}"
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -176,7 +185,9 @@ class RedisStore:
         self._node: redis.Redis | None = None
         self._scripts: Scripts | None = None
         self._channel = keyspace.wake_channel(prefix)  # every process's channel starts so
-        self._keys: dict[tuple[str, str], list[bytes]] = {}  # (script, queue) -> KEYS
+        # (script, key scope) -> KEYS
+        self._keys: dict[tuple[str, tuple[str, str | None]], list[bytes]] = {}
+        self._topic_key_cache: dict[tuple[str, str, tuple[str, ...]], list[bytes]] = {}
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -281,14 +292,15 @@ class RedisStore:
             log.exception("wake-up callback failed")
 
     # --- plumbing ----------------------------------------------------------------------------
-    def _keys_for(self, script: str, queue: str) -> list[bytes]:
-        cached = self._keys.get((script, queue))
+    def _keys_for(self, script: str, queue: QueueSpec) -> list[bytes]:
+        scope = queue.key_scope
+        cached = self._keys.get((script, scope))
         if cached is None:
             assert self._scripts is not None
             names = self._scripts.sources[script].key_names
             # Encoded once: every call sends the queue's whole key set.
-            cached = self._keys[(script, queue)] = [
-                k.encode() for k in keyspace.keys(self.prefix, queue, names)
+            cached = self._keys[(script, scope)] = [
+                k.encode() for k in keyspace.keys(self.prefix, scope[0], names, scope[1])
             ]
         return cached
 
@@ -305,7 +317,16 @@ class RedisStore:
     async def _run(self, script: str, queue: QueueSpec, args: list[Any]) -> Any:
         if self._scripts is None:
             raise RuntimeError("RedisStore.connect() was not called")
-        keys = self._keys_for(script, queue.name)
+        keys = self._keys_for(script, queue)
+        await self._acquire()
+        try:
+            return await self._scripts.run(script, keys, args)
+        finally:
+            self._slots.release()
+
+    async def _acquire(self) -> None:
+        """Take one of the store calls this process runs at once (DEFAULT_MAX_CALLS); the
+        caller releases `_slots`."""
         slots = self._slots
         if slots.locked():  # all busy: wait for a turn, for a bounded time
             try:
@@ -317,15 +338,134 @@ class RedisStore:
                 ) from None
         else:
             await slots.acquire()
-        try:
-            return await self._scripts.run(script, keys, args)
-        finally:
-            slots.release()
 
     async def _run_queue(
         self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET
     ) -> Any:
         return await self._run(script, queue, self._queue_args(queue, budget) + list(args))
+
+    def _topic_keys(self, script: str, topic: str, subscriptions: tuple[str, ...]) -> list[bytes]:
+        cached = self._topic_key_cache.get((script, topic, subscriptions))
+        if cached is None:
+            assert self._scripts is not None
+            source = self._scripts.sources[script]
+            names = keyspace.keys(self.prefix, topic, source.key_names)
+            for sub in subscriptions:
+                names += keyspace.keys(self.prefix, topic, source.per_subscription, sub)
+            cached = [k.encode() for k in names]
+            if len(self._topic_key_cache) >= TOPIC_KEY_CACHE:
+                self._topic_key_cache.clear()  # subscription sets changed a lot: start over
+            self._topic_key_cache[(script, topic, subscriptions)] = cached
+        return cached
+
+    async def _run_topic(
+        self, script: str, topic: str, subscriptions: list[QueueSpec], args: list[Any],
+        *, budget: int = HOUSEKEEPING_BUDGET,
+    ) -> Any:  # fmt: skip
+        """A `Context: topic` script: ARGV is the topic's name, the number of subscriptions,
+        `args`, then the six queue-context parameters of each subscription."""
+        if self._scripts is None:
+            raise RuntimeError("RedisStore.connect() was not called")
+        names = tuple(s.subscription or "" for s in subscriptions)
+        keys = self._topic_keys(script, topic, names)
+        argv: list[Any] = [topic, len(subscriptions), *args]
+        for spec, name in zip(subscriptions, names):
+            argv += self._queue_args(spec, budget)
+            argv[-6] = name  # the subscription's own name: what `subs` holds
+        await self._acquire()
+        try:
+            return await self._scripts.run(script, keys, argv)
+        finally:
+            self._slots.release()
+
+    # --- the entity catalog ---------------------------------------------------------------
+    # Entity records change rarely and are not messages: each change is one MULTI/EXEC (the
+    # record and its announcement together), not a script.
+    async def catalog_all(self) -> dict[str, dict[str, Any]]:
+        assert self._client is not None
+        raw = await self._client.hgetall(keyspace.catalog_key(self.prefix))
+        return {_text(field) or "": json.loads(value) for field, value in raw.items()}
+
+    async def catalog_get(self, kind: str, path: str) -> dict[str, Any] | None:
+        assert self._client is not None
+        raw = await self._client.hget(keyspace.catalog_key(self.prefix), catalog_field(kind, path))
+        return None if raw is None else json.loads(raw)
+
+    async def catalog_put(
+        self, kind: str, path: str, record: dict[str, Any], *, only_new: bool = False
+    ) -> bool:
+        assert self._client is not None
+        name = catalog_field(kind, path)
+        value = json.dumps(record, separators=(",", ":"), sort_keys=True)
+        async with self._client.pipeline(transaction=True) as pipe:
+            if only_new:
+                pipe.hsetnx(keyspace.catalog_key(self.prefix), name, value)
+            else:
+                pipe.hset(keyspace.catalog_key(self.prefix), name, value)
+            pipe.publish(keyspace.catalog_channel(self.prefix), name)
+            written, _ = await pipe.execute()
+        return bool(written) or not only_new
+
+    async def catalog_delete(self, items: list[tuple[str, str]]) -> int:
+        assert self._client is not None
+        if not items:
+            return 0
+        names = [catalog_field(kind, path) for kind, path in items]
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hdel(keyspace.catalog_key(self.prefix), *names)
+            for name in names:
+                pipe.publish(keyspace.catalog_channel(self.prefix), name)
+            deleted, *_ = await pipe.execute()
+        return int(deleted)
+
+    async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
+        assert self._node is not None
+        pubsub = self._node.pubsub(ignore_subscribe_messages=False)
+        await pubsub.subscribe(keyspace.catalog_channel(self.prefix))
+        self._listeners.append(
+            asyncio.create_task(self._listen_catalog(pubsub, on_change), name="busd-catalog")
+        )
+
+    async def _listen_catalog(self, pubsub: Any, on_change: CatalogCallback) -> None:
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(timeout=None)
+                except (RedisConnectionError, OSError) as exc:
+                    # redis-py subscribes again on the next read; its confirmation below
+                    # makes everyone reload what changed meanwhile.
+                    log.warning("catalog subscription interrupted: %s", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                if message is None:
+                    continue
+                kind = message.get("type")
+                if kind == "subscribe":  # (re)subscribed: changes may have been missed
+                    changed = None
+                elif kind == "message":
+                    changed = message["data"].decode()
+                else:
+                    continue
+                try:
+                    on_change(changed)
+                except Exception:
+                    log.exception("catalog change callback failed")
+        finally:
+            await pubsub.aclose()
+
+    async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
+        if subscriptions:
+            await self._run_topic("openSubscriptions", topic, [], list(subscriptions))
+
+    async def drop_queue(self, queue: QueueSpec) -> int:
+        return await self._run_queue("dropQueue", queue)
+
+    async def drop_subscriptions(
+        self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+    ) -> int:
+        return await self._run_topic(
+            "dropSubscriptions", topic, subscriptions, [1 if with_topic else 0]
+        )
 
     # --- send ------------------------------------------------------------------------------
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:

@@ -2,7 +2,10 @@
 
 A script that works on a queue says so once in its header, `Context: queue`: it takes the
 queue's whole key set (`busd.storage.keys.QUEUE_KEYS`, in that order) and the six parameters
-of `lua/includes/queueContext.lua` first, and its file is `lua/<verbNoun>.lua`. The few scripts
+of `lua/includes/queueContext.lua` first, and its file is `lua/<verbNoun>.lua`. A script that
+works on a topic says `Context: topic`: it takes the topic's keys (`TOPIC_KEYS`,
+`lua/includes/topicContext.lua`) and then, for each subscription the call names, that
+subscription's whole queue key set, in the call's order (the number varies by call). The few scripts
 that list their own keys are `lua/<verbNoun>-<N>.lua`, N being the number of KEYS, and their
 header lists each key as `KEYS[i]  <name>` with the logical names of `busd.storage.keys`. Either
 way the loader builds each call's KEYS from the header, so the Python side cannot drift from
@@ -27,7 +30,7 @@ from redis.asyncio import Redis as PlainRedis
 from redis.exceptions import DataError, NoScriptError
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
-from busd.storage.keys import QUEUE_KEYS
+from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -40,7 +43,9 @@ INCLUDE_DIR = LUA_DIR / "includes"
 _FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)(?:-(?P<keys>\d+))?\.lua$")
 _CONTEXT = re.compile(r"^\s*Context:\s*(?P<name>\w+)\s*$", re.M)
 # The contexts a header may name, and the keys each one stands for.
-CONTEXTS: dict[str, tuple[str, ...]] = {"queue": QUEUE_KEYS}
+CONTEXTS: dict[str, tuple[str, ...]] = {"queue": QUEUE_KEYS, "topic": TOPIC_KEYS}
+# The keys a context repeats once per subscription named by the call.
+PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS}
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
@@ -55,9 +60,11 @@ class ScriptSource:
     name: str  # verbNoun, e.g. "sendMessages"
     num_keys: int  # how many KEYS a call passes
     key_names: tuple[str, ...]  # logical key names, from the header, in KEYS order
-    context: str | None  # the context the header names ("queue"), None for own keys
+    context: str | None  # the context the header names ("queue", "topic"), None for own keys
     text: str  # with includes resolved
     path: Path
+    # logical key names that follow key_names once per subscription the call names (topic)
+    per_subscription: tuple[str, ...] = ()
 
 
 def header_of(text: str) -> str:
@@ -125,6 +132,7 @@ def read_source(path: Path) -> ScriptSource:
         context=context["name"] if context is not None else None,
         text=SHEBANG + resolve_includes(raw),
         path=path,
+        per_subscription=PER_SUBSCRIPTION[context["name"]] if context is not None else (),
     )
 
 

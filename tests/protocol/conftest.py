@@ -18,6 +18,7 @@ import pytest_asyncio
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import ConnectionHandler
+from busd.entities import QueueEntity
 from busd.storage.api import QueueSpec
 from busd.storage.redis_store import RedisStore
 from tests.conftest import delete_prefix
@@ -55,12 +56,13 @@ async def broker(redis_url: str) -> AsyncIterator[object]:
     connects its store, as busd/server.py has it do."""
     prefix = f"proto-{uuid.uuid4().hex[:12]}"
     store = RedisStore(redis_url, prefix=prefix)
-    broker = Broker(store, {q.name: q for q in QUEUES}, sas_keys=dict(SAS_KEYS),
-                    sweep_interval_s=0.2)
+    broker = Broker(store, sas_keys=dict(SAS_KEYS), sweep_interval_s=0.2)
     errors = _Errors()
     busd_log = logging.getLogger("busd")
     busd_log.addHandler(errors)
     await broker.start()
+    for queue in QUEUES:
+        await broker.catalog.create(QueueEntity.from_spec(queue))
     try:
         yield broker
     finally:

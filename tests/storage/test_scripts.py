@@ -27,7 +27,7 @@ def test_own_keys_match_file_name_and_highest_keys_index(name):
     assert max(used) == src.num_keys, f"{src.path.name}: highest KEYS[i] used is {max(used)}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if s.context is not None))
+@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if s.context == "queue"))
 def test_a_script_with_the_queue_context_declares_it_once(name):
     src = SOURCES[name]
     raw = src.path.read_text()
@@ -37,6 +37,38 @@ def test_a_script_with_the_queue_context_declares_it_once(name):
     assert "queueContext(0, 0)" in raw
     # the script's own body reaches keys only through the context
     assert "KEYS[" not in raw.split("]]", 1)[1]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SOURCES.items() if s.context == "topic"))
+def test_a_script_with_the_topic_context_declares_it_once(name):
+    src = SOURCES[name]
+    raw = src.path.read_text()
+    assert src.path.name == f"{name}.lua"
+    assert src.key_names == keyspace.TOPIC_KEYS
+    assert src.per_subscription == keyspace.QUEUE_KEYS
+    assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)
+    assert "topicContext()" in raw
+    # subscription contexts follow the topic's keys, each a whole queue key set
+    for offset in re.findall(r"queueContext\((.*?),", raw):
+        assert offset.startswith(f"{len(keyspace.TOPIC_KEYS)} + "), offset
+
+
+def test_topic_context_maps_keys_in_the_topic_key_order():
+    text = (INCLUDE_DIR / "topicContext.lua").read_text()
+    pairs = re.findall(r"(\w+) = KEYS\[(\d+)\]", text)
+    assert [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))] == list(
+        keyspace.TOPIC_KEYS)
+
+
+def test_subscription_keys_share_the_topic_tag_and_its_counter():
+    topic = keyspace.keys("busd", "orders/eu", keyspace.TOPIC_KEYS)
+    sub = keyspace.keys("busd", "orders/eu", keyspace.QUEUE_KEYS, "s1")
+    other = keyspace.keys("busd", "orders/eu", keyspace.QUEUE_KEYS, "s2")
+    tags = {re.match(r"^\{([^}]*)\}", k).group(1) for k in topic + sub + other}
+    assert tags == {"busd:orders/eu"}
+    assert sub[0] == topic[0]  # seq: copies keep the topic's numbers
+    own = set(sub) - set(topic)
+    assert len(own) == len(keyspace.QUEUE_KEYS) - 2 and not own & set(other)
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
@@ -78,7 +110,7 @@ def test_a_script_naming_an_unknown_context_is_refused(tmp_path):
     from busd.storage.scripts import ScriptError
 
     bad = tmp_path / "doThing.lua"
-    bad.write_text("--[[\n  doThing: x\n  Context: topic\n  Input:\n]]\nreturn 1\n")
+    bad.write_text("--[[\n  doThing: x\n  Context: planet\n  Input:\n]]\nreturn 1\n")
     with pytest.raises(ScriptError):
         read_source(bad)
 

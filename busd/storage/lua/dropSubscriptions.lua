@@ -1,0 +1,52 @@
+--[[
+  dropSubscriptions: delete subscriptions of a topic with every key they own (messages of the
+  subscription and its dead-letter sub-queue, sessions, state, locks, waiters, totals) and
+  take them off the topic's live subscriptions, so a fan-out that still names them stores
+  nothing there. With the flag, the topic's own keys go too (the topic is deleted).
+
+  Invariant: a subscription not in `subs` owns no key; the topic's sequence counter stays
+  while the topic exists (numbers are never reused).
+
+  Context: topic
+
+  Input:
+    KEYS      the topic context, then one queue context per subscription
+              (includes/topicContext.lua)
+    ARGV[1]   topic name
+    ARGV[2]   n: the number of subscriptions
+    ARGV[3]   '1' to delete the topic's own keys as well
+    ARGV[4..] six per subscription, its queue context parameters
+              (includes/queueContext.lua; the name is the subscription's own name)
+
+  Output:
+    the number of messages deleted
+
+  Events:
+    none (receivers still attached are detached by the broker, which deleted the record)
+]]
+--- @include "topicContext"
+--- @include "queueContext"
+
+local T = topicContext()
+local perSub = 0
+if T.n > 0 then perSub = (#KEYS - 4) / T.n end
+local n = 0
+for i = 1, T.n do
+  local Q = queueContext(4 + (i - 1) * perSub, 3 + (i - 1) * 6)
+  n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
+  for name, key in pairs(Q) do
+    if type(key) == 'table' then
+      for sub, k in pairs(key) do
+        if sub ~= 'dlq' then redis.call('UNLINK', k) end
+      end
+    elseif type(key) == 'string' and string.sub(key, 1, 1) == '{'
+        and key ~= T.seq and key ~= T.dedup then
+      redis.call('UNLINK', key)
+    end
+  end
+  redis.call('SREM', T.subs, Q.queue)
+end
+if ARGV[3] == '1' then
+  redis.call('UNLINK', T.seq, T.dedup, T.subs, T.tstats)
+end
+return n
