@@ -50,8 +50,8 @@ class Broker:
         self.sas_keys = sas_keys
         self.sweep_interval_s = sweep_interval_s
         self.metrics = metrics
-        largest = max((q.max_message_size for q in entities.values()), default=0)
-        self.limits = (limits or Limits()).effective(largest)
+        self._base_limits = limits or Limits()
+        self.limits = self._base_limits.effective(0)
         # bytes of unfinished transfers held by every connection of this process
         self.buffers = Buffers(self.limits.process_buffer)
         self.open_connections = 0
@@ -100,7 +100,18 @@ class Broker:
         `amqp:not-found` when the entity is deleted, by any process."""
         self._attached.setdefault(path, weakref.WeakSet()).add(endpoint)
 
+    def _refresh_limits(self) -> None:
+        """Buffers follow the largest message an entity accepts (busd.broker.limits)."""
+        sizes = [q.max_message_size for q in self.catalog.queues()]
+        sizes += [t.max_message_size for t in self.catalog.topics()]
+        largest = max(sizes, default=0)
+        self.limits = self._base_limits.effective(largest)
+        self.buffers.limit = self.limits.process_buffer
+
     def _entity_changed(self, old: Entity | None, new: Entity | None) -> None:
+        if isinstance(old, (QueueEntity, TopicEntity)) or isinstance(new, (QueueEntity,
+                                                                           TopicEntity)):
+            self._refresh_limits()
         if new is not None or not isinstance(old, (QueueEntity, TopicEntity,
                                                    SubscriptionEntity)):
             return
