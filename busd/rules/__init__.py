@@ -14,6 +14,10 @@ Forms (each `*_from_*` validates, i.e. parses the SQL, and raises RuleError nami
 and, for bad SQL, the 1-based position):
 
     rule_to_dict(rule) / rule_from_dict(d)     JSON-able dict, for the store
+    rule_record(rule) / rule_from_record(name, record, created_ms=None)
+                                               the same without name and creation time (a
+                                               catalog record keeps those itself); a record
+                                               may also be {"config": <Config.json Properties>}
     rule_from_config(obj)                      a Config.json `Rules[]` entry
     rule_from_amqp(name, description)          an add-rule request's `rule-name` and
                                                `rule-description` map (or a described list)
@@ -53,6 +57,8 @@ from busd.rules.model import (
     default_rule,
     rule_from_config,
     rule_from_dict,
+    rule_from_record,
+    rule_record,
     rule_to_dict,
     validate,
 )
@@ -62,6 +68,6 @@ from busd.rules.view import MessageView
 __all__ = [
     "Rule", "TrueFilter", "FalseFilter", "SqlFilter", "CorrelationFilter", "SqlRuleAction",
     "DEFAULT_RULE_NAME", "default_rule", "validate", "rule_to_dict", "rule_from_dict",
-    "rule_from_config", "rule_from_amqp", "rule_to_amqp", "RuleSet", "Copy", "PLAIN_COPY",
-    "MessageView", "RuleError", "FilterEvaluationError",
+    "rule_record", "rule_from_record", "rule_from_config", "rule_from_amqp", "rule_to_amqp",
+    "RuleSet", "Copy", "PLAIN_COPY", "MessageView", "RuleError", "FilterEvaluationError",
 ]  # fmt: skip

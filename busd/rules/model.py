@@ -16,7 +16,7 @@ from busd.rules.sql import compile_action, compile_filter
 __all__ = [
     "TrueFilter", "FalseFilter", "SqlFilter", "CorrelationFilter", "SqlRuleAction", "Rule",
     "Filter", "DEFAULT_RULE_NAME", "default_rule", "validate", "rule_to_dict", "rule_from_dict",
-    "rule_from_config", "CORRELATION_FIELDS",
+    "rule_from_config", "rule_record", "rule_from_record", "CORRELATION_FIELDS",
 ]  # fmt: skip
 
 DEFAULT_RULE_NAME = "$Default"
@@ -213,6 +213,26 @@ def rule_from_dict(data: Any) -> Rule:
             raise RuleError(f"rule {data.get('name')!r}: unknown action {ad!r}")
         action = SqlRuleAction(ad.get("expression"))  # type: ignore[arg-type]
     return validate(Rule(data.get("name"), flt, action, data.get("created_ms")))  # type: ignore[arg-type]
+
+
+def rule_record(rule: Rule) -> dict[str, Any]:
+    """What a catalog record keeps of a rule whose name and creation time it holds itself:
+    rule_to_dict without `name` and `created_ms`."""
+    out = rule_to_dict(rule)
+    del out["name"]
+    out.pop("created_ms", None)
+    return out
+
+
+def rule_from_record(name: str, record: Any, created_ms: int | None = None) -> Rule:
+    """The rule of a catalog record: a rule_record dict, or `{"config": <Properties>}` with
+    the emulator's Config.json rule properties as given (validated either way)."""
+    if isinstance(record, dict) and "config" in record and "filter" not in record:
+        rule = rule_from_config({"Name": name, "Properties": record["config"]})
+        return Rule(rule.name, rule.filter, rule.action, created_ms)
+    if not isinstance(record, dict):
+        raise RuleError(f"rule {name!r}: a stored rule must be a JSON object")
+    return rule_from_dict({**record, "name": name, "created_ms": created_ms})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ from busd.rules import (
     rule_from_amqp,
     rule_from_config,
     rule_from_dict,
+    rule_from_record,
+    rule_record,
     rule_to_amqp,
     rule_to_dict,
 )
@@ -304,3 +306,25 @@ def test_not_a_rule_description():
     with pytest.raises(RuleError, match="unknown filter descriptor"):
         rule_from_amqp(None, Described(RULE_DESCRIPTION, [Described(5, []), None, "x",
                                                           Timestamp(0)]))  # fmt: skip
+
+
+# --- catalog records ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_record_round_trip(rule):
+    record = json.loads(json.dumps(rule_record(rule)))
+    assert "name" not in record and "created_ms" not in record
+    assert rule_from_record(rule.name, record, rule.created_ms) == rule
+
+
+def test_record_in_the_config_form():
+    props = {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = 1"},
+             "Action": {"SqlExpression": "SET b = 2"}}  # fmt: skip
+    assert rule_from_record("r", {"config": props}, 7) == Rule(
+        "r", SqlFilter("a = 1"), SqlRuleAction("SET b = 2"), 7
+    )
+    bad = {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a ="}}
+    with pytest.raises(RuleError, match="rule 'r': SQL filter: syntax error at position 4"):
+        rule_from_record("r", {"config": bad})
+    assert rule_from_record("$Default", {"filter": {"type": "true"}}) == default_rule()
