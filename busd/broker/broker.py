@@ -20,6 +20,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 
+from busd.amqp.addresses import Address
 from busd.broker.catalog import Catalog
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
@@ -77,6 +78,16 @@ class Broker:
         """Every queue-like entity (queues and subscriptions) by path: what tools and metrics
         list."""
         return {spec.name: spec for spec in self.catalog.specs()}
+
+    def has_entity(self, address: Address) -> bool:
+        """Whether the entity `address` names exists: what a put-token for it is answered
+        (404 when not, busd.broker.cbs). Every kind of entity served must answer here."""
+        if address.sub == "cbs" or not address.entity:
+            return False
+        if address.subscription is not None:
+            return self.catalog.subscription(address.entity, address.subscription) is not None
+        return (self.catalog.queue(address.entity) is not None
+                or self.catalog.topic(address.entity) is not None)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:

@@ -65,13 +65,9 @@ class CbsEndpoint(RequestEndpoint):
         if not path:
             return True
         try:
-            address = parse_address(path)
+            return self.broker.has_entity(parse_address(path))
         except AddressError:
             return False
-        if address.sub == "cbs" or not address.entity or address.is_subscription:
-            return False
-        return self.broker.queue(address.entity) is not None
-
 
 def _response(message_id, status: int, description: str) -> bytes:
     # Refusals carry no `error-condition`, as Service Bus's: the status code says it, and the

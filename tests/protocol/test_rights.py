@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from proton import Message
 
+from busd.entities import SubscriptionEntity, TopicEntity
 from tests.protocol.harness import NEXT_AVAILABLE, ProtocolClient
 from tests.protocol.test_attach import assert_refused
 
@@ -117,6 +118,16 @@ async def test_put_token_for_a_missing_entity_is_answered_404(connect):
     assert sender.closed_by_broker and sender.condition.name == "amqp:not-found"  # namespace
 
 
+async def test_put_token_for_topics_and_subscriptions_answers_by_the_catalog(connect, broker):
+    await broker.catalog.create(TopicEntity("news"))
+    await broker.catalog.create(SubscriptionEntity("news", "all"))
+    client = await connect()
+    for entity, expected in (("news", 202), ("News/Subscriptions/All", 202),
+                             ("news/subscriptions/all/$DeadLetterQueue", 202),
+                             ("news/subscriptions/none", 404), ("olds", 404)):
+        assert (await client.put_token(entity)).properties["status-code"] == expected, entity
+
+
 async def test_links_are_detached_when_their_token_expires(connect):
     client = await connect()
     await client.put_token("plain", valid_s=2)  # se in whole seconds: lapses in 1 to 2 s
@@ -164,3 +175,23 @@ async def test_one_expiry_timer_per_connection_whatever_its_links(connect):
     timers = [h for h in loop._scheduled if not h.cancelled()  # type: ignore[attr-defined]
               and getattr(h._callback, "__name__", "") == "_expire"]  # type: ignore[attr-defined]
     assert len(timers) == 1
+
+
+async def test_a_waiting_session_receiver_is_refused_when_its_token_expires(connect):
+    client = await connect()
+    await client.put_token("sessions", valid_s=2)
+    waiting = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=1,
+                                           wait=False)
+    await client.wait(lambda: waiting.answered, "the refusal of the waiting receiver",
+                      timeout=5)
+    assert_refused(waiting, UNAUTHORIZED, client_receives=True)
+    assert "expired" in waiting.condition.description
+    # It waits no more: a session that becomes available goes to the next receiver.
+    producer = await connect()
+    await producer.authorize("sessions")
+    await producer.send_to("sessions", Message(body="s1", group_id="s1"))
+    await client.authorize("sessions")
+    taker = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=1)
+    assert taker.remote_filter
+    (item,) = await taker.wait_for(1)
+    assert item.message.body == "s1"
