@@ -110,7 +110,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self.holder = self.broker.new_waiter_id()
         self.session_id: str | None = None
         self._fetching = False
-        self._again = False
+        self._again = False  # woken while fetching: look once more
+        # The last look found fewer messages than credit: nothing more is there until the
+        # store wakes this link, so a flow that only tops up credit costs no store call.
+        self._dry = False
         self._fetch_task: asyncio.Task | None = None
         self._settling = False
         self._settle_task: asyncio.Task | None = None
@@ -122,7 +125,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
-        self.broker.wakeable(self.holder, self.pump)
+        self.broker.wakeable(self.holder, self.look_again)
         echo_termini(self.link)
         self.link.open()
 
@@ -132,6 +135,16 @@ class QueueReceiverEndpoint(LinkEndpoint):
         return "d" if self.entity.dlq else "q"
 
     def on_flow(self) -> None:
+        # A fetch under way looks again by itself when it filled its credit; a link that ran
+        # dry waits for its wake-up. A drain is answered after one more look.
+        if self._fetching or (self._dry and not self.link.drain_mode):
+            return
+        self.pump()
+
+    def look_again(self) -> None:
+        """Something may be available for this link now (a wake-up from the store, or its own
+        abandon or release, for which the store wakes no one)."""
+        self._dry = False
         self.pump()
 
     def pump(self) -> None:
@@ -167,27 +180,36 @@ class QueueReceiverEndpoint(LinkEndpoint):
                 if self.detached or not is_open(self.link):
                     await self._return_untaken(messages)
                     return
-                for message in messages:
-                    self._send(message)
-                if messages and self.broker.metrics is not None:
-                    self.broker.metrics.messages_received(self.queue.name, len(messages))
-                self.kick()
-                if len(messages) < count and not self._again:
-                    # OASIS AMQP 1.0 Part 2 §2.6.7: "If set, the sender will (after sending
-                    # all available messages) advance the delivery-count as much as
-                    # possible, consuming all link-credit, and send the flow state to the
-                    # receiver." (`drained` does both.)
-                    if self.link.drain_mode:
-                        self.link.drained()
-                        self.kick()
+                if self._deliver(messages, count, woken=self._again):
                     return
         finally:
             self._fetching = False
 
+    def _deliver(self, messages: list[StoredMessage], count: int, *, woken: bool) -> bool:
+        """Send what one store call took for `count` of credit. True when it took fewer and
+        the link was not `woken` since the call: that was all there was, and the link is dry
+        until its next wake-up (the same call registered it to be woken)."""
+        dry = self._dry = len(messages) < count and not woken  # before the kick: it may
+        # dispatch a flow
+        for message in messages:
+            self._send(message)
+        if messages and self.broker.metrics is not None:
+            self.broker.metrics.messages_received(self.queue.name, len(messages))
+        self.kick()
+        if not dry:
+            return False
+        # OASIS AMQP 1.0 Part 2 §2.6.7: "If set, the sender will (after sending all available
+        # messages) advance the delivery-count as much as possible, consuming all
+        # link-credit, and send the flow state to the receiver." (`drained` does both.)
+        if self.link.drain_mode:
+            self.link.drained()
+            self.kick()
+        return True
+
     async def _take(self, count: int) -> list[StoredMessage]:
         tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         # Registers this link as a waiter when fewer are available (and wakes arrive here
-        # through `pump`, registered at attach, so none can come before we listen).
+        # through `look_again`, registered at attach, so none can come before we listen).
         return await self.broker.store.receive(
             self.entity, count, self.mode, tokens, self.holder
         )
@@ -258,8 +280,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     self._answer(delivery, settlement, error)
                 self.kick()
                 if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
-                    self.pump()  # the same message may be next again (the store wakes no one
-                    # for the holder's own abandon)
+                    self.look_again()  # the same message may be next again (the store wakes
+                    # no one for the holder's own abandon)
         finally:
             self._settling = False
 

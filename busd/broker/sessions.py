@@ -20,7 +20,7 @@ from proton import Link, symbol
 
 from busd.broker.links import ConnectionScope, echo_termini
 from busd.broker.messages import new_tokens
-from busd.broker.receiving import QueueReceiverEndpoint
+from busd.broker.receiving import MAX_BATCH, QueueReceiverEndpoint
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, ReceiveMode, StoredMessage
 
@@ -75,7 +75,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         """A wake-up from the store: a session became free (while waiting for one), or the
         held session got messages."""
         if self._accepted:
-            self.pump()
+            self.look_again()
         elif self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
 
@@ -85,12 +85,20 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         store = self.broker.store
         next_available = self.requested_session is None
         while not self.detached:
-            self._woken = loop.create_future()
+            self._woken = woken = loop.create_future()
+            # The credit the client has granted so far (it usually comes with the attach):
+            # the same store call takes that many of the session's first messages. Only in
+            # peek-lock: a link detached meanwhile gives them back with the session, whereas
+            # receive-and-delete would have deleted them.
+            count = 0
+            if self.mode == ReceiveMode.PEEK_LOCK:
+                count = min(max(self.link.credit, 0), MAX_BATCH)
             try:
                 # With none free, the store registers us as a waiter in the same step: a
                 # session that becomes free afterwards wakes exactly one waiter.
                 lock = await store.accept_session(
-                    self.queue, self.requested_session, self.holder, wait=next_available
+                    self.queue, self.requested_session, self.holder, wait=next_available,
+                    count=count, tokens=new_tokens(count),
                 )
             except BusdError as error:
                 return self._refuse(error)
@@ -105,8 +113,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 self.session_id = lock.session_id
                 self.locked_until_ms = lock.locked_until_ms
                 if not self.detached:
-                    self._open_locked()
-                return  # (detached meanwhile: finish() releases the lock)
+                    # woken during the call: the session may have more than was taken
+                    self._open_locked(lock.messages, count, woken.done())
+                return  # (detached meanwhile: finish() releases the lock and what it took)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -136,7 +145,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         if not self.detached:
             self.conn.refuse(self, error)
 
-    def _open_locked(self) -> None:
+    def _open_locked(self, first: list[StoredMessage], count: int, woken: bool) -> None:
+        """Answer the attach, then deliver the `first` messages the accept took for `count`
+        of credit."""
         link = self.link
         echo_termini(link)
         link.source.filter.clear()
@@ -146,8 +157,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accepted = True
         self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._expired
         self._arm_lock_timer()
-        self.kick()
-        self.pump()
+        if not count:  # no credit yet: the client's flow starts the first fetch
+            self.kick()
+            self.pump()
+        elif not self._deliver(first, count, woken=woken):
+            self.pump()  # there may be more
 
     def lock_renewed(self, locked_until_ms: int) -> None:
         self.locked_until_ms = locked_until_ms

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -135,6 +135,8 @@ class Settlement:
 class SessionLock:
     session_id: str
     locked_until_ms: int
+    # the first messages, taken in the same step as the lock (accept_session's `count`)
+    messages: list[StoredMessage] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -259,13 +261,16 @@ class Store(Protocol):
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False
+        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
+        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
         available (next-available only); with `wait`, the holder is then registered, in the
         same step, to be woken when a session becomes free. Raises SESSION_CANNOT_BE_LOCKED
-        when held by someone else. Session-wide TTL expiry is applied first."""
+        when held by someone else. Session-wide TTL expiry is applied first. Once locked, up
+        to `count` of its messages are taken in the same step, as `receive_session` would
+        (peek-lock: one token each), and returned in the lock's `messages`."""
 
     async def receive_session(
         self,

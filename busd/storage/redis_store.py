@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as redis
@@ -116,7 +117,7 @@ def _cluster_url(url: str) -> str | None:
     return None
 
 
-def _token_string(tokens: list[bytes]) -> bytes:
+def _token_string(tokens: Sequence[bytes]) -> bytes:
     """A call's lock tokens as the scripts take them: one argument, 16 bytes per token
     (lua/includes/tokenAt.lua), instead of one argument per message."""
     if not all(map((16).__eq__, map(len, tokens))):
@@ -518,16 +519,24 @@ class RedisStore:
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False
+        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
+        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
     ) -> SessionLock | None:
         _check_session_ids([session_id])
+        count = max(count, 0)
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if count and peek_lock and len(tokens) < count:
+            raise ValueError("peek-lock needs one token per message")
         reply = await self._run_queue(
-            "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0
+            "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0,
+            1 if peek_lock else 0, count,
+            _token_string(tokens[:count]) if count and peek_lock else "",
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
         _check(reply[0])
-        return SessionLock(session_id=reply[1].decode(), locked_until_ms=reply[2])
+        return SessionLock(session_id=reply[1].decode(), locked_until_ms=reply[2],
+                           messages=[_message(r) for r in reply[3:]])
 
     async def receive_session(
         self,

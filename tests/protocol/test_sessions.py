@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from proton import Described, Message, symbol, uint
+from proton import Delivery, Described, Message, symbol, uint
 
 from tests.protocol.harness import (
     LOCKED_UNTIL,
@@ -148,3 +148,44 @@ async def test_session_lock_expiry_detaches_with_session_lock_lost(client):
     (retry,) = await again.wait_for(1)
     assert retry.message.body == item.message.body == "a0"
     assert retry.message.delivery_count == 1
+
+
+class StoreCalls:
+    """Counts the broker's calls of some Store methods (the real store still runs them)."""
+
+    def __init__(self, store, *names: str) -> None:
+        self.counts = dict.fromkeys(names, 0)
+        for name in names:
+            setattr(store, name, self._counted(name, getattr(store, name)))
+
+    def _counted(self, name, method):
+        async def call(*args, **kwargs):
+            self.counts[name] += 1
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def test_one_store_call_locks_the_session_and_takes_its_first_messages(broker, client):
+    """Credit sent with the attach is used by the accept itself; a flow that only tops up
+    credit after the session ran dry costs no store call; a new message still arrives
+    (woken), and a drain still gets its answer."""
+    await fill(client)
+    calls = StoreCalls(broker.store, "accept_session", "receive_session")
+    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
+                                            properties={TIMEOUT: uint(2000)}, credit=10)
+    assert receiver.remote_filter == {SESSION_FILTER: "a"}
+    await receiver.wait_for(3)
+    for item in receiver.received:
+        await client.dispose(item, Delivery.ACCEPTED)
+    receiver.flow(3)  # tops the credit up again, as a prefetching client does
+    await client.settle_down(0.2)
+    assert [i.message.body for i in receiver.received] == ["a0", "a1", "a2"]
+    assert calls.counts == {"accept_session": 1, "receive_session": 0}
+    await client.send_to("sessions", Message(body="a3", group_id="a"))
+    await receiver.wait_for(4)
+    assert receiver.received[3].message.body == "a3"
+    assert calls.counts == {"accept_session": 1, "receive_session": 1}
+    receiver.drain(5)
+    await client.wait(lambda: not receiver.link.draining(), "the drained flow")
+    assert receiver.frames("flow")[-1].has("link-credit=0x0,", "drain=true")

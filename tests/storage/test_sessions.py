@@ -121,6 +121,46 @@ async def test_receive_session_delivers_in_sequence_order_many_in_flight(store, 
     assert [m.blob for m in rest] == [b"4"]
 
 
+async def test_accept_takes_the_first_messages_in_the_same_step(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1", b"2"))
+    await store.send(sq, msgs("s2", b"other"))
+    await store.send(sq, msgs("s1", b"3"))
+    toks = tokens(2)
+    lock = await store.accept_session(sq, None, "h1", count=2, tokens=toks)
+    assert lock.session_id == "s1"
+    assert [m.blob for m in lock.messages] == [b"1", b"2"]
+    assert [m.lock_token for m in lock.messages] == toks
+    assert all(m.locked_until_ms == lock.locked_until_ms for m in lock.messages)
+    # the rest in order, then the session's messages are settled under its lock
+    rest = await store.receive_session(sq, "s1", "h1", 5, PL, tokens(5))
+    assert [m.blob for m in rest] == [b"3"]
+    done = [Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
+            for m in lock.messages + rest]
+    assert await store.settle(sq, done, "h1") == [OK] * 3
+    counts = await store.counts(sq)
+    assert (counts.active, counts.locked, counts.totals["received"]) == (1, 0, 3)
+
+
+async def test_accept_taking_messages_of_a_session_with_fewer(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    lock = await store.accept_session(sq, "s1", "h1", count=10, tokens=tokens(10))
+    assert [m.blob for m in lock.messages] == [b"1"]
+    empty = await store.accept_session(sq, "none", "h2", count=10, tokens=tokens(10))
+    assert empty.messages == []
+    # a release gives back what the accept took, count unchanged
+    await store.release_session(sq, "s1", "h1")
+    again = await store.accept_session(sq, None, "h3", count=1, tokens=tokens(1))
+    assert [(m.blob, m.delivery_count) for m in again.messages] == [(b"1", 0)]
+
+
+async def test_accept_without_count_takes_nothing(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    lock = await store.accept_session(sq, None, "h1")
+    assert lock.messages == []
+    assert [m.blob for m in await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))] \
+        == [b"1"]
+
+
 async def test_receive_session_without_live_lock_is_session_lock_lost(store, sq, tokens):
     await store.send(sq, msgs("s1", b"a"))
     with pytest.raises(BusdError) as err:

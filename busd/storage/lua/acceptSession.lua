@@ -1,5 +1,7 @@
 --[[
-  acceptSession: lock a session for a holder, either a specific one or the next available.
+  acceptSession: lock a session for a holder, either a specific one or the next available,
+  and take its first messages in the same step (as receiveSessionMessages would next): a
+  receiver that already has credit needs one store call, not two queued behind each other.
 
   Specific: locked when free or its lock expired (the expired lock's in-flight messages count
   a failed attempt first); extended when the same holder already holds it live; refused when
@@ -23,9 +25,14 @@
     ARGV[8]   session id ('' next available)
     ARGV[9]   next available: '1' to wait (register the holder as a waiter when none is
               free), '0' not to
+    ARGV[10]  receive mode of the first messages: '1' peek-lock, '0' receive-and-delete
+    ARGV[11]  how many messages to take once locked (0: none)
+    ARGV[12]  peek-lock: the lock tokens, 16 bytes each, one per message (at least ARGV[11]),
+              as one string
 
   Output:
-    { 0, session id, locked-until ms }
+    { 0, session id, locked-until ms, delivery row, ... } (includes/deliveryRow.lua; the
+    messages taken, in sequence order, their lock the session's)
     { -3 } SESSION_CANNOT_BE_LOCKED: held live by another holder
     { -5 } NO_SESSION_AVAILABLE (next available only; registered as a waiter if asked)
 
@@ -35,6 +42,7 @@
 --- @include "queueContext"
 --- @include "housekeeping"
 --- @include "unlockSession"
+--- @include "takeSessionMessages"
 
 local Q = queueContext(0, 0)
 local holder = ARGV[7]
@@ -65,4 +73,11 @@ local lockedUntil = Q.now + Q.lockMs
 redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
 redis.call('ZREM', Q.sfree, sid)
-return { 0, sid, lockedUntil }
+local out = { 0, sid, lockedUntil }
+local count = tonumber(ARGV[11])
+if count > 0 then
+  local tokens = false
+  if ARGV[10] == '1' then tokens = ARGV[12] end
+  takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
+end
+return out

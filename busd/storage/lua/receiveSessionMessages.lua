@@ -29,44 +29,19 @@
 --- @include "queueContext"
 --- @include "housekeeping"
 --- @include "sessionLockedUntil"
---- @include "sessionRange"
---- @include "memberSeq"
---- @include "readMeta"
---- @include "expireIfDue"
---- @include "takeMessage"
---- @include "tokenAt"
---- @include "countEvent"
+--- @include "takeSessionMessages"
 
 local Q = queueContext(0, 0)
 local holder = ARGV[7]
 local sid = ARGV[8]
 Q.caller = holder
-local peekLock = ARGV[9] == '1'
-local count = tonumber(ARGV[10])
+local tokens = false
+if ARGV[9] == '1' then tokens = ARGV[11] end
 housekeeping(Q, Q.q)
 
 local lockedUntil = sessionLockedUntil(Q, sid, holder)
 if not lockedUntil then return { -2 } end
-Q.held = sid -- held: not free whatever it has available (includes/refreshFreeSession.lua)
 
 local out = { 0 }
-local lo, hi = sessionRange(sid)
-while #out - 1 < count do
-  local wanted = count - #out + 1
-  local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, wanted)
-  for _, member in ipairs(members) do
-    local seq = memberSeq(member)
-    local m = readMeta(Q.q, seq)
-    if not m or m.st ~= 'a' then
-      redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
-    elseif not expireIfDue(Q, seq, m) then
-      local token = false
-      if peekLock then token = tokenAt(ARGV[11], #out) end
-      out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil)
-    end
-  end
-  -- fewer than asked: that was all of them (another look only replaces what was skipped)
-  if #members < wanted then break end
-end
-countEvent(Q, Q.q, 'received', #out - 1)
+takeSessionMessages(Q, sid, tonumber(ARGV[10]), tokens, lockedUntil, out)
 return out

@@ -1,0 +1,34 @@
+--- @include "sessionRange"
+--- @include "memberSeq"
+--- @include "readMeta"
+--- @include "expireIfDue"
+--- @include "takeMessage"
+--- @include "tokenAt"
+--- @include "countEvent"
+-- Deliver up to `count` available messages of session `sid`, which the caller holds live until
+-- `lockedUntil`, in sequence order, appending their delivery rows to `out`. `tokens`: the
+-- call's lock tokens as one string (peek-lock), false for receive-and-delete. A message met
+-- past its time to live expires with its whole session instead.
+local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
+  Q.held = sid -- held: not free whatever it has available (includes/refreshFreeSession.lua)
+  local first = #out
+  local lo, hi = sessionRange(sid)
+  while #out - first < count do
+    local wanted = count - (#out - first)
+    local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, wanted)
+    for _, member in ipairs(members) do
+      local seq = memberSeq(member)
+      local m = readMeta(Q.q, seq)
+      if not m or m.st ~= 'a' then
+        redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
+      elseif not expireIfDue(Q, seq, m) then
+        local token = false
+        if tokens then token = tokenAt(tokens, #out - first + 1) end
+        out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil)
+      end
+    end
+    -- fewer than asked: that was all of them (another look only replaces what was skipped)
+    if #members < wanted then break end
+  end
+  countEvent(Q, Q.q, 'received', #out - first)
+end
