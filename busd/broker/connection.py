@@ -59,6 +59,7 @@ class ConnectionHandler:
         self.grants: dict[str, Grant] = {}
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_at = 0.0
+        self.first_credit: dict[str, int] = {}  # see ConnectionScope
         # this connection's live links; `raw` is read by the protocol on every delivery
         self.links = LinkRegistry()
         self.raw_links = self.links.raw

@@ -87,6 +87,9 @@ class ConnectionScope(Protocol):
     proto: AmqpProtocol
     broker: Broker
     remote_container: str
+    # queue name -> the credit this connection's last session receiver on it first granted
+    # (busd.broker.sessions: what a new one will likely grant right after its attach)
+    first_credit: dict[str, int]
     links: LinkRegistry
     buffers: Buffers  # bytes of unfinished transfers its links hold
 

@@ -56,6 +56,10 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._lock_timer: asyncio.TimerHandle | None = None
         self._lock_lost = False
+        self._credit_seen = False  # first_credit was learnt from this link
+        # Taken with the lock before the client granted credit, not sent yet: (messages, how
+        # many the accept asked for, woken during it).
+        self._first: tuple[list[StoredMessage], int, bool] | None = None
 
     @property
     def ready(self) -> bool:
@@ -86,13 +90,17 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         next_available = self.requested_session is None
         while not self.detached:
             self._woken = woken = loop.create_future()
-            # The credit the client has granted so far (it usually comes with the attach):
-            # the same store call takes that many of the session's first messages. Only in
-            # peek-lock: a link detached meanwhile gives them back with the session, whereas
-            # receive-and-delete would have deleted them.
+            # The same store call takes the session's first messages: as many as the client
+            # has granted credit, else (most clients grant it once the attach is answered) as
+            # many as this connection's last session receiver first granted, held until the
+            # credit comes. Only in peek-lock: a link detached meanwhile gives them back with
+            # the session, whereas receive-and-delete would have deleted them.
+            credit = max(self.link.credit, 0)
+            if credit:
+                self._learn_credit()
             count = 0
             if self.mode == ReceiveMode.PEEK_LOCK:
-                count = min(max(self.link.credit, 0), MAX_BATCH)
+                count = min(credit or self.conn.first_credit.get(self.queue.name, 0), MAX_BATCH)
             try:
                 # With none free, the store registers us as a waiter in the same step: a
                 # session that becomes free afterwards wakes exactly one waiter.
@@ -114,7 +122,8 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 self.locked_until_ms = lock.locked_until_ms
                 if not self.detached:
                     # woken during the call: the session may have more than was taken
-                    self._open_locked(lock.messages, count, woken.done())
+                    self._first = (lock.messages, count, woken.done())
+                    self._open_locked()
                 return  # (detached meanwhile: finish() releases the lock and what it took)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -145,9 +154,8 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         if not self.detached:
             self.conn.refuse(self, error)
 
-    def _open_locked(self, first: list[StoredMessage], count: int, woken: bool) -> None:
-        """Answer the attach, then deliver the `first` messages the accept took for `count`
-        of credit."""
+    def _open_locked(self) -> None:
+        """Answer the attach, then deliver the first messages as the credit allows."""
         link = self.link
         echo_termini(link)
         link.source.filter.clear()
@@ -157,11 +165,54 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accepted = True
         self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._expired
         self._arm_lock_timer()
-        if not count:  # no credit yet: the client's flow starts the first fetch
-            self.kick()
-            self.pump()
-        elif not self._deliver(first, count, woken=woken):
+        self.kick()
+        self.pump()
+
+    def look_again(self) -> None:
+        if self._first is not None:  # woken before the first credit: look once it is sent
+            messages, count, _ = self._first
+            self._first = (messages, count, True)
+        super().look_again()
+
+    def on_flow(self) -> None:
+        if not self._credit_seen and self.link.credit > 0:
+            self._learn_credit()
+        super().on_flow()
+
+    def _learn_credit(self) -> None:
+        self._credit_seen = True
+        self.conn.first_credit[self.queue.name] = self.link.credit
+
+    def pump(self) -> None:
+        if self._first is None:
+            super().pump()
+        elif self.ready and not self.detached and self.link.credit > 0:
+            self._send_first()
+
+    def _send_first(self) -> None:
+        """The first credit is here: send what the accept took. Messages beyond that credit
+        go back to the store (count unchanged) before anything else is fetched, so the
+        session's order holds."""
+        assert self._first is not None
+        messages, count, woken = self._first
+        self._first = None
+        credit = self.link.credit
+        if len(messages) > credit:
+            self._deliver(messages[:credit], credit, woken=True)
+            self._fetching = True  # nothing is fetched until they are back
+            self._fetch_task = self.spawn(self._give_back(messages[credit:]))
+        elif not self._deliver(messages, count, woken=woken):
             self.pump()  # there may be more
+
+    async def _give_back(self, messages: list[StoredMessage]) -> None:
+        try:
+            await self._return_untaken(messages)
+        except Exception as exc:  # they come back when the session is released
+            log.warning("returning messages of session %r of %s failed: %s", self.session_id,
+                        self.queue.name, exc)
+        finally:
+            self._fetching = False
+        self.look_again()
 
     def lock_renewed(self, locked_until_ms: int) -> None:
         self.locked_until_ms = locked_until_ms

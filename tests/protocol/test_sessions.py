@@ -189,3 +189,41 @@ async def test_one_store_call_locks_the_session_and_takes_its_first_messages(bro
     receiver.drain(5)
     await client.wait(lambda: not receiver.link.draining(), "the drained flow")
     assert receiver.frames("flow")[-1].has("link-credit=0x0,", "drain=true")
+
+
+async def test_the_accept_takes_what_the_connection_granted_before_when_credit_comes_later(
+        broker, client):
+    """Most clients grant credit once the attach is answered: the accept then takes as many
+    as this connection's last session receiver first granted and sends them when the credit
+    comes; more than that credit go back first, and order holds."""
+    await client.send_to("sessions", *(Message(body=f"{g}{i}", group_id=g)
+                                       for g in ("a", "b", "c") for i in range(3)))
+    calls = StoreCalls(broker.store, "accept_session", "receive_session", "settle")
+    first = await client.attach_receiver("sessions", session="a")
+    first.flow(10)  # after the answer
+    await first.wait_for(3)
+    assert calls.counts == {"accept_session": 1, "receive_session": 1, "settle": 0}
+    await client.detach(first)
+
+    second = await client.attach_receiver("sessions", session="b")
+    await client.settle_down(0.1)
+    assert second.received == []  # no credit yet
+    second.flow(10)
+    await second.wait_for(3)
+    await client.settle_down(0.1)
+    assert [i.message.body for i in second.received] == ["b0", "b1", "b2"]
+    assert calls.counts == {"accept_session": 2, "receive_session": 1, "settle": 0}
+    # woken while holding what it took: a message sent before the credit still comes
+    await client.detach(second)
+    third = await client.attach_receiver("sessions", session="c")
+    await client.send_to("sessions", Message(body="c3", group_id="c"))
+    await client.settle_down(0.1)
+    third.flow(2)  # less than it took: the rest goes back first, then comes in order
+    await third.wait_for(2)
+    third.flow(10)
+    await third.wait_for(4)
+    await client.settle_down(0.1)
+    assert [i.message.body for i in third.received] == ["c0", "c1", "c2", "c3"]
+    # what went back (one store call) was never delivered: no attempt counted
+    assert calls.counts["settle"] == 1
+    assert [i.message.delivery_count for i in third.received] == [0, 0, 0, 0]
