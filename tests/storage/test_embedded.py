@@ -1,9 +1,12 @@
 """The embedded Valkey: a real server whose data survives a restart on the same directory."""
 
+import os
+from pathlib import Path
+
 import pytest
 import redis
 
-from busd.storage.embedded import EmbeddedStoreError, EmbeddedValkey
+from busd.storage.embedded import EmbeddedStoreError, EmbeddedValkey, jemalloc_path
 
 
 def test_data_survives_a_restart_on_the_same_directory(tmp_path):
@@ -58,3 +61,18 @@ def test_url_before_start_and_double_stop(tmp_path):
     with pytest.raises(EmbeddedStoreError):
         _ = store.url
     store.stop()  # nothing to stop: no error
+
+
+def test_server_runs_with_jemalloc_when_installed(tmp_path):
+    library = jemalloc_path()
+    if library is None:
+        pytest.skip("libjemalloc2 is not installed: the server runs with its own allocator")
+    preload_before = os.environ.get("LD_PRELOAD")
+    with EmbeddedValkey(tmp_path) as store:
+        client = redis.Redis.from_url(store.url)
+        pid = client.info("server")["process_id"]
+        client.close()
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert Path(library).name in maps
+    # busd's own environment is as it was (only the server got the library)
+    assert os.environ.get("LD_PRELOAD") == preload_before
