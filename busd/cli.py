@@ -14,6 +14,7 @@ import click
 from busd import __version__
 from busd.broker.limits import Limits
 from busd.config import LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+from busd.entity_tools import COMMANDS as ENTITY_COMMANDS
 from busd.tools import COMMANDS as TOOL_COMMANDS
 
 EXIT_OK = 0
@@ -222,7 +223,7 @@ def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
 
 
 # Operator tools over the admin HTTP API (busd.tools documents their exit codes).
-for _command in TOOL_COMMANDS:
+for _command in (*TOOL_COMMANDS, *ENTITY_COMMANDS):
     cli.add_command(_command)
 
 

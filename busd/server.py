@@ -140,9 +140,9 @@ class Server:
         # on the AMQP listener's address; port 0: any free port (the banner tells which).
         from busd.http import front, server
         from busd.http.atom import AtomApi
-        from busd.http.entities import ConfigEntities
+        from busd.http.entities import CatalogEntities
 
-        atom = AtomApi(ConfigEntities(self.broker), settings.sas_keys)
+        atom = AtomApi(CatalogEntities(self.broker), settings.sas_keys)
         self.http = await server.start(
             settings.host, settings.http_port, front.handler(self, atom),
             tls=self.tls_context, amqp_factory=self._new_protocol,

@@ -110,7 +110,8 @@ class Admin:
         self.broker = broker
 
     def queue(self, name: str) -> QueueSpec:
-        spec = self.broker.queue(name)
+        """A queue, or a subscription by its path (`<topic>/subscriptions/<name>`)."""
+        spec = self.broker.spec(name)
         if spec is None:
             raise AdminError(404, f"no queue named {name!r}")
         return spec

@@ -15,7 +15,7 @@ import time
 from typing import Any
 from urllib.parse import quote, unquote
 
-from busd.auth.sas import SasError, audience_covers, entity_path_of, verify_sas_token
+from busd.auth.rights import MANAGE, Unauthorized, authorize_header
 from busd.config import ConfigError, normalize_entity_name
 from busd.http import atom_xml as ax
 from busd.http.entities import Entities, Entity
@@ -59,20 +59,16 @@ class AtomApi:
 
     # --- authorization ------------------------------------------------------------------------
     def _authorize(self, request: Request, entity_path: str) -> None:
-        """A valid SAS token signed with one of our keys, over its `sr` exactly as sent (each
-        SDK signs a different audience: docs/management.md §2), whose audience covers the
-        entity. Any host is accepted: behind a port mapping the client's host is not ours."""
+        """A valid SAS token over its `sr` exactly as sent (each SDK signs a different audience:
+        docs/management.md §2), signed with a key holding the Manage right, whose audience
+        covers the entity (for a list, the namespace or the list's own path, which the
+        JavaScript SDK signs). Any host is accepted: behind a port mapping the client's host
+        is not ours."""
         try:
-            token = verify_sas_token(request.headers.get("authorization", ""), self.sas_keys)
-        except SasError as exc:
+            authorize_header(request.headers.get("authorization", ""), self.sas_keys,
+                             entity_path, MANAGE)
+        except Unauthorized as exc:
             raise ax.AtomError(401, f"Unauthorized: {exc.reason}") from None
-        granted = entity_path_of(token.audience.partition("?")[0]).lower()
-        wanted = entity_path.strip("/").lower()
-        if granted and granted != wanted and not audience_covers(token.audience.partition("?")[0],
-                                                                   wanted):
-            raise ax.AtomError(
-                401, f"Unauthorized: the token's audience {token.audience!r} does not cover "
-                f"{entity_path!r}")
 
     # --- routing ------------------------------------------------------------------------------
     async def _route(self, request: Request) -> Response:

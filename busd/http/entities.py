@@ -1,18 +1,33 @@
 """Entities as the management API sees them: what `busd.http.atom` asks of the broker's
-entities, and the counts it answers with.
+entity catalog (busd.broker.catalog), and the counts it answers with.
 
 Properties are carried by Service Bus element name (`LockDuration` in ms, `RequiresSession`, ...;
-busd.http.atom_xml); this module maps them to and from the broker's entity specs.
+busd.http.atom_xml); this module maps them to and from the catalog's entities (busd.entities):
+what an entity has a field for goes there, the rest into its `extra` and back unchanged.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from busd.config import DEFAULT_DUPLICATE_WINDOW_MS, KIB
+from busd.entities import (
+    DEFAULT_RULE_NAME,
+    QueueEntity,
+    RuleEntity,
+    SubscriptionEntity,
+    TopicEntity,
+    from_record,
+    rule_path,
+)
+from busd.entities import Entity as CatalogEntity
+from busd.errors import BusdError, Condition
 from busd.http import atom_xml as ax
-from busd.storage.api import EntityCounts, QueueSpec
+from busd.rules import RuleError, rule_from_dict
+from busd.storage.api import EntityCounts, subscription_path
 
 
 @dataclass
@@ -46,21 +61,6 @@ class Entities(Protocol):
     async def runtime(self, entity: Entity) -> ax.Runtime: ...
 
 
-def queue_properties(spec: QueueSpec) -> dict[str, Any]:
-    """A queue's spec as ATOM properties."""
-    window = spec.duplicate_detection_window_ms
-    return {
-        "LockDuration": spec.lock_duration_ms,
-        "RequiresSession": spec.requires_session,
-        "MaxDeliveryCount": spec.max_delivery_count,
-        "DefaultMessageTimeToLive": spec.default_ttl_ms,
-        "DeadLetteringOnMessageExpiration": spec.dead_letter_on_expiration,
-        "RequiresDuplicateDetection": window is not None,
-        "DuplicateDetectionHistoryTimeWindow": window or DEFAULT_DUPLICATE_WINDOW_MS,
-        "MaxMessageSizeInKilobytes": max(1, spec.max_message_size // KIB),
-    }
-
-
 def runtime_of(counts: EntityCounts) -> ax.Runtime:
     """The counts the SDKs (and KEDA) read, from the store's (docs/management.md §4).
 
@@ -77,38 +77,278 @@ def runtime_of(counts: EntityCounts) -> ax.Runtime:
     )
 
 
-class ConfigEntities:
-    """The queues a process read from its entities file: served, not changed."""
+# --- the store's catalog ------------------------------------------------------------------------
+# ATOM element <-> entity field, per kind; what has no field is kept in `extra` and echoed.
+_QUEUE_FIELDS = {
+    "LockDuration": "lock_duration_ms", "RequiresSession": "requires_session",
+    "MaxDeliveryCount": "max_delivery_count", "DefaultMessageTimeToLive": "default_ttl_ms",
+    "DeadLetteringOnMessageExpiration": "dead_letter_on_expiration",
+    "ForwardTo": "forward_to", "ForwardDeadLetteredMessagesTo": "forward_dead_lettered_to",
+}  # fmt: skip
+_TOPIC_FIELDS = {"DefaultMessageTimeToLive": "default_ttl_ms"}
+_SUBSCRIPTION_FIELDS = {
+    "LockDuration": "lock_duration_ms", "RequiresSession": "requires_session",
+    "MaxDeliveryCount": "max_delivery_count", "DefaultMessageTimeToLive": "default_ttl_ms",
+    "DeadLetteringOnMessageExpiration": "dead_letter_on_expiration",
+    "DeadLetteringOnFilterEvaluationExceptions": "dead_letter_on_filter_exceptions",
+    "ForwardTo": "forward_to", "ForwardDeadLetteredMessagesTo": "forward_dead_lettered_to",
+}  # fmt: skip
+_FIELDS = {"queue": _QUEUE_FIELDS, "topic": _TOPIC_FIELDS, "subscription": _SUBSCRIPTION_FIELDS}
+_CLASSES = {"queue": QueueEntity, "topic": TopicEntity, "subscription": SubscriptionEntity}
+# Kept in `extra` for the answers' sake; not settable (read-only in requests).
+_UPDATED = "UpdatedAt"
+# What a change may not touch (the service refuses it too).
+_IMMUTABLE = ("RequiresSession",)
+
+
+def _to_atom(entity: QueueEntity | TopicEntity | SubscriptionEntity) -> dict[str, Any]:
+    """An entity's properties by element name (what atom_xml.description writes)."""
+    kind = entity.kind
+    props = {k: v for k, v in entity.extra.items() if k != _UPDATED}
+    for element, attr in _FIELDS[kind].items():
+        props[element] = getattr(entity, attr)
+    if isinstance(entity, (QueueEntity, TopicEntity)):
+        window = entity.duplicate_detection_window_ms
+        props["RequiresDuplicateDetection"] = window is not None
+        if window is not None:
+            props["DuplicateDetectionHistoryTimeWindow"] = window
+        props["MaxMessageSizeInKilobytes"] = max(1, entity.max_message_size // KIB)
+    return {k: v for k, v in props.items() if v is not None or k in _DURATIONS}
+
+
+_DURATIONS = {"DefaultMessageTimeToLive", "AutoDeleteOnIdle"}
+
+
+def _from_atom(kind: str, names: dict[str, str], props: dict[str, Any],
+               created_ms: int | None, updated_ms: int) -> CatalogEntity:  # fmt: skip
+    """The entity `props` (every property, by element name) describe."""
+    fields: dict[str, Any] = dict(names)
+    extra: dict[str, Any] = {}
+    mapping = _FIELDS[kind]
+    for element, value in props.items():
+        if element in mapping:
+            fields[mapping[element]] = value
+        elif element in ("RequiresDuplicateDetection", "DuplicateDetectionHistoryTimeWindow",
+                         "MaxMessageSizeInKilobytes", "DefaultRuleDescription") \
+                and kind in ("queue", "topic"):
+            continue
+        elif element != "DefaultRuleDescription":
+            extra[element] = value
+    if kind in ("queue", "topic"):
+        if props.get("RequiresDuplicateDetection"):
+            fields["duplicate_detection_window_ms"] = props.get(
+                "DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_MS)
+        else:
+            fields["duplicate_detection_window_ms"] = None
+            if "DuplicateDetectionHistoryTimeWindow" in props:
+                extra["DuplicateDetectionHistoryTimeWindow"] = props[
+                    "DuplicateDetectionHistoryTimeWindow"]
+        if "MaxMessageSizeInKilobytes" in props:
+            fields["max_message_size"] = props["MaxMessageSizeInKilobytes"] * KIB
+    extra[_UPDATED] = updated_ms
+    return _CLASSES[kind](**fields, extra=extra, created_ms=created_ms)
+
+
+_TRUE_SQL = re.compile(r"\s*1\s*=\s*1\s*")
+_FALSE_SQL = re.compile(r"\s*1\s*=\s*0\s*")
+# ATOM's correlation field names (atom_xml) -> the stored form's
+_CORRELATION = {"correlation_id": "correlation_id", "message_id": "message_id", "to": "to",
+                "reply_to": "reply_to", "label": "subject", "session_id": "session_id",
+                "reply_to_session_id": "reply_to_session_id", "content_type": "content_type"}
+
+
+def _rule_of(description: ax.RuleDescription) -> dict[str, Any]:
+    """The stored form (the rules' JSON form, without the name) of the rule an ATOM
+    RuleDescription describes; AtomError 400 when it cannot be a rule."""
+    for key, value in {**description.properties, **description.action_parameters}.items():
+        if value is not None and not isinstance(value, (str, bool, int, float)):
+            raise ax.AtomError(400, f"{key!r}: parameter and property values are strings, "
+                               "numbers or booleans")
+    kind, sql = description.filter_type, description.sql or ""
+    if kind == "SqlFilter" and _TRUE_SQL.fullmatch(sql):  # what the JS SDK sends for True
+        kind = "TrueFilter"
+    elif kind == "SqlFilter" and _FALSE_SQL.fullmatch(sql):
+        kind = "FalseFilter"
+    flt: dict[str, Any]
+    if kind == "TrueFilter":
+        flt = {"type": "true"}
+    elif kind == "FalseFilter":
+        flt = {"type": "false"}
+    elif kind == "SqlFilter":
+        flt = {"type": "sql", "expression": sql}
+        if description.properties:
+            flt["parameters"] = dict(description.properties)
+    else:
+        flt = {"type": "correlation"}
+        flt.update({_CORRELATION[k]: v for k, v in description.correlation.items()})
+        if description.properties:
+            flt["properties"] = dict(description.properties)
+        if len(flt) == 1:
+            raise ax.AtomError(400, "a CorrelationFilter needs at least one field or property")
+    record: dict[str, Any] = {"filter": flt}
+    if description.action_sql:
+        record["action"] = {"type": "sql", "expression": description.action_sql}
+    try:  # the SQL parses, the names and values are what a rule may hold
+        rule_from_dict({**record, "name": description.name or DEFAULT_RULE_NAME})
+    except RuleError as exc:
+        raise ax.AtomError(400, str(exc)) from None
+    return record
+
+
+def _description_of(name: str, record: dict[str, Any]) -> ax.RuleDescription:
+    flt = record.get("filter") or {"type": "true"}
+    out = ax.RuleDescription(name=name)
+    kind = flt.get("type")
+    if kind == "false":
+        out.filter_type = "FalseFilter"
+    elif kind == "sql":
+        out.filter_type, out.sql = "SqlFilter", flt.get("expression")
+        out.properties = dict(flt.get("parameters") or {})
+    elif kind == "correlation":
+        out.filter_type = "CorrelationFilter"
+        out.correlation = {atom: flt[stored] for atom, stored in _CORRELATION.items()
+                           if flt.get(stored) is not None}
+        out.properties = dict(flt.get("properties") or {})
+    action = record.get("action")
+    out.action_sql = action.get("expression") if isinstance(action, dict) else None
+    return out
+
+
+def _catalog_path(kind: str, path: str) -> str:
+    """busd.http's `t/s`, `t/s/r` as the catalog spells them."""
+    if kind == "subscription":
+        topic, sub = path.rsplit("/", 1)
+        return subscription_path(topic, sub)
+    if kind == "rule":
+        topic, sub, rule = path.rsplit("/", 2)
+        return rule_path(topic, sub, rule)
+    return path
+
+
+class CatalogEntities:
+    """Entities in the store's catalog (busd.broker.catalog): created, changed and deleted there,
+    so every busd process sees them; reads come from the process's view of it, and from the
+    store itself when the view has not heard of a change yet."""
 
     def __init__(self, broker) -> None:
         self.broker = broker
+        self.catalog = broker.catalog
+
+    def _view(self, entity: CatalogEntity) -> Entity:
+        now = entity.created_ms
+        if isinstance(entity, RuleEntity):
+            path = f"{entity.topic}/{entity.subscription}/{entity.name.lower()}"
+            description = _description_of(entity.name, entity.rule)
+            return Entity("rule", path, {"rule": description}, now, now,
+                          title=entity.name)
+        updated = entity.extra.get(_UPDATED, now)
+        if isinstance(entity, SubscriptionEntity):
+            return Entity("subscription", f"{entity.topic}/{entity.name}", _to_atom(entity), now,
+                          updated)
+        return Entity(entity.kind, entity.name, _to_atom(entity), now, updated)
+
+    def _cached(self, kind: str, path: str) -> CatalogEntity | None:
+        if kind == "queue":
+            return self.catalog.queue(path)
+        if kind == "topic":
+            return self.catalog.topic(path)
+        if kind == "subscription":
+            return self.catalog.subscription(*path.rsplit("/", 1))
+        return self.catalog.rule(*path.rsplit("/", 2))
+
+    async def _lookup(self, kind: str, path: str) -> CatalogEntity | None:
+        found = self._cached(kind, path)
+        if found is None:  # created by another process a moment ago?
+            record = await self.catalog.store.catalog_get(kind, _catalog_path(kind, path))
+            found = None if record is None else from_record(kind, record)
+        return found
 
     async def get(self, kind: str, path: str) -> Entity | None:
-        spec = self.broker.queue(path) if kind == "queue" else None
-        return Entity("queue", spec.name, queue_properties(spec)) if spec else None
+        found = await self._lookup(kind, path)
+        return None if found is None else self._view(found)
 
     async def list(self, kind: str, parent: str | None = None) -> list[Entity]:
-        if kind != "queue":
-            return []
-        return [Entity("queue", q.name, queue_properties(q.spec))
-                for q in self.broker.catalog.queues()]
+        if kind == "queue":
+            found: list[Any] = self.catalog.queues()
+        elif kind == "topic":
+            found = self.catalog.topics()
+        elif kind == "subscription":
+            found = self.catalog.subscriptions(parent or "")
+        else:
+            found = self.catalog.rules(*(parent or "/").rsplit("/", 1))
+        return [self._view(e) for e in found]
 
     async def create(self, kind: str, path: str, properties: dict[str, Any]) -> Entity:
-        raise ax.AtomError(403, "entities come from the entities file: none can be created",
-                           40301)
+        now = int(time.time() * 1000)
+        try:
+            if kind == "rule":
+                topic, sub, _ = path.rsplit("/", 2)
+                description = properties["rule"]
+                created = await self.catalog.create(
+                    RuleEntity(topic, sub, description.name, _rule_of(description)))
+            else:
+                names = _names(kind, path)
+                entity = _from_atom(kind, names, properties, None, now)
+                rules = None
+                if kind == "subscription" and properties.get("DefaultRuleDescription"):
+                    default = properties["DefaultRuleDescription"]
+                    rules = [RuleEntity(names["topic"], names["name"],
+                                        default.name or DEFAULT_RULE_NAME, _rule_of(default))]
+                created = await self.catalog.create(entity, rules=rules)
+        except BusdError as exc:
+            raise _atom_error(exc) from None
+        return self._view(created)
 
     async def update(self, kind: str, path: str, properties: dict[str, Any]) -> Entity:
-        raise ax.AtomError(403, "entities come from the entities file: none can be changed",
-                           40301)
+        current = await self._lookup(kind, path)
+        if current is None:
+            raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
+        try:
+            if isinstance(current, RuleEntity):
+                updated = await self.catalog.update(RuleEntity(
+                    current.topic, current.subscription, current.name,
+                    _rule_of(properties["rule"]), current.created_ms))
+            else:
+                merged = {**_to_atom(current), **properties}
+                for name in _IMMUTABLE:
+                    if merged.get(name) != _to_atom(current).get(name):
+                        raise ax.AtomError(400, f"{name} cannot be changed on an existing entity")
+                merged.pop("DefaultRuleDescription", None)
+                entity = _from_atom(kind, _names(kind, path), merged, current.created_ms,
+                                    int(time.time() * 1000))
+                updated = await self.catalog.update(entity)
+        except BusdError as exc:
+            raise _atom_error(exc) from None
+        return self._view(updated)
 
     async def delete(self, kind: str, path: str) -> bool:
-        if await self.get(kind, path) is None:
-            return False
-        raise ax.AtomError(403, "entities come from the entities file: none can be deleted",
-                           40301)
+        try:
+            return await self.catalog.delete(kind, _catalog_path(kind, path))
+        except BusdError as exc:
+            raise _atom_error(exc) from None
 
     async def runtime(self, entity: Entity) -> ax.Runtime:
-        spec = self.broker.queue(entity.path)
-        if spec is None:
-            return ax.Runtime()
-        return runtime_of(await self.broker.store.counts(spec))
+        if entity.kind == "topic":
+            return ax.Runtime(subscription_count=len(self.catalog.subscriptions(entity.path)),
+                              created_ms=entity.created_ms, updated_ms=entity.updated_ms,
+                              accessed_ms=entity.updated_ms)
+        spec = self.catalog.spec(_catalog_path(entity.kind, entity.path))
+        runtime = runtime_of(await self.broker.store.counts(spec)) if spec else ax.Runtime()
+        runtime.created_ms = entity.created_ms
+        runtime.updated_ms = runtime.accessed_ms = entity.updated_ms
+        return runtime
+
+
+def _names(kind: str, path: str) -> dict[str, str]:
+    if kind == "subscription":
+        topic, sub = path.rsplit("/", 1)
+        return {"topic": topic, "name": sub}
+    return {"name": path}
+
+
+def _atom_error(exc: BusdError) -> ax.AtomError:
+    if exc.condition == Condition.ENTITY_ALREADY_EXISTS:
+        return ax.AtomError(409, f"Conflict. {exc.description}", 40900)
+    if exc.condition == Condition.NOT_FOUND:
+        return ax.AtomError(404, exc.description, 40400)
+    return ax.AtomError(400, exc.description)

@@ -26,6 +26,7 @@ if not (CHROMIUM and CHROMEDRIVER):
                 allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
@@ -52,8 +53,23 @@ def browser(tmp_path):
         driver.quit()
 
 
+def _retrying(action):
+    """The tables are redrawn when data arrives: look an element up again if it was."""
+    for _ in range(20):
+        try:
+            return action()
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    return action()
+
+
 def _cell(driver, row_selector: str, column: str) -> str:
-    return driver.find_element(By.CSS_SELECTOR, f"{row_selector} td.{column}").text
+    return _retrying(
+        lambda: driver.find_element(By.CSS_SELECTOR, f"{row_selector} td.{column}").text)
+
+
+def _click(driver, selector: str) -> None:
+    _retrying(lambda: driver.find_element(By.CSS_SELECTOR, selector).click())
 
 
 def _wait_text(driver, selector: str, text: str, timeout: float = 15) -> None:
@@ -87,6 +103,7 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
 
     plain = 'tr[data-queue="dash-plain"]'
     WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, plain)))
+    browser.find_element(By.ID, "auto").click()  # no refresh under the test's feet
     assert _cell(browser, plain, "active") == "2"
     assert _cell(browser, plain, "dead-letter") == "1"
     assert _cell(browser, plain, "scheduled") == "0"
@@ -96,16 +113,17 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     assert _cell(browser, sessions, "sessions") == "1"
 
     # a session's messages, ten at a time
-    browser.find_element(By.CSS_SELECTOR, sessions).click()
+    _click(browser, sessions)
     row = 'tr[data-session="order-7"]'
     WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
     assert _cell(browser, row, "message-count") == "23"
     assert _cell(browser, row, "locked") == "no"
-    browser.find_element(By.CSS_SELECTOR, f"{row} button.peek-session").click()
+    _click(browser, f"{row} button.peek-session")
     _wait_text(browser, "#page-info", "page 1, 10 message(s)")
     page1 = _seqs(browser)
     assert len(page1) == 10 and page1 == sorted(page1)
-    bodies = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#messages td.body")]
+    bodies = _retrying(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR,
+                                                                      "#messages td.body")])
     assert bodies == [f"step {i}" for i in range(10)]
     browser.find_element(By.ID, "next-page").click()
     _wait_text(browser, "#page-info", "page 2, 10 message(s)")
@@ -118,7 +136,7 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     assert not browser.find_element(By.ID, "next-page").is_enabled()
 
     # the dead letter, then back to the queue
-    browser.find_element(By.CSS_SELECTOR, plain).click()
+    _click(browser, plain)
     browser.find_element(By.ID, "peek-dlq").click()
     _wait_text(browser, "#messages-title", "Dead letters of dash-plain")
     assert _cell(browser, "#messages tbody tr", "reason") == "looked-at"

@@ -118,3 +118,12 @@ def test_wrong_methods_and_routes(busd):
     assert status == 404 and detail(data)
     status, data = call(busd, "GET", "/nosuch-topic/Subscriptions/s/Rules/r")
     assert status == 404
+def test_unknown_elements_are_ignored_as_the_service_does(busd):
+    status, data = call(busd, "PUT", "/bad-unknown",
+                        entry("<FancyNewThing>1</FancyNewThing><MaxDeliveryCount>3"
+                              "</MaxDeliveryCount><MessageCount>99</MessageCount>"))
+    assert status == 201, data
+    assert max_delivery_count(busd, "bad-unknown") == "3"
+    assert call(busd, "DELETE", "/bad-unknown")[0] == 200
+
+

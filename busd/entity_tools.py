@@ -1,0 +1,379 @@
+"""`busd queue|topic|subscription|rule create|update|show|delete`, and `busd rule list`: entities
+managed over busd's management (ATOM) API, the one the SDKs' administration clients call
+(docs/management.md §3), so the command line and the SDKs cannot disagree.
+
+Like the other tools (busd.tools): `--url`/BUSD_URL, a SAS token from BUSD_SAS_KEY, a table or
+`--json`, one line on stderr and an exit code: 65 refused as invalid, 66 not found, 69 busd
+unreachable, 73 already exists, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import click
+
+from busd.auth.sas import generate_sas_token
+from busd.tools import (
+    DEFAULT_SAS_KEY,
+    DEFAULT_URL,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    TIMEOUT_S,
+    ToolError,
+    table,
+)
+
+EXIT_EXISTS = 73  # sysexits EX_CANTCREAT
+ATOM = "http://www.w3.org/2005/Atom"
+SB = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"
+API = "api-version=2021-05"
+
+
+class AtomClient:
+    """PUT/GET/DELETE of entity entries, signed as the .NET SDK signs (the URL's path)."""
+
+    def __init__(self, url: str, cafile: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.key_name, _, self.key = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
+        self.context = None
+        if self.url.startswith("https://"):
+            self.context = ssl.create_default_context(cafile=cafile)
+
+    def call(self, method: str, path: str, body: bytes | None = None,
+             update: bool = False) -> ET.Element | None:  # fmt: skip
+        url = f"{self.url}/{path}?{API}"
+        audience = f"{urlsplit(self.url).scheme}://{urlsplit(self.url).netloc}/{path}"
+        request = urllib.request.Request(url, data=body, method=method)
+        request.add_header("Authorization", generate_sas_token(
+            audience, self.key_name, self.key, int(time.time()) + 600))
+        if body is not None:
+            request.add_header("Content-Type", "application/atom+xml;type=entry;charset=utf-8")
+        if update:
+            request.add_header("If-Match", "*")
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.context) as r:
+                data = r.read()
+        except urllib.error.HTTPError as exc:
+            raise _error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise ToolError(f"{self.url} presented a certificate this machine does not trust: "
+                                "give busd's with --cacert (its path is in busd's start banner)",
+                                EXIT_UNAVAILABLE) from None
+            raise ToolError(f"cannot reach busd at {self.url}: {reason}",
+                            EXIT_UNAVAILABLE) from None
+        if not data.strip():
+            return None
+        root = ET.fromstring(data)
+        if root.tag == f"{{{ATOM}}}feed" and root.find(f"{{{ATOM}}}entry") is None \
+                and method == "GET" and "/Rules" not in path:
+            title = root.findtext(f"{{{ATOM}}}title") or ""
+            if title == "Publicly Listed Services":
+                raise ToolError(f"no entity {path!r}", EXIT_NOT_FOUND)
+        return root
+
+
+def _error(exc: urllib.error.HTTPError) -> ToolError:
+    try:
+        detail = ET.fromstring(exc.read()).findtext("Detail") or exc.reason
+    except ET.ParseError:
+        detail = exc.reason
+    code = {400: EXIT_INVALID, 401: EXIT_INVALID, 403: EXIT_INVALID, 404: EXIT_NOT_FOUND,
+            409: EXIT_EXISTS, 503: EXIT_UNAVAILABLE}.get(exc.code, EXIT_FAILED)
+    return ToolError(str(detail), code)
+
+
+def _entry(description: str, values: list[tuple[str, str]],
+           extra: list[ET.Element] | None = None) -> bytes:  # fmt: skip
+    entry = ET.Element(f"{{{ATOM}}}entry")
+    content = ET.SubElement(entry, f"{{{ATOM}}}content", type="application/xml")
+    desc = ET.SubElement(content, f"{{{SB}}}{description}")
+    for name, text in values:
+        ET.SubElement(desc, f"{{{SB}}}{name}").text = text
+    desc.extend(extra or [])
+    return ET.tostring(entry, encoding="utf-8", xml_declaration=True)
+
+
+def _properties(root: ET.Element | None) -> dict[str, Any]:
+    """An answered entry's description as {element: text}; CountDetails as a dict."""
+    if root is None:
+        return {}
+    content = root.find(f"{{{ATOM}}}content")
+    if content is None or not len(content):
+        return {}
+    out: dict[str, Any] = {"name": root.findtext(f"{{{ATOM}}}title")}
+    for child in content[0]:
+        name = child.tag.rpartition("}")[2]
+        if len(child):
+            out[name] = {c.tag.rpartition("}")[2]: (c.text or "") for c in child}
+        else:
+            out[name] = child.text or ""
+    return out
+
+
+def _path(*names: str) -> str:
+    parts = [quote(names[0], safe="/")]
+    if len(names) > 1:
+        parts += ["Subscriptions", quote(names[1], safe="")]
+    if len(names) > 2:
+        parts += ["Rules", quote(names[2], safe="")]
+    return "/".join(parts)
+
+
+def _client_options(command: Callable) -> Callable:
+    command = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(command)
+    command = click.option("--cacert", envvar="BUSD_CACERT", default=None,
+                           help="CA certificate to trust for an https:// URL (busd's own "
+                           "certificate: its path is in busd's start banner).")(command)
+    command = click.option("--url", envvar="BUSD_URL", default=DEFAULT_URL, show_default=True,
+                           help="busd's HTTP address (its --http-port).")(command)
+    return command
+
+
+def _show(as_json: bool, what: str, props: dict[str, Any]) -> None:
+    if as_json:
+        click.echo(json.dumps(props, indent=2))
+        return
+    rows = []
+    for name, value in props.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        rows.append([name, value])
+    click.echo(f"{what}\n" + table(["PROPERTY", "VALUE"], rows))
+
+
+# Options shared by queues and subscriptions: (option, element, click type, help)
+_QUEUE_LIKE = [
+    ("--requires-session/--no-requires-session", "RequiresSession", None, "Sessions."),
+    ("--lock-duration", "LockDuration", str, "e.g. PT30S (1 s to 5 min)."),
+    ("--max-delivery-count", "MaxDeliveryCount", int, "Deliveries before dead-lettering."),
+    ("--default-ttl", "DefaultMessageTimeToLive", str, "Default time to live, e.g. P14D."),
+    ("--dead-letter-on-expiration/--no-dead-letter-on-expiration",
+     "DeadLetteringOnMessageExpiration", None, "Dead-letter expired messages."),
+]
+_QUEUE_ONLY = [
+    ("--duplicate-detection/--no-duplicate-detection", "RequiresDuplicateDetection", None,
+     "Drop messages whose id was seen within the window."),
+    ("--duplicate-window", "DuplicateDetectionHistoryTimeWindow", str, "e.g. PT10M."),
+    ("--max-message-size-kb", "MaxMessageSizeInKilobytes", int, "Largest message, in KiB."),
+]
+_TOPIC = [
+    ("--default-ttl", "DefaultMessageTimeToLive", str, "Default time to live, e.g. P14D."),
+    ("--duplicate-detection/--no-duplicate-detection", "RequiresDuplicateDetection", None,
+     "Drop messages whose id was seen within the window."),
+    ("--duplicate-window", "DuplicateDetectionHistoryTimeWindow", str, "e.g. PT10M."),
+    ("--max-message-size-kb", "MaxMessageSizeInKilobytes", int, "Largest message, in KiB."),
+]
+
+
+def _with(options: list[tuple]) -> Callable:
+    def decorate(command: Callable) -> Callable:
+        for flag, element, kind, help_text in reversed(options):
+            name = element
+            if kind is None:
+                command = click.option(flag, name, default=None, help=help_text)(command)
+            else:
+                command = click.option(flag, name, type=kind, default=None,
+                                       help=help_text)(command)
+        return command
+
+    return decorate
+
+
+def _values(options: list[tuple], given: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for _, element, _, _ in options:
+        value = given.get(element)
+        if value is not None:
+            out.append((element, ("true" if value else "false") if isinstance(value, bool)
+                        else str(value)))
+    return out
+
+
+def _entity_group(kind: str, description: str, options: list[tuple], nested: bool) -> click.Group:
+    label = kind.capitalize()
+
+    @click.group(name=kind, help=f"Create, change, show or delete a {kind}.")
+    def group() -> None:
+        pass
+
+    def names_args(command: Callable) -> Callable:
+        command = click.argument("name")(command)
+        if nested:
+            command = click.argument("topic")(command)
+        return command
+
+    def _names(kwargs: dict[str, Any]) -> tuple[str, ...]:
+        return (kwargs.pop("topic"), kwargs.pop("name")) if nested else (kwargs.pop("name"),)
+
+    for verb, update in (("create", False), ("update", True)):
+        def run(update: bool = update, **kwargs: Any) -> None:
+            url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
+            names = _names(kwargs)
+            body = _entry(description, _values(options, kwargs))
+            root = AtomClient(url, cacert).call("PUT", _path(*names), body, update=update)
+            _show(as_json, f"{label} {'/'.join(names)} {'updated' if update else 'created'}",
+                  _properties(root))
+
+        run.__doc__ = (f"Change a {kind} (only the options given)." if update
+                       else f"Create a {kind}.")
+        group.command(verb)(names_args(_with(options)(_client_options(run))))
+
+    def show(**kwargs: Any) -> None:
+        url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
+        names = _names(kwargs)
+        root = AtomClient(url, cacert).call("GET", _path(*names))
+        _show(as_json, f"{label} {'/'.join(names)}", _properties(root))
+
+    show.__doc__ = f"Show a {kind}'s properties and counts."
+    group.command("show")(names_args(_client_options(show)))
+
+    def delete(**kwargs: Any) -> None:
+        url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
+        names = _names(kwargs)
+        AtomClient(url, cacert).call("DELETE", _path(*names))
+        if as_json:
+            click.echo(json.dumps({"deleted": "/".join(names)}))
+        else:
+            click.echo(f"{label} {'/'.join(names)} deleted")
+
+    delete.__doc__ = f"Delete a {kind} and everything in it."
+    group.command("delete")(names_args(_client_options(delete)))
+    return group
+
+
+queue = _entity_group("queue", "QueueDescription", _QUEUE_LIKE + _QUEUE_ONLY, nested=False)
+topic = _entity_group("topic", "TopicDescription", _TOPIC, nested=False)
+subscription = _entity_group("subscription", "SubscriptionDescription", _QUEUE_LIKE,
+                             nested=True)
+
+
+@click.group(help="Create, list or delete a subscription's rules.")
+def rule() -> None:
+    pass
+
+
+def _rule_entry(name: str, sql: str | None, correlation: tuple[str, ...],
+                action: str | None) -> bytes:  # fmt: skip
+    desc = ET.Element(f"{{{SB}}}RuleDescription")
+    if sql is not None and correlation:
+        raise click.UsageError("give --sql or --correlation, not both")
+    if correlation:
+        filt = ET.SubElement(desc, f"{{{SB}}}Filter", {f"{{{XSI}}}type": "CorrelationFilter"})
+        fields = {"correlation-id": "CorrelationId", "message-id": "MessageId", "to": "To",
+                  "reply-to": "ReplyTo", "label": "Label", "subject": "Label",
+                  "session-id": "SessionId", "reply-to-session-id": "ReplyToSessionId",
+                  "content-type": "ContentType"}
+        props = []
+        for item in correlation:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise click.BadParameter(f"takes KEY=VALUE, got {item!r}",
+                                         param_hint="--correlation")
+            if key.lower() in fields:
+                ET.SubElement(filt, f"{{{SB}}}{fields[key.lower()]}").text = value
+            else:
+                props.append((key, value))
+        if props:
+            holder = ET.SubElement(filt, f"{{{SB}}}Properties")
+            for key, value in props:
+                pair = ET.SubElement(holder, f"{{{SB}}}KeyValueOfstringanyType")
+                ET.SubElement(pair, f"{{{SB}}}Key").text = key
+                ET.SubElement(pair, f"{{{SB}}}Value", {f"{{{XSI}}}type": "d6p1:string"}).text = \
+                    value
+    else:
+        filt = ET.SubElement(desc, f"{{{SB}}}Filter", {f"{{{XSI}}}type": "SqlFilter"})
+        ET.SubElement(filt, f"{{{SB}}}SqlExpression").text = sql or "1=1"
+    if action:
+        act = ET.SubElement(desc, f"{{{SB}}}Action", {f"{{{XSI}}}type": "SqlRuleAction"})
+        ET.SubElement(act, f"{{{SB}}}SqlExpression").text = action
+    ET.SubElement(desc, f"{{{SB}}}Name").text = name
+    entry = ET.Element(f"{{{ATOM}}}entry")
+    ET.SubElement(entry, f"{{{ATOM}}}content", type="application/xml").append(desc)
+    return ET.tostring(entry, encoding="utf-8", xml_declaration=True)
+
+
+def _rule_row(entry: ET.Element) -> dict[str, Any]:
+    desc = entry.find(f"{{{ATOM}}}content/{{{SB}}}RuleDescription")
+    assert desc is not None
+    filt = desc.find(f"{{{SB}}}Filter")
+    action = desc.find(f"{{{SB}}}Action")
+    kind = filt.get(f"{{{XSI}}}type") if filt is not None else None
+    text: str | None
+    if kind == "CorrelationFilter" and filt is not None:
+        text = ", ".join(f"{c.tag.rpartition('}')[2]}={c.text}" for c in filt
+                         if c.text and len(c) == 0)
+    else:
+        text = filt.findtext(f"{{{SB}}}SqlExpression") if filt is not None else None
+    return {"name": entry.findtext(f"{{{ATOM}}}title"), "filter_type": kind, "filter": text,
+            "action": action.findtext(f"{{{SB}}}SqlExpression") if action is not None else None}
+
+
+@rule.command("create")
+@click.argument("topic")
+@click.argument("subscription")
+@click.argument("name")
+@click.option("--sql", default=None, help="A SQL filter, e.g. \"color = 'red'\" (default 1=1).")
+@click.option("--correlation", multiple=True, metavar="KEY=VALUE",
+              help="A correlation filter field (session-id, label, to, ...) or property "
+              "(repeatable).")
+@click.option("--action", default=None, help="A SQL action, e.g. \"SET handled = true\".")
+@_client_options
+def rule_create(topic: str, subscription: str, name: str, sql: str | None,
+                correlation: tuple[str, ...], action: str | None, url: str, cacert: str | None,
+                as_json: bool) -> None:  # fmt: skip
+    """Add a rule to a subscription."""
+    root = AtomClient(url, cacert).call("PUT", _path(topic, subscription, name),
+                                        _rule_entry(name, sql, correlation, action))
+    row = _rule_row(root) if root is not None else {"name": name}
+    if as_json:
+        click.echo(json.dumps(row, indent=2))
+    else:
+        click.echo(f"Rule {name} created on {topic}/{subscription}: {row.get('filter')}")
+
+
+@rule.command("list")
+@click.argument("topic")
+@click.argument("subscription")
+@_client_options
+def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
+              as_json: bool) -> None:  # fmt: skip
+    """List a subscription's rules."""
+    root = AtomClient(url, cacert).call("GET", _path(topic, subscription) + "/Rules")
+    rows = [_rule_row(e) for e in (root.findall(f"{{{ATOM}}}entry") if root is not None else [])]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        click.echo(table(["RULE", "FILTER-TYPE", "FILTER", "ACTION"],
+                         [[r["name"], r["filter_type"], r["filter"], r["action"]]
+                          for r in rows]))
+
+
+@rule.command("delete")
+@click.argument("topic")
+@click.argument("subscription")
+@click.argument("name")
+@_client_options
+def rule_delete(topic: str, subscription: str, name: str, url: str, cacert: str | None,
+                as_json: bool) -> None:  # fmt: skip
+    """Delete a rule."""
+    AtomClient(url, cacert).call("DELETE", _path(topic, subscription, name))
+    click.echo(json.dumps({"deleted": name}) if as_json
+               else f"Rule {name} deleted from {topic}/{subscription}")
+
+
+COMMANDS = (queue, topic, subscription, rule)

@@ -1,0 +1,81 @@
+"""The JavaScript SDK (`@azure/service-bus` under node, trusting busd's certificate through
+NODE_EXTRA_CA_CERTS): the administration client's round trip over HTTPS, then messages through
+the AMQP client. The node script (js/admin_roundtrip.mjs) prints one JSON line per step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import queue
+
+pytestmark = pytest.mark.timeout(300)
+
+JS = Path(__file__).parent / "js"
+NODE = shutil.which("node")
+NPM = shutil.which("npm")
+
+if not (NODE and NPM):
+    pytest.skip("needs node and npm (.ci/run installs them)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def node_modules():
+    if not (JS / "node_modules" / "@azure" / "service-bus").is_dir():
+        done = subprocess.run([NPM, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+                              cwd=JS, capture_output=True, text=True, timeout=280)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return JS / "node_modules"
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("js-file-queue")])
+
+
+def test_javascript_administration_client_round_trip(busd, node_modules):
+    prefix = f"js{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, NODE_EXTRA_CA_CERTS=str(busd.cert_path))
+    done = subprocess.run(
+        [NODE, "admin_roundtrip.mjs", busd.admin_connection_string, busd.connection_string,
+         prefix], cwd=JS, env=env, capture_output=True, text=True, timeout=120)
+    steps = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            item = json.loads(line)
+            steps[item["step"]] = item["value"]
+    assert done.returncode == 0 and steps.get("done"), done.stdout + done.stderr
+
+    q, t = f"{prefix}-q", f"{prefix}-t"
+    assert steps["namespace"] == {"name": "sbemulatorns", "sku": "Standard"}
+    assert steps["createQueue"] == {"name": q, "lockDuration": "PT30S", "maxDeliveryCount": 5,
+                                    "userMetadata": "from js"}
+    assert steps["createQueueAgain"]["code"] == "MessageEntityAlreadyExistsError"
+    assert steps["queueExists"] is True and steps["queueExistsMissing"] is False
+    assert steps["getQueueMissing"]["code"] == "MessageEntityNotFoundError"
+    assert steps["updateQueue"] == {"maxDeliveryCount": 7, "lockDuration": "PT30S"}
+    assert {q, "js-file-queue"} <= set(steps["listQueues"])
+    assert steps["runtime"] == {"active": 2, "total": 2, "deadLetter": 0, "scheduled": 0}
+    assert steps["createTopic"] == {"name": t, "ttl": "PT1H"}
+    assert steps["createSubscription"] == {"topic": t, "name": "sub1", "requiresSession": True,
+                                           "maxDeliveryCount": 4}
+    assert steps["getSubscription"] == {"topic": t, "name": "sub1"}
+    assert steps["subscriptionRuntime"] == {"active": 0, "total": 0}
+    assert steps["listSubscriptions"] == ["sub1"]
+    assert steps["createRule"] == {"name": "jr1", "filter": "color = @c",
+                                   "parameters": {"@c": "red"}, "action": "SET seen = 1"}
+    assert steps["createCorrelationRule"] == {"name": "jr2", "sessionId": "s-1",
+                                              "properties": {"kind": "blue", "n": 3}}
+    assert steps["getRule"] == {"name": "jr1", "filter": "color = @c"}
+    assert steps["listRules"] == ["$Default", "jr1", "jr2"]
+    assert steps["getRuleDeleted"]["code"] == "MessageEntityNotFoundError"
+    assert steps["subscriptionExistsAfterDelete"] is False
+    assert steps["topicExistsAfterDelete"] is False
+    assert steps["queueExistsAfterDelete"] is False
+    assert steps["deleteMissing"]["code"] == "MessageEntityNotFoundError"
