@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.management import ServiceBusAdministrationClient
 
 from tests.e2e.conftest import queue, receive
 
@@ -92,6 +93,11 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
             sender.send_messages([ServiceBusMessage(f"step {i}", session_id="order-7")
                                   for i in range(23)])
 
+    with ServiceBusAdministrationClient.from_connection_string(
+            busd.admin_connection_string, connection_verify=busd.cert_path) as admin:
+        admin.create_topic("dash-topic")
+        admin.create_subscription("dash-topic", "audit", requires_session=True)
+
     browser.get(busd.http_url + "/")
     WebDriverWait(browser, 15).until(ec.visibility_of_element_located((By.ID, "login-form")))
     browser.find_element(By.ID, "key").send_keys("not-the-key")
@@ -111,6 +117,9 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     sessions = 'tr[data-queue="dash-sessions"]'
     assert _cell(browser, sessions, "active") == "23"
     assert _cell(browser, sessions, "sessions") == "1"
+    subscription = 'tr[data-queue="dash-topic/subscriptions/audit"]'
+    assert _cell(browser, subscription, "active") == "0"
+    assert _cell(browser, subscription, "sessions") == "0"
 
     # a session's messages, ten at a time
     _click(browser, sessions)

@@ -71,3 +71,31 @@ def test_the_dashboard_page_is_served_and_its_login_checks_the_key(busd):
                  body=b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}')
     response = conn.getresponse()
     assert response.status == 200 and b"SharedAccessSignature" in response.read()
+
+
+def test_management_over_plain_http_as_dotnet_signs_it(busd):
+    """.NET speaks plain HTTP to an emulator and signs the URL without its query."""
+    conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    base = f"http://localhost:{busd.http_port}"
+
+    def call(method: str, path: str, body: bytes | None = None, **headers: str):
+        token = generate_sas_token(f"{base}{path}", "RootManageSharedAccessKey",
+                                   "SAS_KEY_VALUE", int(time.time()) + 600)
+        conn.request(method, f"{path}?api-version=2021-05", body=body,
+                     headers={"Authorization": token, **headers})
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    entry = (b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+             b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
+             b'servicebus/connect"><MaxDeliveryCount>6</MaxDeliveryCount></QueueDescription>'
+             b'</content></entry>')
+    status, data = call("PUT", "/dotnet-q", entry)
+    assert status == 201 and b"<MaxDeliveryCount>6</MaxDeliveryCount>" in data
+    assert call("PUT", "/dotnet-q", entry)[0] == 409
+    status, data = call("GET", "/dotnet-q")
+    assert status == 200 and b"<title type=\"text\">dotnet-q</title>" in data
+    assert call("DELETE", "/dotnet-q") == (200, b"")
+    assert call("DELETE", "/dotnet-q")[0] == 404
+    status, data = call("GET", "/dotnet-q")
+    assert status == 200 and b"Publicly Listed Services" in data
