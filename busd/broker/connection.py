@@ -213,7 +213,11 @@ class ConnectionHandler:
         self._link_gone(event.link)
 
     def on_transport_error(self, event) -> None:
-        cond = event.transport.condition
+        try:
+            cond = event.transport.condition
+        except UnicodeDecodeError:  # proton quotes the client's bytes in its description
+            log.info("connection %s: transport error (description not UTF-8)", self.proto.peer)
+            return
         # The SDK detaches a $management link after ending its session (docs/wire.md §1.5): proton
         # answers with "no such channel"; the client is leaving anyway.
         late_frame = cond is not None and "no such channel" in (cond.description or "")

@@ -19,6 +19,7 @@ from tests.e2e.conftest import BusdProcess, launch_busd, queue, write_config
 QUEUES = [
     queue("plain"),
     queue("sessions", RequiresSession=True, LockDuration="PT2S"),
+    queue("canary"),  # what no fault may change
 ]
 
 
