@@ -2,10 +2,11 @@
 delivery merges in (dead-lettering, `modified` outcomes, $management updates); and a stored
 message rewritten with such changes (a rule action's copy on a subscription).
 
-Delivering a message is a few byte joins: a fresh header with the delivery-count, the broker's
-annotations in front of the sender's, then the bare bytes of the blob built by
-busd.amqp.incoming (docs/wire.md §6.3). A delivery that patches application-properties
-re-reads that one map only, decoding its keys and copying its values as they are.
+Delivering a message is a few byte joins: a fresh header with the delivery-count, the lock token
+in front of the sender's delivery-annotations, the broker's message-annotations in front of the
+sender's, then the bare bytes of the blob built by busd.amqp.incoming (docs/wire.md §6.3). A
+delivery that patches application-properties re-reads that one map only, decoding its keys and
+copying its values as they are.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from busd.amqp.decoding import (
     skip_value,
 )
 from busd.amqp.encoding import encode_into, encode_value
-from busd.amqp.incoming import BLOB_HEAD, BLOB_VERSION, HAS_APP_PROPERTIES
+from busd.amqp.incoming import (
+    BLOB_HEAD,
+    BLOB_VERSION,
+    DA_HEAD,
+    HAS_APP_PROPERTIES,
+    HAS_DELIVERY_ANNOTATIONS,
+)
 from busd.amqp.messages import PROPERTY_FIELDS, encode_message
 from busd.amqp.sections import (
     ANNOTATIONS_OPEN,
@@ -46,11 +53,18 @@ _pBI = struct.Struct(">BI").pack
 _unpack_blob_head = BLOB_HEAD.unpack_from
 _BLOB_HEAD_SIZE = BLOB_HEAD.size
 
+_unpack_da_head = DA_HEAD.unpack_from
+_DA_HEAD_SIZE = DA_HEAD.size
+
 _HEADER_OPEN = b"\x00\x53\x70\xc0"
+_DELIVERY_ANNOTATIONS_OPEN = b"\x00\x53\x71"
+_K_LOCK_TOKEN = symbol_bytes(b"x-opt-lock-token") + b"\x98"  # uuid
 _K_SEQ = symbol_bytes(b"x-opt-sequence-number") + b"\x81"  # long
 _K_ENQ = symbol_bytes(b"x-opt-enqueued-time") + b"\x83"  # timestamp
 _K_LOCKED = symbol_bytes(b"x-opt-locked-until") + b"\x83"  # timestamp
 _K_STATE = symbol_bytes(b"x-opt-message-state") + b"\x71"  # int
+# delivery-annotations holding the lock token alone, up to the token's 16 bytes
+_LOCK_ONLY = _DELIVERY_ANNOTATIONS_OPEN + map_header(2, len(_K_LOCK_TOKEN) + 16) + _K_LOCK_TOKEN
 _SEQ_ENQ = struct.Struct(f">{len(_K_SEQ)}sq{len(_K_ENQ)}sq")
 _K_DL_REASON = encode_value("DeadLetterReason")
 _K_DL_DESCRIPTION = encode_value("DeadLetterErrorDescription")
@@ -63,6 +77,7 @@ def encode_delivery(
     enqueued_ms: int,
     delivery_count: int,
     locked_until_ms: int | None = None,
+    lock_token: bytes | None = None,
     message_state: int | None = None,
     dead_letter_reason: str | None = None,
     dead_letter_description: str | None = None,
@@ -71,8 +86,10 @@ def encode_delivery(
     """The payload of a stored message as delivered to a receiver (docs/wire.md §6.3).
 
     Header: all five fields, the sender's durable/priority/ttl and an explicit delivery-count.
-    Message-annotations: x-opt-sequence-number (long), x-opt-enqueued-time (timestamp),
-    x-opt-locked-until (timestamp) and x-opt-message-state (int) when given, then the sender's.
+    Delivery-annotations: x-opt-lock-token (uuid, the 16 bytes of `lock_token`) when given,
+    then the sender's; no section when there is neither. Message-annotations:
+    x-opt-sequence-number (long), x-opt-enqueued-time (timestamp), x-opt-locked-until
+    (timestamp) and x-opt-message-state (int) when given, then the sender's.
     Then the bare message as sent, except that dead-letter reason/description and a
     properties patch (from encode_properties_patch) are merged into application-properties."""
     try:
@@ -80,6 +97,28 @@ def encode_delivery(
     except (struct.error, TypeError):
         raise CodecError("not a stored message") from None
     p = _BLOB_HEAD_SIZE
+    delivery_ann = b""
+    if lock_token is None:
+        token = b""
+    elif len(lock_token) != 16:
+        raise CodecError("a lock token is 16 bytes")
+    else:
+        token = lock_token
+    if flags & HAS_DELIVERY_ANNOTATIONS:
+        try:
+            da_pairs, da_len = _unpack_da_head(blob, p)
+        except struct.error:
+            raise CodecError("not a stored message") from None
+        p += _DA_HEAD_SIZE
+        da = blob[p : p + da_len]
+        p += da_len
+        if token:
+            da = _K_LOCK_TOKEN + token + da
+            da_pairs += 1
+            token = b""
+        delivery_ann = _DELIVERY_ANNOTATIONS_OPEN + map_header(2 * da_pairs, len(da)) + da
+    elif token:
+        delivery_ann = _LOCK_ONLY
     header_fields = blob[p : p + header_len]
     p += header_len
     bare_start = p + ann_len
@@ -122,6 +161,8 @@ def encode_delivery(
             bytes((header_len + len(count) + 1, 5)),
             header_fields,
             count,
+            delivery_ann,
+            token,
             ANNOTATIONS_OPEN,
             map_header(2 * pairs, len(broker) + ann_len),
             broker,
@@ -232,6 +273,14 @@ def rewrite_blob(
     except (struct.error, TypeError):
         raise CodecError("not a stored message") from None
     p = _BLOB_HEAD_SIZE
+    delivery_ann = b""  # kept as stored, with its DA_HEAD
+    if flags & HAS_DELIVERY_ANNOTATIONS:
+        try:
+            da_len = _unpack_da_head(blob, p)[1]
+        except struct.error:
+            raise CodecError("not a stored message") from None
+        delivery_ann = blob[p : p + _DA_HEAD_SIZE + da_len]
+        p += len(delivery_ann)
     bare_start = p + header_len + ann_len
     if bare_start > len(blob) or blob[0] != BLOB_VERSION:
         raise CodecError("not a stored message")
@@ -285,4 +334,4 @@ def rewrite_blob(
     head = BLOB_HEAD.pack(
         BLOB_VERSION, flags, len(header_fields), ann_pairs, len(annotations), ap_start, ap_end
     )
-    return b"".join((head, header_fields, annotations, bare))
+    return b"".join((head, delivery_ann, header_fields, annotations, bare))

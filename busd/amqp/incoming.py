@@ -5,12 +5,17 @@ The broker reads little of a message: header (ttl), two message-annotations (sch
 partition key) and three properties (message-id, group-id, reply-to-group-id). Everything else
 travels as the bytes the sender wrote. A blob is
 
-    head (struct BLOB_HEAD) | header fields | sender's annotation entries | bare message
+    head (struct BLOB_HEAD) | [delivery annotations] | header fields | sender's annotation entries
+    | bare message
 
-where the header fields are the encoded durable/priority/ttl/first-acquirer (delivery-count is
-appended per delivery), the annotation entries are the sender's message-annotations map body
-with the broker-owned keys removed and every key a symbol, and the bare message is the
-properties, application-properties, body and footer sections exactly as sent. The head also
+where the delivery annotations (only when the HAS_DELIVERY_ANNOTATIONS flag is set) are the
+sender's delivery-annotations map body, broker-owned keys removed, after its pair count and byte
+length (struct DA_HEAD), the header fields are the encoded durable/priority/ttl/first-acquirer
+(delivery-count is appended per delivery), the annotation entries are the sender's
+message-annotations map body with the broker-owned keys removed and every key a symbol, and the
+bare message is the
+properties, application-properties, body and footer sections exactly as sent (except decimal
+application properties, put in the form the SDKs read: busd.amqp.decimals). The head also
 records where application-properties sit in the bare message (or where they would go), so a
 delivery that must patch them (dead-lettering, modified outcomes) need not search for them.
 busd.amqp.delivery reads blobs back.
@@ -22,15 +27,19 @@ import struct
 import uuid
 from typing import Any
 
+from busd.amqp import decimals
 from busd.amqp.batches import batch_parts
 from busd.amqp.decoding import RAW_ERRORS, decode_raw, malformed, skip_raw
 from busd.amqp.sections import (
+    APP_PROPERTIES_OPEN,
     APPLICATION_PROPERTIES,
     DATA,
+    DELIVERY_ANNOTATIONS,
     HEADER,
     MESSAGE_ANNOTATIONS,
     PROPERTIES,
     list_start,
+    map_header,
     map_start,
     scan_sections,
     symbol_bytes,
@@ -52,6 +61,9 @@ _BROKER_OWNED = frozenset(
         b"x-opt-lock-token",
     )
 )
+# Delivery annotations are per hop: the sender's are passed on, except the key the broker
+# itself sets on each delivery (docs/wire.md §6.3).
+_BROKER_OWNED_DELIVERY = frozenset((b"x-opt-lock-token",))
 _K_SCHEDULED = b"x-opt-scheduled-enqueue-time"
 _K_PARTITION = b"x-opt-partition-key"
 
@@ -60,6 +72,8 @@ _K_PARTITION = b"x-opt-partition-key"
 BLOB_HEAD = struct.Struct(">BBBIIII")
 BLOB_VERSION = 1
 HAS_APP_PROPERTIES = 0x01
+HAS_DELIVERY_ANNOTATIONS = 0x02
+DA_HEAD = struct.Struct(">II")  # delivery-annotation pairs, bytes
 
 _u32 = struct.Struct(">I").unpack_from
 _pI = struct.Struct(">I").pack
@@ -105,7 +119,7 @@ class IncomingMessage:
 def parse_incoming(payload: bytes) -> IncomingMessage:
     """Read what the broker needs from a message a client sent and build its stored form.
 
-    Delivery-annotations are dropped (they are per hop). A message without body is valid."""
+    A message without body is valid."""
     buf = payload if type(payload) is bytes else bytes(payload)
     try:
         return _parse_incoming(buf, scan_sections(buf))
@@ -142,6 +156,9 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
     message_id = session_id = reply_session = None
     partition_key = scheduled = None
     ann, ann_pairs = b"", 0
+    delivery_ann = None
+    new_app_properties = None  # the section re-encoded (decimals), when it had to be
+    ap_section_len = 0  # its length as sent
     # The bare message (sections from properties on, in wire order), its length so far, and
     # where application-properties are in it (or would be inserted: after properties).
     bare_parts: list[tuple[int, int]] = []  # (start, end) in the payload
@@ -160,11 +177,15 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
             size = end - start
             if code == PROPERTIES:
                 message_id, session_id, reply_session = _read_properties(buf, vpos, end)
-                if not flags:
+                if not flags & HAS_APP_PROPERTIES:
                     ap_start = ap_end = bare_len + size
             elif code == APPLICATION_PROPERTIES:
-                _check_application_properties(buf, vpos, end)
-                flags = HAS_APP_PROPERTIES
+                new_app_properties = _check_application_properties(buf, vpos, end)
+                if new_app_properties is not None:
+                    contiguous = False
+                    ap_section_len = size
+                    size = len(new_app_properties)
+                flags |= HAS_APP_PROPERTIES
                 ap_start, ap_end = bare_len, bare_len + size
             elif code == DATA and buf[vpos] != 0xA0 and buf[vpos] != 0xB0:
                 raise CodecError("a data section must hold binary")
@@ -173,7 +194,11 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
             durable, priority, ttl = _read_header(buf, vpos, end)
         elif code == MESSAGE_ANNOTATIONS:
             ann, ann_pairs, scheduled, partition_key = _read_annotations(buf, vpos, end)
-        # DELIVERY_ANNOTATIONS: dropped.
+        elif code == DELIVERY_ANNOTATIONS:
+            entries, pairs, _, _ = _read_annotations(buf, vpos, end, _BROKER_OWNED_DELIVERY)
+            if pairs:
+                flags |= HAS_DELIVERY_ANNOTATIONS
+                delivery_ann = DA_HEAD.pack(pairs, len(entries)) + entries
 
     if not bare_parts:
         bare = b""
@@ -181,6 +206,8 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
         bare = buf[bare_parts[0][0] : bare_parts[-1][1]]
     else:
         bare = b"".join([buf[start:end] for start, end in bare_parts])
+        if new_app_properties is not None:  # the section's bytes as re-encoded
+            bare = bare[:ap_start] + new_app_properties + bare[ap_start + ap_section_len :]
 
     if durable is None and priority is None:
         header_fields = _NULL_HEADER if ttl is None else _TTL_ONLY_HEADER % _pI(ttl)
@@ -194,6 +221,8 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
     head = BLOB_HEAD.pack(
         BLOB_VERSION, flags, len(header_fields), ann_pairs, len(ann), ap_start, ap_end
     )
+    if delivery_ann is not None:
+        head += delivery_ann
     return IncomingMessage(
         message_id, session_id, reply_session, partition_key, scheduled, ttl, durable,
         priority, b"".join((head, header_fields, ann, bare)), len(buf),
@@ -249,19 +278,40 @@ def _read_properties(buf: bytes, vpos: int, end: int):
     return message_id, group_id, reply_group_id
 
 
-def _check_application_properties(buf: bytes, vpos: int, end: int) -> None:
+def _check_application_properties(buf: bytes, vpos: int, end: int) -> bytes | None:
     """Check the map's shape (string keys, entries within bounds) now, so that patching it at
-    delivery time (dead-lettering) cannot fail on a message already stored."""
+    delivery time (dead-lettering) cannot fail on a message already stored. Returns the section
+    re-encoded when a decimal value is not in the form the SDKs read (busd.amqp.decimals),
+    else None: the section is stored as sent."""
     p, count, map_end = map_start(buf, vpos)
     if map_end > end:
         raise CodecError("application-properties run past their section")
+    first = p
+    changed: list[tuple[int, int, bytes]] | None = None  # (value start, end, new bytes)
     for _ in range(count >> 1):
         kc = buf[p]
         if kc != 0xA1 and kc != 0xB1 and kc != 0xA3 and kc != 0xB3:
             raise CodecError("application-property keys must be strings")
-        p = skip_raw(buf, skip_raw(buf, p))
+        v = skip_raw(buf, p)
+        p = skip_raw(buf, v)
+        vc = buf[v]
+        if (vc == 0x94 or vc == 0x84 or vc == 0x74) and p <= map_end:
+            new = decimals.canonical(vc, buf[v + 1 : p])
+            if new is not None:
+                changed = changed or []
+                changed.append((v, p, new))
     if p != map_end:
         raise CodecError("application-properties do not match their map size")
+    if changed is None:
+        return None
+    parts: list[bytes] = []
+    at = first
+    for start, stop, new in changed:
+        parts += (buf[at:start], new)
+        at = stop
+    parts.append(buf[at:map_end])
+    body = b"".join(parts)
+    return APP_PROPERTIES_OPEN + map_header(count, len(body)) + body
 
 
 def _message_id_text(v: Any) -> str | None:
@@ -281,15 +331,23 @@ def _message_id_text(v: Any) -> str | None:
 
 
 def _text(v: Any, field: str) -> str:
+    """A string field's text. Binary holding UTF-8 is read as that text, as Service Bus does:
+    the SDK copies a received message's partition key as binary when it is sent again."""
     if type(v) is str:
         return v
     if isinstance(v, str):
         return str(v)
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CodecError(f"{field} must be a string or UTF-8 binary") from None
     raise CodecError(f"{field} must be a string")
 
 
-def _read_annotations(buf: bytes, vpos: int, end: int):
-    """(kept entries, kept pair count, scheduled ms, partition key) of message-annotations."""
+def _read_annotations(buf: bytes, vpos: int, end: int, owned=_BROKER_OWNED):
+    """(kept entries, kept pair count, scheduled ms, partition key) of message-annotations, or
+    of delivery-annotations with `owned` their broker-owned keys."""
     p, count, map_end = map_start(buf, vpos)
     if map_end > end:
         raise CodecError("message-annotations run past their section")
@@ -315,11 +373,13 @@ def _read_annotations(buf: bytes, vpos: int, end: int):
             raise CodecError("message-annotations run past their map")
         if ks >= 0:
             name = buf[ks:ke]
-            if name in _BROKER_OWNED:
+            if name in owned:
                 pristine = False
                 p = ve
                 continue
-            if name == _K_SCHEDULED:
+            if owned is _BROKER_OWNED_DELIVERY:
+                pass  # scheduled time and partition key are message annotations only
+            elif name == _K_SCHEDULED:
                 v = decode_raw(buf, ke, 1)[0]
                 if v is not None:
                     if type(v) is not Timestamp and type(v) is not int:

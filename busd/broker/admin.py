@@ -16,7 +16,6 @@ from typing import Any
 
 from busd.amqp import codec
 from busd.broker import messages
-from busd.broker.messages import MAX_SESSION_ID_LENGTH
 from busd.errors import BusdError, Condition
 from busd.storage.api import MessageState, QueueSpec, StoredMessage
 
@@ -173,8 +172,6 @@ class Admin:
         content_type: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         spec = self.queue(name)
-        if session_id == "":
-            raise AdminError(400, f"a session id has 1..{MAX_SESSION_ID_LENGTH} characters")
         if spec.requires_session and session_id is None:
             raise AdminError(400, f"queue {spec.name!r} requires sessions: give a session id")
         for key, value in (application_properties or {}).items():

@@ -7,6 +7,7 @@ Failures carry `errorCondition`, which selects the SDK's exception class.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -18,7 +19,14 @@ from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
 from busd.errors import BusdError, Condition, refusal
-from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.api import (
+    MessageState,
+    NewMessage,
+    Outcome,
+    QueueSpec,
+    ReceiveMode,
+    Settlement,
+)
 
 log = logging.getLogger("busd.broker")
 
@@ -210,7 +218,9 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
     )
     out = []
     for message in messages:
-        item: dict[str, Any] = {"message": delivery_payload(message)}
+        # Only deferred messages are reached this way, and they say so (the SDK shows `state`).
+        deferred = dataclasses.replace(message, state=MessageState.DEFERRED)
+        item: dict[str, Any] = {"message": delivery_payload(deferred, state=True)}
         if message.lock_token is not None:
             item["lock-token"] = uuid.UUID(bytes=message.lock_token)
         out.append(item)

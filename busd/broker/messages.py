@@ -50,7 +50,7 @@ def admit(entity: QueueSpec, incoming: codec.IncomingMessage,
     check_session_id(session_id)
     check_session_id(incoming.reply_to_session_id, "reply-to session id")
     if entity.requires_session:
-        if not session_id:
+        if session_id is None:  # "" is a session id, as in Service Bus
             raise BusdError(
                 Condition.NOT_ALLOWED,
                 f"The SessionId was not set on a message, and it cannot be sent to "
@@ -86,14 +86,15 @@ def parse_one(payload: bytes) -> codec.IncomingMessage:
 def delivery_payload(message: StoredMessage, *, locked: bool = True,
                      state: bool = False) -> bytes:  # fmt: skip
     """The message as a client receives it: the stored form with the broker's annotations
-    (docs/wire.md §6.3). `locked`: include the lock expiry (peek-lock); `state`: include
-    `x-opt-message-state` (peek)."""
+    (docs/wire.md §6.3). `locked`: include the lock expiry and the lock token (peek-lock);
+    `state`: include `x-opt-message-state` (peek, receive-by-sequence-number)."""
     return codec.encode_delivery(
         message.blob,
         seq=message.seq,
         enqueued_ms=message.enqueued_ms,
         delivery_count=message.delivery_count,
         locked_until_ms=message.locked_until_ms if locked else None,
+        lock_token=message.lock_token if locked else None,
         message_state=int(message.state) if state else None,
         dead_letter_reason=message.dead_letter_reason,
         dead_letter_description=message.dead_letter_description,

@@ -31,6 +31,7 @@ TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
 # Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
 DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
+LOCK_LOST_GRACE_S = 2.0  # see SessionReceiverEndpoint._lock_lost_at
 DOTNET_EPOCH_TICKS = 621355968000000000
 
 
@@ -163,7 +164,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(self.locked_until_ms)}
         link.open()
         self._accepted = True
-        self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._expired
+        self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._check_lock
         self._arm_lock_timer()
         self.kick()
         self.pump()
@@ -218,14 +219,25 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self.locked_until_ms = locked_until_ms
         self._arm_lock_timer()
 
+    def _lock_lost_at(self) -> float:
+        """When the link is told its session lock ran out (docs/wire.md §6.5): the lock's end
+        plus a grace of the lock's own length, at most LOCK_LOST_GRACE_S. The store frees the
+        session at the lock's end all the same, and any store call on the link meets the lost
+        lock from then on; only the unprompted detach waits, so that a receive waiting as long
+        as the lock (the SDK iterating with max_wait_time = LockDuration) ends on its own, as
+        it does against Service Bus."""
+        grace = min(LOCK_LOST_GRACE_S, self.queue.lock_duration_ms / 1000)
+        return self.locked_until_ms / 1000 + grace
+
     def _arm_lock_timer(self) -> None:
         if self._lock_timer is not None:
             self._lock_timer.cancel()
-        delay = max(0.0, self.locked_until_ms / 1000 - time.time())
+        delay = max(0.0, self._lock_lost_at() - time.time())
         self._lock_timer = asyncio.get_running_loop().call_later(delay + 0.05, self._check_lock)
 
     def _check_lock(self) -> None:
-        if self.locked_until_ms / 1000 <= time.time():
+        """The lock timer, or the sweep that found the lock expired in the store."""
+        if self._lock_lost_at() <= time.time():
             self._expired()
 
     def _expired(self) -> None:
@@ -258,7 +270,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self._woken.set_result(None)  # stop waiting for a session now
         if self._accepted:
             key = (self.queue.name, self.locked_session)
-            if self.broker.local_session_holders.get(key) == self._expired:
+            if self.broker.local_session_holders.get(key) == self._check_lock:
                 del self.broker.local_session_holders[key]
 
     async def finish(self) -> None:

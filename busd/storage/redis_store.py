@@ -67,6 +67,24 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Service Bus takes "" for a session id, but the scripts read '' as "no session": the store
+# keeps the empty id as NUL, which no other id contains (_check_session_ids).
+_EMPTY_SESSION = "\0"
+
+
+def _sid(session_id: str | None) -> str:
+    """A session id as the scripts take it: '' for none, NUL for the empty id."""
+    if session_id is None:
+        return ""
+    return session_id or _EMPTY_SESSION
+
+
+def _sid_text(value: bytes | str | None) -> str | None:
+    """A session id the scripts returned, the empty id given back as ""."""
+    text = _text(value)
+    return "" if text == _EMPTY_SESSION else text
+
+
 _STATES = tuple(MessageState)  # by value: indexing is cheaper than an enum lookup per message
 
 
@@ -77,7 +95,7 @@ def _message(row: list[Any]) -> StoredMessage:
         blob=blob,
         delivery_count=dc,
         enqueued_ms=enq,
-        session_id=_text(sid),
+        session_id=_sid_text(sid),
         lock_token=token,
         locked_until_ms=locked_until,
         expires_ms=expires,
@@ -482,7 +500,7 @@ class RedisStore:
         for m in messages:
             args += [
                 m.blob,
-                _opt(m.session_id),
+                _sid(m.session_id),
                 _opt(m.message_id),
                 _opt(_effective_ttl(queue, m)),
                 _opt(m.scheduled_ms),
@@ -528,14 +546,14 @@ class RedisStore:
         if count and peek_lock and len(tokens) < count:
             raise ValueError("peek-lock needs one token per message")
         reply = await self._run_queue(
-            "acceptSession", queue, holder, _opt(session_id), 1 if wait else 0,
+            "acceptSession", queue, holder, _sid(session_id), 1 if wait else 0,
             1 if peek_lock else 0, count,
             _token_string(tokens[:count]) if count and peek_lock else "",
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
         _check(reply[0])
-        return SessionLock(session_id=reply[1].decode(), locked_until_ms=reply[2],
+        return SessionLock(session_id=_sid_text(reply[1]) or "", locked_until_ms=reply[2],
                            messages=[_message(r) for r in reply[3:]])
 
     async def receive_session(
@@ -554,7 +572,7 @@ class RedisStore:
             "receiveSessionMessages",
             queue,
             holder,
-            session_id,
+            _sid(session_id),
             1 if peek_lock else 0,
             max(count, 0),
             *((_token_string(tokens[:count]),) if peek_lock else ()),
@@ -565,25 +583,26 @@ class RedisStore:
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         assert self._scripts is not None
         reply = await self._run(
-            "renewSessionLock", queue, [holder, session_id, queue.lock_duration_ms]
+            "renewSessionLock", queue, [holder, _sid(session_id), queue.lock_duration_ms]
         )
         _check(reply)
         return reply
 
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self._run_queue("releaseSession", queue, holder, session_id)
+        await self._run_queue("releaseSession", queue, holder, _sid(session_id))
 
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:
-        reply = await self._run("getSessionState", queue, [holder, session_id])
+        reply = await self._run("getSessionState", queue, [holder, _sid(session_id)])
         _check(reply[0])
         return reply[1] if len(reply) > 1 else None
 
     async def set_session_state(
         self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
     ) -> None:
-        args = [holder, session_id, 0 if state is None else 1, b"" if state is None else state]
+        args = [holder, _sid(session_id), 0 if state is None else 1,
+                b"" if state is None else state]
         _check(await self._run("setSessionState", queue, args))
 
     async def list_sessions(
@@ -592,12 +611,12 @@ class RedisStore:
         reply = await self._run_queue(
             "listSessions", queue, max(skip, 0), top, _opt(updated_after_ms)
         )
-        return [sid.decode() for sid in reply]
+        return [_sid_text(sid) or "" for sid in reply]
 
     async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
         return [
             SessionInfo(
-                session_id=sid.decode(),
+                session_id=_sid_text(sid) or "",
                 message_count=count,
                 locked_until_ms=locked_until,
                 state_size=state_size,
@@ -619,7 +638,7 @@ class RedisStore:
             args += [
                 s.token,
                 s.outcome.value,
-                _opt(s.session_id),
+                _sid(s.session_id),
                 _opt(s.dead_letter_reason),
                 _opt(s.dead_letter_description),
                 _opt(s.properties_patch),
@@ -639,7 +658,7 @@ class RedisStore:
         self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
         rows = await self._run_queue(
-            "peekMessages", entity, _entity(entity), from_seq, count, _opt(session_id)
+            "peekMessages", entity, _entity(entity), from_seq, count, _sid(session_id)
         )
         return [_message(r) for r in rows]
 
@@ -660,7 +679,7 @@ class RedisStore:
             entity,
             _entity(entity),
             1 if peek_lock else 0,
-            _opt(session_id),
+            _sid(session_id),
             _opt(holder),
             len(seqs),
             *seqs,
@@ -685,7 +704,7 @@ class RedisStore:
             expired_message_locks=reply[0],
             expired_messages=reply[1],
             activated_scheduled=reply[2],
-            expired_session_locks=[sid.decode() for sid in reply[3:]],
+            expired_session_locks=[_sid_text(sid) or "" for sid in reply[3:]],
         )
 
     async def purge(self, entity: QueueSpec) -> int:

@@ -360,9 +360,79 @@ def test_split_sections_accepts_delivery_annotations_last():
     assert incoming.partition_key == "p"
     delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0)
     decoded = decode_payload(memoryview(delivered))
-    assert decoded.delivery_annotations is None  # per hop: dropped
+    assert decoded.delivery_annotations == {b"x-opt-da": b"v"}  # passed on, as Service Bus does
     assert decoded.footer == {b"f": 1}
     assert decoded.data == [b"body"]
+
+
+def test_delivery_annotations_lead_with_the_lock_token_and_drop_a_forged_one():
+    message = AmqpAnnotatedMessage(
+        data_body=b"body",
+        delivery_annotations={"x-opt-lock-token": "forged", "hop": 7},
+        application_properties={"k": "v"},
+    )
+    incoming = codec.parse_incoming(sdk_bytes(message))
+    token = uuid.uuid4()
+    delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0,
+                                      lock_token=token.bytes, dead_letter_reason="why")
+    decoded = decode_payload(memoryview(delivered))
+    assert decoded.delivery_annotations == {b"x-opt-lock-token": token, b"hop": 7}
+    assert list(decoded.delivery_annotations)[0] == b"x-opt-lock-token"
+    assert decoded.application_properties == {b"k": b"v", b"DeadLetterReason": b"why"}
+    # proton reads the same
+    pm = proton.Message()
+    pm.decode(delivered)
+    assert pm.instructions == {Symbol("x-opt-lock-token"): token, Symbol("hop"): 7}
+    # a message without delivery annotations gets the lock token alone, or no section
+    plain = codec.parse_incoming(sdk_bytes(AmqpAnnotatedMessage(data_body=b"b"))).blob
+    locked = codec.encode_delivery(plain, seq=1, enqueued_ms=2, delivery_count=0,
+                                   lock_token=token.bytes)
+    assert decode_payload(memoryview(locked)).delivery_annotations == {
+        b"x-opt-lock-token": token}
+    unlocked = codec.encode_delivery(plain, seq=1, enqueued_ms=2, delivery_count=0)
+    assert 0x71 not in [code for code, _, _ in codec.split_sections(unlocked)]
+    with pytest.raises(CodecError):
+        codec.encode_delivery(plain, seq=1, enqueued_ms=2, delivery_count=0, lock_token=b"x")
+
+
+def test_partition_key_and_group_ids_as_utf8_binary_are_read_as_text():
+    payload = (
+        codec.encode_value(Described(ULong(0x72), {Symbol("x-opt-partition-key"): b"p\xc3\xa9"}))
+        + codec.encode_value(Described(ULong(0x73), [
+            "m", None, None, None, None, None, None, None, None, None, b"g", None, b"r"]))
+    )
+    incoming = codec.parse_incoming(payload)
+    assert (incoming.partition_key, incoming.session_id, incoming.reply_to_session_id) == (
+        "p\u00e9", "g", "r")
+    bad = codec.encode_value(Described(ULong(0x72), {Symbol("x-opt-partition-key"): b"\xff"}))
+    with pytest.raises(CodecError, match="UTF-8"):
+        codec.parse_incoming(bad)
+
+
+def test_decimal_application_properties_are_stored_in_the_form_the_sdk_reads():
+    from decimal import Decimal
+
+    message = ServiceBusMessage(
+        b"x", application_properties={"a": Decimal("1.5"), "b": "text", "c": Decimal("-0.05")})
+    payload = sdk_bytes(message)
+    incoming = codec.parse_incoming(payload)
+    delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0,
+                                      dead_letter_reason="r")
+    decoded = decode_payload(memoryview(delivered))
+    assert decoded.application_properties == {
+        b"a": Decimal("1.5"), b"b": b"text", b"c": Decimal("-0.05"), b"DeadLetterReason": b"r"}
+    # canonical bytes are kept as they are: the second pass changes nothing
+    again = codec.parse_incoming(codec.encode_delivery(
+        incoming.blob, seq=1, enqueued_ms=2, delivery_count=0))
+    assert again.blob[-40:] == incoming.blob[-40:]
+    # decimal32 and decimal64 (which the SDK cannot read at all) become decimal128
+    for raw, value in ((bytes.fromhex("743200000f"), Decimal("1.5")),
+                       (bytes.fromhex("843180000000000019"), Decimal("0.25"))):
+        entry = b"\xa1\x01d" + raw
+        section = b"\x00\x53\x74\xc1" + bytes((len(entry) + 1, 2)) + entry
+        got = codec.parse_incoming(section)
+        out = codec.encode_delivery(got.blob, seq=1, enqueued_ms=2, delivery_count=0)
+        assert decode_payload(memoryview(out)).application_properties == {b"d": value}
 
 
 def test_symbolic_section_descriptors_are_understood():

@@ -463,3 +463,23 @@ async def test_the_store_refuses_a_nul_in_a_session_id_and_stores_nothing(store,
     with pytest.raises(BusdError):
         await store.accept_session(q, "a\0", "h1")
     assert (await store.counts(q)).active == 0
+
+
+async def test_the_empty_session_id_is_a_session_of_its_own(store, sq, tokens):
+    """Service Bus takes "" as a session id: it is neither "no session" nor "any session"."""
+    await store.send(sq, msgs("", b"e0", b"e1"))
+    await store.send(sq, msgs("\x01", b"next"))  # the id that sorts right after NUL
+    assert set(await store.list_sessions(sq, 0, 10, None)) == {"", "\x01"}
+    lock = await store.accept_session(sq, "", "h1")
+    assert lock.session_id == ""
+    got = await store.receive_session(sq, "", "h1", 5, PL, tokens(5))
+    assert [(m.blob, m.session_id) for m in got] == [(b"e0", ""), (b"e1", "")]
+    assert [m.blob for m in await store.peek(sq, 0, 10, "")] == [b"e0", b"e1"]
+    await store.set_session_state(sq, "", "h1", b"state")
+    assert await store.get_session_state(sq, "", "h1") == b"state"
+    assert {i.session_id for i in await store.session_infos(sq)} == {"", "\x01"}
+    refused = await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE, session_id="")
+                                      for m in got], "h1")
+    assert refused == [OK, OK]
+    assert (await store.accept_session(sq, None, "h2")).session_id == "\x01"
+    await store.release_session(sq, "", "h1")
