@@ -74,6 +74,7 @@ def test_fuzzed_client_sessions_are_answered_and_change_nothing(start_busd, caps
               f"{objects_after:.0f}; open {metric(busd, 'busd_connections'):.0f}")
     assert busd.proc.poll() is None, "busd died"
     assert metric(busd, "busd_connections") == 0
+    assert metric(busd, "busd_links") == 0  # the gauges stay right whatever failed
     assert objects_after <= objects_before + 2
     assert rss_after - rss_before < 20 * 1024
     assert canary == [(body, n + 1, 0) for n, body in enumerate(CANARY)]

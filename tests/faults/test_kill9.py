@@ -17,8 +17,8 @@ import signal
 from tests.faults import load
 from tests.faults.conftest import rss_kib
 
-SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "16"))
-PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "10"))
+SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "12"))
+PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "8"))
 KILLS = int(os.environ.get("BUSD_FAULTS_KILLS", "2"))
 EVERY_S = 2.5
 

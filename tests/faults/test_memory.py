@@ -22,8 +22,8 @@ from proton import Delivery, Message
 from tests.faults.conftest import metric, rss_kib
 from tests.faults.tcp import tcp_client
 
-CONNECTIONS = int(os.environ.get("BUSD_FAULTS_CONNECTIONS", "250"))
-SDK_CONNECTIONS = int(os.environ.get("BUSD_FAULTS_SDK", "16"))
+CONNECTIONS = int(os.environ.get("BUSD_FAULTS_CONNECTIONS", "150"))
+SDK_CONNECTIONS = int(os.environ.get("BUSD_FAULTS_SDK", "8"))
 AT_ONCE = 16
 # What may stay after the churn: allocator pages Python keeps, caches that fill once.
 RSS_SLACK_KIB = 12 * 1024

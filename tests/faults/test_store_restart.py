@@ -22,8 +22,8 @@ from tests.faults.conftest import rss_kib
 from tests.protocol.harness import NEXT_AVAILABLE, TIMEOUT
 
 OUTAGE_S = float(os.environ.get("BUSD_FAULTS_OUTAGE", "2"))
-SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "12"))
-PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "10"))
+SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "10"))
+PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "8"))
 VALKEY_CONFIG = {"appendonly": "yes", "appendfsync": "always"}
 
 
