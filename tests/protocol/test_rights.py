@@ -130,7 +130,7 @@ async def test_put_token_for_topics_and_subscriptions_answers_by_the_catalog(con
 
 async def test_links_are_detached_when_their_token_expires(connect):
     client = await connect()
-    await client.put_token("plain", valid_s=2)  # se in whole seconds: lapses in 1 to 2 s
+    await client.put_token("plain", valid_s=3)  # se in whole seconds: lapses in 2 to 3 s
     sender = await client.attach_sender("plain")
     receiver = await client.attach_receiver("plain", credit=5)
     await client.request("plain", "peek-message", {"from-sequence-number": 1,
@@ -152,8 +152,8 @@ async def test_links_are_detached_when_their_token_expires(connect):
 
 async def test_a_token_renewed_in_time_keeps_the_links(connect):
     client = await connect()
-    await client.put_token("plain", valid_s=2)
-    await client.put_token("other", valid_s=2)
+    await client.put_token("plain", valid_s=3)
+    await client.put_token("other", valid_s=3)
     kept = await client.attach_receiver("plain", credit=5)
     lost = await client.attach_receiver("other", credit=5)
     await client.put_token("plain", valid_s=3600)  # the refresh, as the SDK does it
@@ -179,7 +179,7 @@ async def test_one_expiry_timer_per_connection_whatever_its_links(connect):
 
 async def test_a_waiting_session_receiver_is_refused_when_its_token_expires(connect):
     client = await connect()
-    await client.put_token("sessions", valid_s=2)
+    await client.put_token("sessions", valid_s=3)
     waiting = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=1,
                                            wait=False)
     await client.wait(lambda: waiting.answered, "the refusal of the waiting receiver",
