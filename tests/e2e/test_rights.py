@@ -10,9 +10,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from azure.core.credentials import AccessToken
+from azure.core.credentials import AccessToken, AzureSasCredential
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import (
+    MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
 )
@@ -107,6 +108,23 @@ def test_a_token_for_a_missing_entity_fails_authentication(busd):
     assert status == 404 and "could not be found" in description
 
 
+def test_a_namespace_token_learns_that_an_entity_does_not_exist_at_attach(busd):
+    token = generate_sas_token(f"sb://localhost:{busd.port}/", "RootManageSharedAccessKey",
+                               "SAS_KEY_VALUE", int(time.time()) + 300)
+    client = ServiceBusClient(f"localhost:{busd.port}", AzureSasCredential(token),
+                              use_tls=False, retry_total=0)
+    with client:
+        with pytest.raises(MessagingEntityNotFoundError):
+            with client.get_queue_sender("nosuch") as sender:
+                sender.send_messages(ServiceBusMessage("nowhere"))
+        with client.get_queue_sender("authq") as sender:
+            sender.send_messages(ServiceBusMessage("namespace-wide"))
+    with sdk(busd) as root, root.get_queue_receiver("authq", max_wait_time=2) as receiver:
+        (message,) = receive(receiver, 1)
+        assert str(message) == "namespace-wide"
+        receiver.complete_message(message)
+
+
 def test_a_wrong_key_gets_the_same_answer_for_existing_and_missing_entities(busd):
     answers = []
     for entity in ("authq", "nosuch"):
@@ -147,7 +165,8 @@ def test_an_idle_client_past_its_token_is_detached_and_reattaches(busd):
         # The SDK sees the detach on its next call and attaches again with a new token.
         with sdk(busd) as other, other.get_queue_sender("idle") as sender:
             sender.send_messages(ServiceBusMessage("after the expiry"))
-        (message,) = receive(receiver, 1)
+        # Re-opening (a new connection, token and attach) may take a while on a busy machine.
+        (message,) = receive(receiver, 1, wait=10, patience=30)
         assert str(message) == "after the expiry"
         receiver.complete_message(message)
     assert tokens.issued >= 2
