@@ -12,13 +12,16 @@ import urllib.request
 import pytest
 from azure.core.credentials import AccessToken, AzureSasCredential
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
 )
+from click.testing import CliRunner
 
 from busd.auth.sas import generate_sas_token
+from busd.cli import cli
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,6 +77,19 @@ def test_a_listen_only_key_cannot_send(busd):
         with client.get_queue_receiver("rights", max_wait_time=1) as receiver:
             assert receiver.receive_messages(max_wait_time=1) == []
             assert receiver.peek_messages() == []
+
+
+async def test_the_async_sdk_gets_the_same_refusals(busd):
+    async with AsyncServiceBusClient.from_connection_string(
+            conn_str(busd, "reader", "listen-key"), retry_total=0) as client:
+        with pytest.raises(ServiceBusAuthorizationError, match="'Send' claim"):
+            async with client.get_queue_sender("rights") as sender:
+                await sender.send_messages(ServiceBusMessage("refused"))
+    async with AsyncServiceBusClient.from_connection_string(
+            conn_str(busd, "writer", "send-key"), retry_total=0) as client:
+        with pytest.raises(ServiceBusAuthorizationError, match="'Listen' claim"):
+            async with client.get_queue_receiver("rights", max_wait_time=1) as receiver:
+                await receiver.receive_messages(max_wait_time=1)
 
 
 def test_a_send_only_key_cannot_receive(busd):
@@ -200,6 +216,15 @@ def test_admin_tokens_act_only_on_the_entities_their_audience_covers(busd):
     code, info = admin(busd, "GET", "/admin/queues/other")
     assert code == 200 and info["counts"]["active"] == 1, info
     assert admin(busd, "GET", "/admin/queues")[0] == 200
+
+
+def test_the_tools_sign_with_the_first_key_holding_manage(busd, monkeypatch):
+    monkeypatch.setenv("BUSD_SAS_KEY", "reader=listen-key:Listen ops=manage-key:Manage")
+    result = CliRunner().invoke(cli, ["queues", "--url", busd.http_url], prog_name="busd")
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("BUSD_SAS_KEY", "reader=listen-key:Listen")
+    result = CliRunner().invoke(cli, ["queues", "--url", busd.http_url], prog_name="busd")
+    assert result.exit_code == 65 and "'Manage' claim" in result.output, result.output
 
 
 def test_admin_requests_need_the_manage_right(busd):
