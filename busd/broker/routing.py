@@ -25,9 +25,12 @@ def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
     # The token first: without one, an entity that exists and one that does not get the same
     # answer (no enumeration of names). `$management` checks each operation's right itself.
     right = None if parsed.sub == "management" else LISTEN if link.is_sender else SEND
-    conn.authorize(parsed.entity_path, right)
+    # A token for the entity covers its `$management` node; so does one for the node alone,
+    # which is what the JavaScript SDK puts (audience `<endpoint>/<entity>/$management`).
+    path = parsed.entity_path + ("/$management" if parsed.sub == "management" else "")
+    conn.authorize(path, right)
     endpoint = _endpoint(conn, link, parsed)
-    endpoint.needs = (parsed.entity_path, right)
+    endpoint.needs = (path, right)
     return endpoint
 
 

@@ -8,6 +8,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 from azure.core.credentials import AccessToken, AzureSasCredential
@@ -19,9 +20,12 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 from click.testing import CliRunner
+from proton import Message
+from proton.utils import LinkDetached
 
 from busd.auth.sas import generate_sas_token
 from busd.cli import cli
+from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
@@ -186,6 +190,24 @@ def test_an_idle_client_past_its_token_is_detached_and_reattaches(busd):
         assert str(message) == "after the expiry"
         receiver.complete_message(message)
     assert tokens.issued >= 2
+
+
+def test_a_token_for_the_management_node_covers_that_node_only(busd):
+    # The JavaScript SDK signs its $management link's token for `<entity>/$management`.
+    with ProtonCbsClient(busd.port) as client:
+        assert client.put_token("authq/$management").properties["status-code"] == 202
+        requests = client.conn.create_sender("authq/$management", name=f"m-{uuid.uuid4()}")
+        answers = client.conn.create_receiver("authq/$management", credit=5,
+                                              name=f"r-{uuid.uuid4()}")
+        request_id = str(uuid.uuid4())
+        requests.send(Message(id=request_id, reply_to="authq/$management",
+                              properties={"operation": "com.microsoft:peek-message"},
+                              body={"from-sequence-number": 1, "message-count": 1}))
+        answer = answers.receive(timeout=10)
+        assert answer.correlation_id == request_id
+        assert answer.properties["statusCode"] in (200, 204), answer.properties
+        with pytest.raises(LinkDetached, match="unauthorized-access"):
+            client.conn.create_receiver("authq", name=f"q-{uuid.uuid4()}")
 
 
 # --- the admin HTTP API -----------------------------------------------------------------------
