@@ -3,7 +3,8 @@
 `Settings` only holds values; `Settings.validate()` checks them once at start-up. The CLI maps
 its options one to one onto the fields. `load_entities()` reads the emulator's Config.json as
 the emulator ships it (JSON with `//` and `/* */` comments) and turns its queues, topics,
-subscriptions and rules into the records of busd.entities, which seed the store's catalog.
+subscriptions and rules into the records of busd.entities, which seed the store's catalog, and
+reads busd's own `SharedAccessKeys` entries of a namespace (keys with their rights).
 Properties busd does not use become warnings, never a refusal to start: users bring the file
 they already have.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from busd.auth.rights import SasKey, parse_rights
 from busd.broker.limits import Limits
 from busd.entities import (
     DEFAULT_RULE_NAME,
@@ -302,6 +304,9 @@ class EntitiesFile:
     subscriptions: list[SubscriptionEntity] = field(default_factory=list)
     rules: dict[str, list[RuleEntity]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # shared access keys by name (busd.auth.rights.SasKey: the key with its rights), added to
+    # those of --sas-key
+    keys: dict[str, str] = field(default_factory=dict)
 
     def rules_of(self, subscription: SubscriptionEntity) -> list[RuleEntity]:
         return self.rules.get(subscription.path) or [
@@ -406,8 +411,34 @@ def _parse_document(document: Any, default_max_message_size: int) -> EntitiesFil
             topic = _parse_topic(raw, default_max_message_size, found)
             claim(topic.name, f"topic {raw.get('Name')!r}")
             found.topics.append(topic)
+        if not isinstance(ns.get("SharedAccessKeys") or [], list):
+            raise ConfigError(f"namespace {ns.get('Name')!r}: SharedAccessKeys must be a list")
+        for raw in ns.get("SharedAccessKeys") or []:
+            name, key = _parse_key(raw)
+            if any(name.lower() == known.lower() for known in found.keys):
+                raise ConfigError(f"shared access key {name!r} is declared twice")
+            found.keys[name] = key
     _check_forwarding(found)
     return found
+
+
+def _parse_key(raw: Any) -> tuple[str, SasKey]:
+    """`{"KeyName": "reader", "Key": "...", "Rights": ["Listen"]}` (busd's own entry: Service Bus
+    namespaces have shared access rules, the emulator has none). No `Rights`: all three."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("KeyName"), str) \
+            or not isinstance(raw.get("Key"), str) or not raw["KeyName"] or not raw["Key"]:
+        raise ConfigError('each SharedAccessKeys entry needs a "KeyName" and a "Key" (strings)')
+    name = raw["KeyName"]
+    rights = raw.get("Rights")
+    if rights is None:
+        return name, SasKey(raw["Key"])
+    if not isinstance(rights, list) or not rights or not all(isinstance(r, str) for r in rights):
+        raise ConfigError(f"shared access key {name!r}: Rights must be a list of Send, Listen, "
+                          "Manage")
+    try:
+        return name, SasKey(raw["Key"], parse_rights(",".join(rights)))
+    except ValueError as e:
+        raise ConfigError(f"shared access key {name!r}: {e}") from None
 
 
 def _properties(raw: dict, label: str, known: set[str], warnings: list[str]) -> dict:

@@ -249,6 +249,8 @@ async def serve(settings: Settings) -> int:
         entities = load_entities(settings.config_path, settings.max_message_size)
         for warning in entities.warnings:
             log.warning("%s", warning)
+        # The file's keys join those of --sas-key (or the default key).
+        settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
     server = Server(settings, entities)

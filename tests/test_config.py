@@ -255,6 +255,33 @@ def test_several_namespaces_are_merged_with_a_warning(tmp_path):
     assert any("namespaces" in w for w in warnings)
 
 
+def test_shared_access_keys_are_read_with_their_rights(tmp_path):
+    path = write_config(tmp_path, namespaces=[
+        {"Name": "a", "Queues": [], "SharedAccessKeys": [
+            {"KeyName": "reader", "Key": "r-key", "Rights": ["Listen"]},
+            {"KeyName": "app", "Key": "a-key", "Rights": ["send", "Listen"]}]},
+        {"Name": "b", "Queues": [], "SharedAccessKeys": [{"KeyName": "all", "Key": "k"}]}])
+    keys = load_entities(path).keys
+    assert {name: (str(key), key.claims) for name, key in keys.items()} == {
+        "reader": ("r-key", {"Listen"}), "app": ("a-key", {"Send", "Listen"}),
+        "all": ("k", {"Send", "Listen", "Manage"})}
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"KeyName": "x"}, '"KeyName" and a "Key"'),
+    ({"KeyName": "x", "Key": "k", "Rights": ["Read"]}, "'x': unknown right 'Read'"),
+    ({"KeyName": "x", "Key": "k", "Rights": []}, "'x': Rights must be a list"),
+])
+def test_bad_shared_access_keys_are_config_errors(tmp_path, entry, message):
+    path = write_config(tmp_path, namespaces=[{"Name": "a", "SharedAccessKeys": [entry]}])
+    with pytest.raises(ConfigError, match=message):
+        load_entities(path)
+    twice = write_config(tmp_path, namespaces=[{"Name": "a", "SharedAccessKeys": [
+        {"KeyName": "k", "Key": "1"}, {"KeyName": "K", "Key": "2"}]}])
+    with pytest.raises(ConfigError, match="declared twice"):
+        load_entities(twice)
+
+
 # --- errors name the file, the entity and the reason ----------------------------------------------
 
 

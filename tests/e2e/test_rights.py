@@ -26,7 +26,7 @@ from proton.utils import LinkDetached
 from busd.auth.sas import generate_sas_token
 from busd.cli import cli
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import queue, receive
+from tests.e2e.conftest import launch_busd, queue, receive, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -208,6 +208,28 @@ def test_a_token_for_the_management_node_covers_that_node_only(busd):
         assert answer.properties["statusCode"] in (200, 204), answer.properties
         with pytest.raises(LinkDetached, match="unauthorized-access"):
             client.conn.create_receiver("authq", name=f"q-{uuid.uuid4()}")
+
+
+def test_keys_declared_in_the_entities_file_join_the_default_key(redis_url, tmp_path):
+    config = write_config(tmp_path / "Config.json", [queue("filed")])
+    document = json.loads(config.read_text())
+    document["UserConfig"]["Namespaces"][0]["SharedAccessKeys"] = [
+        {"KeyName": "filereader", "Key": "file-key", "Rights": ["Listen"]}]
+    config.write_text(json.dumps(document))
+    process = launch_busd(redis_url, config, tmp_path)
+    try:
+        with sdk(process, "filereader", "file-key") as client:
+            with pytest.raises(ServiceBusAuthorizationError, match="'Send' claim"):
+                with client.get_queue_sender("filed") as sender:
+                    sender.send_messages(ServiceBusMessage("refused"))
+            with sdk(process) as root, root.get_queue_sender("filed") as sender:
+                sender.send_messages(ServiceBusMessage("from the root key"))
+            with client.get_queue_receiver("filed", max_wait_time=2) as receiver:
+                (message,) = receive(receiver, 1)
+                assert str(message) == "from the root key"
+                receiver.complete_message(message)
+    finally:
+        process.stop()
 
 
 # --- the admin HTTP API -----------------------------------------------------------------------
