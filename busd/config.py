@@ -26,6 +26,7 @@ from busd.entities import (
     SubscriptionEntity,
     TopicEntity,
 )
+from busd.rules import RuleError, rule_from_config, rule_to_dict
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -602,35 +603,10 @@ def _parse_rule(sub: SubscriptionEntity, raw: Any, sub_label: str) -> RuleEntity
         raise ConfigError(f"{sub_label}: each rule must be an object with a Name, got {raw!r}")
     try:
         name = check_rule_name(raw.get("Name"))
-    except ConfigError as e:
+        rule = rule_from_config(raw)
+    except (ConfigError, RuleError) as e:
         raise ConfigError(f"{sub_label}: {e}") from None
-    label = f"rule {name!r} of {sub_label}"
-    props = raw.get("Properties")
-    if not isinstance(props, dict):
-        raise ConfigError(f"{label}: Properties must be an object with a FilterType")
-    return RuleEntity(sub.topic, sub.name, name, _rule_record(props, label))
-
-
-_FILTER_TYPES = {"correlation": "CorrelationFilter", "sql": "SqlFilter"}
-
-
-def _rule_record(props: dict, label: str) -> dict[str, Any]:
-    """A rule of the file as the catalog keeps it: the emulator's `Properties` as given, under
-    "config", after the checks of its schema (FilterType and the filter it names)."""
-    kind = props.get("FilterType")
-    if not isinstance(kind, str) or kind.lower() not in _FILTER_TYPES:
-        raise ConfigError(f"{label}: FilterType must be Correlation or Sql, got {kind!r}")
-    section = _FILTER_TYPES[kind.lower()]
-    body = props.get(section)
-    if not isinstance(body, dict) or not body:
-        raise ConfigError(f"{label}: FilterType {kind} needs a non-empty {section} object")
-    if section == "SqlFilter" and not isinstance(body.get("SqlExpression"), str):
-        raise ConfigError(f"{label}: SqlFilter needs a SqlExpression string")
-    action = props.get("Action")
-    if action is not None and not (isinstance(action, dict)
-                                   and isinstance(action.get("SqlExpression"), str)):
-        raise ConfigError(f"{label}: Action needs a SqlExpression string")
-    return {"config": props}
+    return RuleEntity(sub.topic, sub.name, name, rule_to_dict(rule))
 
 
 def _check_forwarding(found: EntitiesFile) -> None:

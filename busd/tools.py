@@ -177,17 +177,18 @@ def _short_time(iso: str | None) -> str | None:
 @click.command()
 @_client_options
 def queues(url: str, as_json: bool) -> None:
-    """List the queues with their message and session counts."""
+    """List the queues and topic subscriptions with their message and session counts."""
     found = AdminClient(url).call("GET", "/admin/queues")
 
     def text() -> str:
         rows = []
         for q in found:
             c, p = q["counts"], q["properties"]
-            rows.append([q["name"], c["active"], c["scheduled"], c["deferred"], c["locked"],
-                         c["dead_letter"], c["sessions"] if p["requires_session"] else None,
+            rows.append([q["name"], q.get("kind", "queue"), c["active"], c["scheduled"],
+                         c["deferred"], c["locked"], c["dead_letter"],
+                         c["sessions"] if p["requires_session"] else None,
                          c["locked_sessions"] if p["requires_session"] else None])
-        return table(["QUEUE", "ACTIVE", "SCHEDULED", "DEFERRED", "LOCKED", "DEAD-LETTER",
+        return table(["ENTITY", "KIND", "ACTIVE", "SCHEDULED", "DEFERRED", "LOCKED", "DEAD-LETTER",
                       "SESSIONS", "LOCKED-SESSIONS"], rows)
 
     _emit(as_json, found, text)

@@ -218,11 +218,14 @@ def test_comments_are_stripped_but_not_inside_strings(tmp_path):
     ({"Name": "s", "Properties": {"LockDuration": "PT10M"}}, None,
      "subscription 's' of topic 't': LockDuration"),
     ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Odd"}},
-     "rule 'r' of subscription 's' of topic 't': FilterType"),
+     "subscription 's' of topic 't': rule 'r': FilterType"),
     ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Correlation"}},
-     "rule 'r' .*CorrelationFilter"),
+     "rule 'r': .*CorrelationFilter"),
     ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"x": 1}}},
-     "rule 'r' .*SqlExpression"),
+     "rule 'r': .*SqlExpression"),
+    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Sql",
+                                                 "SqlFilter": {"SqlExpression": "a = = 1"}}},
+     "rule 'r': .*position"),
     ({"Name": "s", "Properties": {"ForwardTo": "nowhere"}}, None, "'nowhere' names no queue"),
 ])
 def test_bad_topic_entries_name_the_entity(tmp_path, subscription, rule, message):

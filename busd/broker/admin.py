@@ -17,7 +17,7 @@ from typing import Any
 from busd.amqp import codec
 from busd.broker import messages
 from busd.errors import BusdError, Condition
-from busd.storage.api import MessageState, QueueSpec, StoredMessage
+from busd.storage.api import MessageState, QueueSpec, StoredMessage, TopicSpec
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
@@ -109,13 +109,14 @@ class Admin:
         self.broker = broker
 
     def queue(self, name: str) -> QueueSpec:
-        """A queue, or a subscription by its path (`<topic>/subscriptions/<name>`)."""
-        spec = self.broker.spec(name)
+        """A queue or a subscription (`<topic>/Subscriptions/<name>`)."""
+        spec = self.broker.receivable(name)
         if spec is None:
-            raise AdminError(404, f"no queue named {name!r}")
+            raise AdminError(404, f"no queue or subscription named {name!r}")
         return spec
 
     async def queues(self) -> list[dict[str, Any]]:
+        """Every queue and every topic's subscriptions (a topic holds no messages itself)."""
         out = []
         for name in sorted(self.broker.entities):
             out.append(await self.queue_info(name))
@@ -126,8 +127,10 @@ class Admin:
         counts = await self.broker.store.counts(spec)
         return {
             "name": spec.name,
+            "kind": "queue" if spec.topic is None else "subscription",
+            "topic": spec.topic,
             "properties": {
-                k: v for k, v in dataclasses.asdict(spec).items() if k != "name"
+                k: v for k, v in dataclasses.asdict(spec).items() if k not in ("name", "topic")
             },
             "counts": {
                 "active": counts.active,
@@ -171,8 +174,15 @@ class Admin:
         application_properties: dict[str, Any] | None = None, message_id: str | None = None,
         content_type: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        spec = self.queue(name)
-        if spec.requires_session and session_id is None:
+        spec: QueueSpec | TopicSpec
+        topic = self.broker.topic(name)
+        if topic is not None:
+            spec = topic
+        else:
+            spec = self.queue(name)
+            if spec.topic is not None:
+                raise AdminError(400, f"{spec.name!r} is a subscription: send to its topic")
+        if isinstance(spec, QueueSpec) and spec.requires_session and session_id is None:
             raise AdminError(400, f"queue {spec.name!r} requires sessions: give a session id")
         for key, value in (application_properties or {}).items():
             if not isinstance(value, (str, int, float, bool)) and value is not None:
@@ -194,7 +204,7 @@ class Admin:
         except BusdError as error:
             status = 413 if error.condition == Condition.MESSAGE_SIZE_EXCEEDED else 400
             raise AdminError(status, error.description) from None
-        (seq,) = await self.broker.store.send(spec, [message])
+        (seq,) = await self.broker.send(spec, [message])
         return {"sequence_number": seq, "message_id": properties["message_id"],
                 "duplicate": seq == 0}
 

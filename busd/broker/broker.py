@@ -20,13 +20,14 @@ import uuid
 import weakref
 from collections.abc import Callable
 
-from busd.amqp.addresses import Address
+from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
+from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
 from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.storage.api import WAKE_ALL, QueueSpec, Store
+from busd.storage.api import WAKE_ALL, NewMessage, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
 
@@ -46,6 +47,7 @@ class Broker:
         self.store = store
         self.catalog = Catalog(store)
         self.catalog.listen(self._entity_changed)
+        self.fanout = Fanout(self.catalog, store)
         # entity path -> the links attached to it (detached when the entity is deleted)
         self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
         self.sas_keys = sas_keys
@@ -72,6 +74,37 @@ class Broker:
     def spec(self, path: str) -> QueueSpec | None:
         """The store handle of a queue or a subscription (`<topic>/subscriptions/<name>`)."""
         return self.catalog.spec(path)
+
+    def receivable(self, name: str) -> QueueSpec | None:
+        """The queue or subscription a name or address names (`q`,
+        `t/Subscriptions/s`, any case), None when there is none."""
+        try:
+            address = parse_address(name)
+        except AddressError:
+            return None
+        if address.sub is not None and address.sub != "deadletter":
+            return None
+        if address.is_subscription:
+            return self.spec(f"{address.entity}/subscriptions/{address.subscription}")
+        return self.queue(address.entity)
+
+    def topic(self, name: str) -> TopicSpec | None:
+        topic = self.catalog.topic(name)
+        return None if topic is None else topic_spec(topic)
+
+    async def send(self, target: QueueSpec | TopicSpec, messages: list[NewMessage]) -> list[int]:
+        """Store messages sent to a queue, or to a topic (fanned out to its subscriptions):
+        every way in (sender links, schedule-message, tools) comes here. The sequence number
+        of each, 0 for a duplicate dropped."""
+        if isinstance(target, TopicSpec):
+            return await self.fanout.publish(target, messages)
+        return await self.store.send(target, messages)
+
+    async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None:
+        if isinstance(target, TopicSpec):
+            await self.fanout.cancel_scheduled(target, seqs)
+        else:
+            await self.store.cancel_scheduled(target, seqs)
 
     @property
     def entities(self) -> dict[str, QueueSpec]:

@@ -26,6 +26,7 @@ from busd.storage.api import (
     QueueSpec,
     ReceiveMode,
     Settlement,
+    TopicSpec,
 )
 
 log = logging.getLogger("busd.broker")
@@ -41,9 +42,18 @@ DISPOSITIONS = {
 }
 
 
+# What a topic's node serves: messages live in its subscriptions, whose nodes serve the rest.
+TOPIC_OPERATIONS = frozenset(("schedule-message", "cancel-scheduled-message"))
+
+
 class ManagementEndpoint(RequestEndpoint):
-    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec, *, dlq: bool) -> None:
+    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec | TopicSpec, *,
+                 dlq: bool) -> None:  # fmt: skip
         super().__init__(conn, link, conn.broker.limits.link_ceiling(queue.max_message_size))
+        # where sent messages go: the queue, or the topic (fanned out)
+        self.target = queue
+        if isinstance(queue, TopicSpec):  # only TOPIC_OPERATIONS reach self.queue
+            queue = QueueSpec(queue.name, max_message_size=queue.max_message_size)
         self.queue = queue
         self.entity = queue.dead_letter_queue if dlq else queue
 
@@ -69,6 +79,12 @@ class ManagementEndpoint(RequestEndpoint):
             # Each request: the right depends on the operation, and the token may have lapsed
             # since the attach. `needs` holds the entity path routing authorized.
             self.conn.authorize(self.needs[0] if self.needs else "", OPERATION_RIGHTS[name])
+            if isinstance(self.target, TopicSpec) and name not in TOPIC_OPERATIONS:
+                raise BusdError(
+                    Condition.NOT_ALLOWED,
+                    f"'{self.target.name}' is a topic: {operation!r} is served by the "
+                    "$management node of its subscriptions.",
+                )
             status, result = await handler(self, body, app)
         except BusdError as error:
             log.debug("$management %s failed: %s", operation, error)
@@ -231,16 +247,16 @@ async def schedule_message(ep: ManagementEndpoint, body: dict, app: dict):
     new: list[NewMessage] = []
     for item in body.get("messages") or []:
         payload = bytes(item.get("message") or b"")
-        messages.check_size(ep.queue, len(payload))
+        messages.check_size(ep.target, len(payload))
         session_id = item.get("session-id")
-        new.append(messages.admit(ep.queue, messages.parse_one(payload),
+        new.append(messages.admit(ep.target, messages.parse_one(payload),
                                   str(session_id) if session_id is not None else None))
-    seqs = await ep.broker.store.schedule(ep.queue, new)
+    seqs = await ep.broker.send(ep.target, new)
     return 200, {"sequence-numbers": codec.Array(codec.Long, [codec.Long(s) for s in seqs])}
 
 
 async def cancel_scheduled_message(ep: ManagementEndpoint, body: dict, app: dict):
-    await ep.broker.store.cancel_scheduled(ep.queue, _ints(body.get("sequence-numbers")))
+    await ep.broker.cancel_scheduled(ep.target, _ints(body.get("sequence-numbers")))
     return 200, None
 
 

@@ -13,13 +13,13 @@ import os
 
 from busd.amqp import codec
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, QueueSpec, StoredMessage
+from busd.storage.api import NewMessage, QueueSpec, StoredMessage, TopicSpec
 
 # Service Bus: SessionId and ReplyToSessionId are at most 128 characters (docs/design.md §2.2).
 MAX_SESSION_ID_LENGTH = 128
 
 
-def check_size(entity: QueueSpec, size: int) -> None:
+def check_size(entity: QueueSpec | TopicSpec, size: int) -> None:
     if size > entity.max_message_size:
         raise BusdError(
             Condition.MESSAGE_SIZE_EXCEEDED,
@@ -39,7 +39,7 @@ def check_session_id(session_id: str | None, what: str = "session id") -> None:
         )
 
 
-def admit(entity: QueueSpec, incoming: codec.IncomingMessage,
+def admit(entity: QueueSpec | TopicSpec, incoming: codec.IncomingMessage,
           session_id: str | None = None) -> NewMessage:  # fmt: skip
     """The message to store for `incoming` (parsed by busd.amqp.incoming), or the BusdError the
     client should see. `session_id`: one given beside the message (schedule-message's
@@ -49,7 +49,10 @@ def admit(entity: QueueSpec, incoming: codec.IncomingMessage,
         session_id = incoming.session_id
     check_session_id(session_id)
     check_session_id(incoming.reply_to_session_id, "reply-to session id")
-    if entity.requires_session:
+    if isinstance(entity, TopicSpec):
+        pass  # each subscription decides (a session subscription dead-letters a message
+        # without one: docs/design.md §2.13)
+    elif entity.requires_session:
         if session_id is None:  # "" is a session id, as in Service Bus
             raise BusdError(
                 Condition.NOT_ALLOWED,

@@ -13,7 +13,7 @@ from busd.auth.rights import LISTEN, SEND
 from busd.broker import cbs, management, nodes, receiving, sending, sessions
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec
+from busd.storage.api import QueueSpec, TopicSpec
 
 
 def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
@@ -35,21 +35,56 @@ def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
 
 
 def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoint:
-    queue = conn.broker.queue(parsed.entity) if parsed.entity else None
-    if queue is None or parsed.is_subscription:
+    broker = conn.broker
+    if parsed.is_subscription:
+        path = f"{parsed.entity}/subscriptions/{parsed.subscription}"
+        entity = broker.spec(path)
+        track = path
+    else:
+        entity = broker.queue(parsed.entity) if parsed.entity else None
+        topic = broker.topic(parsed.entity) if parsed.entity and entity is None else None
+        track = parsed.entity
+        if topic is not None:
+            for_topic = _topic_endpoint(conn, link, parsed, topic)
+            broker.track(track, for_topic)
+            return for_topic
+    if entity is None:
         raise BusdError(
             Condition.NOT_FOUND,
             f"The messaging entity '{parsed.entity_path}' could not be found.",
         )
+    endpoint: LinkEndpoint
     if parsed.sub == "management":
         if link.is_sender:
             return nodes.ReplyEndpoint(conn, link)
-        return management.ManagementEndpoint(conn, link, queue, dlq=parsed.dlq)
-    if link.is_sender:  # we send: the client receives
-        return _receiver(conn, link, queue, dlq=parsed.dlq)
-    if parsed.dlq:
+        endpoint = management.ManagementEndpoint(conn, link, entity, dlq=parsed.dlq)
+    elif link.is_sender:  # we send: the client receives
+        endpoint = _receiver(conn, link, entity, dlq=parsed.dlq)
+    elif parsed.dlq:
         raise BusdError(Condition.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
-    return sending.QueueSenderEndpoint(conn, link, queue)
+    elif parsed.is_subscription:
+        raise BusdError(Condition.NOT_ALLOWED,
+                        f"Messages cannot be sent to the subscription '{entity.name}': send "
+                        "them to its topic.")
+    else:
+        endpoint = sending.QueueSenderEndpoint(conn, link, entity)
+    broker.track(track, endpoint)
+    return endpoint
+
+
+def _topic_endpoint(conn: ConnectionScope, link: Link, parsed: Address,
+                    topic: TopicSpec) -> LinkEndpoint:  # fmt: skip
+    """A topic takes senders and its `$management` node (schedule-message and its cancel);
+    messages are received from its subscriptions (`<topic>/Subscriptions/<name>`)."""
+    if parsed.sub == "management" and not parsed.dlq:
+        if link.is_sender:
+            return nodes.ReplyEndpoint(conn, link)
+        return management.ManagementEndpoint(conn, link, topic, dlq=False)
+    if link.is_sender or parsed.dlq:
+        raise BusdError(Condition.NOT_ALLOWED,
+                        f"'{topic.name}' is a topic: receive from one of its subscriptions, "
+                        f"'{topic.name}/Subscriptions/<name>'.")
+    return sending.QueueSenderEndpoint(conn, link, topic)
 
 
 def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,

@@ -24,7 +24,7 @@ from busd.broker.links import (
     echo_termini,
 )
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, QueueSpec
+from busd.storage.api import NewMessage, QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.broker")
 
@@ -36,7 +36,7 @@ MAX_STORE_BATCH = 256
 class QueueSenderEndpoint(LinkEndpoint):
     raw_deliveries = True
 
-    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec) -> None:
+    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec | TopicSpec) -> None:
         super().__init__(conn, link)
         self.queue = queue
         self.max_size = queue.max_message_size
@@ -154,7 +154,7 @@ class QueueSenderEndpoint(LinkEndpoint):
                 _reject(delivery, refused)
         if new:
             try:
-                await self.broker.store.send(self.queue, new)
+                await self.broker.send(self.queue, new)
             except Exception as exc:
                 log.error("storing %d messages in %s failed: %s", len(new), self.queue.name, exc)
                 unavailable = BusdError(Condition.SERVER_BUSY,

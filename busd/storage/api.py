@@ -71,6 +71,34 @@ def subscription_path(topic: str, subscription: str) -> str:
     return f"{topic}/subscriptions/{subscription}"
 
 
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """The handle of a topic in Store calls: what the store needs to accept a message sent to
+    it (its subscriptions are given beside it, as QueueSpecs with `topic` set)."""
+
+    name: str
+    default_ttl_ms: int | None = None  # the ceiling of a message's ttl at the topic
+    duplicate_detection_window_ms: int | None = None
+    max_message_size: int = 1024 * 1024
+
+
+@dataclass(slots=True)
+class Placement:
+    """One copy of a message sent to a topic, as the subscriptions' rules decided it: in
+    subscription `subscription` (an index into the call's subscriptions), with its own blob,
+    session id or time to live where an action changed them (the message's own when None,
+    unless the matching `own_*` flag is set), or filed straight in that subscription's
+    dead-letter sub-queue with `dead_letter` = (reason, description)."""
+
+    subscription: int
+    blob: bytes | None = None
+    session_id: str | None = None
+    own_session_id: bool = False
+    ttl_ms: int | None = None
+    own_ttl: bool = False
+    dead_letter: tuple[str, str] | None = None
+
+
 class ReceiveMode(enum.IntEnum):
     PEEK_LOCK = 1
     RECEIVE_AND_DELETE = 0
@@ -243,6 +271,29 @@ class Store(Protocol):
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         """Enqueue atomically (all or none). Returns the sequence number of each message, 0 for a
         duplicate dropped by duplicate detection. Scheduled messages get their number now."""
+
+    async def publish(
+        self,
+        topic: TopicSpec,
+        subscriptions: list[QueueSpec],
+        messages: list[NewMessage],
+        placements: list[list[Placement]] | None = None,
+    ) -> list[int]:
+        """Send to a topic: store each message, atomically (all or none), in its
+        subscriptions. Without `placements` every live subscription gets every message
+        unchanged; with them, message i goes where placements[i] says (none: dropped). The
+        topic numbers each message once (0 for a duplicate dropped by the topic's duplicate
+        detection) and every copy keeps that number; scheduled messages are scheduled in each
+        subscription under it."""
+
+    async def cancel_topic_scheduled(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
+    ) -> None:
+        """Cancel messages scheduled on a topic (every subscription's copy). Raises
+        MESSAGE_NOT_FOUND if a number has no scheduled copy; then nothing changes."""
+
+    async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
+        """The topic's monotonic totals: sent, duplicates, dropped (no subscription took it)."""
 
     # --- non-session receive ----------------------------------------------------------------
     async def receive(

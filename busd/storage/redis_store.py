@@ -27,6 +27,7 @@ from busd.storage.api import (
     EntityCounts,
     MessageState,
     NewMessage,
+    Placement,
     QueueSpec,
     ReceiveMode,
     SessionInfo,
@@ -34,6 +35,7 @@ from busd.storage.api import (
     Settlement,
     StoredMessage,
     SweepResult,
+    TopicSpec,
     WakeCallback,
 )
 from busd.storage.scripts import Scripts
@@ -106,7 +108,7 @@ def _message(row: list[Any]) -> StoredMessage:
     )
 
 
-def _effective_ttl(queue: QueueSpec, message: NewMessage) -> int | None:
+def _effective_ttl(queue: QueueSpec | TopicSpec, message: NewMessage) -> int | None:
     limits = [t for t in (message.ttl_ms, queue.default_ttl_ms) if t is not None]
     return min(limits) if limits else None
 
@@ -382,15 +384,16 @@ class RedisStore:
         *, budget: int = HOUSEKEEPING_BUDGET,
     ) -> Any:  # fmt: skip
         """A `Context: topic` script: ARGV is the topic's name, the number of subscriptions,
-        `args`, then the six queue-context parameters of each subscription."""
+        the six queue-context parameters of each subscription, then `args`."""
         if self._scripts is None:
             raise RuntimeError("RedisStore.connect() was not called")
         names = tuple(s.subscription or "" for s in subscriptions)
         keys = self._topic_keys(script, topic, names)
-        argv: list[Any] = [topic, len(subscriptions), *args]
+        argv: list[Any] = [topic, len(subscriptions)]
         for spec, name in zip(subscriptions, names):
             argv += self._queue_args(spec, budget)
             argv[-6] = name  # the subscription's own name: what `subs` holds
+        argv += args
         await self._acquire()
         try:
             return await self._scripts.run(script, keys, argv)
@@ -509,6 +512,49 @@ class RedisStore:
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)
+
+    async def publish(
+        self,
+        topic: TopicSpec,
+        subscriptions: list[QueueSpec],
+        messages: list[NewMessage],
+        placements: list[list[Placement]] | None = None,
+    ) -> list[int]:
+        if not messages:
+            return []
+        _check_session_ids(m.session_id for m in messages)
+        args: list[Any] = [topic.duplicate_detection_window_ms or 0]
+        for sub in subscriptions:
+            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        for i, m in enumerate(messages):
+            args += [m.blob, _sid(m.session_id), _opt(m.message_id),
+                     _opt(_effective_ttl(topic, m)), _opt(m.scheduled_ms)]
+            if placements is None:
+                args.append(-1)
+                continue
+            copies = placements[i]
+            args.append(len(copies))
+            for c in copies:
+                if c.own_session_id:
+                    _check_session_ids([c.session_id])
+                flags = ((1 if c.blob is not None else 0) | (2 if c.own_session_id else 0)
+                         | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
+                reason, description = c.dead_letter or ("", "")
+                args += [c.subscription + 1, flags, _opt(c.blob), _sid(c.session_id),
+                         _opt(c.ttl_ms), reason, description]
+        return list(await self._run_topic("publishMessages", topic.name, subscriptions, args))
+
+    async def cancel_topic_scheduled(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
+    ) -> None:
+        if seqs:
+            _check(await self._run_topic("cancelTopicScheduled", topic.name, subscriptions,
+                                         list(seqs)))
+
+    async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
+        assert self._client is not None
+        raw = await self._client.hgetall(keyspace.key(self.prefix, topic.name, "tstats"))
+        return {_text(k) or "": int(v) for k, v in raw.items()}
 
     # --- receive ---------------------------------------------------------------------------
     async def receive(

@@ -85,10 +85,36 @@ def queue(name: str, **props) -> dict:
     return {"Name": name, "Properties": defaults}
 
 
-def write_config(path: Path, queues: list[dict]) -> Path:
+def subscription(name: str, rules: list[dict] | None = None, **props) -> dict:
+    """One subscription entry of a topic in an emulator Config.json."""
+    defaults = {
+        "DeadLetteringOnMessageExpiration": False,
+        "DefaultMessageTimeToLive": "PT1H",
+        "LockDuration": "PT1M",
+        "MaxDeliveryCount": 10,
+        "ForwardDeadLetteredMessagesTo": "",
+        "ForwardTo": "",
+        "RequiresSession": False,
+    }
+    defaults.update(props)
+    entry: dict = {"Name": name, "Properties": defaults}
+    if rules is not None:
+        entry["Rules"] = rules
+    return entry
+
+
+def topic(name: str, subscriptions: list[dict], **props) -> dict:
+    """One topic entry of an emulator Config.json."""
+    defaults = {"DefaultMessageTimeToLive": "PT1H", "DuplicateDetectionHistoryTimeWindow": "PT20S",
+                "RequiresDuplicateDetection": False}
+    defaults.update(props)
+    return {"Name": name, "Properties": defaults, "Subscriptions": subscriptions}
+
+
+def write_config(path: Path, queues: list[dict], topics: list[dict] | None = None) -> Path:
     document = {
         "UserConfig": {
-            "Namespaces": [{"Name": "sbemulatorns", "Queues": queues, "Topics": []}],
+            "Namespaces": [{"Name": "sbemulatorns", "Queues": queues, "Topics": topics or []}],
             "Logging": {"Type": "File"},
         }
     }
@@ -145,8 +171,9 @@ def busd_factory(redis_url, tmp_path_factory):
     started: list[BusdProcess] = []
     workdir = tmp_path_factory.mktemp("busd")
 
-    def start(queues: list[dict], *, embedded: bool = False, **kwargs) -> BusdProcess:
-        config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues)
+    def start(queues: list[dict], *, embedded: bool = False, topics: list[dict] | None = None,
+              **kwargs) -> BusdProcess:
+        config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues, topics)
         proc = launch_busd(None if embedded else redis_url, config, workdir, **kwargs)
         started.append(proc)
         return proc

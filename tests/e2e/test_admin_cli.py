@@ -26,7 +26,7 @@ from busd.storage.api import (
 from busd.storage.redis_store import RedisStore
 from busd.tools import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 from tests.conftest import start_valkey
-from tests.e2e.conftest import launch_busd, queue, write_config
+from tests.e2e.conftest import launch_busd, queue, subscription, topic, write_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +41,9 @@ def busd(busd_factory):
             queue("dead"),
             queue("many"),
             queue("scrap"),
-        ]
+        ],
+        topics=[topic("events", [subscription("s1"),
+                                 subscription("s2", RequiresSession=True)])],
     )
 
 
@@ -119,13 +121,14 @@ def test_queues_lists_every_queue_with_its_counts(busd):
     tool(busd, "send", "orders/eu", "one")
     tool(busd, "send", "orders/eu", "two")
     found = {q["name"]: q for q in tool_json(busd, "queues")}
-    assert set(found) == {"plain", "sessions", "orders/eu", "dead", "many", "scrap"}
+    assert set(found) == {"plain", "sessions", "orders/eu", "dead", "many", "scrap",
+                          "events/subscriptions/s1", "events/subscriptions/s2"}
     assert found["orders/eu"]["counts"]["active"] == 2
     assert found["sessions"]["properties"]["requires_session"] is True
     lines = tool(busd, "queues").output.splitlines()
-    assert lines[0].split()[:3] == ["QUEUE", "ACTIVE", "SCHEDULED"]
+    assert lines[0].split()[:4] == ["ENTITY", "KIND", "ACTIVE", "SCHEDULED"]
     row = next(line.split() for line in lines if line.startswith("orders/eu"))
-    assert row[1] == "2"
+    assert row[1:3] == ["queue", "2"]
 
 
 def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
@@ -237,7 +240,7 @@ async def test_resubmit_of_many_goes_in_chunks(busd, redis_url):
 def test_errors_are_one_line_with_exit_codes(busd):
     unknown = tool(busd, "peek", "nope")
     assert unknown.exit_code == EXIT_NOT_FOUND
-    assert unknown.output.strip() == "busd: error: no queue named 'nope'"
+    assert unknown.output.strip() == "busd: error: no queue or subscription named 'nope'"
     for args in (
         ["queues"],
         ["sessions", "nope"],
@@ -261,7 +264,7 @@ def test_url_comes_from_busd_url(busd):
 def test_admin_http_api_answers_json_errors(busd):
     assert http(busd, "GET", "/admin/queues/nope/messages") == (
         404,
-        {"error": "no queue named 'nope'"},
+        {"error": "no queue or subscription named 'nope'"},
     )
     assert http(busd, "DELETE", "/admin/queues/plain")[0] == 405
     assert http(busd, "POST", "/admin/queues/plain/messages", b"{not json")[0] == 400
@@ -303,3 +306,25 @@ def test_store_unreachable_is_503_and_exit_69(tmp_path):
             proc.stop()
         if server.is_running():
             server.stop()
+
+
+def test_the_tools_work_on_a_topics_subscriptions(busd):
+    sent = tool_json(busd, "send", "events", "hello", "--session", "k")
+    assert sent["sequence_number"] >= 1
+    found = {q["name"]: q for q in tool_json(busd, "queues")}
+    s1 = found["events/subscriptions/s1"]
+    assert (s1["kind"], s1["topic"], s1["counts"]["active"]) == ("subscription", "events", 1)
+    peeked = tool_json(busd, "peek", "Events/Subscriptions/S1")
+    assert [m["sequence_number"] for m in peeked] == [sent["sequence_number"]]
+    (info,) = tool_json(busd, "sessions", "events/Subscriptions/s2")
+    assert (info["session_id"], info["message_count"]) == ("k", 1)
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_subscription_receiver("events", "s1", max_wait_time=5) as rx:
+            (m,) = rx.receive_messages(max_wait_time=5)
+            rx.dead_letter_message(m, reason="operator test")
+    assert tool_json(busd, "dlq", "resubmit", "events/Subscriptions/s1")["resubmitted"] == 1
+    assert tool_json(busd, "purge", "events/Subscriptions/s1")["purged"] == 1
+    assert tool_json(busd, "purge", "events/Subscriptions/s2")["purged"] == 1
+    assert tool(busd, "peek", "events/Subscriptions/nope").exit_code == EXIT_NOT_FOUND
+    refused = tool(busd, "send", "events/Subscriptions/s1", "x")
+    assert refused.exit_code == EXIT_INVALID

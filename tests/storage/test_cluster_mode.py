@@ -136,3 +136,26 @@ def test_cluster_urls_are_recognised():
     assert _cluster_url("redis+cluster://h:1") == "redis://h:1"
     assert _cluster_url("rediss+cluster://u:p@h:1") == "rediss://u:p@h:1"
     assert _cluster_url("redis://h:1?cluster=true&x=1") == "redis://h:1?x=1"
+
+
+async def test_fan_out_and_topic_scripts_run_in_cluster_mode(cluster_store, tokens):
+    """A topic and its subscriptions share one slot: fan-out, cancel and drop are one script
+    each."""
+    from busd.storage.api import Placement, TopicSpec, subscription_path
+
+    s = cluster_store
+    subs = [QueueSpec(subscription_path("orders/t", n), topic="orders/t",
+                      requires_session=(n == "c")) for n in ("a", "b", "c")]
+    await s.open_subscriptions("orders/t", ["a", "b", "c"])
+    topic = TopicSpec("orders/t", duplicate_detection_window_ms=1000)
+    now = int(time.time() * 1000)
+    seqs = await s.publish(topic, subs, [NewMessage(b"m", message_id="1", session_id="k"),
+                                         NewMessage(b"later", scheduled_ms=now + 60_000)])
+    await s.publish(topic, subs, [NewMessage(b"r")], [[Placement(0), Placement(1, blob=b"x"),
+                                                       Placement(2, dead_letter=("r", "d"))]])
+    await s.cancel_topic_scheduled(topic, subs, [seqs[1]])
+    (a1, a2) = await s.receive(subs[0], 5, PL, tokens(5))
+    assert (a1.seq, a1.blob, a2.blob) == (seqs[0], b"m", b"r")
+    assert await s.accept_session(subs[2], None, "p:1") is not None
+    await s.drop_subscriptions("orders/t", subs, with_topic=True)
+    assert (await s.counts(subs[1])).active == 0

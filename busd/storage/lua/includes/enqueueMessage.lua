@@ -1,33 +1,8 @@
---- @include "seqMember"
---- @include "fileMessage"
+--- @include "placeMessage"
 -- Store a new message in the queue under the next sequence number (shared with the
--- dead-letter sub-queue): enqueued now, or at `due` when that is later (scheduled; its time to
--- live then counts from its activation). On a session queue (`sessionQueue`) a message with
--- a session id is filed under its session, which exists from now on. `patch` is a properties
--- patch to keep (a resubmitted message keeps its own). Returns the sequence number.
+-- dead-letter sub-queue; see placeMessage). Returns the sequence number.
 local function enqueueMessage(Q, blob, sid, ttl, due, sessionQueue, patch)
   local seq = redis.call('INCR', Q.seq)
-  local m = { dc = 0, pp = patch }
-  if sid then
-    m.sid = sid
-    redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
-    if sessionQueue then
-      m.ss = 1
-      redis.call('ZADD', Q.sessions, 0, sid)
-    end
-  end
-  if due and due > Q.now then
-    m.st = 's'
-    m.sch = due
-    m.enq = due
-    m.ttl = ttl
-  else
-    m.st = 'a'
-    m.enq = Q.now
-    if ttl then m.exp = Q.now + ttl end
-  end
-  redis.call('HSET', Q.q.body, seq, blob)
-  redis.call('ZADD', Q.q.all, seq, seq)
-  fileMessage(Q, Q.q, seq, m)
+  placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch)
   return seq
 end

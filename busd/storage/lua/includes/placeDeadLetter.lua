@@ -1,0 +1,14 @@
+--- @include "seqMember"
+--- @include "fileMessage"
+--- @include "countEvent"
+-- Store a new message under `seq` straight into the dead-letter sub-queue, with a reason and a
+-- description: a copy a subscription cannot take (no session id on a session subscription, a
+-- rule that failed on it).
+local function placeDeadLetter(Q, seq, blob, sid, reason, description)
+  local d = { dc = 0, enq = Q.now, sid = sid, st = 'a', dlr = reason, dld = description }
+  redis.call('HSET', Q.d.body, seq, blob)
+  redis.call('ZADD', Q.d.all, seq, seq)
+  if sid then redis.call('ZADD', Q.d.sall, 0, seqMember(sid, seq)) end
+  fileMessage(Q, Q.d, seq, d)
+  countEvent(Q, Q.q, 'deadlettered')
+end

@@ -1,0 +1,30 @@
+--- @include "seqMember"
+--- @include "fileMessage"
+-- Store a new message under sequence number `seq`: enqueued now, or at `due` when that is
+-- later (scheduled; its time to live then counts from its activation). On a session queue
+-- (`sessionQueue`) a message with a session id is filed under its session, which exists from
+-- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own).
+local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch)
+  local m = { dc = 0, pp = patch }
+  if sid then
+    m.sid = sid
+    redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
+    if sessionQueue then
+      m.ss = 1
+      redis.call('ZADD', Q.sessions, 0, sid)
+    end
+  end
+  if due and due > Q.now then
+    m.st = 's'
+    m.sch = due
+    m.enq = due
+    m.ttl = ttl
+  else
+    m.st = 'a'
+    m.enq = Q.now
+    if ttl then m.exp = Q.now + ttl end
+  end
+  redis.call('HSET', Q.q.body, seq, blob)
+  redis.call('ZADD', Q.q.all, seq, seq)
+  fileMessage(Q, Q.q, seq, m)
+end
