@@ -26,7 +26,7 @@ from busd.entities import (
     SubscriptionEntity,
     TopicEntity,
 )
-from busd.rules import RuleError, rule_from_config, rule_to_dict
+from busd.rules import RuleError, rule_from_config, rule_record
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -606,7 +606,7 @@ def _parse_rule(sub: SubscriptionEntity, raw: Any, sub_label: str) -> RuleEntity
         rule = rule_from_config(raw)
     except (ConfigError, RuleError) as e:
         raise ConfigError(f"{sub_label}: {e}") from None
-    return RuleEntity(sub.topic, sub.name, name, rule_to_dict(rule))
+    return RuleEntity(sub.topic, sub.name, name, rule_record(rule))
 
 
 def _check_forwarding(found: EntitiesFile) -> None:

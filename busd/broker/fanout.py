@@ -15,7 +15,7 @@ import logging
 from busd.broker.catalog import Catalog
 from busd.entities import Entity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.rules import FilterEvaluationError, MessageView, RuleError, RuleSet, rule_from_dict
+from busd.rules import FilterEvaluationError, MessageView, RuleError, RuleSet, rule_from_record
 from busd.storage.api import NewMessage, Placement, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
@@ -75,7 +75,7 @@ class Fanout:
         rules = []
         for entity in self.catalog.rules(sub.topic, sub.name):
             try:
-                rules.append(rule_from_dict({**entity.rule, "name": entity.name}))
+                rules.append(rule_from_record(entity.name, entity.rule, entity.created_ms))
             except RuleError as exc:  # written by another version, or damaged: skip it
                 log.error("rule %s cannot be read and is ignored: %s", entity.path, exc)
         return RuleSet.compile(rules)
