@@ -20,6 +20,7 @@ from proton import Collector, Connection, Event, Transport
 from proton._exceptions import TransportException
 
 from busd.amqp import engine
+from busd.amqp.frames import DeliveryIds
 
 log = logging.getLogger("busd.amqp")
 frame_log = logging.getLogger("busd.amqp.frames")
@@ -86,6 +87,7 @@ class AmqpProtocol(asyncio.Protocol):
             self.engine.trace(Transport.TRACE_FRM)
             peer = self.peer  # not self: proton keeps the tracer on its C side
             self.engine.tracer = lambda _t, msg: frame_log.log(TRACE, "[%s] %s", peer, msg)
+        self.delivery_ids = DeliveryIds()  # out-of-order delivery-ids (busd/amqp/frames.py)
         self.connection = Connection()
         self.collector = Collector()
         self.connection.collect(self.collector)
@@ -98,7 +100,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.kick()
 
     def data_received(self, data: bytes) -> None:
-        view = memoryview(data)
+        view = memoryview(self.delivery_ids.incoming(data))
         try:
             while view:
                 capacity = self.engine.capacity()
@@ -211,7 +213,7 @@ class AmqpProtocol(asyncio.Protocol):
             out = self.engine.peek(pending)
             self.engine.pop(pending)
             if out:
-                self._sock.write(out)
+                self._sock.write(self.delivery_ids.outgoing(out))
 
     def _tick(self) -> None:
         """Let proton run its timers (heartbeats, idle time-out) and arm ours for the next."""
