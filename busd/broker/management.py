@@ -14,7 +14,7 @@ from typing import Any
 
 from busd.amqp import codec
 from busd.auth.rights import LISTEN, SEND
-from busd.broker import messages
+from busd.broker import messages, rule_management
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
@@ -284,6 +284,7 @@ OPERATION_RIGHTS = {
     "schedule-message": SEND,
     "cancel-scheduled-message": SEND,
     "get-message-sessions": LISTEN,
+    **rule_management.OPERATION_RIGHTS,
 }
 
 OPERATIONS = {
@@ -297,4 +298,5 @@ OPERATIONS = {
     "schedule-message": schedule_message,
     "cancel-scheduled-message": cancel_scheduled_message,
     "get-message-sessions": get_message_sessions,
+    **rule_management.OPERATIONS,
 }

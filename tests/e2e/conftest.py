@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,3 +193,20 @@ def receive(receiver, count: int, wait: float = 3, patience: float = 15) -> list
         got.extend(receiver.receive_messages(max_message_count=count - len(got),
                                              max_wait_time=wait))
     return got
+
+
+JS_DIR = Path(__file__).parent / "js"
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path:
+    """The JavaScript SDK installed in tests/e2e/js (npm, once); skips where node or npm is
+    missing (.ci/run installs them)."""
+    npm = shutil.which("npm")
+    if not (shutil.which("node") and npm):
+        pytest.skip("needs node and npm (.ci/run installs them)")
+    if not (JS_DIR / "node_modules" / "@azure" / "service-bus").is_dir():
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+                              cwd=JS_DIR, capture_output=True, text=True, timeout=280)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return JS_DIR / "node_modules"

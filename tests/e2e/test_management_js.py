@@ -26,15 +26,6 @@ if not (NODE and NPM):
 
 
 @pytest.fixture(scope="module")
-def node_modules():
-    if not (JS / "node_modules" / "@azure" / "service-bus").is_dir():
-        done = subprocess.run([NPM, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-                              cwd=JS, capture_output=True, text=True, timeout=280)
-        assert done.returncode == 0, done.stdout + done.stderr
-    return JS / "node_modules"
-
-
-@pytest.fixture(scope="module")
 def busd(busd_factory):
     return busd_factory([queue("js-file-queue")])
 
