@@ -44,6 +44,20 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
     assert "sessions accepted" in out
 
 
+def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench"), "--mode", "fanout", "--messages", "300",
+         "--timeout", "90"],
+        capture_output=True, text=True, timeout=150,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    for phase in ("send to a queue", r"send to a topic \(3 subs\)",
+                  "receive from one subscription"):
+        assert re.search(rf"^{phase}\s+300\s", out, re.M), out
+    assert re.search(r"busd\+store CPU per message [\d.]+x the queue's", out), out
+
+
 # --- the checks, on recorded events -------------------------------------------------------------
 def events(deliveries, intervals) -> list[dict]:
     return [{"deliveries": deliveries, "intervals": intervals}]
