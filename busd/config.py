@@ -611,7 +611,8 @@ def _parse_rule(sub: SubscriptionEntity, raw: Any, sub_label: str) -> RuleEntity
 
 def _check_forwarding(found: EntitiesFile) -> None:
     """A forwarding destination is a queue or topic of the same file (Service Bus refuses a
-    source whose destination does not exist)."""
+    source whose destination does not exist). Forwarding is stored but not acted on yet
+    (docs/design.md §2.12): each one set is a warning."""
     names = {q.name for q in found.queues} | {t.name for t in found.topics}
     sources: list[tuple[str, QueueEntity | SubscriptionEntity]] = [
         (f"queue {q.name!r}", q) for q in found.queues
@@ -622,6 +623,9 @@ def _check_forwarding(found: EntitiesFile) -> None:
             if target is not None and target not in names:
                 raise ConfigError(f"{label}: {key} {target!r} names no queue or topic of "
                                   "this file")
+            if target is not None:
+                found.warnings.append(f"{label}: {key}={target!r} is stored but not acted on: "
+                                      "auto-forwarding is not built yet")
 
 
 def _flag(props: dict, key: str, label: str, *, default: bool = False) -> bool:
