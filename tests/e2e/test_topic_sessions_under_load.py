@@ -102,5 +102,5 @@ def test_session_subscriptions_keep_order_and_exclusivity_on_two_processes(pair)
     assert len(got) == len(SUBSCRIPTIONS) * SESSIONS
     for key, intervals in holds.items():
         intervals.sort()
-        for (s1, e1, n1), (s2, e2, n2) in zip(intervals, intervals[1:]):
+        for (_, e1, n1), (s2, _, n2) in zip(intervals, intervals[1:]):
             assert s2 >= e1, f"{key}: held by {n1} and {n2} at once"
