@@ -121,6 +121,10 @@ def cli() -> None:
 @click.option("--tls-port", envvar="BUSD_TLS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.tls_port,
               show_default=True,
               help="Port for AMQP over TLS (0: any free port, off: none).")
+@click.option("--ws-port", envvar="BUSD_WS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.ws_port,
+              show_default=True,
+              help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "
+                   "(0: any free port, off: none).")
 @click.option("--tls-cert", envvar="BUSD_TLS_CERT", default=None, type=click.Path(dir_okay=False),
               help="PEM certificate (chain) for TLS; none: a self-signed one kept in the data "
                    "directory.")
@@ -155,6 +159,7 @@ def serve(
     data_dir: str,
     http_port: int,
     tls_port: int | None,
+    ws_port: int | None,
     tls_cert: str | None,
     tls_key: str | None,
     log_level: str,
@@ -175,6 +180,7 @@ def serve(
             config_path=config_path or None,
             http_port=http_port,
             tls_port=tls_port,
+            ws_port=ws_port,
             tls_cert=tls_cert or None,
             tls_key=tls_key or None,
             log_level=log_level,

@@ -73,6 +73,7 @@ class Settings:
     config_path: str | None = None  # the entities file (emulator Config.json)
     http_port: int = 5300  # health, metrics, admin
     tls_port: int | None = 5671  # AMQP over TLS (the SDKs' port outside the emulator); None: off
+    ws_port: int | None = 5443  # AMQP over WebSockets, ws and wss (Service Bus: 443); None: off
     tls_cert: str | None = None  # PEM files; None: a self-signed pair kept in data_dir
     tls_key: str | None = None
     log_level: str = "info"
@@ -90,9 +91,9 @@ class Settings:
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
-        for name in ("port", "http_port", "tls_port"):
+        for name in ("port", "http_port", "tls_port", "ws_port"):
             value = getattr(self, name)
-            if value is None and name == "tls_port":
+            if value is None and name in ("tls_port", "ws_port"):
                 continue
             if not isinstance(value, int) or not 0 <= value <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0..65535), got {value!r}")

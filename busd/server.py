@@ -22,6 +22,7 @@ from busd.tls import Tls
 from busd.tls import load as load_tls
 
 if TYPE_CHECKING:
+    from busd.amqp.websocket import WebSocketServer
     from busd.http.server import HttpServer
     from busd.storage.embedded import EmbeddedValkey
 
@@ -78,6 +79,7 @@ class Server:
         self.tls_context: ssl.SSLContext | None = None
         self.tls: Tls | None = None
         self.tls_listener: asyncio.base_events.Server | None = None
+        self.ws: WebSocketServer | None = None
 
     @property
     def port(self) -> int:
@@ -136,6 +138,13 @@ class Server:
                 self._new_protocol, settings.host, settings.tls_port, reuse_address=True,
                 ssl=self.tls_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
             )
+        if settings.ws_port is not None:
+            # AMQP over WebSockets, ws and wss: the same engine behind the WebSocket framing.
+            from busd.amqp import websocket
+
+            self.ws = await websocket.start(
+                settings.host, settings.ws_port, self.tls_context, self._new_protocol
+            )
         # Health, metrics, admin, the management API and the dashboard, over HTTP and HTTPS,
         # on the AMQP listener's address; port 0: any free port (the banner tells which).
         from busd.http import front, server
@@ -178,6 +187,9 @@ class Server:
         ]
         if self.tls_port is not None:
             lines.append(f"  amqps:    amqps://{settings.host}:{self.tls_port}")
+        if self.ws is not None:
+            lines.append(f"  ws:       ws://{settings.host}:{self.ws.port}/$servicebus/websocket"
+                         " (and wss)")
         if self.http is not None:
             lines.append(
                 f"  http:     http://{settings.host}:{self.http.port}/health, /metrics, /admin"
@@ -198,6 +210,8 @@ class Server:
             self.listener.close()
         if self.tls_listener is not None:
             self.tls_listener.close()
+        if self.ws is not None:
+            await self.ws.close()
         if self.http is not None:
             await self.http.close()
         closing = Condition(

@@ -27,7 +27,8 @@ def test_serve_lists_every_option():
     result = run("serve", "--help")
     assert result.exit_code == 0
     for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
-                   "--tls-port", "--tls-cert", "--tls-key", "--log-level", "--log-format"):
+                   "--tls-port", "--ws-port", "--tls-cert", "--tls-key", "--log-level",
+                   "--log-format"):
         assert option in result.output
 
 

@@ -380,6 +380,7 @@ def test_settings_defaults_match_the_emulator_credentials():
         {"redis_url": "localhost:6379"},
         {"config_path": "/nonexistent/Config.json"},
         {"tls_port": 65536},
+        {"ws_port": -1},
         {"tls_cert": "/nonexistent/cert.pem", "tls_key": "/nonexistent/key.pem"},
         {"tls_key": __file__},  # a key without its certificate
     ],
@@ -390,8 +391,8 @@ def test_settings_validation_refuses_bad_values(changes):
 
 
 def test_tls_listener_defaults_to_5671_and_may_be_off():
-    assert Settings().tls_port == 5671
-    Settings(tls_port=None).validate()
+    assert (Settings().tls_port, Settings().ws_port) == (5671, 5443)
+    Settings(tls_port=None, ws_port=None).validate()
 
 
 def test_settings_accept_100_mib_messages_and_any_case_log_level():

@@ -68,7 +68,7 @@ def runnable(argv: list[str]) -> list[str]:
     exe = shutil.which("busd")
     head = [exe] if exe else [sys.executable, "-m", "busd"]
     return head + replace_option(argv[1:], "--host", "127.0.0.1") + [
-        "--port", "0", "--http-port", "0", "--tls-port", "0"]
+        "--port", "0", "--http-port", "0", "--tls-port", "0", "--ws-port", "0"]
 
 
 def start(

@@ -24,6 +24,7 @@ BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
 # The banner's HTTP line: `http:     http://127.0.0.1:<port>/health, /metrics, /admin`
 HTTP_BANNER = re.compile(r"http:\s+http://[^\s/]+:(\d+)/health")
 TLS_BANNER = re.compile(r"amqps:\s+amqps://[^:]+:(\d+)")
+WS_BANNER = re.compile(r"ws:\s+ws://[^:]+:(\d+)/")
 CERT_BANNER = re.compile(r"certificate: (\S+)")
 
 
@@ -36,6 +37,7 @@ class BusdProcess:
     lines: list[str] = field(default_factory=list)
     http_port: int | None = None  # None when started without an HTTP port
     tls_port: int | None = None  # AMQP over TLS
+    ws_port: int | None = None  # AMQP over WebSockets (ws and wss)
     cert_path: str | None = None  # the certificate TLS clients must trust
 
     @property
@@ -139,7 +141,8 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
     )
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--http-port", "0", "--tls-port", "0", "--config", str(config), "--log-level", log_level]
+           "--http-port", "0", "--tls-port", "0", "--ws-port", "0", "--config", str(config),
+           "--log-level", log_level]
     if redis_url is not None:
         cmd += ["--redis-url", redis_url]
     else:
@@ -153,10 +156,12 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
         if match and "connection string:" in text:  # the banner's last line: all of it is there
             http = HTTP_BANNER.search(text)
             tls = TLS_BANNER.search(text)
+            ws = WS_BANNER.search(text)
             cert = CERT_BANNER.search(text)
             return BusdProcess(proc, int(match.group(1)), prefix, log_path,
                                http_port=int(http.group(1)) if http else None,
                                tls_port=int(tls.group(1)) if tls else None,
+                               ws_port=int(ws.group(1)) if ws else None,
                                cert_path=cert.group(1) if cert else None)
         if proc.poll() is not None:
             break
