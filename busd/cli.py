@@ -151,6 +151,9 @@ def cli() -> None:
               help="Store calls run at once (one connection each); more wait for a turn, and "
                    "one that waits 30 s is answered com.microsoft:server-busy.")
 @_limit_options
+@click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
+              default=_DEFAULTS.transaction_timeout_s, show_default=True,
+              help="Seconds after its first operation a transaction is rolled back.")
 def serve(
     host: str,
     port: int,
@@ -168,6 +171,7 @@ def serve(
     key_prefix: str,
     sweep_interval: float,
     store_connections: int,
+    transaction_timeout: float,
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -188,6 +192,7 @@ def serve(
             key_prefix=key_prefix,
             sweep_interval_s=sweep_interval,
             store_connections=store_connections,
+            transaction_timeout_s=transaction_timeout,
             limits=Limits(**limits),
         )
         keys = _parse_sas_keys(sas_keys)

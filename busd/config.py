@@ -88,6 +88,8 @@ class Settings:
     store_connections: int = 64
     # what one client may make the process hold (busd/broker/limits.py)
     limits: Limits = field(default_factory=Limits)
+    # a transaction is rolled back this long after its first operation (Service Bus: 2 min)
+    transaction_timeout_s: float = 120.0
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -114,6 +116,10 @@ class Settings:
             )
         if not self.sweep_interval_s > 0:
             raise ConfigError(f"sweep interval must be positive, got {self.sweep_interval_s}")
+        if not self.transaction_timeout_s > 0:
+            raise ConfigError(
+                f"transaction timeout must be positive, got {self.transaction_timeout_s}"
+            )
         if not self.sas_keys:
             raise ConfigError("at least one SAS key is needed (name and key)")
         for key_name, key in self.sas_keys.items():

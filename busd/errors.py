@@ -34,6 +34,10 @@ class Condition(str, enum.Enum):
     SERVER_BUSY = "com.microsoft:server-busy"
     DEAD_LETTER = "com.microsoft:dead-letter"
     ENTITY_ALREADY_EXISTS = "com.microsoft:entity-already-exists"
+    # OASIS AMQP 1.0 Part 4 §4.5.8 transaction-error
+    TRANSACTION_UNKNOWN_ID = "amqp:transaction:unknown-id"
+    TRANSACTION_ROLLBACK = "amqp:transaction:rollback"
+    TRANSACTION_TIMEOUT = "amqp:transaction:timeout"
 
 
 # HTTP-like status codes used in `$management` responses for each condition.
@@ -54,6 +58,10 @@ _STATUS = {
     Condition.ARGUMENT_OUT_OF_RANGE: 400,
     Condition.SERVER_BUSY: 503,
     Condition.ENTITY_ALREADY_EXISTS: 409,
+    Condition.RESOURCE_LIMIT: 403,
+    Condition.TRANSACTION_UNKNOWN_ID: 400,
+    Condition.TRANSACTION_ROLLBACK: 400,
+    Condition.TRANSACTION_TIMEOUT: 408,
 }
 
 

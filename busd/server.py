@@ -120,6 +120,7 @@ class Server:
             sweep_interval_s=settings.sweep_interval_s,
             metrics=metrics,
             limits=settings.limits,
+            transaction_timeout_s=settings.transaction_timeout_s,
         )
         await self.broker.start()
         # The certificate of every TLS listener; made (RSA key generation) off the event loop.

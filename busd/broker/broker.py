@@ -31,6 +31,8 @@ from busd.storage.api import WAKE_ALL, NewMessage, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
 
+TRANSACTION_SWEEP_EVERY = 10  # sweep rounds
+
 
 class Broker:
     """Server scope. The entities are the catalog's (`catalog`), shared through the store."""
@@ -43,6 +45,7 @@ class Broker:
         sweep_interval_s: float = 1.0,
         metrics=None,
         limits: Limits | None = None,
+        transaction_timeout_s: float = 120.0,
     ) -> None:
         self.store = store
         self.catalog = Catalog(store)
@@ -58,6 +61,7 @@ class Broker:
         # bytes of unfinished transfers held by every connection of this process
         self.buffers = Buffers(self.limits.process_buffer)
         self.open_connections = 0
+        self.transaction_timeout_s = transaction_timeout_s
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
         # waiter id -> what to call when the store wakes it (receivers of this process)
         self._wakeable: dict[str, Callable[[], None]] = {}
@@ -210,8 +214,11 @@ class Broker:
 
     # --- sweep ------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:
-        while True:
+        for rounds in itertools.count():
             await asyncio.sleep(self.sweep_interval_s)
+            # Staged transactions past their time are only garbage (a commit refuses them):
+            # they are dropped every tenth round.
+            transactions = rounds % TRANSACTION_SWEEP_EVERY == 0
             for spec in self.catalog.specs():
                 started = time.monotonic()
                 try:
@@ -227,3 +234,11 @@ class Broker:
                     drop = self.local_session_holders.get((spec.name, session_id))
                     if drop is not None:
                         drop()
+                if not transactions:
+                    continue
+                try:  # what transactions past their time left staged (docs/design.md §3.15)
+                    await self.store.sweep_transactions(spec)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("transaction sweep of %s failed: %s", spec.name, exc)

@@ -24,6 +24,7 @@ from typing import Any
 from proton import Delivery, Link, symbol
 
 from busd.amqp import codec, engine
+from busd.broker import transactions
 from busd.broker.links import (
     ConnectionScope,
     LinkEndpoint,
@@ -245,6 +246,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if token is None:  # receive-and-delete, or already being settled
             return
         if not engine.updated(delivery) and not engine.remote_settled(delivery):
+            return
+        if engine.remote_state(delivery) == transactions.TRANSACTIONAL_STATE:
+            del self._inflight[delivery]
+            transactions.stage_disposition(self, delivery, token)  # applied at the commit
             return
         settlement = _outcome_of(delivery)
         if settlement is None:

@@ -10,7 +10,7 @@ from proton import Link
 
 from busd.amqp.addresses import Address, parse_address
 from busd.auth.rights import LISTEN, SEND
-from busd.broker import cbs, management, nodes, receiving, sending, sessions
+from busd.broker import cbs, management, nodes, receiving, sending, sessions, transactions
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, TopicSpec
@@ -18,6 +18,8 @@ from busd.storage.api import QueueSpec, TopicSpec
 
 def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
     """The endpoint for `link`, or the BusdError to refuse it with (docs/wire.md §4.3)."""
+    if transactions.is_coordinator(link):  # needs no token of its own (docs/wire.md §10.2)
+        return transactions.CoordinatorEndpoint(conn, link)
     terminus = link.remote_source if link.is_sender else link.remote_target
     parsed = parse_address(terminus.address)
     if parsed.sub == "cbs":
@@ -45,6 +47,7 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoin
         topic = broker.topic(parsed.entity) if parsed.entity and entity is None else None
         track = parsed.entity
         if topic is not None:
+            transactions.check_entity_link(conn, link, parsed.entity)
             for_topic = _topic_endpoint(conn, link, parsed, topic)
             broker.track(track, for_topic)
             return for_topic
@@ -53,6 +56,8 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoin
             Condition.NOT_FOUND,
             f"The messaging entity '{parsed.entity_path}' could not be found.",
         )
+    # a topic and its subscriptions are one top-level entity (docs/wire.md §10.6)
+    transactions.check_entity_link(conn, link, parsed.entity)
     endpoint: LinkEndpoint
     if parsed.sub == "management":
         if link.is_sender:

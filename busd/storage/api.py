@@ -160,6 +160,47 @@ class Settlement:
 
 
 @dataclass(slots=True)
+class StagedSend:
+    """A message sent in a transaction: enqueued at its commit, under `seq` when one was
+    reserved for it (a scheduled message's number is answered at once)."""
+
+    queue: QueueSpec
+    message: NewMessage
+    seq: int | None = None
+
+
+@dataclass(slots=True)
+class StagedSettlement:
+    """A settlement made in a transaction: applied at its commit, if its lock is still live."""
+
+    entity: QueueSpec
+    settlement: Settlement
+    holder: str | None = None  # the receiver settling: a session message's lock must be its
+
+
+@dataclass(slots=True)
+class StagedSessionState:
+    """Session state set in a transaction: written at its commit, if the holder still holds
+    the session."""
+
+    queue: QueueSpec
+    session_id: str
+    holder: str
+    state: bytes | None  # None clears it
+
+
+@dataclass(slots=True)
+class StagedCancel:
+    """A scheduled message cancelled in a transaction: removed at its commit."""
+
+    queue: QueueSpec
+    seq: int
+
+
+StagedOperation = StagedSend | StagedSettlement | StagedSessionState | StagedCancel
+
+
+@dataclass(slots=True)
 class SessionLock:
     session_id: str
     locked_until_ms: int
@@ -418,6 +459,39 @@ class Store(Protocol):
         Returns how many moved; 0 when none is left."""
 
     async def counts(self, entity: QueueSpec) -> EntityCounts: ...
+
+    # --- transactions (docs/design.md §3.15) ----------------------------------------------
+    cross_slot_transactions: bool
+    """Whether one transaction may touch several queues (not on a Redis Cluster, where one
+    script reaches one queue's slot only)."""
+
+    async def stage_transaction(
+        self, via: QueueSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        first: bool, timeout_ms: int, limit: int,
+    ) -> int:
+        """Keep operations of a transaction in the store, under its via entity, until it is
+        discharged. `first`: the caller staged nothing for it before; the transaction then
+        times out `timeout_ms` from now. Returns how many operations it holds. Raises
+        TRANSACTION_TIMEOUT past its time (or once the sweep dropped it), RESOURCE_LIMIT when
+        it would hold more than `limit`; either way nothing is staged."""
+
+    async def commit_transaction(
+        self, via: QueueSpec, others: list[QueueSpec], txn_id: bytes
+    ) -> None:
+        """Apply every staged operation of the transaction atomically (`others`: the queues
+        other than `via` it touches), or none: raises MESSAGE_LOCK_LOST, SESSION_LOCK_LOST,
+        MESSAGE_NOT_FOUND when an operation cannot apply, TRANSACTION_TIMEOUT past its time.
+        Its staged state is gone afterwards either way."""
+
+    async def reserve_sequence_numbers(self, queue: QueueSpec, count: int) -> list[int]:
+        """`count` sequence numbers of the queue no message has, for StagedSend.seq."""
+
+    async def discard_transaction(self, via: QueueSpec, txn_id: bytes) -> None:
+        """Drop the transaction's staged state (rollback)."""
+
+    async def sweep_transactions(self, queue: QueueSpec) -> int:
+        """Drop the staged state of transactions with `queue` as via entity that are past
+        their time; returns how many."""
 
 
 AsyncFactory = Callable[[], Awaitable[Store]]

@@ -41,6 +41,11 @@ KEY_DOC: dict[str, str] = {
     "waiting for a free session (a session that becomes free wakes the oldest one)",
     "procs": "zset: broker process id -> ms its liveness ends (refreshed by each process's "
     "sweep); the waiters of a process past its end are dropped",
+    "txns": "zset: transaction id -> ms it times out; transactions with staged operations "
+    "whose via entity is this queue (lua/stageTransaction-2.lua; the sweep drops those past "
+    "their time)",
+    "txops": "hash: '<txn id>:n' -> number of staged operations, '<txn id>:<i>' -> the i-th, "
+    "cmsgpack-encoded; applied all at once by lua/commitTransaction.lua",
     # per entity: `q.` the queue, `d.` its dead-letter sub-queue
     "body": "hash: seq -> message blob, exactly the bytes sent",
     "meta": "hash: seq -> cmsgpack map of the message's metadata (includes/readMeta.lua)",
@@ -92,6 +97,8 @@ QUEUE_KEYS: tuple[str, ...] = (
 TOPIC_KEYS: tuple[str, ...] = ("seq", "dedup", "subs", "tstats")
 # Keys a subscription shares with its topic (see the module docstring).
 SHARED_WITH_TOPIC = frozenset(("seq", "dedup"))
+# A transaction's staged state, kept under its via entity's hash tag (docs/design.md §3.15).
+TRANSACTION_KEYS: tuple[str, ...] = ("txns", "txops")
 
 
 def hash_tag(prefix: str, entity: str) -> str:

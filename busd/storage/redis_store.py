@@ -33,6 +33,11 @@ from busd.storage.api import (
     SessionInfo,
     SessionLock,
     Settlement,
+    StagedCancel,
+    StagedOperation,
+    StagedSend,
+    StagedSessionState,
+    StagedSettlement,
     StoredMessage,
     SweepResult,
     TopicSpec,
@@ -165,6 +170,9 @@ class ScriptStatus(enum.IntEnum):
     SESSION_CANNOT_BE_LOCKED = -3
     MESSAGE_NOT_FOUND = -4
     NO_SESSION_AVAILABLE = -5
+    UNKNOWN_ENTITY = -10
+    TRANSACTION_TIMEOUT = -11
+    RESOURCE_LIMIT = -12
 
 
 _CONDITIONS = {
@@ -172,6 +180,8 @@ _CONDITIONS = {
     ScriptStatus.SESSION_LOCK_LOST: Condition.SESSION_LOCK_LOST,
     ScriptStatus.SESSION_CANNOT_BE_LOCKED: Condition.SESSION_CANNOT_BE_LOCKED,
     ScriptStatus.MESSAGE_NOT_FOUND: Condition.MESSAGE_NOT_FOUND,
+    ScriptStatus.TRANSACTION_TIMEOUT: Condition.TRANSACTION_TIMEOUT,
+    ScriptStatus.RESOURCE_LIMIT: Condition.RESOURCE_LIMIT,
 }
 
 
@@ -210,6 +220,7 @@ class RedisStore:
         self._keys: dict[tuple[str, tuple[str, str | None]], list[bytes]] = {}
         self._topic_key_cache: dict[tuple[str, str, tuple[str, ...]], list[bytes]] = {}
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
+        self.cross_slot_transactions = _cluster_url(url) is None
 
     # --- lifecycle -----------------------------------------------------------------------
     async def connect(self) -> None:
@@ -784,3 +795,101 @@ class RedisStore:
                 name.decode(): count for name, count in zip(totals[0::2], totals[1::2])
             },
         )
+
+    # --- transactions (docs/design.md §3.15) ----------------------------------------------
+    async def stage_transaction(
+        self, via: QueueSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        first: bool, timeout_ms: int, limit: int,
+    ) -> int:
+        _check_session_ids(_staged_session_ids(operations))
+        args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0]
+        for op in operations:
+            args += _staged_fields(op)
+        reply = await self._run("stageTransaction", via, args)
+        if reply == ScriptStatus.TRANSACTION_TIMEOUT:
+            raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
+        if reply == ScriptStatus.RESOURCE_LIMIT:
+            raise BusdError(
+                Condition.RESOURCE_LIMIT,
+                f"A transaction cannot hold more than {limit} operations.",
+            )
+        return reply
+
+    async def commit_transaction(
+        self, via: QueueSpec, others: list[QueueSpec], txn_id: bytes
+    ) -> None:
+        keys = list(self._keys_for("commitTransaction", via))
+        args: list[Any] = self._queue_args(via) + [
+            txn_id,
+            len(keyspace.QUEUE_KEYS),
+            len(others),
+            via.duplicate_detection_window_ms or 0,
+            1 if via.requires_session else 0,
+        ]
+        for queue in others:
+            entity, subscription = queue.key_scope
+            keys += [k.encode() for k in keyspace.keys(self.prefix, entity,
+                                                        keyspace.QUEUE_KEYS, subscription)]
+            args += self._queue_args(queue) + [
+                queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0,
+            ]
+        assert self._scripts is not None
+        await self._acquire()
+        try:
+            reply = await self._scripts.run("commitTransaction", keys, args)
+        finally:
+            self._slots.release()
+        status = reply[0]
+        if status == ScriptStatus.OK:
+            return
+        if status == ScriptStatus.TRANSACTION_TIMEOUT:
+            raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
+        if status == ScriptStatus.UNKNOWN_ENTITY:
+            raise BusdError(Condition.TRANSACTION_ROLLBACK,
+                            "The transaction names an entity it was not committed with.")
+        _check(status)
+
+    async def reserve_sequence_numbers(self, queue: QueueSpec, count: int) -> list[int]:
+        if count <= 0:
+            return []
+        last = await self._run("reserveSequenceNumbers", queue, [count])
+        return list(range(last - count + 1, last + 1))
+
+    async def discard_transaction(self, via: QueueSpec, txn_id: bytes) -> None:
+        await self._run("discardTransaction", via, [txn_id])
+
+    async def sweep_transactions(self, queue: QueueSpec) -> int:
+        return await self._run("sweepTransactions", queue, [SWEEP_BUDGET])
+
+
+def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:
+    ids: list[str | None] = []
+    for op in operations:
+        if isinstance(op, StagedSend):
+            ids.append(op.message.session_id)
+        elif isinstance(op, StagedSettlement):
+            ids.append(op.settlement.session_id)
+        elif isinstance(op, StagedSessionState):
+            ids.append(op.session_id)
+    return ids
+
+
+def _staged_fields(op: StagedOperation) -> list[Any]:
+    """The ten fields lua/stageTransaction-2.lua keeps per operation (the kinds and fields of
+    lua/commitTransaction.lua)."""
+    if isinstance(op, StagedSend):
+        m = op.message
+        return ["s", op.queue.name, m.blob, _opt(m.session_id), _opt(m.message_id),
+                _opt(_effective_ttl(op.queue, m)), _opt(m.scheduled_ms), _opt(op.seq), "", ""]
+    if isinstance(op, StagedSettlement):
+        s = op.settlement
+        return ["x", op.entity.name, _entity(op.entity), s.token, s.outcome.value,
+                _opt(s.session_id), _opt(s.dead_letter_reason), _opt(s.dead_letter_description),
+                _opt(s.properties_patch), _opt(op.holder)]
+    if isinstance(op, StagedSessionState):
+        return ["t", op.queue.name, op.session_id, op.holder, 0 if op.state is None else 1,
+                op.state or b"", "", "", "", ""]
+    if isinstance(op, StagedCancel):
+        return ["c", op.queue.name, op.seq, "", "", "", "", "", "", ""]
+    raise TypeError(f"not a staged operation: {op!r}")

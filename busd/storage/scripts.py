@@ -30,7 +30,7 @@ from redis.asyncio import Redis as PlainRedis
 from redis.exceptions import DataError, NoScriptError
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
-from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS
+from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -43,9 +43,16 @@ INCLUDE_DIR = LUA_DIR / "includes"
 _FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)(?:-(?P<keys>\d+))?\.lua$")
 _CONTEXT = re.compile(r"^\s*Context:\s*(?P<name>\w+)\s*$", re.M)
 # The contexts a header may name, and the keys each one stands for.
-CONTEXTS: dict[str, tuple[str, ...]] = {"queue": QUEUE_KEYS, "topic": TOPIC_KEYS}
+# `transaction`: the via entity's queue context, then its staged transactions; the caller may
+# add one queue context per further entity after them (lua/commitTransaction.lua).
+CONTEXTS: dict[str, tuple[str, ...]] = {
+    "queue": QUEUE_KEYS,
+    "topic": TOPIC_KEYS,
+    "transaction": QUEUE_KEYS + TRANSACTION_KEYS,
+}
 # The keys a context repeats once per subscription named by the call.
-PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS}
+PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS,
+                                                "transaction": ()}
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")

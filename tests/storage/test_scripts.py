@@ -8,7 +8,14 @@ import re
 import pytest
 
 from busd.storage import keys as keyspace
-from busd.storage.scripts import INCLUDE_DIR, LUA_DIR, header_of, load_sources, read_source
+from busd.storage.scripts import (
+    CONTEXTS,
+    INCLUDE_DIR,
+    LUA_DIR,
+    header_of,
+    load_sources,
+    read_source,
+)
 
 SOURCES = load_sources()
 
@@ -32,7 +39,8 @@ def test_a_script_with_the_queue_context_declares_it_once(name):
     src = SOURCES[name]
     raw = src.path.read_text()
     assert src.path.name == f"{name}.lua"  # no key count: the context says what it takes
-    assert src.key_names == keyspace.QUEUE_KEYS
+    assert src.key_names == CONTEXTS[src.context]
+    assert src.key_names[: len(keyspace.QUEUE_KEYS)] == keyspace.QUEUE_KEYS
     assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)  # not listed again
     assert "queueContext(0, 0)" in raw
     # the script's own body reaches keys only through the context
@@ -76,6 +84,8 @@ def test_keys_are_indexed_by_literals_outside_the_context(name):
     # a computed index would hide an undeclared key; only the context computes offsets
     code = re.sub(r"--.*", "", SOURCES[name].text.split("]]", 1)[1])  # no comments
     text = re.sub(r"local function queueContext\(.*?\n  return Q\nend", "", code, flags=re.S)
+    # the keys a transaction context adds after the via entity's queue context
+    text = re.sub(r"local function transactionKeys\(.*?\nend", "", text, flags=re.S)
     assert not re.search(r"KEYS\[[^\d\]]", text)
 
 

@@ -27,18 +27,11 @@
 ]]
 --- @include "nowMs"
 --- @include "sessionLockedUntil"
---- @include "forgetSessionIfEmpty"
+--- @include "writeSessionState"
 
 local Q = { sholder = KEYS[1], slocks = KEYS[2], sstate = KEYS[3], supdated = KEYS[4],
             sessions = KEYS[5], q = { sall = KEYS[6] }, now = nowMs() }
 local sid = ARGV[2]
 if not sessionLockedUntil(Q, sid, ARGV[1]) then return -2 end
-if ARGV[3] == '1' then
-  redis.call('HSET', Q.sstate, sid, ARGV[4])
-  redis.call('ZADD', Q.sessions, 0, sid)
-else
-  redis.call('HDEL', Q.sstate, sid)
-end
-redis.call('ZADD', Q.supdated, Q.now, sid)
-forgetSessionIfEmpty(Q, sid)
+writeSessionState(Q, sid, ARGV[3] == '1' and ARGV[4])
 return 0

@@ -29,13 +29,8 @@
     wake-ups (includes/wakeWaiters.lua) when a message became available (abandon, release, dead-letter)
 ]]
 --- @include "queueContext"
---- @include "readMeta"
---- @include "sessionLockedUntil"
---- @include "deleteMessage"
---- @include "returnMessage"
---- @include "unindexMessage"
---- @include "fileMessage"
---- @include "deadLetter"
+--- @include "checkSettlement"
+--- @include "applySettlement"
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
@@ -50,82 +45,27 @@ local function orNil(s)
   return s
 end
 
--- Settling changes no session lock: each session's is read once per call.
-local locks = {}
-local function sessionLocked(sid)
-  local lockedUntil = locks[sid]
-  if lockedUntil == nil then
-    lockedUntil = sessionLockedUntil(Q, sid, holder)
-    locks[sid] = lockedUntil
-  end
-  return lockedUntil
-end
-
--- The settlement's status, before anything is written.
-local function check(token, sid)
-  if sid and not sessionLocked(sid) then return -2 end
-  local seq = redis.call('HGET', E.tokens, token)
-  if not seq then return -1 end
-  seq = tonumber(seq)
-  local m = readMeta(E, seq)
-  if not m or m.st ~= 'l' or m.tok ~= token then return -1 end
-  if m.ss then
-    if sid and m.sid ~= sid then return -1 end
-    if not sid and not sessionLocked(m.sid) then return -2 end
-  elseif m.lu <= Q.now then
-    return -1
-  end
-  return 0, seq, m
-end
-
--- outcome -> the event it counts (a dead-letter of the queue is counted by deadLetter)
-local outcomes = { complete = 'completed', abandon = 'abandoned', release = 'released',
-                   defer = 'deferred' }
-outcomes['dead-letter'] = 'deadlettered'
+local outcomes = { complete = true, abandon = true, release = true, defer = true }
+outcomes['dead-letter'] = true
 for i = 10, #ARGV, 6 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
 end
 
 local out = {}
 local counts = {}
+local locks = {}
 for i = 9, #ARGV, 6 do
-  local outcome = ARGV[i + 1]
-  local status, seq, m = check(ARGV[i], orNil(ARGV[i + 2]))
+  local sid = orNil(ARGV[i + 2]) or false
+  local status, seq, m = checkSettlement(Q, E, locks, holder, ARGV[i], sid)
   if status == 0 then
-    local patch = orNil(ARGV[i + 5])
-    if outcome == 'complete' then
-      deleteMessage(Q, E, seq, m)
-    elseif outcome == 'abandon' then
-      returnMessage(Q, E, seq, m, true, patch)
-    elseif outcome == 'release' then
-      returnMessage(Q, E, seq, m, false, patch)
-    elseif outcome == 'defer' then
-      unindexMessage(Q, E, seq, m)
-      if patch then m.pp = patch end
-      m.st = 'd'
-      m.wd = nil
-      fileMessage(Q, E, seq, m)
-    elseif outcome == 'dead-letter' then
-      if patch then m.pp = patch end
-      if E.dlq then
-        unindexMessage(Q, E, seq, m)
-        m.dlr = orNil(ARGV[i + 3])
-        m.dld = orNil(ARGV[i + 4])
-        m.st = 'a'
-        m.wd = nil
-        fileMessage(Q, E, seq, m)
-      else
-        deadLetter(Q, seq, m, orNil(ARGV[i + 3]), orNil(ARGV[i + 4]))
-      end
-    end
-    if outcome ~= 'dead-letter' or E.dlq then
-      counts[outcome] = (counts[outcome] or 0) + 1
-    end
+    local event = applySettlement(Q, E, seq, m, ARGV[i + 1], orNil(ARGV[i + 3]),
+      orNil(ARGV[i + 4]), orNil(ARGV[i + 5]) or false)
+    if event then counts[event] = (counts[event] or 0) + 1 end
   end
   out[#out + 1] = status
 end
 for _, sid in ipairs(Q.emptied) do forgetSessionIfEmpty(Q, sid) end
-for _, outcome in ipairs({ 'complete', 'abandon', 'release', 'defer', 'dead-letter' }) do
-  countEvent(Q, E, outcomes[outcome], counts[outcome] or 0)
+for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
+  countEvent(Q, E, event, counts[event] or 0)
 end
 return out

@@ -1,0 +1,31 @@
+--- @include "readMeta"
+--- @include "sessionLockedUntil"
+-- Whether the message locked under `token` may be settled by `holder` (false: anyone), for
+-- session `sid` (false: none named): 0, seq, meta; else -1 MESSAGE_LOCK_LOST or -2
+-- SESSION_LOCK_LOST. Nothing is written. A session message's lock is its session's: live and
+-- held by the holder. `locks` caches each session's lock end per holder for the call
+-- (settling changes no session lock).
+local function checkSettlement(Q, E, locks, holder, token, sid)
+  local function sessionLocked(s)
+    local key = s .. '\0' .. (holder or '')
+    local lockedUntil = locks[key]
+    if lockedUntil == nil then
+      lockedUntil = sessionLockedUntil(Q, s, holder)
+      locks[key] = lockedUntil
+    end
+    return lockedUntil
+  end
+  if sid and not sessionLocked(sid) then return -2 end
+  local seq = redis.call('HGET', E.tokens, token)
+  if not seq then return -1 end
+  seq = tonumber(seq)
+  local m = readMeta(E, seq)
+  if not m or m.st ~= 'l' or m.tok ~= token then return -1 end
+  if m.ss then
+    if sid and m.sid ~= sid then return -1 end
+    if not sid and not sessionLocked(m.sid) then return -2 end
+  elseif m.lu <= Q.now then
+    return -1
+  end
+  return 0, seq, m
+end
