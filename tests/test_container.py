@@ -158,9 +158,11 @@ def test_compose_command_serves_the_mounted_config_from_valkey(tmp_path, redis_u
     try:
         assert get_json(http_url + "/health")[0] == 200
         status, queues = get_json(http_url + "/admin/queues")
-        expected = load_entities(str(host_file), 1024 * 1024).queues
+        loaded = load_entities(str(host_file), 1024 * 1024)
+        # what receivers take from: the queues and the topics' subscriptions
+        expected = [q.name for q in loaded.queues] + [s.path for s in loaded.subscriptions]
         assert status == 200
-        assert [q["name"] for q in queues] == sorted(q.name for q in expected)
+        assert [q["name"] for q in queues] == sorted(expected)
         assert subprocess.run(healthcheck(http_url), timeout=20).returncode == 0
     finally:
         stop(proc)
