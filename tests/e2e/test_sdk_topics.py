@@ -193,3 +193,29 @@ def test_metrics_count_per_subscription(busd, client):
             in text
     drain(client, "dedup", "a", 1)
     drain(client, "dedup", "b", 1)
+
+
+def test_deleting_a_subscription_detaches_its_receivers_and_drops_its_messages(busd, client):
+    from azure.servicebus.exceptions import MessagingEntityNotFoundError
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    admin = ServiceBusAdministrationClient.from_connection_string(
+        busd.admin_connection_string, connection_verify=busd.cert_path)
+    admin.create_subscription("orders", "doomed")
+    with client.get_topic_sender("orders") as sender:
+        sender.send_messages(ServiceBusMessage("kept"))
+    with client.get_subscription_receiver("orders", "doomed", max_wait_time=3) as rx:
+        (m,) = receive(rx, 1)  # attached and holding a lock
+        admin.delete_subscription("orders", "doomed")
+        with pytest.raises(MessagingEntityNotFoundError):
+            for _ in range(10):  # the detach reaches the client's next call
+                rx.receive_messages(max_wait_time=1)
+    admin.create_subscription("orders", "doomed")
+    assert admin.get_subscription_runtime_properties("orders", "doomed").total_message_count == 0
+    admin.delete_subscription("orders", "doomed")
+    for sub in ("all", "audit"):
+        drain(client, "orders", sub, 1)
+    with client.get_subscription_receiver("orders", "sessions", max_wait_time=2,
+                                          sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        for m in receive(dlq, 1, patience=3):
+            dlq.complete_message(m)
