@@ -398,3 +398,5 @@ def _check_names(link: Link) -> None:
     _name(lambda: link.name, "link name")
     _name(lambda: link.remote_source.address, "source address")
     _name(lambda: link.remote_target.address, "target address")
+    # routing reads them (com.microsoft:timeout): their text must decode too
+    _name(lambda: (link.remote_properties, None)[1], "link's properties map")
