@@ -24,14 +24,14 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from busd.listener import TLS_RECORD, SniffingListener, bind
+
 log = logging.getLogger("busd.amqp")
 
 PATH = "/$servicebus/websocket"
 SUBPROTOCOL = Subprotocol("AMQPWSB10")
-FIRST_BYTE_TIMEOUT_S = 30.0
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_MESSAGE = 1024 * 1024  # one WebSocket message; the SDKs send a frame or less per message
-_TLS_RECORD = 0x16
 _STREAM = (Opcode.BINARY, Opcode.CONT)
 
 
@@ -134,53 +134,22 @@ class _Frames:
         return transport.get_extra_info(name, default) if transport is not None else default
 
 
-class WebSocketServer:
-    """The `--ws-port` listener; `close()` stops accepting and closes open connections."""
+class WebSocketServer(SniffingListener):
+    """The `--ws-port` listener: ws, and wss given a TLS context."""
 
     def __init__(self, sock: socket.socket, tls: ssl.SSLContext | None,
                  amqp_factory: Callable[[], asyncio.Protocol]) -> None:  # fmt: skip
-        self.sock = sock
         self.tls = tls
         self.amqp_factory = amqp_factory
-        self._tasks: set[asyncio.Task] = set()
-        self._accepting = asyncio.create_task(self._accept(), name="busd-ws-accept")
+        super().__init__(sock, log, "websocket")
 
-    @property
-    def port(self) -> int:
-        return self.sock.getsockname()[1]
-
-    async def close(self) -> None:
-        """Stop accepting; open connections are closed with the AMQP ones (busd/server.py)."""
-        self._accepting.cancel()
-        await asyncio.gather(self._accepting, return_exceptions=True)
-        self.sock.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, _ = await loop.sock_accept(self.sock)
-            except OSError as exc:  # e.g. too many open files: keep the listener alive
-                log.warning("websocket accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            conn.setblocking(False)
-            task = asyncio.create_task(self._connection(conn))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _connection(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+    async def serve(self, conn: socket.socket, first: int) -> None:
+        tls = self.tls if first == TLS_RECORD else None
+        if first == TLS_RECORD and tls is None:
+            conn.close()
+            return
         try:
-            first = await _peek(loop, conn)
-            tls = self.tls if first[:1] == bytes((_TLS_RECORD,)) else None
-            if not first or (first[0] == _TLS_RECORD and tls is None):
-                conn.close()
-                return
-            await loop.connect_accepted_socket(
+            await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: WebSocketAmqp(self.amqp_factory), conn, ssl=tls,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls else None,
             )
@@ -189,34 +158,7 @@ class WebSocketServer:
             conn.close()
 
 
-async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-    """The connection's first byte, left in the socket for the TLS or HTTP layer."""
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(conn.fileno(), readable)
-    try:
-        await asyncio.wait_for(ready, FIRST_BYTE_TIMEOUT_S)
-    finally:
-        loop.remove_reader(conn.fileno())
-    return conn.recv(1, socket.MSG_PEEK)
-
-
 async def start(host: str, port: int, tls: ssl.SSLContext | None,
                 amqp_factory: Callable[[], asyncio.Protocol]) -> WebSocketServer:  # fmt: skip
     """Listen on host:port (0: any free port) for ws and, given `tls`, wss."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return WebSocketServer(sock, tls, amqp_factory)
-
+    return WebSocketServer(bind(host, port), tls, amqp_factory)

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import parse_qs
 
+from busd.listener import TLS_RECORD, SniffingListener, bind
+
 log = logging.getLogger("busd.http")
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 128 * 1024 * 1024  # a message sent through the admin API, as JSON
-FIRST_BYTE_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
 BODY_TIMEOUT_S = 60.0
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
-TLS_RECORD = 0x16
 
 
 @dataclass
@@ -66,63 +66,29 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class HttpServer:
-    """One listening socket; `close()` stops accepting and closes every open connection."""
+class HttpServer(SniffingListener):
+    """The HTTP port's listener: HTTP, HTTPS given a TLS context, AMQP given a factory."""
 
     def __init__(self, sock: socket.socket, handler: Handler, tls: ssl.SSLContext | None,
                  amqp_factory: Callable[[], asyncio.Protocol] | None) -> None:  # fmt: skip
-        self.sock = sock
         self.handler = handler
         self.tls = tls
         self.amqp_factory = amqp_factory
-        self._connections: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
-        self._accepting = asyncio.create_task(self._accept(), name="busd-http-accept")
+        super().__init__(sock, log, "http")
 
-    @property
-    def port(self) -> int:
-        return self.sock.getsockname()[1]
-
-    async def close(self) -> None:
-        self._accepting.cancel()
-        await asyncio.gather(self._accepting, return_exceptions=True)
-        self.sock.close()
+    def _closing(self) -> None:
         for writer in list(self._writers):
             writer.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
 
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, _ = await loop.sock_accept(self.sock)
-            except OSError as exc:  # e.g. too many open files: keep the listener alive
-                log.warning("http accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            conn.setblocking(False)
-            task = asyncio.create_task(self._connection(conn))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
-
-    async def _connection(self, conn: socket.socket) -> None:
+    async def serve(self, conn: socket.socket, first: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            first = await _peek(loop, conn)
-        except (TimeoutError, OSError):
-            conn.close()
-            return
-        if not first:
-            conn.close()
-            return
-        try:
-            if first[0] == ord("A") and self.amqp_factory is not None:
+            if first == ord("A") and self.amqp_factory is not None:
                 await loop.connect_accepted_socket(self.amqp_factory, conn)
                 return
-            tls = self.tls if first[0] == TLS_RECORD else None
-            if first[0] == TLS_RECORD and tls is None:
+            tls = self.tls if first == TLS_RECORD else None
+            if first == TLS_RECORD and tls is None:
                 conn.close()
                 return
             reader = asyncio.StreamReader(limit=MAX_HEAD)
@@ -174,22 +140,6 @@ class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-    """The connection's first byte, left in the socket for whoever reads it next."""
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(conn.fileno(), readable)
-    try:
-        await asyncio.wait_for(ready, FIRST_BYTE_TIMEOUT_S)
-    finally:
-        loop.remove_reader(conn.fileno())
-    return conn.recv(1, socket.MSG_PEEK)
 
 
 async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -269,7 +219,4 @@ async def _write(writer: asyncio.StreamWriter, response: Response, keep: bool,
 async def start(host: str, port: int, handler: Handler, *, tls: ssl.SSLContext | None = None,
                 amqp_factory: Callable[[], asyncio.Protocol] | None = None) -> HttpServer:
     """Listen on host:port (0: any free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=128)
-    sock.setblocking(False)
-    return HttpServer(sock, handler, tls, amqp_factory)
+    return HttpServer(bind(host, port), handler, tls, amqp_factory)
