@@ -1,5 +1,5 @@
-"""Rules in their three forms: the store's JSON dict, the emulator's Config.json (the shipped
-reference file included), and AMQP (`add-rule` maps in, `enumerate-rules` described lists
+"""Rules in their three forms: the store's JSON dict, the emulator's Config.json (the repository's
+sample file included), and AMQP (`add-rule` maps in, `enumerate-rules` described lists
 out), the AMQP side checked against independent encoders and decoders: the Python SDK's
 pyamqp encoder for what comes in, proton's decoder for what goes out."""
 
@@ -50,7 +50,8 @@ from busd.rules.amqp import (
     TRUE_FILTER,
 )
 
-REFERENCE_CONFIG = Path("/work/shared/reference/emulator-default-Config.json")
+# The sample entities file, laid out as the emulator ships its Config.json (comments included).
+SAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "Config.json"
 
 RULES = [
     default_rule(1_700_000_000_000),
@@ -97,10 +98,8 @@ def strip_json_comments(text: str) -> str:
     return pattern.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
 
 
-def reference_rules() -> dict[str, list]:
-    if not REFERENCE_CONFIG.exists():
-        pytest.skip("the emulator's reference Config.json is not on this machine")
-    config = json.loads(strip_json_comments(REFERENCE_CONFIG.read_text()))
+def sample_rules() -> dict[str, list]:
+    config = json.loads(strip_json_comments(SAMPLE_CONFIG.read_text()))
     out = {}
     for ns in config["UserConfig"]["Namespaces"]:
         for topic in ns.get("Topics", []):
@@ -109,8 +108,8 @@ def reference_rules() -> dict[str, list]:
     return out
 
 
-def test_the_emulators_shipped_config_rules():
-    rules = {name: [rule_from_config(r) for r in rs] for name, rs in reference_rules().items()}
+def test_the_sample_configs_rules_as_the_emulator_ships_them():
+    rules = {name: [rule_from_config(r) for r in rs] for name, rs in sample_rules().items()}
     assert rules == {
         "subscription.1": [
             Rule("app-prop-filter-1", CorrelationFilter(content_type="application/json"))
