@@ -44,14 +44,9 @@
     wake-ups (includes/wakeWaiters.lua) in each subscription where a copy is available now
 ]]
 --- @include "topicContext"
---- @include "queueContext"
---- @include "placeMessage"
---- @include "placeDeadLetter"
+--- @include "topicSubscriptions"
+--- @include "fanOutMessage"
 --- @include "countEvent"
-
-local NO_SESSION_REASON = 'Session ID is null.'
-local NO_SESSION_DESCRIPTION =
-  "Session enabled entity doesn't allow a message whose session identifier is null."
 
 local T = topicContext()
 local n = T.n
@@ -59,31 +54,10 @@ local perSub = 0
 if n > 0 then perSub = (#KEYS - 4) / n end
 local b = 3 + 6 * n
 local window = tonumber(ARGV[b])
-local subs = {}
-for i = 1, n do
-  local Q = queueContext(4 + (i - 1) * perSub, 2 + (i - 1) * 6)
-  Q.now = T.now  -- one clock for every copy
-  Q.live = redis.call('SISMEMBER', T.subs, Q.queue) == 1
-  Q.sessionQueue = ARGV[b + 2 * i - 1] == '1'
-  Q.maxTtl = tonumber(ARGV[b + 2 * i])
-  Q.sent = 0
-  subs[i] = Q
-end
+local subs = topicSubscriptions(T, 0, 0, b, perSub)
 
 if window > 0 then
   redis.call('ZREMRANGEBYSCORE', T.dedup, '-inf', T.now - window)
-end
-
-local function place(Q, seq, blob, sid, ttl, due)
-  if not Q.live then return 0 end
-  if Q.maxTtl and (not ttl or Q.maxTtl < ttl) then ttl = Q.maxTtl end
-  if Q.sessionQueue and not sid then
-    placeDeadLetter(Q, seq, blob, nil, NO_SESSION_REASON, NO_SESSION_DESCRIPTION)
-  else
-    placeMessage(Q, seq, blob, sid, ttl, due, Q.sessionQueue)
-  end
-  Q.sent = Q.sent + 1
-  return 1
 end
 
 local out = {}
@@ -109,40 +83,8 @@ while i <= #ARGV do
     out[#out + 1] = 0
     duplicates = duplicates + 1
   else
-    local seq = redis.call('INCR', T.seq)
+    local seq, placed = fanOutMessage(T, subs, blob, sid, ttl, due, np, first, nil)
     out[#out + 1] = seq
-    local placed = 0
-    if np < 0 then
-      for s = 1, n do placed = placed + place(subs[s], seq, blob, sid, ttl, due) end
-    else
-      local used = {}
-      for p = first, first + 7 * (np - 1), 7 do
-        local si = tonumber(ARGV[p])
-        local Q = subs[si]
-        -- a subscription keeps messages by number: a second copy there (a rule with an
-        -- action) takes a number of its own from the topic's counter
-        local cseq = seq
-        if used[si] then cseq = redis.call('INCR', T.seq) end
-        used[si] = true
-        local flags = tonumber(ARGV[p + 1])
-        local pblob, psid, pttl = blob, sid, ttl
-        if bit.band(flags, 1) ~= 0 then pblob = ARGV[p + 2] end
-        if bit.band(flags, 2) ~= 0 then
-          psid = ARGV[p + 3]
-          if psid == '' then psid = nil end
-        end
-        if bit.band(flags, 4) ~= 0 then pttl = tonumber(ARGV[p + 4]) end
-        if bit.band(flags, 8) ~= 0 then
-          if Q.live then
-            placeDeadLetter(Q, cseq, pblob, psid, ARGV[p + 5], ARGV[p + 6])
-            Q.sent = Q.sent + 1
-            placed = placed + 1
-          end
-        else
-          placed = placed + place(Q, cseq, pblob, psid, pttl, due)
-        end
-      end
-    end
     if placed == 0 then dropped = dropped + 1 end
   end
 end

@@ -3,9 +3,13 @@
 -- Store a new message under sequence number `seq`: enqueued now, or at `due` when that is
 -- later (scheduled; its time to live then counts from its activation). On a session queue
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
--- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own).
-local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch)
+-- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own);
+-- `extra`, metadata fields to set besides (a forwarded message's: includes/readMeta.lua).
+local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, extra)
   local m = { dc = 0, pp = patch }
+  if extra then
+    for k, v in pairs(extra) do m[k] = v end
+  end
   if sid then
     m.sid = sid
     redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))

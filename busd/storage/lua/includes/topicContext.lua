@@ -4,12 +4,16 @@
 -- context per subscription the call names (SUBSCRIPTION_KEYS keys each; see
 -- subscriptionContext). The topic's sequence counter and duplicate-detection ids are also the
 -- `seq` and `dedup` of each subscription context: copies keep the topic's numbers.
---   ARGV[1]  topic name
---   ARGV[2]  number of subscriptions the call names
-local function topicContext()
+--   ARGV[ab+1]  topic name
+--   ARGV[ab+2]  number of subscriptions the call names
+-- The offsets (0 when absent) let a script hold it after other contexts (the destination of
+-- lua/forwardMessages.lua).
+local function topicContext(kb, ab)
+  kb = kb or 0
+  ab = ab or 0
   local T = {
-    seq = KEYS[1], dedup = KEYS[2], subs = KEYS[3], tstats = KEYS[4],
-    topic = ARGV[1], n = tonumber(ARGV[2]), now = nowMs(),
+    seq = KEYS[kb + 1], dedup = KEYS[kb + 2], subs = KEYS[kb + 3], tstats = KEYS[kb + 4],
+    topic = ARGV[ab + 1], n = tonumber(ARGV[ab + 2]), now = nowMs(),
   }
   return T
 end
