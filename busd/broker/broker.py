@@ -242,3 +242,12 @@ class Broker:
                     raise
                 except Exception as exc:
                     log.warning("transaction sweep of %s failed: %s", spec.name, exc)
+            if not transactions:
+                continue
+            for topic in self.catalog.topics():  # a topic can be a transaction's via entity
+                try:
+                    await self.store.sweep_transactions(topic_spec(topic))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("transaction sweep of %s failed: %s", topic.name, exc)

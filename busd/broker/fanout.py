@@ -16,7 +16,14 @@ from busd.broker.catalog import Catalog
 from busd.entities import Entity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.rules import FilterEvaluationError, MessageView, RuleError, RuleSet, rule_from_record
-from busd.storage.api import NewMessage, Placement, QueueSpec, Store, TopicSpec
+from busd.storage.api import (
+    NewMessage,
+    Placement,
+    QueueSpec,
+    StagedPublish,
+    Store,
+    TopicSpec,
+)
 
 log = logging.getLogger("busd.broker")
 
@@ -86,6 +93,24 @@ class Fanout:
         route = self.route(topic.name)
         placements = None if route.match_all else [self._place(route, m) for m in messages]
         return await self.store.publish(route.topic, route.specs, messages, placements)
+
+    def staged(self, topic: TopicSpec, message: NewMessage, seq: int | None = None
+               ) -> StagedPublish:  # fmt: skip
+        """A message sent to a topic in a transaction, with its copies decided now, as
+        `publish` decides them: the rules are evaluated when the send arrives, and a rule
+        changed before the commit does not change them (docs/design.md §3.15)."""
+        route = self.route(topic.name)
+        placements = ([Placement(i) for i in range(len(route.specs))] if route.match_all
+                      else self._place(route, message))
+        return StagedPublish(route.topic, message, [s.subscription or "" for s in route.specs],
+                             placements, seq)
+
+    def subscriptions(self, topic: str) -> list[QueueSpec] | None:
+        """The topic's subscriptions now; None when the topic is gone."""
+        try:
+            return self.route(topic).specs
+        except BusdError:
+            return None
 
     async def cancel_scheduled(self, topic: TopicSpec, seqs: list[int]) -> None:
         route = self.route(topic.name)

@@ -7,11 +7,13 @@ OASIS AMQP 1.0 Part 4 [4.5] describes the coordinator, `declare`, `discharge`, `
 A transaction belongs to the connection that declared it (valid on all of its sessions,
 unknown on any other connection) and to the coordinator link it was declared on: that link
 going (detach, end of its session, close of the connection) rolls it back. Its operations
-(sends, settlements, `$management` schedule/cancel/update-disposition/set-session-state) are
-staged in the store under its via entity as they arrive, each answered once staged; the
-commit applies all of them in one store script (busd.storage's commitTransaction), so a
-process that dies at any point leaves every transaction applied whole or not at all. What a
-dead process staged is dropped by the sweep once the transaction's time is up.
+(sends to queues and topics, settlements, `$management` schedule/cancel/update-disposition/
+set-session-state) are staged in the store under its via entity as they arrive, each answered
+once staged; a send to a topic is staged with the copies its subscriptions' rules make of it
+then. The commit applies all of them in one store script (busd.storage's commitTransaction),
+so a process that dies at any point leaves every transaction applied whole or not at all.
+What a dead process staged is dropped by the sweep once the transaction's time is up. A
+message settled in a transaction stays locked to its holder until the discharge.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from busd.storage.api import (
     Settlement,
     StagedCancel,
     StagedOperation,
+    StagedPublish,
     StagedSend,
     StagedSettlement,
     TopicSpec,
@@ -104,8 +107,12 @@ class Transaction:
         self.scope = scope
         self.id = txn_id
         self.coordinator = coordinator
-        self.via: QueueSpec | None = None  # the entity its operations are staged under
-        self.others: dict[str, QueueSpec] = {}  # further queues it touches
+        # the entity its operations are staged under
+        self.via: QueueSpec | TopicSpec | None = None
+        self.others: dict[str, QueueSpec] = {}  # the queue-like entities it touches but via
+        self.topics: dict[str, TopicSpec] = {}  # the topics it sends to or cancels on
+        # what it settled, held locked until the discharge: entity path -> (entity, tokens)
+        self.held: dict[str, tuple[QueueSpec, list[bytes]]] = {}
         self.count = 0  # operations staged or being staged
         self.staged = False  # the store holds something of it
         self.timed_out = False
@@ -145,16 +152,18 @@ class Transaction:
                 Condition.RESOURCE_LIMIT,
                 f"A transaction cannot hold more than {MAX_OPERATIONS} operations.",
             )
-        queue = _queue_of(op)
+        entity = _entity_of(op)
         if self.via is None:
-            self.via = queue
-        elif queue.name != self.via.name and queue.name not in self.others:
-            if (not self.store.cross_slot_transactions
-                    and queue.key_scope[0] != self.via.key_scope[0]):
-                # one script reaches one cluster slot: one queue, or one topic's
-                # subscriptions (docs/design.md §3.15)
-                return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_ENTITY)
-            self.others[queue.name] = queue
+            self.via = entity
+        elif (not self.store.cross_slot_transactions
+              and entity.key_scope[0] != self.via.key_scope[0]):
+            # one script reaches one cluster slot: one queue, or one topic with its
+            # subscriptions (docs/design.md §3.15)
+            return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_ENTITY)
+        if isinstance(entity, TopicSpec):
+            self.topics[entity.name] = entity
+        elif not (isinstance(self.via, QueueSpec) and entity.name == self.via.name):
+            self.others.setdefault(entity.name, entity)
         return None
 
     async def _stage_pending(self) -> None:
@@ -163,8 +172,9 @@ class Transaction:
                 batch = self._queue[:MAX_STAGE_BATCH]
                 del self._queue[:MAX_STAGE_BATCH]
                 assert self.via is not None
+                refused: dict[int, BusdError] = {}
                 try:
-                    await self.store.stage_transaction(
+                    _, due_ms = await self.store.stage_transaction(
                         self.via, self.id, [op for op, _ in batch], first=not self.staged,
                         timeout_ms=int(self.scope.timeout_s * 1000), limit=MAX_OPERATIONS,
                     )
@@ -177,13 +187,40 @@ class Transaction:
                 else:
                     result = None
                     self.staged = True
+                    refused = await self._hold([op for op, _ in batch], due_ms)
                 if result is not None:
                     self.count -= len(batch)
-                for _, future in batch:
+                for i, (_, future) in enumerate(batch):
                     if not future.done():
-                        future.set_result(result)
+                        future.set_result(result or refused.get(i))
         finally:
             self._task = None
+
+    async def _hold(self, ops: list[StagedOperation], due_ms: int) -> dict[int, BusdError]:
+        """Keep what the operations settle locked to its holder until the transaction's time
+        (docs/design.md §3.15): a lock that ran out before the commit would refuse it. The
+        settlements whose lock is already gone, by index: the commit will refuse them."""
+        by_entity: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, StagedSettlement):
+                by_entity.setdefault(op.entity.path, []).append(i)
+        refused: dict[int, BusdError] = {}
+        for indexes in by_entity.values():
+            entity = ops[indexes[0]].entity  # type: ignore[union-attr]
+            tokens = [ops[i].settlement.token for i in indexes]  # type: ignore[union-attr]
+            try:
+                await self.store.renew_message_locks(entity, tokens, until_ms=due_ms)
+            except BusdError:  # one of them is lost: find which
+                for i, token in zip(indexes, tokens):
+                    try:
+                        await self.store.renew_message_locks(entity, [token], until_ms=due_ms)
+                    except BusdError as error:
+                        refused[i] = error
+            except Exception as exc:
+                log.warning("holding the locks of a transaction's settlements failed: %s", exc)
+            held = self.held.setdefault(entity.path, (entity, []))[1]
+            held += [t for i, t in zip(indexes, tokens) if i not in refused]
+        return refused
 
     async def _settled(self) -> None:
         """Wait for the staging under way: a discharge follows the work sent before it."""
@@ -206,6 +243,14 @@ class Transaction:
             await self.store.discard_transaction(self.via, self.id)
         except Exception as exc:  # the sweep drops it once its time is up
             log.warning("dropping the staged work of a transaction failed: %s", exc)
+        # What it settled stays locked to its holder, with the same token, for LockDuration
+        # from now (as a renewal), no longer to the transaction's time.
+        for entity, tokens in self.held.values():
+            for token in tokens:  # one by one: one settled meanwhile fails alone
+                try:
+                    await self.store.renew_message_locks(entity, [token])
+                except Exception:
+                    pass
 
     async def discharge(self, fail: bool) -> None:
         """Commit (`fail` False) or roll back; raises the BusdError refusing a commit (the
@@ -223,8 +268,15 @@ class Transaction:
             await self._discard()
             return
         assert self.via is not None
+        topics = []
+        fanout = self.scope.conn.broker.fanout
+        for topic in self.topics.values():
+            subscriptions = fanout.subscriptions(topic.name)
+            if subscriptions is not None:  # (a topic gone: the commit is refused)
+                topics.append((fanout.route(topic.name).topic, subscriptions))
         try:
-            await self.store.commit_transaction(self.via, list(self.others.values()), self.id)
+            await self.store.commit_transaction(self.via, list(self.others.values()), self.id,
+                                                topics)
         except BusdError:
             raise
         except Exception as exc:
@@ -234,8 +286,12 @@ class Transaction:
                 from None
 
 
-def _queue_of(op: StagedOperation) -> QueueSpec:
-    return op.entity if isinstance(op, StagedSettlement) else op.queue
+def _entity_of(op: StagedOperation) -> QueueSpec | TopicSpec:
+    if isinstance(op, StagedSettlement):
+        return op.entity
+    if isinstance(op, StagedPublish):
+        return op.topic
+    return op.queue
 
 
 class TransactionScope:
@@ -458,15 +514,16 @@ def stage_transfer(endpoint: QueueSenderEndpoint, raw_delivery, payload: bytes,
     rejected (docs/wire.md §10.3)."""
     engine.hold(raw_delivery)
     txn_id = txn_id_of(raw_delivery) or b""
+    target = endpoint.queue
     try:
-        queue = _no_topics(endpoint.queue)
         txn = scope_of(endpoint.conn).get(txn_id)
-        messages.check_size(queue, size)
-        new = [messages.admit(queue, m) for m in messages.parse(payload)]
+        messages.check_size(target, size)
+        new = [messages.admit(target, m) for m in messages.parse(payload)]
+        ops = [_send_op(endpoint.conn, target, m) for m in new]
     except BusdError as error:
         _answer_transfer(endpoint, raw_delivery, txn_id, error)
         return
-    futures = [txn.stage(StagedSend(queue, m)) for m in new]
+    futures = [txn.stage(op) for op in ops]
 
     def answered(_: Any) -> None:
         if all(f.done() for f in futures):
@@ -574,32 +631,32 @@ def _settlement(outcome: Any) -> Settlement | None:
     return None
 
 
-def _no_topics(target: QueueSpec | TopicSpec) -> QueueSpec:
+def _send_op(conn: ConnectionScope, target: QueueSpec | TopicSpec, message: NewMessage,
+             seq: int | None = None) -> StagedSend | StagedPublish:  # fmt: skip
+    """A send to stage: to a topic, with the copies its subscriptions' rules make of it now."""
     if isinstance(target, TopicSpec):
-        raise BusdError(Condition.NOT_IMPLEMENTED,
-                        "busd does not take topic work in a transaction yet.")
-    return target
+        return conn.broker.fanout.staged(target, message, seq)
+    return StagedSend(target, message, seq)
 
 
 async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
                           new: list[NewMessage]) -> list[int]:  # fmt: skip
-    """`schedule-message` in a transaction: the messages' numbers now, the messages at the
-    commit (never, after a rollback: the numbers stay unused)."""
-    queue = _no_topics(target)
+    """`schedule-message` in a transaction: the messages' numbers now (a topic's), the
+    messages at the commit (never, after a rollback: the numbers stay unused)."""
     txn = scope_of(conn).get(REQUEST_TXN.get())
-    seqs = await conn.broker.store.reserve_sequence_numbers(queue, len(new))
+    seqs = await conn.broker.store.reserve_sequence_numbers(target, len(new))
     for message, seq in zip(new, seqs):
-        await _staged(txn.stage(StagedSend(queue, message, seq)))
+        await _staged(txn.stage(_send_op(conn, target, message, seq)))
     return seqs
 
 
 async def stage_cancels(conn: ConnectionScope, target: QueueSpec | TopicSpec,
                         seqs: list[int]) -> None:  # fmt: skip
-    """`cancel-scheduled-message` in a transaction: the messages go at the commit."""
-    queue = _no_topics(target)
+    """`cancel-scheduled-message` in a transaction: the messages go at the commit (every
+    subscription's copy, on a topic)."""
     txn = scope_of(conn).get(REQUEST_TXN.get())
     for seq in seqs:
-        await _staged(txn.stage(StagedCancel(queue, seq)))
+        await _staged(txn.stage(StagedCancel(target, seq)))
 
 
 async def _staged(future: asyncio.Future) -> None:

@@ -81,6 +81,11 @@ class TopicSpec:
     duplicate_detection_window_ms: int | None = None
     max_message_size: int = 1024 * 1024
 
+    @property
+    def key_scope(self) -> tuple[str, None]:
+        """(topic, None): what busd.storage.keys builds the topic's own keys from."""
+        return (self.name, None)
+
 
 @dataclass(slots=True)
 class Placement:
@@ -170,6 +175,20 @@ class StagedSend:
 
 
 @dataclass(slots=True)
+class StagedPublish:
+    """A message sent to a topic in a transaction: fanned out at its commit to the copies its
+    subscriptions' rules made of it when it was staged (`placements`, whose indexes are into
+    `subscriptions`: the topic's subscriptions' own names then), under `seq` when one was
+    reserved for it. A subscription deleted since gets nothing; one created since, nothing."""
+
+    topic: TopicSpec
+    message: NewMessage
+    subscriptions: list[str]
+    placements: list[Placement]
+    seq: int | None = None
+
+
+@dataclass(slots=True)
 class StagedSettlement:
     """A settlement made in a transaction: applied at its commit, if its lock is still live."""
 
@@ -191,13 +210,16 @@ class StagedSessionState:
 
 @dataclass(slots=True)
 class StagedCancel:
-    """A scheduled message cancelled in a transaction: removed at its commit."""
+    """A scheduled message cancelled in a transaction: removed at its commit (from every
+    subscription, for a topic)."""
 
-    queue: QueueSpec
+    queue: QueueSpec | TopicSpec
     seq: int
 
 
-StagedOperation = StagedSend | StagedSettlement | StagedSessionState | StagedCancel
+StagedOperation = (
+    StagedSend | StagedPublish | StagedSettlement | StagedSessionState | StagedCancel
+)
 
 
 @dataclass(slots=True)
@@ -408,8 +430,12 @@ class Store(Protocol):
         """Apply each settlement; per item None when applied, else the condition of its
         refusal (MESSAGE_LOCK_LOST, SESSION_LOCK_LOST). A refused item changes nothing."""
 
-    async def renew_message_locks(self, entity: QueueSpec, tokens: list[bytes]) -> list[int]:
-        """New locked-until per token; raises MESSAGE_LOCK_LOST if any token is not locked."""
+    async def renew_message_locks(
+        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
+    ) -> list[int]:
+        """New locked-until per token (LockDuration from now; with `until_ms`, that time
+        unless the lock already runs longer: a transaction holds what it settled); raises
+        MESSAGE_LOCK_LOST if any token is not locked."""
 
     # --- lifecycle operations (defer, schedule, peek) -------------------------------------
     async def peek(
@@ -466,30 +492,37 @@ class Store(Protocol):
     script reaches one queue's slot only)."""
 
     async def stage_transaction(
-        self, via: QueueSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
         first: bool, timeout_ms: int, limit: int,
-    ) -> int:
+    ) -> tuple[int, int]:
         """Keep operations of a transaction in the store, under its via entity, until it is
         discharged. `first`: the caller staged nothing for it before; the transaction then
-        times out `timeout_ms` from now. Returns how many operations it holds. Raises
+        times out `timeout_ms` from now. Returns how many operations it holds and the time
+        (ms, the store's clock) it times out. Raises
         TRANSACTION_TIMEOUT past its time (or once the sweep dropped it), RESOURCE_LIMIT when
         it would hold more than `limit`; either way nothing is staged."""
 
     async def commit_transaction(
-        self, via: QueueSpec, others: list[QueueSpec], txn_id: bytes
+        self, via: QueueSpec | TopicSpec, others: list[QueueSpec], txn_id: bytes,
+        topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
     ) -> None:
-        """Apply every staged operation of the transaction atomically (`others`: the queues
-        other than `via` it touches), or none: raises MESSAGE_LOCK_LOST, SESSION_LOCK_LOST,
-        MESSAGE_NOT_FOUND when an operation cannot apply, TRANSACTION_TIMEOUT past its time.
+        """Apply every staged operation of the transaction atomically (`others`: the
+        queue-like entities other than `via` it touches; `topics`: each topic it sends to or
+        cancels on, with its subscriptions now), or none: raises MESSAGE_LOCK_LOST,
+        SESSION_LOCK_LOST, MESSAGE_NOT_FOUND when an operation cannot apply,
+        TRANSACTION_TIMEOUT past its time.
         Its staged state is gone afterwards either way."""
 
-    async def reserve_sequence_numbers(self, queue: QueueSpec, count: int) -> list[int]:
-        """`count` sequence numbers of the queue no message has, for StagedSend.seq."""
+    async def reserve_sequence_numbers(
+        self, queue: QueueSpec | TopicSpec, count: int
+    ) -> list[int]:
+        """`count` sequence numbers of the queue (or topic) no message has, for
+        StagedSend.seq (StagedPublish.seq)."""
 
-    async def discard_transaction(self, via: QueueSpec, txn_id: bytes) -> None:
+    async def discard_transaction(self, via: QueueSpec | TopicSpec, txn_id: bytes) -> None:
         """Drop the transaction's staged state (rollback)."""
 
-    async def sweep_transactions(self, queue: QueueSpec) -> int:
+    async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
         """Drop the staged state of transactions with `queue` as via entity that are past
         their time; returns how many."""
 

@@ -35,6 +35,7 @@ from busd.storage.api import (
     Settlement,
     StagedCancel,
     StagedOperation,
+    StagedPublish,
     StagedSend,
     StagedSessionState,
     StagedSettlement,
@@ -324,7 +325,7 @@ class RedisStore:
             log.exception("wake-up callback failed")
 
     # --- plumbing ----------------------------------------------------------------------------
-    def _keys_for(self, script: str, queue: QueueSpec) -> list[bytes]:
+    def _keys_for(self, script: str, queue: QueueSpec | TopicSpec) -> list[bytes]:
         scope = queue.key_scope
         cached = self._keys.get((script, scope))
         if cached is None:
@@ -346,7 +347,7 @@ class RedisStore:
             budget,
         ]
 
-    async def _run(self, script: str, queue: QueueSpec, args: list[Any]) -> Any:
+    async def _run(self, script: str, queue: QueueSpec | TopicSpec, args: list[Any]) -> Any:
         if self._scripts is None:
             raise RuntimeError("RedisStore.connect() was not called")
         keys = self._keys_for(script, queue)
@@ -548,11 +549,7 @@ class RedisStore:
             for c in copies:
                 if c.own_session_id:
                     _check_session_ids([c.session_id])
-                flags = ((1 if c.blob is not None else 0) | (2 if c.own_session_id else 0)
-                         | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
-                reason, description = c.dead_letter or ("", "")
-                args += [c.subscription + 1, flags, _opt(c.blob), _sid(c.session_id),
-                         _opt(c.ttl_ms), reason, description]
+                args += [c.subscription + 1, *_placement_fields(c)]
         return list(await self._run_topic("publishMessages", topic.name, subscriptions, args))
 
     async def cancel_topic_scheduled(
@@ -703,10 +700,13 @@ class RedisStore:
         return [_refused(status)
                 for status in await self._run_queue("settleMessages", entity, *args)]
 
-    async def renew_message_locks(self, entity: QueueSpec, tokens: list[bytes]) -> list[int]:
+    async def renew_message_locks(
+        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
+    ) -> list[int]:
         if not tokens:
             return []
-        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity), *tokens)
+        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity),
+                                      _opt(until_ms), *tokens)
         _check(reply[0])
         return list(reply[1:])
 
@@ -798,42 +798,48 @@ class RedisStore:
 
     # --- transactions (docs/design.md §3.15) ----------------------------------------------
     async def stage_transaction(
-        self, via: QueueSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
         first: bool, timeout_ms: int, limit: int,
-    ) -> int:
+    ) -> tuple[int, int]:
         _check_session_ids(_staged_session_ids(operations))
-        args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0]
+        args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0, len(operations)]
         for op in operations:
-            args += _staged_fields(op)
+            fields = _staged_fields(op)
+            args.append(len(fields))
+            args += fields
         reply = await self._run("stageTransaction", via, args)
-        if reply == ScriptStatus.TRANSACTION_TIMEOUT:
+        if reply[0] == ScriptStatus.TRANSACTION_TIMEOUT:
             raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
-        if reply == ScriptStatus.RESOURCE_LIMIT:
+        if reply[0] == ScriptStatus.RESOURCE_LIMIT:
             raise BusdError(
                 Condition.RESOURCE_LIMIT,
                 f"A transaction cannot hold more than {limit} operations.",
             )
-        return reply
+        return reply[0], reply[1]
 
     async def commit_transaction(
-        self, via: QueueSpec, others: list[QueueSpec], txn_id: bytes
+        self, via: QueueSpec | TopicSpec, others: list[QueueSpec], txn_id: bytes,
+        topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
     ) -> None:
+        queues = ([via] if isinstance(via, QueueSpec) else []) + list(others)
         keys = list(self._keys_for("commitTransaction", via))
-        args: list[Any] = self._queue_args(via) + [
-            txn_id,
-            len(keyspace.QUEUE_KEYS),
-            len(others),
-            via.duplicate_detection_window_ms or 0,
-            1 if via.requires_session else 0,
-        ]
-        for queue in others:
-            entity, subscription = queue.key_scope
-            keys += [k.encode() for k in keyspace.keys(self.prefix, entity,
-                                                        keyspace.QUEUE_KEYS, subscription)]
+        args: list[Any] = [txn_id, len(keyspace.QUEUE_KEYS), len(queues)]
+        for queue in queues:
+            keys += self._keys_for("sendMessages", queue)
             args += self._queue_args(queue) + [
                 queue.duplicate_detection_window_ms or 0,
                 1 if queue.requires_session else 0,
             ]
+        args.append(len(topics))
+        for topic, subscriptions in topics:
+            names = tuple(s.subscription or "" for s in subscriptions)
+            keys += self._topic_keys("publishMessages", topic.name, names)
+            args += [topic.name, len(subscriptions)]
+            for spec, name in zip(subscriptions, names):
+                args += [name] + self._queue_args(spec)[1:]
+            args.append(topic.duplicate_detection_window_ms or 0)
+            for spec in subscriptions:
+                args += [1 if spec.requires_session else 0, _opt(spec.default_ttl_ms)]
         assert self._scripts is not None
         await self._acquire()
         try:
@@ -850,24 +856,36 @@ class RedisStore:
                             "The transaction names an entity it was not committed with.")
         _check(status)
 
-    async def reserve_sequence_numbers(self, queue: QueueSpec, count: int) -> list[int]:
+    async def reserve_sequence_numbers(
+        self, queue: QueueSpec | TopicSpec, count: int
+    ) -> list[int]:
         if count <= 0:
             return []
         last = await self._run("reserveSequenceNumbers", queue, [count])
         return list(range(last - count + 1, last + 1))
 
-    async def discard_transaction(self, via: QueueSpec, txn_id: bytes) -> None:
+    async def discard_transaction(self, via: QueueSpec | TopicSpec, txn_id: bytes) -> None:
         await self._run("discardTransaction", via, [txn_id])
 
-    async def sweep_transactions(self, queue: QueueSpec) -> int:
+    async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
         return await self._run("sweepTransactions", queue, [SWEEP_BUDGET])
+
+
+def _placement_fields(c: Placement) -> list[Any]:
+    """A copy's fields after its subscription, as lua/includes/fanOutMessage.lua reads them."""
+    flags = ((1 if c.blob is not None else 0) | (2 if c.own_session_id else 0)
+             | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
+    reason, description = c.dead_letter or ("", "")
+    return [flags, _opt(c.blob), _sid(c.session_id), _opt(c.ttl_ms), reason, description]
 
 
 def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:
     ids: list[str | None] = []
     for op in operations:
-        if isinstance(op, StagedSend):
+        if isinstance(op, (StagedSend, StagedPublish)):
             ids.append(op.message.session_id)
+            if isinstance(op, StagedPublish):
+                ids += [c.session_id for c in op.placements if c.own_session_id]
         elif isinstance(op, StagedSettlement):
             ids.append(op.settlement.session_id)
         elif isinstance(op, StagedSessionState):
@@ -876,20 +894,28 @@ def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:
 
 
 def _staged_fields(op: StagedOperation) -> list[Any]:
-    """The ten fields lua/stageTransaction-2.lua keeps per operation (the kinds and fields of
+    """The record lua/stageTransaction-2.lua keeps per operation (the kinds and fields of
     lua/commitTransaction.lua)."""
     if isinstance(op, StagedSend):
         m = op.message
-        return ["s", op.queue.name, m.blob, _opt(m.session_id), _opt(m.message_id),
-                _opt(_effective_ttl(op.queue, m)), _opt(m.scheduled_ms), _opt(op.seq), "", ""]
+        return ["s", op.queue.name, m.blob, _sid(m.session_id), _opt(m.message_id),
+                _opt(_effective_ttl(op.queue, m)), _opt(m.scheduled_ms), _opt(op.seq)]
+    if isinstance(op, StagedPublish):
+        m = op.message
+        fields = ["p", op.topic.name, m.blob, _sid(m.session_id), _opt(m.message_id),
+                  _opt(_effective_ttl(op.topic, m)), _opt(m.scheduled_ms), _opt(op.seq),
+                  len(op.placements)]
+        for c in op.placements:
+            fields += [op.subscriptions[c.subscription], *_placement_fields(c)]
+        return fields
     if isinstance(op, StagedSettlement):
         s = op.settlement
         return ["x", op.entity.name, _entity(op.entity), s.token, s.outcome.value,
-                _opt(s.session_id), _opt(s.dead_letter_reason), _opt(s.dead_letter_description),
+                _sid(s.session_id), _opt(s.dead_letter_reason), _opt(s.dead_letter_description),
                 _opt(s.properties_patch), _opt(op.holder)]
     if isinstance(op, StagedSessionState):
-        return ["t", op.queue.name, op.session_id, op.holder, 0 if op.state is None else 1,
-                op.state or b"", "", "", "", ""]
+        return ["t", op.queue.name, _sid(op.session_id), op.holder, 0 if op.state is None else 1,
+                op.state or b""]
     if isinstance(op, StagedCancel):
-        return ["c", op.queue.name, op.seq, "", "", "", "", "", "", ""]
+        return ["c", op.queue.name, op.seq]
     raise TypeError(f"not a staged operation: {op!r}")

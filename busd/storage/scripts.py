@@ -43,12 +43,12 @@ INCLUDE_DIR = LUA_DIR / "includes"
 _FILE_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]*)(?:-(?P<keys>\d+))?\.lua$")
 _CONTEXT = re.compile(r"^\s*Context:\s*(?P<name>\w+)\s*$", re.M)
 # The contexts a header may name, and the keys each one stands for.
-# `transaction`: the via entity's queue context, then its staged transactions; the caller may
-# add one queue context per further entity after them (lua/commitTransaction.lua).
+# `transaction`: the via entity's staged transactions; the caller adds the contexts of the
+# queues and topics the transaction names after them (lua/commitTransaction.lua).
 CONTEXTS: dict[str, tuple[str, ...]] = {
     "queue": QUEUE_KEYS,
     "topic": TOPIC_KEYS,
-    "transaction": QUEUE_KEYS + TRANSACTION_KEYS,
+    "transaction": TRANSACTION_KEYS,
 }
 # The keys a context repeats once per subscription named by the call.
 PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS,

@@ -1,6 +1,7 @@
 """Transactions when things fail: the timeout, a busd process killed with SIGKILL between
-declare and discharge or in the middle of many commits, and transactions used from another
-process. Every transaction is applied whole or not at all (docs/design.md §3.13)."""
+declare and discharge or in the middle of many commits (sends to a queue and to a topic's
+subscriptions), and transactions used from another process. Every transaction is applied whole
+or not at all (docs/design.md §3.15)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import redis
 from proton import Message
 
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import launch_busd, queue, write_config
+from tests.e2e.conftest import launch_busd, queue, subscription, topic, write_config
 from tests.e2e.txn_client import (
     Refused,
     Transactions,
@@ -29,12 +30,16 @@ pytestmark = pytest.mark.timeout(180)
 # "work" has a long lock: the crash test's check must not depend on how fast a loaded machine
 # runs its clients.
 QUEUES = [queue("input", LockDuration="PT2S"), queue("output"), queue("work")]
+# The crash test's results also fan out: to every subscription, one of them through a rule.
+PARTS = {"Name": "parts", "Properties": {"FilterType": "Sql",
+                                         "SqlFilter": {"SqlExpression": "part = 'b'"}}}
+TOPICS = [topic("results", [subscription("x"), subscription("y", rules=[PARTS])])]
 
 
 @pytest.fixture
 def pair(redis_url, tmp_path):
     """Start busd processes over one store (same key prefix); all stopped at the end."""
-    config = write_config(tmp_path / "config.json", QUEUES)
+    config = write_config(tmp_path / "config.json", QUEUES, TOPICS)
     prefix = f"txn-{uuid.uuid4().hex[:8]}"
     started = []
 
@@ -54,6 +59,7 @@ def client_of(proc) -> ProtonCbsClient:
     client.authorize("input")
     client.authorize("output")
     client.authorize("work")
+    client.authorize("results")
     return client
 
 
@@ -133,12 +139,14 @@ WORKERS = 6
 
 
 def _worker(port: int, stop: threading.Event, taken: list, done: list, errors: list) -> None:
-    """Take an input, send two results, complete the input, commit; until the process dies.
-    Every refusal or failure is kept in `errors`."""
+    """Take an input, send two results to a queue and one to a topic (a copy in each of its
+    subscriptions), complete the input, commit; until the process dies. Every refusal or
+    failure is kept in `errors`."""
     try:
         client = client_of(type("P", (), {"port": port})())
         receiver = client.receiver("work", credit=1)
         sender = client.sender("output")
+        fan_out = client.sender("results")
         txns = Transactions(client)
         while not stop.is_set():
             message, delivery = take(receiver, timeout=5)
@@ -146,6 +154,8 @@ def _worker(port: int, stop: threading.Event, taken: list, done: list, errors: l
             txn = txns.declare()
             answers = [send(client, sender, txn, Message(body=f"{message.body}/{part}"),
                             wait=False) for part in ("a", "b")]
+            answers.append(send(client, fan_out, txn, Message(
+                body=f"{message.body}/t", properties={"part": "b"}), wait=False))
             answers.append(settle(client, delivery, txn, wait=False))
             # the discharge goes once every operation is answered, as the .NET SDK awaits
             # each operation of a transaction scope before completing it
@@ -158,8 +168,9 @@ def _worker(port: int, stop: threading.Event, taken: list, done: list, errors: l
 
 def test_commits_under_a_sigkill_are_whole_or_absent(pair):
     """Many transactions commit concurrently while their busd process is killed; then every
-    input is either gone with both of its outputs present once (committed), or back with no
-    output (rolled back): half-applied must be 0."""
+    input is either gone with each of its outputs present once, in the queue and in both of
+    the topic's subscriptions (committed), or back with no output anywhere (rolled back):
+    half-applied must be 0."""
     a, b = pair(), pair()
     with client_of(a) as feeder:
         sender = feeder.sender("work")
@@ -185,14 +196,18 @@ def test_commits_under_a_sigkill_are_whole_or_absent(pair):
     with client_of(b) as checker:  # in any state: locked by the dead process's receivers too
         inputs = [m.body for m in peek_all(checker, "work")]
         outputs = [m.body for m in peek_all(checker, "output")]
+        fanned = {s: [m.body for m in peek_all(checker, f"results/subscriptions/{s}")]
+                  for s in ("x", "y")}
     left = set(inputs)
     committed = rolled_back = untouched = half = 0
     for i in range(INPUTS):
         body = f"in-{i}"
         parts = sorted(o for o in outputs if o.rsplit("/", 1)[0] == body)
-        if body not in left and parts == [f"{body}/a", f"{body}/b"]:
+        copies = [[o for o in fanned[s] if o == f"{body}/t"] for s in ("x", "y")]
+        if body not in left and parts == [f"{body}/a", f"{body}/b"] \
+                and copies == [[f"{body}/t"]] * 2:
             committed += 1
-        elif body in left and not parts:
+        elif body in left and not parts and copies == [[], []]:
             if body in taken:
                 rolled_back += 1  # taken into a transaction the kill cut short
             else:
@@ -207,4 +222,5 @@ def test_commits_under_a_sigkill_are_whole_or_absent(pair):
     assert not [e for e in errors if "Refused" in e], errors
     assert committed >= len(done)  # every commit a client heard of is there
     assert len(outputs) == 2 * committed  # no output twice
+    assert len(fanned["x"]) == len(fanned["y"]) == committed
     assert committed > 0 and rolled_back + untouched > 0

@@ -294,19 +294,19 @@ def test_cross_entity_session_pins_the_first_entity(client):
     assert allowed.state & allowed.REMOTE_ACTIVE
 
 
-def test_a_subscription_message_completes_with_a_send_and_topic_sends_are_refused(client):
+def test_a_subscription_message_completes_with_sends_to_its_topic_and_a_queue(client):
+    """Service Bus's TransactionalSendAndReceiveSubscription: a topic and its subscription
+    are one entity for a transaction."""
     client.sender("events").send(Message(body="event"))
     receiver = client.receiver("events/subscriptions/all", credit=1)
     _, delivery = take(receiver)
     txns = Transactions(client)
     txn = txns.declare()
-    with pytest.raises(Refused) as err:  # not yet: a topic's fan-out in a transaction
-        send(client, client.sender("events"), txn, Message(body="fan-out"))
-    assert err.value.condition == "amqp:not-implemented"
+    send(client, client.sender("events"), txn, Message(body="fan-out"))
     send(client, client.sender("output"), txn, Message(body="handled event"))
     settle(client, delivery, txn)
     assert [m.body for m in peek_all(client, "events/subscriptions/all")] == ["event"]
     txns.commit(txn)
-    assert peek_all(client, "events/subscriptions/all") == []
+    assert [m.body for m in peek_all(client, "events/subscriptions/all")] == ["fan-out"]
     assert drain(client, "output") == ["handled event"]
     receiver.close()

@@ -159,3 +159,79 @@ async def test_fan_out_and_topic_scripts_run_in_cluster_mode(cluster_store, toke
     assert await s.accept_session(subs[2], None, "p:1") is not None
     await s.drop_subscriptions("orders/t", subs, with_topic=True)
     assert (await s.counts(subs[1])).active == 0
+
+
+@pytest_asyncio.fixture
+async def routed_store(cluster_url):
+    """A store on the cluster client, as busd runs with a `redis+cluster://` URL."""
+    s = RedisStore(cluster_url.replace("redis://", "redis+cluster://", 1), prefix="routed")
+    await s.connect()
+    yield s
+    await s.close()
+
+
+async def test_a_topic_transaction_commits_in_one_slot(routed_store, tokens):
+    """A send to a topic and the completion of one of its subscription's messages, staged
+    under the topic and committed by one script: the topic and its subscriptions share one
+    slot."""
+    from busd.storage.api import (
+        Placement,
+        StagedCancel,
+        StagedPublish,
+        StagedSettlement,
+        TopicSpec,
+        subscription_path,
+    )
+
+    s = routed_store
+    subs = [QueueSpec(subscription_path("txn/t", n), topic="txn/t") for n in ("a", "b")]
+    await s.open_subscriptions("txn/t", ["a", "b"])
+    topic = TopicSpec("txn/t")
+    await s.publish(topic, subs, [NewMessage(b"in")])
+    (m,) = await s.receive(subs[0], 1, PL, tokens(1))
+    now = int(time.time() * 1000)
+    (later,) = await s.publish(topic, subs, [NewMessage(b"later", scheduled_ms=now + 60_000)])
+    (reserved,) = await s.reserve_sequence_numbers(topic, 1)
+    txn = b"t" * 16
+    ops = [
+        StagedSettlement(subs[0], Settlement(m.lock_token, Outcome.COMPLETE)),
+        StagedPublish(topic, NewMessage(b"out"), ["a", "b"], [Placement(0), Placement(1)]),
+        StagedPublish(topic, NewMessage(b"sched", scheduled_ms=now + 60_000), ["a", "b"],
+                      [Placement(1)], reserved),
+        StagedCancel(topic, later),
+    ]
+    _, due = await s.stage_transaction(topic, txn, ops, first=True, timeout_ms=60_000,
+                                       limit=100)
+    assert due > now
+    await s.renew_message_locks(subs[0], [m.lock_token], until_ms=due)
+    await s.commit_transaction(topic, [subs[0]], txn, [(topic, subs)])
+    assert [x.blob for x in await s.peek(subs[0], 0, 10)] == [b"out"]
+    got = await s.peek(subs[1], 0, 10)
+    # (numbered when scheduled, so before the send the commit numbered)
+    assert [x.blob for x in got] == [b"in", b"sched", b"out"] and got[1].seq == reserved
+    await s.drop_subscriptions("txn/t", subs, with_topic=True)
+
+
+async def test_a_transaction_keeps_to_one_slot_on_a_cluster(routed_store):
+    """The broker's rule on a store that runs one script per slot: a transaction's
+    operations stay under its via entity's hash tag (a topic and its subscriptions share
+    the topic's); work on another queue or topic is refused with not-allowed."""
+    from types import SimpleNamespace
+
+    from busd.broker.transactions import NOT_CROSS_ENTITY, Transaction
+    from busd.storage.api import StagedPublish, StagedSend, StagedSettlement, TopicSpec
+
+    assert not routed_store.cross_slot_transactions
+    scope = SimpleNamespace(conn=SimpleNamespace(broker=SimpleNamespace(store=routed_store)))
+    topic = TopicSpec("orders")
+    own = QueueSpec("orders/subscriptions/a", topic="orders")
+    other = QueueSpec("other")
+    txn = Transaction(scope, b"x" * 16, None)  # type: ignore[arg-type]
+    assert txn._admit(StagedSettlement(own, Settlement(b"t" * 16, Outcome.COMPLETE))) is None
+    assert txn._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is None
+    refused = txn._admit(StagedSend(other, NewMessage(b"m")))
+    assert refused is not None and refused.description == NOT_CROSS_ENTITY
+    assert (txn.via, txn.others, txn.topics) == (own, {}, {"orders": topic})
+    first = Transaction(scope, b"y" * 16, None)  # type: ignore[arg-type]
+    assert first._admit(StagedSend(other, NewMessage(b"m"))) is None
+    assert first._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is not None

@@ -28,8 +28,10 @@ def txn() -> bytes:
 
 
 async def stage(store, via, txn_id, ops, *, first=True, timeout_ms=TIMEOUT_MS, limit=100):
-    return await store.stage_transaction(via, txn_id, ops, first=first, timeout_ms=timeout_ms,
-                                         limit=limit)
+    """How many operations the transaction holds."""
+    count, _ = await store.stage_transaction(via, txn_id, ops, first=first,
+                                             timeout_ms=timeout_ms, limit=limit)
+    return count
 
 
 async def staged_keys(store, queue) -> list:

@@ -2,37 +2,47 @@
   commitTransaction: apply every operation a transaction staged, in the order staged, or
   none of them; either way its staged state is gone afterwards.
 
-  Operations (ten fields each, as stageTransaction-2 keeps them: kind, entity, then):
-    's' send: blob, session id, message id, time to live ms, scheduled enqueue time ms,
-        reserved sequence number ('' for each absent one), as sendMessages takes them
-        (duplicate detection applies now)
+  Operations (records as stageTransaction-2 keeps them: kind, entity, then; '' for each
+  absent field):
+    's' send to a queue: blob, session id, message id, time to live ms, scheduled enqueue
+        time ms, reserved sequence number, as sendMessages takes them (duplicate detection
+        applies now)
+    'p' send to a topic (entity: the topic): blob, session id, message id, time to live ms,
+        scheduled enqueue time ms, reserved sequence number, the number of placements np
+        (-1: every subscription named below, unchanged), then np placements of seven as
+        publishMessages takes them except that the first field is the subscription's name:
+        the copies its rules decided when the send was staged. A subscription no longer live
+        (or not named below: deleted since) gets nothing; numbering, copies and wake-ups are
+        publishMessages' (includes/fanOutMessage.lua), duplicate detection is the topic's
     'x' settle: 'q' or 'd', lock token, outcome, session id, dead-letter reason,
-        dead-letter description, properties patch, holder ('' for each absent one), as
-        settleMessages takes them
+        dead-letter description, properties patch, holder, as settleMessages takes them
     't' session state: session id, holder, '1' set or '0' clear, state
-    'c' cancel a scheduled message: sequence number
+    'c' cancel a scheduled message (entity: a queue, or a topic: every subscription's copy):
+        sequence number
   Every settlement, session state and cancellation is checked first (a live lock held by its
   holder; a message still scheduled); a failing check refuses the whole transaction.
 
   Invariant: all or nothing: a refused commit changes nothing but dropping the staged state.
   A transaction past its time is refused. A message settled in a transaction stays locked
-  (its lock may still expire) until the commit.
+  (its lock held to the transaction's time, lua/renewMessageLocks.lua) until the commit.
 
   Context: transaction
 
   Input:
-    KEYS      the via entity's queue context, then its staged transactions (txns, txops),
-              then one further queue context (busd.storage.keys.QUEUE_KEYS) per further
-              entity, in the order of ARGV[12..] (built by the store: the loader knows the
-              via entity's keys only)
-    ARGV[1..6]  the via entity's queue context parameters (includes/queueContext.lua)
-    ARGV[7]   transaction id
-    ARGV[8]   keys per queue context
-    ARGV[9]   number of further entities
-    ARGV[10]  the via entity's duplicate detection window ms (0: off)
-    ARGV[11]  '1' when the via entity requires sessions
-    ARGV[12..] eight per further entity: its six queue context parameters, its duplicate
-              detection window ms, '1' when it requires sessions
+    KEYS      the via entity's staged transactions (txns, txops), then one queue context
+              (busd.storage.keys.QUEUE_KEYS) per queue-like entity in the order of ARGV, then
+              per topic its topic context (TOPIC_KEYS, then one queue context per subscription)
+              (built by the store: the loader knows the via entity's keys only)
+    ARGV[1]   transaction id
+    ARGV[2]   keys per queue context
+    ARGV[3]   number of queue-like entities (queues, subscriptions) the transaction names
+    then eight per such entity: its six queue context parameters (includes/queueContext.lua),
+              its duplicate detection window ms (0: off), '1' when it requires sessions
+    then      the number of topics it sends to or cancels on; per topic, as publishMessages
+              takes them: its name, its number of subscriptions m, six queue context
+              parameters per subscription (its own name first), the topic's duplicate
+              detection window ms (0: off), then two per subscription: '1' when it requires
+              sessions, its default time to live ms ('' unbounded)
 
   Output:
     {0, number of operations} applied;
@@ -41,15 +51,18 @@
     gone (swept)
 
   Events:
-    wake-ups (includes/wakeWaiters.lua) when a message became available (sends, abandon,
-    release, dead-letter)
+    wake-ups (includes/wakeWaiters.lua) when a message became available (sends, copies,
+    abandon, release, dead-letter)
 ]]
 --- @include "queueContext"
+--- @include "topicContext"
 --- @include "transactionKeys"
 --- @include "checkSettlement"
 --- @include "applySettlement"
 --- @include "enqueueMessage"
 --- @include "placeMessage"
+--- @include "topicSubscriptions"
+--- @include "fanOutMessage"
 --- @include "sessionLockedUntil"
 --- @include "writeSessionState"
 --- @include "deleteMessage"
@@ -57,25 +70,46 @@
 --- @include "countEvent"
 --- @include "dropStaged"
 
-local via = queueContext(0, 0)
-local ctx = tonumber(ARGV[8])
-local T = transactionKeys(ctx)
-local txn = ARGV[7]
+local T = transactionKeys(0)
+local txn = ARGV[1]
+local ctx = tonumber(ARGV[2])
+local woken = {} -- one wake-up per waiter for the whole commit
 
 -- entity name -> { Q = its context, window = ms, sessionQueue = bool }
 local entities = {}
-entities[via.queue] = { Q = via, window = tonumber(ARGV[10]), sessionQueue = ARGV[11] == '1' }
-for i = 1, tonumber(ARGV[9]) do
-  local ab = 11 + 8 * (i - 1)
-  local Q = queueContext(ctx + 2 + ctx * (i - 1), ab)
-  Q.woken = via.woken -- one wake-up per waiter for the whole commit
+local kb, ab = 2, 3
+for _ = 1, tonumber(ARGV[3]) do
+  local Q = queueContext(kb, ab)
+  Q.woken = woken
   entities[Q.queue] = { Q = Q, window = tonumber(ARGV[ab + 7]),
                         sessionQueue = ARGV[ab + 8] == '1' }
+  kb, ab = kb + ctx, ab + 8
+end
+-- topic name -> { T = its context, subs = its subscriptions' contexts, window, by name, ... }
+local topics = {}
+local nt = tonumber(ARGV[ab + 1])
+ab = ab + 1
+for _ = 1, nt do
+  local tc = topicContext(kb, ab)
+  local b = ab + 3 + 6 * tc.n
+  local t = { T = tc, subs = topicSubscriptions(tc, kb, ab, b, ctx), byName = {},
+              window = tonumber(ARGV[b]), accepted = 0, duplicates = 0, dropped = 0 }
+  for s, Q in ipairs(t.subs) do
+    Q.woken = woken
+    t.byName[Q.queue] = s
+  end
+  t.pick = function(name) return t.byName[name] end
+  topics[tc.topic] = t
+  kb, ab = kb + 4 + ctx * tc.n, b + 2 * tc.n
+end
+
+local function drop()
+  dropStaged(T.txns, T.txops, txn)
 end
 
 local due = redis.call('ZSCORE', T.txns, txn)
-if not due or tonumber(due) <= via.now then
-  dropStaged(T.txns, T.txops, txn)
+if not due or tonumber(due) <= nowMs() then
+  drop()
   return { -11 }
 end
 
@@ -93,14 +127,15 @@ local checked = {}
 local locks = {}
 local settled = {}
 for i, op in ipairs(ops) do
-  local kind, e = op[1], entities[op[2]]
-  if not e then
-    dropStaged(T.txns, T.txops, txn)
+  local kind = op[1]
+  local e, t = entities[op[2]], topics[op[2]]
+  if not e and not ((kind == 'p' or kind == 'c') and t) then
+    drop()
     return { -10, i }
   end
-  local Q = e.Q
   local status = 0
   if kind == 'x' then
+    local Q = e.Q
     local E = Q[op[3]]
     local token = op[4]
     local seen = op[2] .. op[3] .. token
@@ -113,15 +148,23 @@ for i, op in ipairs(ops) do
       checked[i] = { E, seq, m }
     end
   elseif kind == 't' then
-    if not sessionLockedUntil(Q, op[3], orFalse(op[4])) then status = -2 end
+    if not sessionLockedUntil(e.Q, op[3], orFalse(op[4])) then status = -2 end
   elseif kind == 'c' then
-    local m = readMeta(Q.q, tonumber(op[3]))
-    if not m or m.st ~= 's' or settled[op[2] .. ':' .. op[3]] then status = -4 end
-    settled[op[2] .. ':' .. op[3]] = true
-    checked[i] = m
+    local seq = tonumber(op[3])
+    local seen = op[2] .. ':' .. op[3]
+    local found = {}
+    if not settled[seen] then
+      for _, Q in ipairs(e and { e.Q } or t.subs) do
+        local m = readMeta(Q.q, seq)
+        if m and m.st == 's' then found[#found + 1] = { Q, m } end
+      end
+    end
+    settled[seen] = true
+    if #found == 0 then status = -4 end
+    checked[i] = found
   end
   if status ~= 0 then
-    dropStaged(T.txns, T.txops, txn)
+    drop()
     return { status, i }
   end
 end
@@ -133,10 +176,16 @@ for _, e in pairs(entities) do
     redis.call('ZREMRANGEBYSCORE', e.Q.dedup, '-inf', e.Q.now - e.window)
   end
 end
+for _, t in pairs(topics) do
+  if t.window > 0 then
+    redis.call('ZREMRANGEBYSCORE', t.T.dedup, '-inf', t.T.now - t.window)
+  end
+end
 for i, op in ipairs(ops) do
-  local kind, e = op[1], entities[op[2]]
-  local Q = e.Q
+  local kind = op[1]
   if kind == 's' then
+    local e = entities[op[2]]
+    local Q = e.Q
     local mid = op[5]
     if e.window > 0 and mid ~= '' and redis.call('ZSCORE', Q.dedup, mid) then
       countEvent(Q, Q.q, 'duplicates', 1)
@@ -151,20 +200,42 @@ for i, op in ipairs(ops) do
       end
       countEvent(Q, Q.q, 'sent', 1)
     end
+  elseif kind == 'p' then
+    local t = topics[op[2]]
+    local mid = op[5]
+    if t.window > 0 and mid ~= '' and redis.call('ZSCORE', t.T.dedup, mid) then
+      t.duplicates = t.duplicates + 1
+    else
+      if t.window > 0 and mid ~= '' then redis.call('ZADD', t.T.dedup, t.T.now, mid) end
+      local _, placed = fanOutMessage(t.T, t.subs, op[3], orFalse(op[4]) or nil,
+        tonumber(op[6]), tonumber(op[7]), tonumber(op[9]), 10, nil, tonumber(op[8]), op, t.pick)
+      t.accepted = t.accepted + 1
+      if placed == 0 then t.dropped = t.dropped + 1 end
+    end
   elseif kind == 'x' then
+    local Q = entities[op[2]].Q
     local E, seq, m = checked[i][1], checked[i][2], checked[i][3]
     Q.caller = orFalse(op[10])
     local event = applySettlement(Q, E, seq, m, op[5], orFalse(op[7]) or nil,
       orFalse(op[8]) or nil, orFalse(op[9]))
     if event then countEvent(Q, E, event, 1) end
   elseif kind == 't' then
+    local Q = entities[op[2]].Q
     writeSessionState(Q, op[3], op[5] == '1' and op[6])
   elseif kind == 'c' then
-    deleteMessage(Q, Q.q, tonumber(op[3]), checked[i])
+    for _, f in ipairs(checked[i]) do
+      deleteMessage(f[1], f[1].q, tonumber(op[3]), f[2])
+    end
   end
 end
 for _, e in pairs(entities) do
   for _, sid in ipairs(e.Q.emptied) do forgetSessionIfEmpty(e.Q, sid) end
 end
-dropStaged(T.txns, T.txops, txn)
+for _, t in pairs(topics) do
+  for _, Q in ipairs(t.subs) do countEvent(Q, Q.q, 'sent', Q.sent) end
+  if t.accepted > 0 then redis.call('HINCRBY', t.T.tstats, 'sent', t.accepted) end
+  if t.duplicates > 0 then redis.call('HINCRBY', t.T.tstats, 'duplicates', t.duplicates) end
+  if t.dropped > 0 then redis.call('HINCRBY', t.T.tstats, 'dropped', t.dropped) end
+end
+drop()
 return { 0, n }

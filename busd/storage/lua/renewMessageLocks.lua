@@ -1,16 +1,18 @@
 --[[
-  renewMessageLocks: extend the locks of delivered messages by LockDuration from now, all or
+  renewMessageLocks: extend the locks of delivered messages by LockDuration from now, or to a
+  given time (a transaction holding the messages it settled until its discharge), all or
   none. A session message's lock is its session's: it is reported, not extended (the session
   lock is renewed with renewSessionLock).
 
-  Invariant: only a live lock is extended.
+  Invariant: only a live lock is extended; a lock held to a given time is never shortened.
 
   Context: queue
 
   Input:
     KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
     ARGV[7]   entity: 'q' or 'd'
-    ARGV[8..] lock tokens
+    ARGV[8]   ms to hold the locks to ('': LockDuration from now)
+    ARGV[9..] lock tokens
 
   Output:
     { 0, locked-until ms per token }
@@ -27,7 +29,7 @@
 local Q = queueContext(0, 0)
 local E = Q[ARGV[7]]
 local found = {}
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   local seq = redis.call('HGET', E.tokens, ARGV[i])
   local m = seq and readMeta(E, tonumber(seq))
   if not m or m.st ~= 'l' or m.tok ~= ARGV[i] then return { -1 } end
@@ -40,12 +42,14 @@ for i = 8, #ARGV do
 end
 
 local out = { 0 }
-local lockedUntil = Q.now + Q.lockMs
+local hold = tonumber(ARGV[8])
 for _, f in ipairs(found) do
   local seq, m = f[1], f[2]
   if m.ss then
     out[#out + 1] = sessionLockedUntil(Q, m.sid, false)
   else
+    local lockedUntil = Q.now + Q.lockMs
+    if hold then lockedUntil = math.max(hold, m.lu) end
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)
     writeMeta(E, seq, m)

@@ -16,11 +16,14 @@
     ARGV[2]  timeout ms, counted from the first operation
     ARGV[3]  most operations a transaction may hold
     ARGV[4]  '1' when the caller has staged nothing for it before
-    ARGV[5..] ten per operation: kind, entity, eight fields (lua/commitTransaction.lua)
+    ARGV[5]  the number of operations in this call
+    ARGV[6..]  per operation: its number of fields k, then k fields: kind, entity, ... (the
+              records of lua/commitTransaction.lua)
 
   Output:
-    the number of operations the transaction holds; -11 TRANSACTION_TIMEOUT: past its time
-    (or dropped by the sweep); -12 RESOURCE_LIMIT: more than `limit` operations
+    { the number of operations the transaction holds, ms it times out }; { -11 }
+    TRANSACTION_TIMEOUT: past its time (or dropped by the sweep); { -12 } RESOURCE_LIMIT: more
+    than `limit` operations
 
   Events:
     none
@@ -31,18 +34,23 @@ local txn = ARGV[1]
 local now = nowMs()
 local due = redis.call('ZSCORE', KEYS[1], txn)
 if due then
-  if tonumber(due) <= now then return -11 end
+  if tonumber(due) <= now then return { -11 } end
 elseif ARGV[4] ~= '1' then
-  return -11
+  return { -11 }
 end
 local countField = txn .. ':n'
 local n = tonumber(redis.call('HGET', KEYS[2], countField) or '0')
-local adding = (#ARGV - 4) / 10
-if n + adding > tonumber(ARGV[3]) then return -12 end
-if not due then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), txn) end
-for i = 5, #ARGV, 10 do
+if n + tonumber(ARGV[5]) > tonumber(ARGV[3]) then return { -12 } end
+if not due then
+  due = now + tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], due, txn)
+end
+local i = 6
+while i <= #ARGV do
+  local k = tonumber(ARGV[i])
   n = n + 1
-  redis.call('HSET', KEYS[2], txn .. ':' .. n, cmsgpack.pack({ unpack(ARGV, i, i + 9) }))
+  redis.call('HSET', KEYS[2], txn .. ':' .. n, cmsgpack.pack({ unpack(ARGV, i + 1, i + k) }))
+  i = i + 1 + k
 end
 redis.call('HSET', KEYS[2], countField, n)
-return n
+return { n, tonumber(due) }

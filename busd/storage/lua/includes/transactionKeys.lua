@@ -1,5 +1,5 @@
--- The staged-transaction keys of a `Context: transaction` script: they follow the via
--- entity's queue context, which holds `ctx` keys (the caller passes its size).
-local function transactionKeys(ctx)
-  return { txns = KEYS[ctx + 1], txops = KEYS[ctx + 2] }
+-- The staged-transaction keys of a `Context: transaction` script: the first two KEYS, or
+-- those after `kb` others.
+local function transactionKeys(kb)
+  return { txns = KEYS[kb + 1], txops = KEYS[kb + 2] }
 end
