@@ -100,7 +100,12 @@ def test_sigkill_between_declare_and_discharge_applies_nothing(pair, redis_url):
         txn = txns.declare()
         send(client, client.sender("output"), txn, Message(body="output"))
         settle(client, delivery, txn)
-        assert staged_keys(redis_url, a.prefix)  # staged in the store, not only in memory
+        # another one staged under a topic (its first entity)
+        send(client, client.sender("results"), txns.declare(), Message(body="fanned"))
+        keys = staged_keys(redis_url, a.prefix)
+        assert {k.split(b"}")[0] for k in keys} == {
+            f"{{{a.prefix}:{e}".encode() for e in ("output", "results")}
+        # staged in the store, not only in memory
         a.proc.kill()  # SIGKILL: no rollback, no goodbye
         a.proc.wait()
         try:
@@ -109,6 +114,7 @@ def test_sigkill_between_declare_and_discharge_applies_nothing(pair, redis_url):
             pass
     with client_of(b) as other:
         assert drain(other, "output") == []
+        assert peek_all(other, "results/subscriptions/x") == []
         # the input was never completed: it comes back when its lock (2 s) expires
         receiver = other.receiver("input", credit=1)
         message = receiver.receive(timeout=10)
