@@ -232,7 +232,11 @@ class Scripts:
         if head is None:
             parts = [_bulk(b"EVALSHA"), _bulk(self._sha[name]), _bulk(b"%d" % len(keys))]
             parts += [_bulk(_encode(k)) for k in keys]
-            head = self._heads[cache_key] = (len(keys), b"".join(parts))
+            head = (len(keys), b"".join(parts))
+            # A transaction's commit names whatever entities it touched: kept, its key sets
+            # would grow the cache without end.
+            if self.sources[name].context != "transaction":
+                self._heads[cache_key] = head
         parts = [b"*%d\r\n" % (3 + head[0] + len(args)), head[1]]
         for arg in args:
             value = _encode(arg)

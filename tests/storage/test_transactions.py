@@ -200,3 +200,15 @@ async def test_cancel_of_a_scheduled_message_applies_at_the_commit(store, make_q
     assert len(await store.peek(q, 0, 10)) == 1
     await store.commit_transaction(q, [], t)
     assert await store.peek(q, 0, 10) == []
+
+
+async def test_commits_leave_no_encoded_call_behind(store, make_queue):
+    """A commit's keys are whatever entities the transaction named: the client does not
+    keep its encoded call head (one per set would grow without end)."""
+    for _ in range(3):
+        q, other = make_queue(), make_queue()
+        t = txn()
+        await stage(store, q, t, [StagedSend(other, NewMessage(b"a"))])
+        await store.commit_transaction(q, [other], t)
+    heads = getattr(store._scripts, "_heads", {})
+    assert not [k for k in heads if k[0] == "commitTransaction"]
