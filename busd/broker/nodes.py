@@ -132,7 +132,8 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
             return
         reply = self.conn.links.reply(self.link.session, reply_to or self.reply_key)
         if reply is None:
-            log.warning("no reply link %r for a %s request", reply_to, self.reply_key)
+            # The client's own mistake, and any client can repeat it at will: debug only.
+            log.debug("no reply link %r for a %s request", reply_to, self.reply_key)
             return
         reply.send(response)
 
