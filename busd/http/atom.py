@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from busd.auth.rights import MANAGE, Unauthorized, authorize_header
-from busd.config import ConfigError, normalize_entity_name
+from busd.config import ConfigError, check_rule_name, normalize_entity_name
 from busd.http import atom_xml as ax
 from busd.http.entities import Entities, Entity
 from busd.http.server import Request, Response
@@ -107,7 +107,7 @@ class AtomApi:
                 await self._subscription(topic, sub)
                 return await self._feed(request, "Rules",
                                   await self.entities.list("rule", f"{topic}/{sub}"))
-            rule = _name(rest[2], "rule", nested=True)
+            rule = _rule_name(rest[2])
             return await self._rule(request, topic, sub, rule)
         name = _name("/".join(segments), "entity")
         return await self._entity(request, None, name)
@@ -274,6 +274,14 @@ def _name(name: str, what: str, nested: bool = False) -> str:
     if nested and "/" in normalized:
         raise ax.AtomError(400, f"a {what} name cannot contain '/': {name!r}")
     return normalized
+
+
+def _rule_name(name: str) -> str:
+    """Rule names are not entity names: `$Default` is one (config.check_rule_name)."""
+    try:
+        return check_rule_name(name).lower()
+    except ConfigError as exc:
+        raise ax.AtomError(400, str(exc)) from None
 
 
 # Bounds as for the entities file (docs/design.md §2.1).
