@@ -163,24 +163,35 @@ def test_topics_subscriptions_and_forwarding_are_read(tmp_path):
                                              "ForwardDeadLetteredMessagesTo": ""}},
                 {"Name": "other"}],
         topics=[{"Name": "Topic.1", "Properties": {"RequiresDuplicateDetection": True},
-                 "Subscriptions": [{"Name": "S1", "Properties": {"RequiresSession": True,
-                                                                 "ForwardTo": "q"}},
+                 "Subscriptions": [{"Name": "S1", "Properties": {
+                     "RequiresSession": True, "ForwardDeadLetteredMessagesTo": "q"}},
                                    {"Name": "s2", "Rules": [{"Name": "r", "Properties": {
                                        "FilterType": "Sql",
                                        "SqlFilter": {"SqlExpression": "a = 1"}}}]}]}],
     )
     found = load_entities(path)
-    assert len(found.warnings) == 2 and all("not built yet" in w for w in found.warnings)
+    assert found.warnings == []
     q = found.queues[0]
     assert (q.forward_to, q.forward_dead_lettered_to) == ("other", None)
     (topic,) = found.topics
     assert topic.name == "topic.1" and topic.duplicate_detection_window_ms == 10 * 60_000
     s1, s2 = found.subscriptions
-    assert (s1.path, s1.requires_session, s1.forward_to) == (
+    assert (s1.path, s1.requires_session, s1.forward_dead_lettered_to) == (
         "topic.1/subscriptions/s1", True, "q")
     assert s2.dead_letter_on_filter_exceptions  # Service Bus's default
     assert [r.name for r in found.rules_of(s1)] == ["$Default"]
     assert [r.name for r in found.rules_of(s2)] == ["r"]
+
+
+@pytest.mark.parametrize("props, message", [
+    ({"RequiresSession": True, "ForwardTo": "other"}, "requires sessions"),
+    ({"ForwardTo": "missing"}, "names no queue or topic"),
+    ({"ForwardDeadLetteredMessagesTo": "q"}, "cannot name the entity itself"),
+])
+def test_forwarding_that_service_bus_refuses_stops_start_up(tmp_path, props, message):
+    path = write_config(tmp_path, queues=[{"Name": "q", "Properties": props}, {"Name": "other"}])
+    with pytest.raises(ConfigError, match=f"queue 'q': .*{message}"):
+        load_entities(path)
 
 
 def test_the_sample_topic_loads_as_the_emulator_ships_it():

@@ -63,6 +63,8 @@ _K_SEQ = symbol_bytes(b"x-opt-sequence-number") + b"\x81"  # long
 _K_ENQ = symbol_bytes(b"x-opt-enqueued-time") + b"\x83"  # timestamp
 _K_LOCKED = symbol_bytes(b"x-opt-locked-until") + b"\x83"  # timestamp
 _K_STATE = symbol_bytes(b"x-opt-message-state") + b"\x71"  # int
+_K_ENQ_SEQ = symbol_bytes(b"x-opt-enqueue-sequence-number") + b"\x81"  # long
+_K_DL_SOURCE = symbol_bytes(b"x-opt-deadletter-source")
 # delivery-annotations holding the lock token alone, up to the token's 16 bytes
 _LOCK_ONLY = _DELIVERY_ANNOTATIONS_OPEN + map_header(2, len(_K_LOCK_TOKEN) + 16) + _K_LOCK_TOKEN
 _SEQ_ENQ = struct.Struct(f">{len(_K_SEQ)}sq{len(_K_ENQ)}sq")
@@ -82,6 +84,8 @@ def encode_delivery(
     dead_letter_reason: str | None = None,
     dead_letter_description: str | None = None,
     properties_patch: bytes | dict | None = None,
+    enqueue_seq: int | None = None,
+    dead_letter_source: str | None = None,
 ) -> bytes:
     """The payload of a stored message as delivered to a receiver (docs/wire.md §6.3).
 
@@ -89,7 +93,9 @@ def encode_delivery(
     Delivery-annotations: x-opt-lock-token (uuid, the 16 bytes of `lock_token`) when given,
     then the sender's; no section when there is neither. Message-annotations:
     x-opt-sequence-number (long), x-opt-enqueued-time (timestamp), x-opt-locked-until
-    (timestamp) and x-opt-message-state (int) when given, then the sender's.
+    (timestamp) and x-opt-message-state (int) when given, for a forwarded message
+    x-opt-enqueue-sequence-number (long) and x-opt-deadletter-source (string) when given, then
+    the sender's.
     Then the bare message as sent, except that dead-letter reason/description and a
     properties patch (from encode_properties_patch) are merged into application-properties."""
     try:
@@ -139,6 +145,12 @@ def encode_delivery(
             pairs += 1
         if message_state is not None:
             broker += _K_STATE + struct.pack(">i", message_state)
+            pairs += 1
+        if enqueue_seq is not None:
+            broker += _K_ENQ_SEQ + _pq(enqueue_seq)
+            pairs += 1
+        if dead_letter_source is not None:
+            broker += _K_DL_SOURCE + encode_value(dead_letter_source)
             pairs += 1
     except struct.error as exc:
         raise CodecError(f"delivery field out of range: {exc}") from None

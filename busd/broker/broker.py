@@ -23,6 +23,7 @@ from collections.abc import Callable
 from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
+from busd.broker.forwarding import Forwarding
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
 from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
@@ -51,6 +52,8 @@ class Broker:
         self.catalog = Catalog(store)
         self.catalog.listen(self._entity_changed)
         self.fanout = Fanout(self.catalog, store)
+        self.forwarding = Forwarding(self.catalog, store, self.fanout, new_id=self.new_waiter_id,
+                                     wakeable=self.wakeable, forget=self.forget_wakeable)
         # entity path -> the links attached to it (detached when the entity is deleted)
         self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
         self.sas_keys = sas_keys
@@ -131,6 +134,7 @@ class Broker:
         await self.store.connect()
         await self.store.subscribe(self.wake)
         await self.catalog.start()
+        self.forwarding.start()
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="busd-sweep"))
 
     async def stop(self) -> None:
@@ -138,6 +142,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.forwarding.stop()
         await self.catalog.stop()
         await self.store.close()
 

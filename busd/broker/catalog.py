@@ -142,12 +142,17 @@ class Catalog:
         return len(self._entities)
 
     # --- changes ------------------------------------------------------------------------------
-    async def create(self, entity: Entity, *, rules: Iterable[RuleEntity] | None = None) -> Entity:
+    async def create(self, entity: Entity, *, rules: Iterable[RuleEntity] | None = None,
+                     check: bool = True) -> Entity:
         """Create an entity; BusdError ENTITY_ALREADY_EXISTS when it (or a queue or topic of
-        the same name) exists, NOT_FOUND when its parent does not. A subscription gets `rules`,
-        or the `$Default` TrueFilter rule when none are given."""
+        the same name) exists, NOT_FOUND when its parent does not, ARGUMENT_ERROR when its
+        forwarding is refused (`check_forwarding`; `check=False`: the caller checked, as the
+        entities file does for all its entities at once). A subscription gets `rules`, or the
+        `$Default` TrueFilter rule when none are given."""
         entity = self._stamped(lowered(entity))
         self._check_parent(entity)
+        if check:
+            self.check_forwarding(entity)
         if entity.kind in ("queue", "topic"):
             other = "topic" if entity.kind == "queue" else "queue"
             if (other, entity.path) in self._entities or await self.store.catalog_get(
@@ -166,9 +171,11 @@ class Catalog:
                 await self.create(rule)
         return entity
 
-    async def update(self, entity: Entity) -> Entity:
+    async def update(self, entity: Entity, *, check: bool = True) -> Entity:
         """Replace an existing entity's properties (its creation time stays)."""
         entity = lowered(entity)
+        if check:
+            self.check_forwarding(entity)
         current = self._entities.get((entity.kind, entity.path))
         if current is None:
             stored = await self.store.catalog_get(entity.kind, entity.path)
@@ -184,7 +191,7 @@ class Catalog:
         """Create or update (the entities file's seeding, which several processes may do at
         once). A subscription's rules, when given, replace the stored ones."""
         try:
-            return await self.create(entity, rules=rules)
+            return await self.create(entity, rules=rules, check=False)
         except BusdError as exc:
             if exc.condition != Condition.ENTITY_ALREADY_EXISTS:
                 raise
@@ -192,7 +199,7 @@ class Catalog:
         current = self._entities.get((entity.kind, entity.path))
         if current is None or replace(current, created_ms=None) != replace(
                 entity, created_ms=None):
-            entity = await self.update(entity)
+            entity = await self.update(entity, check=False)
         if isinstance(entity, SubscriptionEntity) and rules is not None:
             await self.store.open_subscriptions(entity.topic, [entity.name])
             wanted = {r.path: r for r in rules}
@@ -251,6 +258,29 @@ class Catalog:
         await self.store.catalog_delete(records)
         for kind, path in records:
             self._apply(kind, path, None)
+
+    def check_forwarding(self, entity: Entity) -> None:
+        """Service Bus forwards from a queue or subscription to a queue or topic that exists,
+        other than the source itself, and not from a session-enabled source (docs/design.md
+        §2.15): anything else is refused with ARGUMENT_ERROR."""
+        if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
+            return
+        if entity.forward_to is not None and entity.requires_session:
+            raise BusdError(Condition.ARGUMENT_ERROR,
+                            f"'{entity.path}' requires sessions: auto-forwarding (ForwardTo) is "
+                            "not supported for session-enabled queues or subscriptions.")
+        for element, target in (("ForwardTo", entity.forward_to),
+                                ("ForwardDeadLetteredMessagesTo",
+                                 entity.forward_dead_lettered_to)):
+            if target is None:
+                continue
+            if target.lower() == entity.path:
+                raise BusdError(Condition.ARGUMENT_ERROR,
+                                f"'{entity.path}' cannot forward to itself ({element}).")
+            if self.queue(target) is None and self.topic(target) is None:
+                raise BusdError(Condition.ARGUMENT_ERROR,
+                                f"{element} of '{entity.path}': the destination '{target}' "
+                                "is not a queue or topic of this namespace.")
 
     def _stamped(self, entity: Entity) -> Entity:
         if entity.created_ms is not None:

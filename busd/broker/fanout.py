@@ -91,7 +91,7 @@ class Fanout:
         """Store messages sent to a topic in its subscriptions; the topic's number for each
         (0: a duplicate dropped)."""
         route = self.route(topic.name)
-        placements = None if route.match_all else [self._place(route, m) for m in messages]
+        placements = None if route.match_all else [self.placements(route, m) for m in messages]
         return await self.store.publish(route.topic, route.specs, messages, placements)
 
     def staged(self, topic: TopicSpec, message: NewMessage, seq: int | None = None
@@ -101,7 +101,7 @@ class Fanout:
         changed before the commit does not change them (docs/design.md §3.15)."""
         route = self.route(topic.name)
         placements = ([Placement(i) for i in range(len(route.specs))] if route.match_all
-                      else self._place(route, message))
+                      else self.placements(route, message))
         return StagedPublish(route.topic, message, [s.subscription or "" for s in route.specs],
                              placements, seq)
 
@@ -116,8 +116,9 @@ class Fanout:
         route = self.route(topic.name)
         await self.store.cancel_topic_scheduled(route.topic, route.specs, seqs)
 
-    def _place(self, route: _Route, message: NewMessage) -> list[Placement]:
-        """The copies of one message, per the subscriptions' rules."""
+    def placements(self, route: _Route, message: NewMessage) -> list[Placement]:
+        """The copies of one message, per the subscriptions' rules (also for a message
+        forwarded to the topic, busd.broker.forwarding)."""
         out: list[Placement] = []
         view: MessageView | None = None
         for i, rules in enumerate(route.rules):

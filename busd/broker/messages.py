@@ -102,6 +102,8 @@ def delivery_payload(message: StoredMessage, *, locked: bool = True,
         dead_letter_reason=message.dead_letter_reason,
         dead_letter_description=message.dead_letter_description,
         properties_patch=message.properties_patch,
+        enqueue_seq=message.enqueue_seq,
+        dead_letter_source=message.dead_letter_source,
     )
 
 

@@ -25,6 +25,7 @@ from proton import Delivery, Link, symbol
 
 from busd.amqp import codec, engine
 from busd.broker import transactions
+from busd.broker.forwarding import forward_target
 from busd.broker.links import (
     ConnectionScope,
     LinkEndpoint,
@@ -116,6 +117,9 @@ class QueueReceiverEndpoint(LinkEndpoint):
         # store wakes this link, so a flow that only tops up credit costs no store call.
         self._dry = False
         self._fetch_task: asyncio.Task | None = None
+        # The entity's messages are forwarded: its forwarder takes every one of them, and this
+        # link (attached, e.g. to peek) gets none (docs/design.md §2.15).
+        self._forwarded = forward_target(self.broker.catalog, entity) is not None
         self._settling = False
         self._settle_task: asyncio.Task | None = None
         self._settle_queue: list[tuple[Delivery, Settlement]] = []
@@ -150,6 +154,11 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     def pump(self) -> None:
         if self.detached or not self.ready:
+            return
+        if self._forwarded:
+            if self.link.drain_mode:
+                self.link.drained()
+                self.kick()
             return
         if self._fetching:
             self._again = True

@@ -152,6 +152,44 @@ class StoredMessage:
     dead_letter_reason: str | None = None
     dead_letter_description: str | None = None
     properties_patch: bytes | None = None  # opaque, from Settlement.properties_patch
+    # A forwarded message (docs/design.md §3.16): the number first given to it, at the entity
+    # it was first sent to; the entity whose dead-letter sub-queue it was forwarded from.
+    enqueue_seq: int | None = None
+    dead_letter_source: str | None = None
+    hops: int = 0  # how many times it was forwarded (forwarders only: Store.take_forwarding)
+
+
+@dataclass(slots=True)
+class ForwardDestination:
+    """Where a forwarder moves messages: a queue, or a topic with its subscriptions (as
+    Store.publish takes them), or neither when it does not exist. `record` is the
+    destination's catalog field (`<kind>:<path>`): a message moves only while it exists."""
+
+    record: str
+    queue: QueueSpec | None = None
+    topic: TopicSpec | None = None
+    subscriptions: list[QueueSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ForwardedMessage:
+    """A message a forwarder took (by its lock token), with what its destination needs to know
+    of it: session id and message id (read from the message), and for a topic the copies its
+    rules make (None: every subscription, unchanged)."""
+
+    token: bytes
+    seq: int
+    hops: int = 0
+    session_id: str | None = None
+    message_id: str | None = None
+    placements: list[Placement] | None = None
+
+
+class ForwardResult(enum.IntEnum):
+    MOVED = 0
+    DEAD_LETTERED = 1  # stayed at the source: moved to its dead-letter sub-queue
+    DEFERRED = 2  # stayed in the source's dead-letter sub-queue, deferred there
+    LOCK_LOST = -1  # the forwarder's lock ended first: left alone
 
 
 @dataclass(slots=True)
@@ -466,6 +504,26 @@ class Store(Protocol):
         'q' the queue's receivers, 'd' the dead-letter queue's). Returns whether it was waiting;
         when it was not, a wake-up may have been spent on it and is passed to another waiter
         if there is work."""
+
+    # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
+    async def take_forwarding(
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: list[bytes]
+    ) -> list[StoredMessage] | None:
+        """A forwarder takes up to `count` available messages of `entity` (peek-lock, each
+        for the entity's LockDuration under tokens[i]: pass the forwarder's lock duration),
+        holding the entity's forwarding lease until a call takes nothing. None when another
+        forwarder holds the lease. Taking nothing, or None, registers `forwarder` as a waiter
+        of the entity in the same step."""
+
+    async def forward(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], *, hop_limit: int,
+    ) -> list[ForwardResult]:
+        """Move taken messages to the destination, each as a new message there, in one step
+        (one script; NOT_IMPLEMENTED on a Redis Cluster, where one script reaches one
+        entity's slot). A message with `hop_limit`
+        hops already, or whose destination does not exist, stays at the source
+        (dead-lettered; in a dead-letter sub-queue, deferred)."""
 
     # --- housekeeping ---------------------------------------------------------------------
     async def sweep(self, queue: QueueSpec) -> SweepResult:

@@ -70,6 +70,11 @@ KEY_DOC: dict[str, str] = {
     "these, so a subscription deleted while a process still routes to it gets nothing",
     "tstats": "hash: <event> -> count; monotonic totals of the topic: sent, duplicates, "
     "dropped (matched no subscription)",
+    # queue-wide, after `stats`: auto-forwarding (docs/design.md §3.16)
+    "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
+    "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends; "
+    "'i:<source>:<seq>' -> ms a message forwarded into this entity arrived (on a Redis "
+    "Cluster only, where the move is not one script: makes a repeated enqueue a no-op)",
 }
 
 QUEUE_WIDE = (
@@ -83,13 +88,13 @@ QUEUE_ENTITY = (
 DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall", "waiters")
 
 # The full key set, in the order of includes/queueContext.lua: scripts that move messages
-# between states (and so may dead-letter, expire or wake sessions) take all of it. `stats`
-# comes last so that the other keys keep their places.
+# between states (and so may dead-letter, expire or wake sessions) take all of it. Keys added
+# later come last (`stats`, `fwd`) so that the other keys keep their places.
 QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats",)
+    + ("stats", "fwd")
 )
 
 

@@ -25,6 +25,9 @@ from busd.storage.api import (
     WAKE_ALL,
     CatalogCallback,
     EntityCounts,
+    ForwardDestination,
+    ForwardedMessage,
+    ForwardResult,
     MessageState,
     NewMessage,
     Placement,
@@ -97,6 +100,8 @@ _STATES = tuple(MessageState)  # by value: indexing is cheaper than an enum look
 
 
 def _message(row: list[Any]) -> StoredMessage:
+    if len(row) != 12:
+        return _forwarded_message(row)
     seq, blob, dc, enq, sid, token, locked_until, expires, state, reason, desc, patch = row
     return StoredMessage(
         seq=seq,
@@ -112,6 +117,17 @@ def _message(row: list[Any]) -> StoredMessage:
         dead_letter_description=_text(desc),
         properties_patch=patch,
     )
+
+
+def _forwarded_message(row: list[Any]) -> StoredMessage:
+    """A row with what forwarding recorded (lua/includes/deliveryRow.lua), and from a
+    forwarder's take (lua/forwardTake.lua) the hop count."""
+    message = _message(row[:12])
+    message.enqueue_seq = row[12] or None
+    message.dead_letter_source = _text(row[13]) or None
+    if len(row) > 14:
+        message.hops = row[14]
+    return message
 
 
 def _effective_ttl(queue: QueueSpec | TopicSpec, message: NewMessage) -> int | None:
@@ -749,6 +765,65 @@ class RedisStore:
         if seqs:
             _check(await self._run_queue("cancelScheduled", queue, *seqs))
 
+    # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
+    async def take_forwarding(
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: list[bytes]
+    ) -> list[StoredMessage] | None:
+        if count <= 0:
+            return []
+        if len(tokens) < count:
+            raise ValueError("a forwarder takes one token per message")
+        reply = await self._run_queue("forwardTake", entity, _entity(entity), forwarder, count,
+                                      _token_string(tokens[:count]))
+        if reply[0] != 0:
+            return None
+        return [_message(r) for r in reply[1:]]
+
+    async def forward(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], *, hop_limit: int,
+    ) -> list[ForwardResult]:
+        if not messages:
+            return []
+        _check_session_ids(m.session_id for m in messages)
+        if not self.cross_slot_transactions:
+            raise BusdError(Condition.NOT_IMPLEMENTED,
+                            "Auto-forwarding is not built for a Redis Cluster yet.")
+        assert self._scripts is not None
+        keys = list(self._keys_for("forwardMessages", entity))
+        keys.append(keyspace.catalog_key(self.prefix).encode())
+        args: list[Any] = self._queue_args(entity) + [
+            _entity(entity), destination.record, hop_limit]
+        if destination.queue is not None:
+            queue = destination.queue
+            entity_name, subscription = queue.key_scope
+            keys += [k.encode() for k in keyspace.keys(self.prefix, entity_name,
+                                                        keyspace.QUEUE_KEYS, subscription)]
+            args += ["q", *self._queue_args(queue), queue.duplicate_detection_window_ms or 0,
+                     1 if queue.requires_session else 0, _opt(queue.default_ttl_ms)]
+        elif destination.topic is not None:
+            topic, subs = destination.topic, destination.subscriptions
+            names = tuple(sub.subscription or "" for sub in subs)
+            keys += self._topic_keys("publishMessages", topic.name, names)
+            args += ["t", topic.name, len(subs)]
+            for sub, name in zip(subs, names):
+                args += self._queue_args(sub)
+                args[-6] = name  # the subscription's own name: what `subs` holds
+            args.append(topic.duplicate_detection_window_ms or 0)
+            for sub in subs:
+                args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        else:
+            args.append("")
+        for m in messages:
+            args += [m.token, _sid(m.session_id), _opt(m.message_id)]
+            args += _placement_args(m.placements)
+        await self._acquire()
+        try:
+            reply = await self._scripts.run("forwardMessages", keys, args)
+        finally:
+            self._slots.release()
+        return [ForwardResult(r) for r in reply]
+
     # --- housekeeping ---------------------------------------------------------------------
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
         return bool(await self._run_queue("stopWaiting", queue, waiters, waiter))
@@ -877,6 +952,19 @@ def _placement_fields(c: Placement) -> list[Any]:
              | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
     reason, description = c.dead_letter or ("", "")
     return [flags, _opt(c.blob), _sid(c.session_id), _opt(c.ttl_ms), reason, description]
+
+
+def _placement_args(copies: list[Placement] | None) -> list[Any]:
+    """A message's placements as lua/includes/fanOutMessage.lua takes them: their number (-1:
+    every subscription, unchanged), then the subscription and fields of each."""
+    if copies is None:
+        return [-1]
+    args: list[Any] = [len(copies)]
+    for c in copies:
+        if c.own_session_id:
+            _check_session_ids([c.session_id])
+        args += [c.subscription + 1, *_placement_fields(c)]
+    return args
 
 
 def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:

@@ -235,3 +235,24 @@ async def test_a_transaction_keeps_to_one_slot_on_a_cluster(routed_store):
     first = Transaction(scope, b"y" * 16, None)  # type: ignore[arg-type]
     assert first._admit(StagedSend(other, NewMessage(b"m"))) is None
     assert first._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is not None
+
+
+async def test_a_forwarders_take_runs_in_cluster_mode_and_its_move_is_refused(
+        cluster_url, tokens):
+    from busd.errors import BusdError, Condition
+    from busd.storage.api import ForwardDestination, ForwardedMessage
+
+    s = RedisStore(cluster_url.replace("redis://", "redis+cluster://", 1), prefix="cluster-fwd")
+    await s.connect()
+    try:
+        src, dst = QueueSpec("fwd-src"), QueueSpec("fwd-dst")
+        await s.send(src, [NewMessage(b"x")])
+        (taken,) = await s.take_forwarding(src, "p:1", 5, tokens(5))
+        assert await s.take_forwarding(src, "p:2", 5, tokens(5)) is None  # the lease
+        with pytest.raises(BusdError) as refused:
+            await s.forward(src, ForwardDestination("queue:fwd-dst", queue=dst),
+                            [ForwardedMessage(taken.lock_token, taken.seq)], hop_limit=4)
+        assert refused.value.condition == Condition.NOT_IMPLEMENTED
+        assert [m.blob for m in await s.peek(src, 0, 5)] == [b"x"]  # it stays
+    finally:
+        await s.close()

@@ -1,5 +1,5 @@
 --- @include "nowMs"
--- One queue's context: its keys (KEYS[kb+1 .. kb+33], the order of busd/storage/keys.py
+-- One queue's context: its keys (KEYS[kb+1 .. kb+34], the order of busd/storage/keys.py
 -- QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
 -- parameters every state-moving script takes first (ARGV[ab+1 .. ab+6]). The offsets let one
 -- script hold several queue contexts side by side; a script with one passes 0, 0.
@@ -24,7 +24,7 @@ local function queueContext(kb, ab)
     d = { dlq = true, body = KEYS[kb + 24], meta = KEYS[kb + 25], all = KEYS[kb + 26],
           ready = KEYS[kb + 27], locked = KEYS[kb + 28], tokens = KEYS[kb + 29],
           deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
-    stats = KEYS[kb + 33],
+    stats = KEYS[kb + 33], fwd = KEYS[kb + 34],
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
     maxDc = tonumber(ARGV[ab + 4]), dlOnExp = ARGV[ab + 5] == '1',
     budget = tonumber(ARGV[ab + 6]),

@@ -1,0 +1,265 @@
+"""Auto-forwarding through the official azure-servicebus SDK: ForwardTo and
+ForwardDeadLetteredMessagesTo on queues and subscriptions, set in the entities file or at run
+time with ServiceBusAdministrationClient (absolute URLs, as the SDK sends them); the
+NServiceBus topology; chains, hop limit, refusals; two busd processes forwarding one queue."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from azure.core.exceptions import HttpResponseError
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.management import (
+    CorrelationRuleFilter,
+    FalseRuleFilter,
+    ServiceBusAdministrationClient,
+)
+
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues has been "
+                    "exceeded. This value is set to 4.")
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([queue("file-in", ForwardTo="file-out"), queue("file-out")])
+
+
+@pytest.fixture(scope="module")
+def admin(busd):
+    with ServiceBusAdministrationClient.from_connection_string(
+            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        yield client
+
+
+@pytest.fixture
+def client(busd):
+    with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
+        yield sb
+
+
+def _name(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def _url(busd, name: str) -> str:
+    return f"sb://localhost:{busd.port}/{name}"
+
+
+def drain_queue(client, name: str, count: int, **kwargs) -> list:
+    with client.get_queue_receiver(name, max_wait_time=2, **kwargs) as rx:
+        got = receive(rx, count, wait=2, patience=10)
+        for m in got:
+            rx.complete_message(m)
+        return got
+
+
+def peek_all(client, name: str, **kwargs) -> list:
+    with client.get_queue_receiver(name, **kwargs) as rx:
+        return rx.peek_messages(max_message_count=100)
+
+
+def test_entities_file_forwarding_moves_each_message_as_a_new_one(client):
+    with client.get_queue_sender("file-in") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id{i}",
+                                                application_properties={"k": i})
+                              for i in range(3)])
+    got = drain_queue(client, "file-out", 3)
+    assert [(str(m), m.message_id, m.application_properties[b"k"]) for m in got] == [
+        (f"m{i}", f"id{i}", i) for i in range(3)]
+    # new numbers at the destination; the source's first numbers carried along
+    assert [m.enqueued_sequence_number for m in got] == [1, 2, 3]
+    assert all(m.delivery_count == 0 for m in got)
+    assert peek_all(client, "file-in") == []
+
+
+def test_a_receiver_on_a_forwarding_source_gets_nothing(client):
+    with client.get_queue_receiver("file-in", max_wait_time=1) as rx:
+        with client.get_queue_sender("file-in") as sender:
+            sender.send_messages(ServiceBusMessage("for the forwarder"))
+        assert rx.receive_messages(max_wait_time=1) == []
+    (got,) = drain_queue(client, "file-out", 1)
+    assert str(got) == "for the forwarder"
+
+
+def test_nservicebus_subscription_forwards_what_its_rules_take(busd, admin, client):
+    bundle, endpoint = _name("bundle"), _name("endpoint")
+    admin.create_topic(bundle)
+    admin.create_queue(endpoint)
+    admin.create_subscription(bundle, endpoint, forward_to=_url(busd, endpoint),
+                              lock_duration="PT5M", max_delivery_count=2_147_483_647,
+                              dead_lettering_on_filter_evaluation_exceptions=False)
+    admin.create_subscription(bundle, "audit")  # sees the topic's numbers
+    admin.delete_rule(bundle, endpoint, "$Default")
+    admin.create_rule(bundle, endpoint, "$default", filter=FalseRuleFilter())
+    admin.create_rule(bundle, endpoint, "my-event", filter=CorrelationRuleFilter(
+        properties={"NServiceBus.EnclosedMessageTypes": "MyEvent"}))
+    assert admin.get_subscription(bundle, endpoint).forward_to.endswith(endpoint)
+    with client.get_topic_sender(bundle) as sender:
+        for i, kind in enumerate(["Other", "MyEvent", "Other", "MyEvent"]):
+            sender.send_messages(ServiceBusMessage(
+                f"e{i}", application_properties={"NServiceBus.EnclosedMessageTypes": kind}))
+    with client.get_subscription_receiver(bundle, "audit", max_wait_time=2) as rx:
+        topic_seq = {str(m): m.sequence_number for m in receive(rx, 4)}
+    got = drain_queue(client, endpoint, 2)
+    with client.get_queue_receiver(endpoint) as rx:
+        assert rx.receive_messages(max_wait_time=0.5) == []
+    assert [str(m) for m in got] == ["e1", "e3"]
+    assert [m.sequence_number for m in got] == [1, 2]  # the endpoint queue's own numbers
+    assert [m.enqueued_sequence_number for m in got] == [topic_seq["e1"], topic_seq["e3"]]
+    assert topic_seq["e3"] > 2
+
+
+def test_a_chain_of_queue_queue_topic(busd, admin, client):
+    q1, q2, t = _name("c1"), _name("c2"), _name("ct")
+    admin.create_topic(t)
+    admin.create_subscription(t, "s")
+    admin.create_queue(q2, forward_to=_url(busd, t))
+    admin.create_queue(q1, forward_to=_url(busd, q2))
+    with client.get_queue_sender(q1) as sender:
+        sender.send_messages([ServiceBusMessage(f"x{i}", session_id="ignored") for i in range(5)])
+    with client.get_subscription_receiver(t, "s", max_wait_time=2) as rx:
+        got = receive(rx, 5)
+        for m in got:
+            rx.complete_message(m)
+    assert [str(m) for m in got] == [f"x{i}" for i in range(5)]  # in the order received
+    assert [m.enqueued_sequence_number for m in got] == [1, 2, 3, 4, 5]
+    assert [m.session_id for m in got] == ["ignored"] * 5  # the message's group-id, unchanged
+
+
+def test_dead_letters_are_forwarded_with_their_source_and_reason(busd, admin, client):
+    src, sink = _name("dsrc"), _name("dsink")
+    admin.create_queue(sink)
+    admin.create_queue(src, max_delivery_count=2,
+                       forward_dead_lettered_messages_to=_url(busd, sink))
+    with client.get_queue_sender(src) as sender:
+        sender.send_messages([ServiceBusMessage("explicit"), ServiceBusMessage("poison")])
+    with client.get_queue_receiver(src, max_wait_time=2) as rx:
+        first, second = receive(rx, 2)
+        rx.dead_letter_message(first, reason="bad", error_description="why")
+        rx.abandon_message(second)
+        (again,) = receive(rx, 1)
+        rx.abandon_message(again)  # the second failed delivery: MaxDeliveryCountExceeded
+    got = {str(m): m for m in drain_queue(client, sink, 2)}
+    assert set(got) == {"explicit", "poison"}
+    assert got["explicit"].dead_letter_source == src
+    assert (got["explicit"].dead_letter_reason,
+            got["explicit"].dead_letter_error_description) == ("bad", "why")
+    assert got["poison"].dead_letter_source == src
+    assert got["poison"].dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert got["explicit"].enqueued_sequence_number == 1
+    assert peek_all(client, src, sub_queue=ServiceBusSubQueue.DEAD_LETTER) == []
+
+
+def test_a_cycle_stops_after_four_hops(busd, admin, client):
+    a, b = _name("ca"), _name("cb")
+    admin.create_queue(a)
+    admin.create_queue(b, forward_to=_url(busd, a))
+    found = admin.get_queue(a)
+    found.forward_to = _url(busd, b)
+    admin.update_queue(found)
+    with client.get_queue_sender(a) as sender:
+        sender.send_messages(ServiceBusMessage("loop"))
+    # a -> b -> a -> b -> a: four hops; the fifth is refused where the message sits
+    (dead,) = drain_queue(client, a, 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert str(dead) == "loop"
+    assert dead.dead_letter_reason == "MaxTransferHopCountExceeded"
+    assert dead.dead_letter_error_description == HOPS_DESCRIPTION
+    assert dead.enqueued_sequence_number == 1
+    assert peek_all(client, b) == []
+
+
+def test_a_six_entity_chain_ends_in_the_fifth_entitys_dead_letters(busd, admin, client):
+    names = [_name(f"h{i}") for i in range(6)]
+    admin.create_queue(names[-1])
+    for i in range(4, -1, -1):
+        admin.create_queue(names[i], forward_to=_url(busd, names[i + 1]))
+    with client.get_queue_sender(names[0]) as sender:
+        sender.send_messages(ServiceBusMessage("far"))
+    (dead,) = drain_queue(client, names[4], 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert dead.dead_letter_reason == "MaxTransferHopCountExceeded"
+    assert peek_all(client, names[5]) == []
+
+
+def test_a_dead_letter_cycle_does_not_loop(busd, admin, client):
+    a, b = _name("da"), _name("db")
+    admin.create_queue(a)
+    admin.create_queue(b, forward_to=_url(busd, a), forward_dead_lettered_messages_to=_url(busd, a))
+    found = admin.get_queue(a)
+    found.forward_to = found.forward_dead_lettered_messages_to = _url(busd, b)
+    admin.update_queue(found)
+    with client.get_queue_sender(a) as sender:
+        sender.send_messages(ServiceBusMessage("stuck"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        parked = peek_all(client, a, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+        if parked:
+            break
+        time.sleep(0.1)
+    # it stays in a's dead letters (deferred: its forwarder does not take it again)
+    (parked,) = parked
+    assert parked.dead_letter_reason == "MaxTransferHopCountExceeded"
+    time.sleep(0.5)
+    (still,) = peek_all(client, a, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert still.sequence_number == parked.sequence_number
+    assert peek_all(client, b) == [] and peek_all(client, b,
+                                                  sub_queue=ServiceBusSubQueue.DEAD_LETTER) == []
+    counts = admin.get_queue_runtime_properties(a)
+    assert counts.dead_letter_message_count == 1
+
+
+def test_a_deleted_destination_sends_messages_to_the_sources_dead_letters(busd, admin, client):
+    src, dst = _name("gsrc"), _name("gdst")
+    admin.create_queue(dst)
+    admin.create_queue(src, forward_to=_url(busd, dst))
+    admin.delete_queue(dst)
+    with client.get_queue_sender(src) as sender:
+        sender.send_messages(ServiceBusMessage("orphan"))
+    (dead,) = drain_queue(client, src, 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert str(dead) == "orphan" and dead.dead_letter_reason == "MessagingEntityNotFound"
+
+
+def test_forwarding_to_what_does_not_exist_or_from_a_session_queue_is_refused(busd, admin):
+    missing = _url(busd, _name("missing"))
+    with pytest.raises(HttpResponseError) as refused:
+        admin.create_queue(_name("bad"), forward_to=missing)
+    assert refused.value.status_code == 400 and "is not a queue or topic" in str(refused.value)
+    ok = _name("ok")
+    admin.create_queue(ok)
+    found = admin.get_queue(ok)
+    found.forward_dead_lettered_messages_to = missing
+    with pytest.raises(HttpResponseError) as refused:
+        admin.update_queue(found)
+    assert refused.value.status_code == 400
+    with pytest.raises(HttpResponseError) as refused:
+        admin.create_queue(_name("sq"), requires_session=True, forward_to=_url(busd, ok))
+    assert refused.value.status_code == 400 and "session" in str(refused.value)
+    admin.create_topic(topic := _name("st"))
+    with pytest.raises(HttpResponseError) as refused:
+        admin.create_subscription(topic, "s", requires_session=True, forward_to=_url(busd, ok))
+    assert refused.value.status_code == 400
+    assert admin.get_queue(ok).forward_dead_lettered_messages_to is None
+
+
+def test_two_processes_forward_one_queue_in_order_exactly_once(busd_factory):
+    entities = [queue("two-in", ForwardTo="two-out"), queue("two-out")]
+    first = busd_factory(entities, prefix=(prefix := f"e2e-{uuid.uuid4().hex[:10]}"))
+    busd_factory(entities, prefix=prefix)
+    n = 600
+    with ServiceBusClient.from_connection_string(first.connection_string) as client:
+        with client.get_queue_sender("two-in") as sender:
+            for start in range(0, n, 50):
+                sender.send_messages([ServiceBusMessage(str(i), message_id=str(i))
+                                      for i in range(start, start + 50)])
+        with client.get_queue_receiver("two-out", max_wait_time=2, prefetch_count=100) as rx:
+            got = receive(rx, n, wait=2, patience=20)
+            for m in got:
+                rx.complete_message(m)
+            got += rx.receive_messages(max_wait_time=1)
+    assert [str(m) for m in got] == [str(i) for i in range(n)]
+    assert [m.enqueued_sequence_number for m in got] == list(range(1, n + 1))
