@@ -180,10 +180,13 @@ def test_wrong_key_is_refused(busd):
                 sender.send_messages(ServiceBusMessage("nope"))
 
 
-def test_unknown_queue_fails_the_put_token_as_in_service_bus(client):
+def test_unknown_queue_fails_the_put_token_as_in_service_bus(busd):
     # The token for a missing entity is answered 404 (docs/wire.md §3.4); the SDK raises
     # MessagingEntityNotFoundError only with a namespace-wide token (tests/e2e/test_rights.py).
-    with pytest.raises(ServiceBusAuthenticationError) as caught:
+    # No retries: the SDK would ask again three times with back-off before raising.
+    with pytest.raises(ServiceBusAuthenticationError) as caught, \
+            ServiceBusClient.from_connection_string(busd.connection_string,
+                                                    retry_total=0) as client:
         with client.get_queue_sender("no-such-queue") as sender:
             sender.send_messages(ServiceBusMessage("nope"))
     assert caught.value.inner_exception.status_code == 404
