@@ -447,12 +447,22 @@ class RedisStore:
         assert self._client is not None
         name = catalog_field(kind, path)
         value = json.dumps(record, separators=(",", ":"), sort_keys=True)
+        key, channel = keyspace.catalog_key(self.prefix), keyspace.catalog_channel(self.prefix)
+        if not self.cross_slot_transactions:
+            # A cluster client refuses PUBLISH in a pipeline: the record first, then its
+            # announcement (a process that misses one reloads all when it subscribes again).
+            if only_new:
+                written = await self._client.hsetnx(key, name, value)
+            else:
+                written = await self._client.hset(key, name, value)
+            await self._client.publish(channel, name)
+            return bool(written) or not only_new
         async with self._client.pipeline(transaction=True) as pipe:
             if only_new:
-                pipe.hsetnx(keyspace.catalog_key(self.prefix), name, value)
+                pipe.hsetnx(key, name, value)
             else:
-                pipe.hset(keyspace.catalog_key(self.prefix), name, value)
-            pipe.publish(keyspace.catalog_channel(self.prefix), name)
+                pipe.hset(key, name, value)
+            pipe.publish(channel, name)
             written, _ = await pipe.execute()
         return bool(written) or not only_new
 
@@ -461,6 +471,11 @@ class RedisStore:
         if not items:
             return 0
         names = [catalog_field(kind, path) for kind, path in items]
+        if not self.cross_slot_transactions:  # as in catalog_put
+            deleted = await self._client.hdel(keyspace.catalog_key(self.prefix), *names)
+            for name in names:
+                await self._client.publish(keyspace.catalog_channel(self.prefix), name)
+            return int(deleted)
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hdel(keyspace.catalog_key(self.prefix), *names)
             for name in names:

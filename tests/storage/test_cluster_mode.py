@@ -256,3 +256,19 @@ async def test_a_forwarders_take_runs_in_cluster_mode_and_its_move_is_refused(
         assert [m.blob for m in await s.peek(src, 0, 5)] == [b"x"]  # it stays
     finally:
         await s.close()
+
+
+async def test_the_catalog_is_written_and_announced_on_a_cluster(routed_store):
+    s = routed_store
+    heard: list[str | None] = []
+    await s.catalog_subscribe(heard.append)
+    await asyncio.sleep(0.1)  # subscribed
+    assert await s.catalog_put("queue", "cq", {"name": "cq"}, only_new=True)
+    assert not await s.catalog_put("queue", "cq", {"name": "other"}, only_new=True)
+    assert await s.catalog_get("queue", "cq") == {"name": "cq"}
+    assert await s.catalog_delete([("queue", "cq")]) == 1
+    for _ in range(100):
+        if heard.count("queue:cq") == 3:
+            break
+        await asyncio.sleep(0.02)
+    assert heard.count("queue:cq") == 3 and await s.catalog_all() == {}
