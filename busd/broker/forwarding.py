@@ -75,7 +75,6 @@ class Forwarding:
         self._forwarders: dict[str, Forwarder] = {}  # entity path -> its forwarder
         self._running = False
         self._stopping: set[asyncio.Task[None]] = set()  # forwarders of entities that stopped
-        self._warned: set[str] = set()
         catalog.listen(lambda old, new: self._sync())
 
     def start(self) -> None:
@@ -103,13 +102,6 @@ class Forwarding:
                 task = asyncio.get_running_loop().create_task(self._forwarders.pop(path).stop())
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
-        if wanted and not self.store.cross_slot_transactions:
-            # the move is one script over two entities' keys: not on a Redis Cluster yet
-            for path in wanted.keys() - self._warned:
-                log.warning("%s forwards to %s, but auto-forwarding is not built for a Redis "
-                            "Cluster yet: its messages stay", path, wanted[path][1])
-            self._warned |= wanted.keys()
-            return
         for path, (entity, target) in wanted.items():
             found = self._forwarders.get(path)
             if found is None:
@@ -206,7 +198,7 @@ class Forwarder:
                 session_id = view.sys("SessionId")
             message_id = view.sys("MessageId")
             moved = ForwardedMessage(token=m.lock_token or b"", seq=m.seq, hops=m.hops,
-                                     session_id=session_id, message_id=message_id)
+                                     session_id=session_id, message_id=message_id, message=m)
             if route is not None:
                 moved.placements = owner.fanout.placements(
                     route, NewMessage(m.blob, session_id=session_id, message_id=message_id))

@@ -175,7 +175,8 @@ class ForwardDestination:
 class ForwardedMessage:
     """A message a forwarder took (by its lock token), with what its destination needs to know
     of it: session id and message id (read from the message), and for a topic the copies its
-    rules make (None: every subscription, unchanged)."""
+    rules make (None: every subscription, unchanged). `message`: as it was taken (where the
+    move is not one script, the store carries it over itself)."""
 
     token: bytes
     seq: int
@@ -183,6 +184,7 @@ class ForwardedMessage:
     session_id: str | None = None
     message_id: str | None = None
     placements: list[Placement] | None = None
+    message: StoredMessage | None = None
 
 
 class ForwardResult(enum.IntEnum):
@@ -519,9 +521,10 @@ class Store(Protocol):
         self, entity: QueueSpec, destination: ForwardDestination,
         messages: list[ForwardedMessage], *, hop_limit: int,
     ) -> list[ForwardResult]:
-        """Move taken messages to the destination, each as a new message there, in one step
-        (one script; NOT_IMPLEMENTED on a Redis Cluster, where one script reaches one
-        entity's slot). A message with `hop_limit`
+        """Move taken messages to the destination, each as a new message there, never lost
+        nor duplicated: in one script on a single server; on a Redis Cluster, where one script
+        reaches one entity's slot, by an enqueue at the destination that a repeat makes a
+        no-op, then the removal at the source. A message with `hop_limit`
         hops already, or whose destination does not exist, stays at the source
         (dead-lettered; in a dead-letter sub-queue, deferred)."""
 

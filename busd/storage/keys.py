@@ -29,7 +29,9 @@ from __future__ import annotations
 KEY_DOC: dict[str, str] = {
     # queue-wide
     "seq": "string: last sequence number given out (queue and dead-letter queue share it)",
-    "dedup": "zset: message-id -> ms first seen (duplicate detection)",
+    "dedup": "zset: message-id -> ms first seen (duplicate detection); on a Redis Cluster also "
+    "'\\0fwd:<source>:<seq>:<enqueued ms>' -> ms a day ahead, a message being forwarded into "
+    "the entity (lua/forwardEnqueue.lua)",
     "sfree": "zset: session id -> seq of its oldest available message; sessions with "
     "available messages and no holder (next-available acceptance picks the lowest)",
     "sholder": "hash: session id -> holder of its lock",
@@ -72,9 +74,7 @@ KEY_DOC: dict[str, str] = {
     "dropped (matched no subscription)",
     # queue-wide, after `stats`: auto-forwarding (docs/design.md §3.16)
     "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
-    "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends; "
-    "'i:<source>:<seq>' -> ms a message forwarded into this entity arrived (on a Redis "
-    "Cluster only, where the move is not one script: makes a repeated enqueue a no-op)",
+    "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends",
 }
 
 QUEUE_WIDE = (

@@ -78,6 +78,14 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Why a message that cannot be forwarded stays at its source (lua/forwardMessages.lua keeps
+# the same words for a single server's move).
+FORWARD_HOPS_REASON = "MaxTransferHopCountExceeded"
+FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues "
+                            "has been exceeded. This value is set to 4.")
+FORWARD_GONE_REASON = "MessagingEntityNotFound"
+
+
 # Service Bus takes "" for a session id, but the scripts read '' as "no session": the store
 # keeps the empty id as NUL, which no other id contains (_check_session_ids).
 _EMPTY_SESSION = "\0"
@@ -802,8 +810,7 @@ class RedisStore:
             return []
         _check_session_ids(m.session_id for m in messages)
         if not self.cross_slot_transactions:
-            raise BusdError(Condition.NOT_IMPLEMENTED,
-                            "Auto-forwarding is not built for a Redis Cluster yet.")
+            return await self._forward_in_steps(entity, destination, messages, hop_limit)
         assert self._scripts is not None
         keys = list(self._keys_for("forwardMessages", entity))
         keys.append(keyspace.catalog_key(self.prefix).encode())
@@ -838,6 +845,82 @@ class RedisStore:
         finally:
             self._slots.release()
         return [ForwardResult(r) for r in reply]
+
+    async def _forward_in_steps(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], hop_limit: int,
+    ) -> list[ForwardResult]:
+        """A move on a Redis Cluster: enqueue at the destination, recorded there so that a
+        repeat is a no-op (lua/forwardEnqueue.lua, lua/forwardPublish.lua); delete at the
+        source (lua/forwardSettle.lua); then forget the records of what the source deleted.
+        A forwarder that dies in between leaves its messages locked at the source: they come
+        back and move again, and the destination's records keep them from arriving twice."""
+        gone = destination.queue is None and destination.topic is None
+        settle: list[Any] = []
+        moving: list[ForwardedMessage] = []
+        at: list[int] = []  # the index of each moving message among `messages`
+        for i, m in enumerate(messages):
+            if gone:
+                name = destination.record.partition(":")[2]
+                settle += [m.token, FORWARD_GONE_REASON,
+                           f"The forwarding destination '{name}' does not exist."]
+            elif m.hops >= hop_limit:
+                settle += [m.token, FORWARD_HOPS_REASON, FORWARD_HOPS_DESCRIPTION]
+            else:
+                moving.append(m)
+                at.append(i)
+                settle += [m.token, "", ""]
+        records = [self._forward_record(entity, m) for m in moving]
+        if moving:
+            await self._forward_enqueue(entity, destination, moving, records, [])
+        results = [ForwardResult(r) for r in await self._run_queue(
+            "forwardSettle", entity, _entity(entity), *settle)]
+        done = [record for record, i in zip(records, at) if results[i] == ForwardResult.MOVED]
+        if done:
+            await self._forward_enqueue(entity, destination, [], [], done)
+        return results
+
+    @staticmethod
+    def _forward_record(entity: QueueSpec, m: ForwardedMessage) -> str:
+        """What names a forwarded message at its destination: its source, number and
+        enqueued time there (a source deleted and created again reuses numbers)."""
+        taken = m.message
+        assert taken is not None, "on a Redis Cluster a move carries the message it moves"
+        return f"\0fwd:{entity.path}:{taken.seq}:{taken.enqueued_ms}"
+
+    async def _forward_enqueue(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        moving: list[ForwardedMessage], records: list[str], forget: list[str],
+    ) -> None:
+        per_message: list[Any] = []
+        for m, record in zip(moving, records):
+            taken = m.message
+            assert taken is not None
+            ttl = None if taken.expires_ms is None else taken.expires_ms - taken.enqueued_ms
+            dead = entity.dlq
+            per_message += [
+                record, taken.blob, _sid(m.session_id), _opt(m.message_id),
+                taken.enqueue_seq or taken.seq, m.hops + 1, entity.name if dead else "",
+                _opt(taken.dead_letter_reason if dead else None),
+                _opt(taken.dead_letter_description if dead else None),
+                _opt(taken.properties_patch), _opt(ttl),
+            ]
+            if destination.topic is not None:
+                per_message += _placement_args(m.placements)
+        if destination.queue is not None:
+            queue = destination.queue
+            await self._run_queue(
+                "forwardEnqueue", queue, queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0, _opt(queue.default_ttl_ms),
+                len(forget), *forget, *per_message)
+            return
+        assert destination.topic is not None
+        topic, subs = destination.topic, destination.subscriptions
+        args: list[Any] = [topic.duplicate_detection_window_ms or 0]
+        for sub in subs:
+            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        args += [len(forget), *forget, *per_message]
+        await self._run_topic("forwardPublish", topic.name, subs, args)
 
     # --- housekeeping ---------------------------------------------------------------------
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:

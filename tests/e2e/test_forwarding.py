@@ -17,7 +17,8 @@ from azure.servicebus.management import (
     ServiceBusAdministrationClient,
 )
 
-from tests.e2e.conftest import queue, receive
+from tests.conftest import start_valkey_cluster
+from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -263,3 +264,33 @@ def test_two_processes_forward_one_queue_in_order_exactly_once(busd_factory):
             got += rx.receive_messages(max_wait_time=1)
     assert [str(m) for m in got] == [str(i) for i in range(n)]
     assert [m.enqueued_sequence_number for m in got] == list(range(1, n + 1))
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory):
+    """A one-node Valkey cluster: every entity in a slot of its own tag."""
+    server = start_valkey_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield server.connection_url + "?cluster=true"
+    finally:
+        server.stop()
+
+
+def test_forwarding_over_a_redis_cluster(tmp_path, cluster_url):
+    config = write_config(tmp_path / "Config.json",
+                          [queue("k-in", ForwardTo="k-mid"), queue("k-mid", ForwardTo="k-t")],
+                          [topic("k-t", [subscription("s")])])
+    busd = launch_busd(cluster_url, config, tmp_path)
+    try:
+        with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+            with client.get_queue_sender("k-in") as sender:
+                sender.send_messages([ServiceBusMessage(str(i)) for i in range(50)])
+            with client.get_subscription_receiver("k-t", "s", max_wait_time=2) as rx:
+                got = receive(rx, 50)
+                for m in got:
+                    rx.complete_message(m)
+                got += rx.receive_messages(max_wait_time=0.5)
+        assert [str(m) for m in got] == [str(i) for i in range(50)]
+        assert [m.enqueued_sequence_number for m in got] == list(range(1, 51))
+    finally:
+        busd.stop()

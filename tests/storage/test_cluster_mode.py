@@ -13,7 +13,7 @@ import redis
 
 from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
-from tests.conftest import start_valkey
+from tests.conftest import start_valkey_cluster
 
 PL = ReceiveMode.PEEK_LOCK
 
@@ -21,18 +21,8 @@ PL = ReceiveMode.PEEK_LOCK
 @pytest.fixture(scope="module")
 def cluster_url(tmp_path_factory) -> Iterator[str]:
     """A one-node Valkey cluster owning every slot."""
-    server = start_valkey(
-        data_dir=tmp_path_factory.mktemp("cluster"),
-        config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
-    )
+    server = start_valkey_cluster(tmp_path_factory.mktemp("cluster"))
     try:
-        client = redis.Redis.from_url(server.connection_url)
-        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-        deadline = time.monotonic() + 10
-        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
-            assert time.monotonic() < deadline, "cluster did not come up"
-            time.sleep(0.05)
-        client.close()
         yield server.connection_url
     finally:
         server.stop()
@@ -237,25 +227,57 @@ async def test_a_transaction_keeps_to_one_slot_on_a_cluster(routed_store):
     assert first._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is not None
 
 
-async def test_a_forwarders_take_runs_in_cluster_mode_and_its_move_is_refused(
-        cluster_url, tokens):
-    from busd.errors import BusdError, Condition
-    from busd.storage.api import ForwardDestination, ForwardedMessage
+async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_store, tokens):
+    """Source and destination live in different slots: the destination records what it took,
+    so a forwarder that dies between the two halves costs neither a message nor a copy."""
+    from busd.storage import keys as keyspace
+    from busd.storage.api import ForwardDestination, ForwardedMessage, ForwardResult
 
-    s = RedisStore(cluster_url.replace("redis://", "redis+cluster://", 1), prefix="cluster-fwd")
-    await s.connect()
-    try:
-        src, dst = QueueSpec("fwd-src"), QueueSpec("fwd-dst")
-        await s.send(src, [NewMessage(b"x")])
-        (taken,) = await s.take_forwarding(src, "p:1", 5, tokens(5))
-        assert await s.take_forwarding(src, "p:2", 5, tokens(5)) is None  # the lease
-        with pytest.raises(BusdError) as refused:
-            await s.forward(src, ForwardDestination("queue:fwd-dst", queue=dst),
-                            [ForwardedMessage(taken.lock_token, taken.seq)], hop_limit=4)
-        assert refused.value.condition == Condition.NOT_IMPLEMENTED
-        assert [m.blob for m in await s.peek(src, 0, 5)] == [b"x"]  # it stays
-    finally:
-        await s.close()
+    s = routed_store
+    src, dst = QueueSpec("fwd-src", lock_duration_ms=300), QueueSpec("fwd-dst")
+    to_queue = ForwardDestination("queue:fwd-dst", queue=dst)
+
+    def moves(taken):
+        return [ForwardedMessage(m.lock_token, m.seq, m.hops, message=m) for m in taken]
+
+    await s.send(src, [NewMessage(b"a"), NewMessage(b"b")])
+    taken = await s.take_forwarding(src, "dead:1", 5, tokens(5))
+    assert await s.take_forwarding(src, "live:1", 5, tokens(5)) is None  # the lease
+    # the first forwarder's process dies after the destination's half
+    first = moves(taken)
+    await s._forward_enqueue(src, to_queue, first,
+                             [s._forward_record(src, m) for m in first], [])
+    await asyncio.sleep(0.35)
+    await s.sweep(src)
+    again = await s.take_forwarding(src, "live:1", 5, tokens(5))
+    assert [m.blob for m in again] == [b"a", b"b"]
+    assert await s.forward(src, to_queue, moves(again), hop_limit=4) == [
+        ForwardResult.MOVED] * 2
+    got = await s.peek(dst, 0, 10)
+    assert [(m.blob, m.enqueue_seq) for m in got] == [(b"a", 1), (b"b", 2)]
+    assert await s.peek(src, 0, 10) == []
+    assert await s._client.zcard(keyspace.key("routed", "fwd-dst", "dedup")) == 0  # forgotten
+
+    # a topic: fanned out with the placements given; the hop limit and a gone destination
+    from busd.storage.api import Placement, TopicSpec, subscription_path
+
+    subs = [QueueSpec(subscription_path("fwd-t", n), topic="fwd-t") for n in ("x", "y")]
+    await s.open_subscriptions("fwd-t", ["x", "y"])
+    to_topic = ForwardDestination("topic:fwd-t", topic=TopicSpec("fwd-t"), subscriptions=subs)
+    await s.send(src, [NewMessage(b"c"), NewMessage(b"d"), NewMessage(b"e")])
+    c, d, e = await s.take_forwarding(src, "live:1", 5, tokens(5))
+    c_move, d_move, e_move = moves([c, d, e])
+    c_move.placements = [Placement(1)]
+    d_move.hops = 4
+    assert await s.forward(src, to_topic, [c_move, d_move], hop_limit=4) == [
+        ForwardResult.MOVED, ForwardResult.DEAD_LETTERED]
+    assert await s.peek(subs[0], 0, 10) == []
+    assert [(m.blob, m.enqueue_seq) for m in await s.peek(subs[1], 0, 10)] == [(b"c", 3)]
+    assert await s.forward(src, ForwardDestination("gone:fwd-x"), [e_move], hop_limit=4) == [
+        ForwardResult.DEAD_LETTERED]
+    dead = await s.peek(src.dead_letter_queue, 0, 10)
+    assert [(m.blob, m.dead_letter_reason) for m in dead] == [
+        (b"d", "MaxTransferHopCountExceeded"), (b"e", "MessagingEntityNotFound")]
 
 
 async def test_the_catalog_is_written_and_announced_on_a_cluster(routed_store):

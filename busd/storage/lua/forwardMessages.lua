@@ -3,7 +3,7 @@
   forwards to the destination queue or topic, each in one step: taken off the source and
   enqueued at the destination as a new message (docs/design.md §3.16). Used where one script
   reaches both entities (a single server); on a Redis Cluster the move is made of
-  forwardEnqueue and forwardSettle.
+  forwardEnqueue (or forwardPublish) and forwardSettle.
 
   A moved message gets the destination's next sequence number, the enqueued time of now,
   delivery count 0 and its time to live capped by the destination's default; it keeps its
@@ -62,14 +62,13 @@
 --- @include "topicContext"
 --- @include "topicSubscriptions"
 --- @include "fanOutMessage"
---- @include "enqueueMessage"
---- @include "placeDeadLetter"
+--- @include "placeCopy"
 --- @include "readMeta"
---- @include "deadLetter"
 --- @include "deleteMessage"
---- @include "unindexMessage"
---- @include "fileMessage"
+--- @include "keepForwarded"
+--- @include "seenMessageId"
 --- @include "countEvent"
+--- @include "countFanOut"
 --- @include "catalogKey"
 
 local HOPS_REASON = 'MaxTransferHopCountExceeded'
@@ -83,15 +82,14 @@ local limit = tonumber(ARGV[9])
 local kind = ARGV[10]
 local exists = redis.call('HEXISTS', catalogKey(34), ARGV[8]) == 1
 local D, T, subs, dedup
-local window, sessionQueue, maxTtl = 0, false, nil
+local window = 0
 local i = 11
 if kind == 'q' then
   D = queueContext(35, 10)
   D.now = Q.now
+  D.live, D.sessionQueue, D.maxTtl, D.sent = true, ARGV[18] == '1', tonumber(ARGV[19]), 0
   dedup = D.dedup
   window = tonumber(ARGV[17])
-  sessionQueue = ARGV[18] == '1'
-  maxTtl = tonumber(ARGV[19])
   i = 20
 elseif kind == 't' then
   T = topicContext(35, 10)
@@ -109,7 +107,7 @@ if not exists then kind = '' end
 if window > 0 then redis.call('ZREMRANGEBYSCORE', dedup, '-inf', Q.now - window) end
 
 local out = {}
-local moved, sent, duplicates, dropped = 0, 0, 0, 0
+local moved, duplicates, dropped = 0, 0, 0
 while i <= #ARGV do
   local token, sid, mid = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local np = tonumber(ARGV[i + 3])
@@ -131,43 +129,20 @@ while i <= #ARGV do
     elseif hop >= limit then
       reason, description = HOPS_REASON, HOPS_DESCRIPTION
     end
-    if reason and E.dlq then
-      unindexMessage(Q, E, seq, m)
-      m.st, m.dlr, m.dld = 'd', reason, description
-      fileMessage(Q, E, seq, m)
-      out[#out + 1] = 2
-    elseif reason then
-      deadLetter(Q, seq, m, reason, description)
-      out[#out + 1] = 1
+    if reason then
+      out[#out + 1] = keepForwarded(Q, E, seq, m, reason, description)
     else
       local blob = redis.call('HGET', E.body, seq)
       local extra = { fs = m.fs or seq, hop = hop + 1, pp = m.pp }
       if E.dlq then extra.dls, extra.dlr, extra.dld = Q.queue, m.dlr, m.dld end
       local ttl
       if m.exp then ttl = m.exp - m.enq end
-      local duplicate = false
-      if window > 0 and mid ~= '' then
-        if redis.call('ZSCORE', dedup, mid) then
-          duplicate = true
-        else
-          redis.call('ZADD', dedup, Q.now, mid)
-        end
-      end
-      if duplicate then
+      if seenMessageId(dedup, Q.now, window, mid) then
         duplicates = duplicates + 1
       elseif D then
-        if maxTtl and (not ttl or maxTtl < ttl) then ttl = maxTtl end
-        if sessionQueue and not sid then
-          placeDeadLetter(D, redis.call('INCR', D.seq), blob, nil, 'Session ID is null.',
-            "Session enabled entity doesn't allow a message whose session identifier is null.",
-            extra)
-        else
-          enqueueMessage(D, blob, sid, ttl, nil, sessionQueue, nil, extra)
-        end
-        sent = sent + 1
+        placeCopy(D, redis.call('INCR', D.seq), blob, sid, ttl, nil, extra)
       else
         local _, placed = fanOutMessage(T, subs, blob, sid, ttl, nil, np, first, extra)
-        sent = sent + 1
         if placed == 0 then dropped = dropped + 1 end
       end
       deleteMessage(Q, E, seq, m)
@@ -178,12 +153,9 @@ while i <= #ARGV do
 end
 countEvent(Q, E, 'forwarded', moved)
 if D then
-  countEvent(D, D.q, 'sent', sent)
+  countEvent(D, D.q, 'sent', D.sent)
   countEvent(D, D.q, 'duplicates', duplicates)
 elseif T then
-  for s = 1, #subs do countEvent(subs[s], subs[s].q, 'sent', subs[s].sent) end
-  if sent > 0 then redis.call('HINCRBY', T.tstats, 'sent', sent) end
-  if duplicates > 0 then redis.call('HINCRBY', T.tstats, 'duplicates', duplicates) end
-  if dropped > 0 then redis.call('HINCRBY', T.tstats, 'dropped', dropped) end
+  countFanOut(T, subs, moved - duplicates, duplicates, dropped)
 end
 return out

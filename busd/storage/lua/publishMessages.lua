@@ -46,7 +46,7 @@
 --- @include "topicContext"
 --- @include "topicSubscriptions"
 --- @include "fanOutMessage"
---- @include "countEvent"
+--- @include "countFanOut"
 
 local T = topicContext()
 local n = T.n
@@ -88,9 +88,5 @@ while i <= #ARGV do
     if placed == 0 then dropped = dropped + 1 end
   end
 end
-for s = 1, n do countEvent(subs[s], subs[s].q, 'sent', subs[s].sent) end
-local accepted = #out - duplicates
-if accepted > 0 then redis.call('HINCRBY', T.tstats, 'sent', accepted) end
-if duplicates > 0 then redis.call('HINCRBY', T.tstats, 'duplicates', duplicates) end
-if dropped > 0 then redis.call('HINCRBY', T.tstats, 'dropped', dropped) end
+countFanOut(T, subs, #out - duplicates, duplicates, dropped)
 return out
