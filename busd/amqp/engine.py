@@ -16,6 +16,7 @@ from cproton_ffi import ffi, lib
 from proton import Delivery
 
 PN_DELIVERY = lib.PN_DELIVERY
+PN_LINK_FLOW = lib.PN_LINK_FLOW
 ACCEPTED = lib.PN_ACCEPTED
 REJECTED = lib.PN_REJECTED
 RELEASED = lib.PN_RELEASED
@@ -26,6 +27,7 @@ collector_peek = lib.pn_collector_peek
 collector_pop = lib.pn_collector_pop
 event_type = lib.pn_event_type
 event_delivery = lib.pn_event_delivery
+event_link = lib.pn_event_link
 delivery_link = lib.pn_delivery_link
 readable = lib.pn_delivery_readable
 partial = lib.pn_delivery_partial

@@ -3,8 +3,9 @@
 Bytes in go to `Transport.push`, bytes out come from `Transport.peek/pop`, timers from
 `Transport.tick`. After every change to the engine (input, or a broker task that sent a
 message or settled a delivery) `kick()` dispatches the collector's events to the connection
-handler and writes what the engine produced. The handler (busd.broker.connection) owns the
-AMQP semantics; this module owns only I/O.
+handler; what the engine produced is written once per event-loop turn, however many kicks
+the turn had. The handler (busd.broker.connection) owns the AMQP semantics; this module owns
+only I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from typing import Protocol as TypingProtocol
 
 from proton import Collector, Connection, Event, Transport
+from proton._events import EventType
 from proton._exceptions import TransportException
 
 from busd.amqp import engine
@@ -42,7 +44,20 @@ class EventHandler(TypingProtocol):
 
     def dispatch(self, event) -> None: ...
 
+    def flow(self, endpoint: Any) -> None:
+        """A flow frame for the link of `endpoint`, one of `raw_links`."""
+
     def closed(self) -> None: ...
+
+
+def handled_events(handler: Any) -> frozenset[int]:
+    """The proton event types `handler` has a method for: only those are wrapped in proton's
+    Python objects and dispatched (wrapping one costs more than the rest of a flow's work, and
+    most events of a link's life - local open and close, final, transport - have no method)."""
+    return frozenset(
+        number for number, kind in EventType.TYPES.items()
+        if callable(getattr(handler, kind.method, None))
+    )
 
 
 class _Closed:
@@ -52,6 +67,9 @@ class _Closed:
     raw_links: Mapping[Any, RawDeliveryTaker] = {}
 
     def dispatch(self, event) -> None:
+        pass
+
+    def flow(self, endpoint: Any) -> None:
         pass
 
     def closed(self) -> None:
@@ -73,7 +91,9 @@ class AmqpProtocol(asyncio.Protocol):
         self._again = False
         self._deadline = 0.0
         self.raw_links: Mapping[Any, RawDeliveryTaker] = {}
+        self._handled: frozenset[int] = frozenset()
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._flush_handle: asyncio.Handle | None = None
         self._closed = False
 
     # --- asyncio side -----------------------------------------------------------------------
@@ -97,6 +117,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.engine.sasl().allowed_mechs("ANONYMOUS")
         self.handler: EventHandler = self._make_handler(self)
         self.raw_links = self.handler.raw_links
+        self._handled = handled_events(self.handler)
         self.kick()
 
     def data_received(self, data: bytes) -> None:
@@ -132,12 +153,16 @@ class AmqpProtocol(asyncio.Protocol):
         except TransportException:
             pass
         self.kick()
+        self._flush()  # now: asyncio closes the socket next
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         if self._tick_handle:
             self._tick_handle.cancel()
+        if self._flush_handle:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         try:
             self.engine.close_tail()
             self.engine.close_head()
@@ -147,16 +172,23 @@ class AmqpProtocol(asyncio.Protocol):
         # here afterwards, so both are freed as soon as that is done, without waiting for the
         # garbage collector (docs/design.md §3.12).
         handler, self.handler, self.raw_links = self.handler, _CLOSED, {}
+        self._handled = frozenset()
         handler.closed()
         if self._on_closed is not None:
             self._on_closed(self)
 
     # --- engine side ------------------------------------------------------------------------
     def kick(self) -> None:
-        """Dispatch pending engine events and write pending output at once (measured: writing
-        later in the loop iteration, to coalesce writes, slowed clients down more than it
-        saved). Re-entrant calls (a handler changing the engine while events are dispatched)
-        are folded into the running one."""
+        """Dispatch pending engine events now; write what they produced at the end of this
+        event-loop turn. Re-entrant calls (a handler changing the engine while events are
+        dispatched) are folded into the running one."""
+        self._run_events()
+        if not self._closed:
+            self._tick()
+            if self._flush_handle is None:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _run_events(self) -> None:
         if self._dispatching:
             self._again = True
             return
@@ -165,29 +197,47 @@ class AmqpProtocol(asyncio.Protocol):
             while True:
                 self._again = False
                 self._dispatch_events()
-                self._write()
                 if not self._again and engine.collector_peek(self.collector._impl) == engine.NULL:
                     break
         finally:
             self._dispatching = False
-        if not self._closed:
-            self._tick()
+
+    def _flush(self) -> None:
+        """Write everything the engine produced since the last flush: one socket write for all
+        the kicks of an event-loop turn (a read's frames, the store answers of several links of
+        the connection), instead of one each. Writing may raise events (the transport
+        closing): they are dispatched, and what they produce written, at once."""
+        self._flush_handle = None
+        while True:
+            self._write()
+            if self._closed or engine.collector_peek(self.collector._impl) == engine.NULL:
+                return
+            self._run_events()
 
     def _dispatch_events(self) -> None:
         collector = self.collector._impl
         raw_links = self.raw_links
+        handled = self._handled
         while (impl := engine.collector_peek(collector)) != engine.NULL:
             try:
-                # Deliveries on message links go raw to their endpoint (see busd.amqp.engine);
-                # every other event is wrapped for the handler.
-                if engine.event_type(impl) == engine.PN_DELIVERY and raw_links:
+                kind = engine.event_type(impl)
+                # Deliveries and flows on message links go raw to their endpoint (see
+                # busd.amqp.engine); other events the handler has a method for are wrapped.
+                if kind == engine.PN_DELIVERY and raw_links:
                     delivery = engine.event_delivery(impl)
                     endpoint = raw_links.get(engine.delivery_link(delivery))
                     if endpoint is not None:
                         endpoint.on_raw_delivery(delivery)
                         engine.collector_pop(collector)
                         continue
-                self.handler.dispatch(Event.wrap(impl))
+                elif kind == engine.PN_LINK_FLOW and raw_links:
+                    endpoint = raw_links.get(engine.event_link(impl))
+                    if endpoint is not None:
+                        self.handler.flow(endpoint)
+                        engine.collector_pop(collector)
+                        continue
+                if kind in handled:
+                    self.handler.dispatch(Event.wrap(impl))
             except Exception:  # a bug in one handler must not kill the connection loop
                 log.exception("connection %s: error handling an event", self.peer)
             engine.collector_pop(collector)
@@ -238,6 +288,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.connection.condition = condition
         self.connection.close()
         self.kick()
+        self._flush()  # the close frame, before the socket closes
         if not self._closed and self._sock is not None:
             self._sock.close()  # asyncio writes what is buffered first
 

@@ -89,6 +89,20 @@ class ConnectionHandler:
             log.exception("connection %s: handling %s failed", self.proto.peer, event.type)
             self._contain(event)
 
+    def flow(self, endpoint: LinkEndpoint) -> None:
+        """A flow on a link whose deliveries the protocol hands over raw (no event object)."""
+        try:
+            endpoint.on_flow()
+        except Exception:  # contained to the link
+            log.exception("connection %s: handling a flow failed", self.proto.peer)
+            try:
+                internal = BusdError(Cond.INTERNAL, "busd failed to handle this; it is logged.")
+                self.detach(endpoint, amqp_condition(internal, triple=False))
+            except Exception:
+                log.exception("connection %s: closing after a failure failed", self.proto.peer)
+                self.proto.abort()
+            self.proto.kick()
+
     def _contain(self, event) -> None:
         internal = BusdError(Cond.INTERNAL, "busd failed to handle this; it is logged.")
         try:
