@@ -148,8 +148,8 @@ def cli() -> None:
               help="Seconds between sweeps for expired locks, TTL and scheduled messages.")
 @click.option("--store-connections", envvar="BUSD_STORE_CONNECTIONS", type=int,
               default=_DEFAULTS.store_connections, show_default=True,
-              help="Store calls run at once (one connection each); more wait for a turn, and "
-                   "one that waits 30 s is answered com.microsoft:server-busy.")
+              help="Store calls in flight at once (pipelined on one connection); more wait "
+                   "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.")
 @_limit_options
 @click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
               default=_DEFAULTS.transaction_timeout_s, show_default=True,

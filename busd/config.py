@@ -84,7 +84,8 @@ class Settings:
     sweep_interval_s: float = 1.0  # how often each process runs the lock/TTL/schedule sweep
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # default for queues that set none
     key_prefix: str = "busd"  # every store key starts with it, so one Redis can host several
-    # store calls one process runs at once (one connection each); more wait for a turn
+    # store calls one process has in flight at once (pipelined on one connection); more wait
+    # for a turn
     store_connections: int = 64
     # what one client may make the process hold (busd/broker/limits.py)
     limits: Limits = field(default_factory=Limits)

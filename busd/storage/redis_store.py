@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +58,7 @@ MIN_SERVER_VERSION = (7, 0)
 HOUSEKEEPING_BUDGET = 100
 # The same for one sweep call.
 SWEEP_BUDGET = 1000
-# Store calls one process runs at once (each holds a connection while it runs); more wait.
+# Store calls one process has in flight at once (pipelined on one connection); more wait.
 DEFAULT_MAX_CALLS = 64
 # How long a call waits for its turn before the client is told the server is busy.
 CALL_WAIT_S = 30.0
@@ -167,6 +168,58 @@ def _cluster_url(url: str) -> str | None:
     return None
 
 
+class _Turns:
+    """The store calls one process runs at once: at most `limit`; the others wait in order, each
+    for CALL_WAIT_S at most, then are told the server is busy. One timer serves every waiter
+    (a time-out each would cost more than the wait, and waits are common under load)."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._waiting: deque[tuple[asyncio.Future[None], float]] = deque()  # (turn, deadline)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def locked(self) -> bool:
+        return self._free == 0
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[None] = loop.create_future()
+        self._waiting.append((turn, loop.time() + CALL_WAIT_S))
+        if self._timer is None:
+            self._timer = loop.call_later(CALL_WAIT_S, self._expire)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given a turn, then cancelled
+                self.release()
+            raise
+
+    def release(self) -> None:
+        while self._waiting:
+            turn = self._waiting.popleft()[0]
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._waiting:
+            turn, deadline = self._waiting[0]
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                return
+            self._waiting.popleft()
+            if not turn.done():
+                turn.set_exception(BusdError(Condition.SERVER_BUSY,
+                                             "The store is busy; try again."))
+
+
 def _token_string(tokens: Sequence[bytes]) -> bytes:
     """A call's lock tokens as the scripts take them: one argument, 16 bytes per token
     (lua/includes/tokenAt.lua), instead of one argument per message."""
@@ -234,7 +287,7 @@ class RedisStore:
         self.max_calls = max_calls
         # Bounds the calls in flight, so that the connection pool (sized above it) is never
         # exhausted: redis-py's asyncio pool fails at its limit instead of waiting.
-        self._slots = asyncio.Semaphore(max_calls)
+        self._slots = _Turns(max_calls)
         self._client: redis.Redis | redis.RedisCluster | None = None
         # One node's plain connection: server checks and wake-up subscriptions (a PUBLISH
         # reaches every node of a cluster). The same object as _client without a cluster.
@@ -384,17 +437,7 @@ class RedisStore:
     async def _acquire(self) -> None:
         """Take one of the store calls this process runs at once (DEFAULT_MAX_CALLS); the
         caller releases `_slots`."""
-        slots = self._slots
-        if slots.locked():  # all busy: wait for a turn, for a bounded time
-            try:
-                async with asyncio.timeout(CALL_WAIT_S):  # a timer, not a task per wait
-                    await slots.acquire()
-            except TimeoutError:
-                raise BusdError(
-                    Condition.SERVER_BUSY, "The store is busy; try again."
-                ) from None
-        else:
-            await slots.acquire()
+        await self._slots.acquire()
 
     async def _run_queue(
         self, script: str, queue: QueueSpec, *args: Any, budget: int = HOUSEKEEPING_BUDGET

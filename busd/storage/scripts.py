@@ -22,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import hiredis
 from redis.asyncio import Redis as PlainRedis
-from redis.exceptions import DataError, NoScriptError
+from redis.exceptions import ConnectionError as StoreConnectionError
+from redis.exceptions import DataError, InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
 from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
@@ -150,14 +153,17 @@ def load_sources(directory: Path = LUA_DIR) -> dict[str, ScriptSource]:
 class Scripts:
     """The scripts registered with one client.
 
-    On a single server each call is one EVALSHA written as a pre-encoded command on a
-    connection of our own: the part that repeats (script hash, the queue's keys) is encoded
-    once per script and queue, and the call skips redis-py's per-command machinery (pool lock,
-    retries, observability hooks), which cost more than the rest of a store call. The caller
-    bounds the calls in flight (RedisStore._slots), hence the connections kept here. A call is
-    never retried: a script that ran must not run twice. On a cluster, redis-py's Script
-    objects route each call to the node owning the queue's slot. Either way a server that lost
-    the scripts (NOSCRIPT: restarted, failed over, flushed) gets them again."""
+    On a single server each call is one EVALSHA written as a pre-encoded command, pipelined
+    on one connection of our own (`_Pipe`): the part that repeats (script hash, the queue's
+    keys) is encoded once per script and queue; the calls of one event-loop turn go out in one
+    write and their answers come back in one read, in order; and a call skips redis-py's
+    per-command machinery (pool, retries, observability hooks). Per call, that machinery and
+    a socket write and read each cost more than the rest of a store call, in busd and in the
+    server alike. The server runs scripts one at a time anyway, so one connection loses it no
+    concurrency. The caller bounds the calls in flight (RedisStore._slots). A call is never
+    retried: a script that ran must not run twice. On a cluster, redis-py's Script objects
+    route each call to the node owning the queue's slot. Either way a server that lost the
+    scripts (NOSCRIPT: restarted, failed over, flushed) gets them again."""
 
     def __init__(self, client: Redis, sources: dict[str, ScriptSource] | None = None) -> None:
         self.sources = sources if sources is not None else load_sources()
@@ -170,13 +176,8 @@ class Scripts:
             for name, src in self.sources.items()
         }
         # Only a plain client has one pool for every key; a cluster client routes per slot.
-        self._pool = client.connection_pool if type(client) is PlainRedis else None
-        self._idle: list[AbstractConnection] = []
-        # The client's socket time-out bounds a whole call (one timer, not one per read and
-        # write).
-        self._timeout: float | None = None
-        if self._pool is not None:
-            self._timeout = self._pool.make_connection().socket_timeout
+        pool = client.connection_pool if type(client) is PlainRedis else None
+        self._pipe = _Pipe(pool) if pool is not None else None
         # (script, keys) -> (number of KEYS, encoded 'EVALSHA <sha> <numkeys> <keys...>')
         self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
@@ -186,44 +187,20 @@ class Scripts:
             await self._client.script_load(src.text)
 
     async def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.disconnect()
+        if self._pipe is not None:
+            await self._pipe.close()
 
     async def run(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> Any:
-        if self._pool is None:
+        pipe = self._pipe
+        if pipe is None:
             return await self._registered[name](keys=keys, args=args)
         command = self._command(name, keys, args)
-        conn = await self._connection()
         try:
-            async with asyncio.timeout(self._timeout):
-                await conn.send_packed_command(command, check_health=False)
-                try:
-                    return await conn.read_response()
-                except NoScriptError:
-                    pass
-                await self._client.script_load(self.sources[name].text)
-                await conn.send_packed_command(command, check_health=False)
-                return await conn.read_response()
-        except TimeoutError:  # the call was cancelled half-way: the connection disconnected
-            raise StoreTimeoutError(f"{name}: no answer within {self._timeout} s") from None
-        finally:
-            # Broken by an error, it is disconnected and connects again on its next use.
-            self._idle.append(conn)
-
-    async def _connection(self) -> AbstractConnection:
-        assert self._pool is not None
-        if not self._idle:
-            conn = self._pool.make_connection()  # connects on its first command
-            conn.socket_timeout = None  # bounded by run() instead
-            return conn
-        conn = self._idle.pop()
-        reader = getattr(conn, "_reader", None)
-        if reader is not None and reader.at_eof():
-            # The server closed it while it was idle (restart, idle time-out): nothing was sent
-            # on it yet, so it just connects again.
-            await conn.disconnect()
-        return conn
+            return await pipe.call(command, name)
+        except NoScriptError:
+            pass
+        await self._client.script_load(self.sources[name].text)
+        return await pipe.call(command, name)
 
     def _command(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> bytes:
         """The RESP encoding of `EVALSHA <sha> <numkeys> <keys...> <args...>`."""
@@ -244,6 +221,132 @@ class Scripts:
             parts.append(value)
             parts.append(b"\r\n")
         return b"".join(parts)
+
+
+class _Pipe:
+    """One connection to the server whose calls are pipelined: each call's command is queued
+    and the queue written once per event-loop turn; a reader matches the answers to the calls
+    in order. A call whose caller stopped waiting (cancelled, timed out) keeps its place: its
+    answer is read and dropped, so the calls behind it still get their own. When the
+    connection breaks, every call without an answer fails (it may or may not have run, as
+    with any lost connection) and the next call connects again."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        # The client's socket time-out (redis-py's default: 5 s) bounds a whole call.
+        self._timeout: float | None = pool.make_connection().socket_timeout
+        self._conn: AbstractConnection | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._reading: asyncio.Task[None] | None = None
+        # (answer, script, deadline) of the calls sent, in that order
+        self._waiting: deque[tuple[asyncio.Future[Any], str, float]] = deque()
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._watch_handle: asyncio.TimerHandle | None = None
+
+    async def call(self, command: bytes, name: str) -> Any:
+        if self._writer is None:
+            await self._connect()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        timeout = self._timeout
+        self._waiting.append((answer, name, loop.time() + timeout if timeout else 0.0))
+        if timeout and self._watch_handle is None:
+            self._watch_handle = loop.call_later(timeout, self._watch)
+        self._out.append(command)
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
+        return await answer
+
+    def _watch(self) -> None:
+        """Fail the calls unanswered for longer than the time-out (one timer for all calls, not
+        one each: answers come in the order sent, so the deadlines do too)."""
+        self._watch_handle = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for answer, name, deadline in self._waiting:
+            if deadline > now:
+                self._watch_handle = loop.call_at(deadline, self._watch)
+                return
+            if not answer.done():
+                answer.set_exception(
+                    StoreTimeoutError(f"{name}: no answer within {self._timeout} s"))
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out, self._out = self._out, []
+        if self._writer is not None and out:
+            self._writer.write(b"".join(out))
+
+    async def _connect(self) -> None:
+        if self._connecting is not None:  # another call is connecting: wait for it
+            await asyncio.shield(self._connecting)
+            return
+        self._connecting = asyncio.get_running_loop().create_future()
+        try:
+            conn = self._pool.make_connection()
+            conn.socket_timeout = None  # bounded per call instead
+            await conn.connect()  # the client's handshake: TLS, AUTH, SELECT, CLIENT SETNAME
+            self._conn = conn
+            self._writer = conn._writer
+            parser = conn._parser
+            reader = hiredis.Reader(protocolError=InvalidResponse, replyError=parser.parse_error)
+            self._reading = asyncio.get_running_loop().create_task(
+                self._read(conn._reader, reader))
+            self._connecting.set_result(None)
+        except BaseException as exc:
+            self._connecting.set_exception(exc)
+            self._connecting.exception()  # retrieved: only the waiters raise it
+            raise
+        finally:
+            self._connecting = None
+
+    async def _read(self, stream: asyncio.StreamReader, reader: Any) -> None:
+        waiting = self._waiting
+        try:
+            while True:
+                data = await stream.read(65536)
+                if not data:
+                    raise StoreConnectionError("Connection closed by server.")
+                reader.feed(data)
+                while (reply := reader.gets()) is not False:
+                    answer = waiting.popleft()[0]
+                    if answer.done():  # its caller stopped waiting
+                        continue
+                    if isinstance(reply, ResponseError):
+                        answer.set_exception(reply)
+                    else:
+                        answer.set_result(reply)
+        except asyncio.CancelledError:  # close()
+            self._broken(StoreConnectionError("The store client is closed."))
+            raise
+        except Exception as exc:
+            conn = self._broken(exc if isinstance(exc, StoreConnectionError)
+                                else StoreConnectionError(str(exc)))
+            if conn is not None:
+                await conn.disconnect()
+
+    def _broken(self, exc: Exception) -> AbstractConnection | None:
+        """Forget the connection (returned, to be closed) and fail the calls it owes."""
+        conn, self._conn, self._writer, self._reading = self._conn, None, None, None
+        waiting, self._waiting = self._waiting, deque()
+        self._out = []
+        if self._watch_handle is not None:
+            self._watch_handle.cancel()
+            self._watch_handle = None
+        for answer, _, _ in waiting:
+            if not answer.done():
+                answer.set_exception(exc)
+        return conn
+
+    async def close(self) -> None:
+        reading, conn = self._reading, self._conn
+        if reading is not None:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+        if conn is not None:
+            await conn.disconnect()
 
 
 def _bulk(value: bytes) -> bytes:

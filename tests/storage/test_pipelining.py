@@ -1,0 +1,71 @@
+"""Store calls share one pipelined connection: each caller gets its own answer, whatever the
+others do (many at once, one that timed out, a connection the server dropped)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import redis.asyncio as redis
+from redis.exceptions import TimeoutError as StoreTimeoutError
+
+from busd.storage.api import NewMessage, QueueSpec, ReceiveMode
+from busd.storage.redis_store import RedisStore
+from tests.conftest import start_valkey
+
+
+async def test_calls_in_flight_together_each_get_their_own_answer(store, make_queue):
+    """Sends of different sizes at once: each call's answer is its own batch's sequence
+    numbers, and together they are every number once."""
+    q = make_queue()
+    sizes = [1 + (i * 7) % 13 for i in range(120)]
+    results = await asyncio.gather(
+        *(store.send(q, [NewMessage(b"m")] * n) for n in sizes)
+    )
+    assert [len(r) for r in results] == sizes
+    for r in results:
+        assert r == list(range(r[0], r[0] + len(r)))  # one script run: consecutive numbers
+    assert sorted(s for r in results for s in r) == list(range(1, sum(sizes) + 1))
+
+
+async def test_a_call_that_timed_out_does_not_shift_the_answers_of_later_calls(tmp_path):
+    """The server answers late (paused): the call times out, and its answer, when it comes,
+    goes to no one; the next call gets its own."""
+    server = start_valkey(data_dir=tmp_path)
+    try:
+        store = RedisStore(server.connection_url + "?socket_timeout=0.3",
+                           prefix="late-" + os.urandom(4).hex())
+        await store.connect()
+        admin = redis.Redis.from_url(server.connection_url)
+        try:
+            q, other = QueueSpec("q"), QueueSpec("other")
+            await store.send(other, [NewMessage(b"x")] * 5)
+            await admin.execute_command("CLIENT", "PAUSE", 800, "ALL")
+            with pytest.raises(StoreTimeoutError):
+                await store.send(q, [NewMessage(b"late")])
+            await asyncio.sleep(0.8)  # the pause ends; the late answer arrives
+            assert await store.send(other, [NewMessage(b"y")] * 2) == [6, 7]
+            got = await store.receive(q, 5, ReceiveMode.RECEIVE_AND_DELETE, [])
+            assert [m.blob for m in got] == [b"late"]  # it ran; its caller was told it may not
+        finally:
+            await admin.aclose()
+            await store.close()
+    finally:
+        server.stop()
+
+
+async def test_a_dropped_connection_fails_only_calls_in_flight_and_is_made_again(store,
+                                                                                 make_queue):
+    q = make_queue()
+    assert await store.send(q, [NewMessage(b"a")]) == [1]
+    admin = redis.Redis.from_url(store.url)
+    try:
+        ours = [c for c in await admin.client_list() if c["name"] == f"busd:{store.prefix}"]
+        assert ours
+        for c in ours:
+            await admin.client_kill_filter(_id=c["id"])
+    finally:
+        await admin.aclose()
+    await asyncio.sleep(0.2)  # the store notices the connection went
+    assert await store.send(q, [NewMessage(b"b")]) == [2]
