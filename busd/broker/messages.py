@@ -9,11 +9,9 @@ so the rules of docs/design.md §2.2 cannot drift between them.
 
 from __future__ import annotations
 
-import os
-
 from busd.amqp import codec
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, QueueSpec, StoredMessage, TopicSpec
+from busd.storage.api import LockTokens, NewMessage, QueueSpec, StoredMessage, TopicSpec
 
 # Service Bus: SessionId and ReplyToSessionId are at most 128 characters (docs/design.md §2.2).
 MAX_SESSION_ID_LENGTH = 128
@@ -107,7 +105,6 @@ def delivery_payload(message: StoredMessage, *, locked: bool = True,
     )
 
 
-def new_tokens(count: int) -> list[bytes]:
+def new_tokens(count: int) -> LockTokens:
     """`count` random 16-byte lock tokens from one read of the system's random source."""
-    pool = os.urandom(16 * count)
-    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
+    return LockTokens(count)

@@ -20,11 +20,35 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from busd.errors import Condition
+
+
+class LockTokens(Sequence[bytes]):
+    """`count` random lock tokens from one read of the system's random source, kept as the one
+    string of 16 bytes each that the store sends: a receive asks for as many as its credit
+    (often far more than it takes), so neither a list nor its join is built per call."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, count: int) -> None:
+        self.packed = os.urandom(16 * count)
+
+    def __len__(self) -> int:
+        return len(self.packed) // 16
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.packed[16 * i : 16 * i + 16] for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.packed[16 * index : 16 * index + 16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +428,7 @@ class Store(Protocol):
         entity: QueueSpec,
         count: int,
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
         waiter: str | None = None,
     ) -> list[StoredMessage]:
         """Take up to `count` available messages in sequence order. Peek-lock: lock each for
@@ -433,7 +457,7 @@ class Store(Protocol):
         holder: str,
         count: int,
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
         """Take up to `count` available messages of a session the holder has locked, in order.
         Raises SESSION_LOCK_LOST when the holder does not hold a live lock."""
@@ -488,7 +512,7 @@ class Store(Protocol):
         entity: QueueSpec,
         seqs: list[int],
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
         session_id: str | None = None,
         holder: str | None = None,
     ) -> list[StoredMessage]:
@@ -509,7 +533,7 @@ class Store(Protocol):
 
     # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
     async def take_forwarding(
-        self, entity: QueueSpec, forwarder: str, count: int, tokens: list[bytes]
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
     ) -> list[StoredMessage] | None:
         """A forwarder takes up to `count` available messages of `entity` (peek-lock, each
         for the entity's LockDuration under tokens[i]: pass the forwarder's lock duration),

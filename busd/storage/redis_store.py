@@ -29,6 +29,7 @@ from busd.storage.api import (
     ForwardDestination,
     ForwardedMessage,
     ForwardResult,
+    LockTokens,
     MessageState,
     NewMessage,
     Placement,
@@ -220,9 +221,12 @@ class _Turns:
                                              "The store is busy; try again."))
 
 
-def _token_string(tokens: Sequence[bytes]) -> bytes:
-    """A call's lock tokens as the scripts take them: one argument, 16 bytes per token
+def _token_string(tokens: Sequence[bytes], count: int) -> bytes:
+    """The first `count` lock tokens as the scripts take them: one argument, 16 bytes per token
     (lua/includes/tokenAt.lua), instead of one argument per message."""
+    if type(tokens) is LockTokens:
+        return tokens.packed[: 16 * count]
+    tokens = tokens[:count]
     if not all(map((16).__eq__, map(len, tokens))):
         raise ValueError("lock tokens are 16 bytes")
     return b"".join(tokens)
@@ -652,7 +656,7 @@ class RedisStore:
         entity: QueueSpec,
         count: int,
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
         waiter: str | None = None,
     ) -> list[StoredMessage]:
         if count <= 0:
@@ -667,7 +671,7 @@ class RedisStore:
             1 if peek_lock else 0,
             count,
             _opt(waiter),
-            *((_token_string(tokens[:count]),) if peek_lock else ()),
+            *((_token_string(tokens, count),) if peek_lock else ()),
         )
         return [_message(r) for r in rows]
 
@@ -684,7 +688,7 @@ class RedisStore:
         reply = await self._run_queue(
             "acceptSession", queue, holder, _sid(session_id), 1 if wait else 0,
             1 if peek_lock else 0, count,
-            _token_string(tokens[:count]) if count and peek_lock else "",
+            _token_string(tokens, count) if count and peek_lock else "",
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
@@ -699,7 +703,7 @@ class RedisStore:
         holder: str,
         count: int,
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         if peek_lock and len(tokens) < count:
@@ -711,7 +715,7 @@ class RedisStore:
             _sid(session_id),
             1 if peek_lock else 0,
             max(count, 0),
-            *((_token_string(tokens[:count]),) if peek_lock else ()),
+            *((_token_string(tokens, count),) if peek_lock else ()),
         )
         _check(reply[0])
         return [_message(r) for r in reply[1:]]
@@ -806,7 +810,7 @@ class RedisStore:
         entity: QueueSpec,
         seqs: list[int],
         mode: ReceiveMode,
-        tokens: list[bytes],
+        tokens: Sequence[bytes],
         session_id: str | None = None,
         holder: str | None = None,
     ) -> list[StoredMessage]:
@@ -822,7 +826,7 @@ class RedisStore:
             _opt(holder),
             len(seqs),
             *seqs,
-            *((_token_string(tokens[: len(seqs)]),) if peek_lock else ()),
+            *((_token_string(tokens, len(seqs)),) if peek_lock else ()),
         )
         _check(reply[0])
         return [_message(r) for r in reply[1:]]
@@ -833,14 +837,14 @@ class RedisStore:
 
     # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
     async def take_forwarding(
-        self, entity: QueueSpec, forwarder: str, count: int, tokens: list[bytes]
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
     ) -> list[StoredMessage] | None:
         if count <= 0:
             return []
         if len(tokens) < count:
             raise ValueError("a forwarder takes one token per message")
         reply = await self._run_queue("forwardTake", entity, _entity(entity), forwarder, count,
-                                      _token_string(tokens[:count]))
+                                      _token_string(tokens, count))
         if reply[0] != 0:
             return None
         return [_message(r) for r in reply[1:]]

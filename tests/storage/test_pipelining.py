@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
-from busd.storage.api import NewMessage, QueueSpec, ReceiveMode
+from busd.storage.api import LockTokens, NewMessage, QueueSpec, ReceiveMode
 from busd.storage.redis_store import RedisStore
 from tests.conftest import start_valkey
 
@@ -69,3 +69,22 @@ async def test_a_dropped_connection_fails_only_calls_in_flight_and_is_made_again
         await admin.aclose()
     await asyncio.sleep(0.2)  # the store notices the connection went
     assert await store.send(q, [NewMessage(b"b")]) == [2]
+
+
+def test_lock_tokens_read_like_a_list_of_16_byte_tokens():
+    tokens = LockTokens(5)
+    assert len(tokens) == 5 and len(tokens.packed) == 80
+    as_list = list(tokens)
+    assert all(len(t) == 16 for t in as_list) and len(set(as_list)) == 5
+    assert tokens[-1] == as_list[4] and tokens[1:3] == as_list[1:3]
+    assert b"".join(as_list) == tokens.packed
+    with pytest.raises(IndexError):
+        tokens[5]
+
+
+async def test_lock_tokens_are_the_tokens_of_the_messages_taken(store, make_queue):
+    q = make_queue()
+    await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
+    tokens = LockTokens(10)  # more than there are messages, as a receive with credit asks
+    got = await store.receive(q, 10, ReceiveMode.PEEK_LOCK, tokens)
+    assert [m.lock_token for m in got] == list(tokens[:2])
