@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.api import WAKE_ALL, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import WAKE_ALL, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
 
 PL = ReceiveMode.PEEK_LOCK
@@ -331,3 +331,27 @@ async def test_listener_resubscribes_after_its_connection_is_killed_and_wakes_ev
             pass
         await store.receive(q, 10, RAD, [])
     pytest.fail("no wake-up after the subscription's connection was killed")
+
+
+async def test_a_topic_send_committed_in_a_transaction_wakes_the_subscriptions_it_reached(
+        store, wakes):  # fmt: skip
+    """The commit fans out as a send does: a waiter on each subscription that got a copy is
+    woken, one on a subscription that got none is not."""
+    import os
+    import uuid
+
+    from busd.storage.api import Placement, StagedPublish, TopicSpec, subscription_path
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    subs = [QueueSpec(subscription_path(name, n), topic=name) for n in ("a", "b", "c")]
+    await store.open_subscriptions(name, ["a", "b", "c"])
+    topic = TopicSpec(name)
+    a, b, c = [await wait_for_message(store, s, s.subscription) for s in subs]
+    txn = os.urandom(16)
+    await store.stage_transaction(topic, txn, [StagedPublish(
+        topic, NewMessage(b"m"), ["a", "b", "c"], [Placement(0), Placement(2)])],
+        first=True, timeout_ms=60_000, limit=100)
+    assert await wakes.none()  # staged: nothing to take yet
+    await store.commit_transaction(topic, [], txn, [(topic, subs)])
+    assert sorted(await wakes.all()) == sorted([a, c])
+    assert b not in await wakes.all()
