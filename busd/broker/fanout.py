@@ -105,13 +105,6 @@ class Fanout:
         return StagedPublish(route.topic, message, [s.subscription or "" for s in route.specs],
                              placements, seq)
 
-    def subscriptions(self, topic: str) -> list[QueueSpec] | None:
-        """The topic's subscriptions now; None when the topic is gone."""
-        try:
-            return self.route(topic).specs
-        except BusdError:
-            return None
-
     async def cancel_scheduled(self, topic: TopicSpec, seqs: list[int]) -> None:
         route = self.route(topic.name)
         await self.store.cancel_topic_scheduled(route.topic, route.specs, seqs)

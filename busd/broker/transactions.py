@@ -200,14 +200,15 @@ class Transaction:
         """Keep what the operations settle locked to its holder until the transaction's time
         (docs/design.md §3.15): a lock that ran out before the commit would refuse it. The
         settlements whose lock is already gone, by index: the commit will refuse them."""
-        by_entity: dict[str, list[int]] = {}
+        by_entity: dict[str, list[tuple[int, StagedSettlement]]] = {}
         for i, op in enumerate(ops):
             if isinstance(op, StagedSettlement):
-                by_entity.setdefault(op.entity.path, []).append(i)
+                by_entity.setdefault(op.entity.path, []).append((i, op))
         refused: dict[int, BusdError] = {}
-        for indexes in by_entity.values():
-            entity = ops[indexes[0]].entity  # type: ignore[union-attr]
-            tokens = [ops[i].settlement.token for i in indexes]  # type: ignore[union-attr]
+        for settlements in by_entity.values():
+            entity = settlements[0][1].entity
+            indexes = [i for i, _ in settlements]
+            tokens = [op.settlement.token for _, op in settlements]
             try:
                 await self.store.renew_message_locks(entity, tokens, until_ms=due_ms)
             except BusdError:  # one of them is lost: find which
@@ -269,11 +270,12 @@ class Transaction:
             return
         assert self.via is not None
         topics = []
-        fanout = self.scope.conn.broker.fanout
-        for topic in self.topics.values():
-            subscriptions = fanout.subscriptions(topic.name)
-            if subscriptions is not None:  # (a topic gone: the commit is refused)
-                topics.append((fanout.route(topic.name).topic, subscriptions))
+        for topic in self.topics.values():  # with their subscriptions as they are now
+            try:
+                route = self.scope.conn.broker.fanout.route(topic.name)
+            except BusdError:  # the topic is gone: the commit is refused
+                continue
+            topics.append((route.topic, route.specs))
         try:
             await self.store.commit_transaction(self.via, list(self.others.values()), self.id,
                                                 topics)

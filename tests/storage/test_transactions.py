@@ -12,6 +12,7 @@ from busd.storage import keys as keyspace
 from busd.storage.api import (
     NewMessage,
     Outcome,
+    QueueSpec,
     ReceiveMode,
     Settlement,
     StagedCancel,
@@ -212,3 +213,36 @@ async def test_commits_leave_no_encoded_call_behind(store, make_queue):
         await store.commit_transaction(q, [other], t)
     heads = getattr(store._scripts, "_heads", {})
     assert not [k for k in heads if k[0] == "commitTransaction"]
+
+
+async def test_a_topic_send_fans_out_at_the_commit_to_the_copies_staged(store, make_queue):
+    """The copies were decided when the send was staged: a subscription deleted since gets
+    none; duplicate detection is the topic's; a topic gone refuses the whole commit."""
+    import uuid
+
+    from busd.storage.api import Placement, StagedPublish, TopicSpec, subscription_path
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    subs = [QueueSpec(subscription_path(name, n), topic=name) for n in ("a", "b")]
+    await store.open_subscriptions(name, ["a", "b"])
+    topic = TopicSpec(name, duplicate_detection_window_ms=60_000)
+    q = make_queue()
+
+    def publish(blob: bytes, message_id: str | None = None) -> StagedPublish:
+        return StagedPublish(topic, NewMessage(blob, message_id=message_id), ["a", "b", "gone"],
+                             [Placement(0), Placement(1, blob=b"own"), Placement(2)])
+
+    t = txn()
+    await stage(store, q, t, [publish(b"m", "id-1"), publish(b"dup", "id-1")])
+    await store.drop_subscriptions(name, [subs[1]])
+    await store.commit_transaction(q, [], t, [(topic, subs[:1])])
+    (copy,) = await store.peek(subs[0], 0, 10)
+    assert copy.blob == b"m"
+    assert (await store.counts(subs[1])).active == 0
+    assert (await store.topic_totals(topic))["duplicates"] == 1
+    t = txn()
+    await stage(store, q, t, [StagedSend(q, NewMessage(b"out")), publish(b"lost")])
+    with pytest.raises(BusdError) as err:  # the topic is not named: it was deleted
+        await store.commit_transaction(q, [], t)
+    assert err.value.condition == Condition.TRANSACTION_ROLLBACK
+    assert await store.peek(q, 0, 10) == []
