@@ -15,6 +15,7 @@ from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import queue, subscription, topic
 from tests.e2e.txn_client import (
     Management,
+    Refused,
     Transactions,
     drain,
     lock_token,
@@ -238,3 +239,18 @@ def test_the_via_partition_key_is_taken_and_kept(client):
                                          {"sequence-numbers": [number]})
     for name in SUBSCRIPTIONS:
         drain(client, sub(name))
+
+
+def test_a_settlement_whose_lock_is_already_gone_is_refused_at_once(client):
+    client.sender("short").send(Message(body="too slow"))
+    receiver = client.receiver("short", credit=1)
+    _, delivery = take(receiver)
+    time.sleep(1.5)  # LockDuration 1 s: the lock is gone before the transaction sees it
+    txns = Transactions(client)
+    txn = txns.declare()
+    with pytest.raises(Refused) as err:
+        settle(client, delivery, txn)
+    assert err.value.condition == "com.microsoft:message-lock-lost"
+    receiver.close()
+    message = client.receiver("short", credit=1).receive(timeout=10)
+    assert message.body == "too slow"  # not completed: back when its locks ran out
