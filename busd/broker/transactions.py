@@ -525,6 +525,11 @@ def stage_transfer(endpoint: QueueSenderEndpoint, raw_delivery, payload: bytes,
     except BusdError as error:
         _answer_transfer(endpoint, raw_delivery, txn_id, error)
         return
+    except Exception as exc:  # (a rule that broke on it): refused, the link goes on
+        log.error("staging a send to %s failed: %s", target.name, exc)
+        _answer_transfer(endpoint, raw_delivery, txn_id,
+                         BusdError(Condition.INTERNAL, "The message could not be staged."))
+        return
     futures = [txn.stage(op) for op in ops]
 
     def answered(_: Any) -> None:
