@@ -11,8 +11,9 @@ import time
 import pytest
 from proton import Message, symbol, timestamp
 
+from tests.conftest import start_valkey_cluster
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import queue, subscription, topic
+from tests.e2e.conftest import launch_busd, queue, subscription, topic, write_config
 from tests.e2e.txn_client import (
     Management,
     Refused,
@@ -254,3 +255,38 @@ def test_a_settlement_whose_lock_is_already_gone_is_refused_at_once(client):
     receiver.close()
     message = client.receiver("short", credit=1).receive(timeout=10)
     assert message.body == "too slow"  # not completed: back when its locks ran out
+
+
+# --- Redis Cluster: one script reaches one slot ----------------------------------------------
+def test_on_a_cluster_a_transaction_keeps_to_one_topic_or_queue(tmp_path):
+    """A topic and its subscriptions share one hash tag: a send to the topic and the
+    completion of a subscription's message commit together; work on another queue is refused
+    with not-allowed, as Service Bus refuses a second entity."""
+    server = start_valkey_cluster(tmp_path / "cluster")
+    config = write_config(tmp_path / "config.json", [queue("input")], [orders_topic()])
+    proc = launch_busd(server.connection_url + "?cluster=true", config, tmp_path)
+    try:
+        with ProtonCbsClient(proc.port) as client:
+            for entity in ("input", "orders"):
+                client.authorize(entity)
+            sender = client.sender("orders")
+            sender.send(Message(body="event", content_type="application/json"))
+            receiver = client.receiver(sub("json"), credit=1)
+            _, delivery = take(receiver)
+            txns = Transactions(client)
+            txn = txns.declare()
+            settle(client, delivery, txn)
+            send(client, sender, txn, Message(body="handled", properties={"size": 7}))
+            with pytest.raises(Refused) as err:
+                send(client, client.sender("input"), txn, Message(body="elsewhere"))
+            assert err.value.condition == "amqp:not-allowed"
+            assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
+                "all": ["event"], "json": ["event"], "sql": []}
+            txns.commit(txn)
+            assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
+                "all": ["event", "handled"], "json": [], "sql": ["handled"]}
+            assert peek_all(client, "input") == []
+            receiver.close()
+    finally:
+        proc.stop()
+        server.stop()

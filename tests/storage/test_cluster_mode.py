@@ -202,31 +202,6 @@ async def test_a_topic_transaction_commits_in_one_slot(routed_store, tokens):
     await s.drop_subscriptions("txn/t", subs, with_topic=True)
 
 
-async def test_a_transaction_keeps_to_one_slot_on_a_cluster(routed_store):
-    """The broker's rule on a store that runs one script per slot: a transaction's
-    operations stay under its via entity's hash tag (a topic and its subscriptions share
-    the topic's); work on another queue or topic is refused with not-allowed."""
-    from types import SimpleNamespace
-
-    from busd.broker.transactions import NOT_CROSS_ENTITY, Transaction
-    from busd.storage.api import StagedPublish, StagedSend, StagedSettlement, TopicSpec
-
-    assert not routed_store.cross_slot_transactions
-    scope = SimpleNamespace(conn=SimpleNamespace(broker=SimpleNamespace(store=routed_store)))
-    topic = TopicSpec("orders")
-    own = QueueSpec("orders/subscriptions/a", topic="orders")
-    other = QueueSpec("other")
-    txn = Transaction(scope, b"x" * 16, None)  # type: ignore[arg-type]
-    assert txn._admit(StagedSettlement(own, Settlement(b"t" * 16, Outcome.COMPLETE))) is None
-    assert txn._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is None
-    refused = txn._admit(StagedSend(other, NewMessage(b"m")))
-    assert refused is not None and refused.description == NOT_CROSS_ENTITY
-    assert (txn.via, txn.others, txn.topics) == (own, {}, {"orders": topic})
-    first = Transaction(scope, b"y" * 16, None)  # type: ignore[arg-type]
-    assert first._admit(StagedSend(other, NewMessage(b"m"))) is None
-    assert first._admit(StagedPublish(topic, NewMessage(b"m"), ["a"], [])) is not None
-
-
 async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_store, tokens):
     """Source and destination live in different slots: the destination records what it took,
     so a forwarder that dies between the two halves costs neither a message nor a copy."""
