@@ -45,6 +45,8 @@ _TOTALS = {
     "resubmitted": ("busd_messages_resubmitted",
                     "Dead-lettered messages sent back to their queue."),
     "purged": ("busd_messages_purged", "Messages deleted by a purge."),
+    "forwarded": ("busd_messages_forwarded",
+                  "Messages moved to the entity's forwarding destination (auto-forwarding)."),
     "lockexpired": ("busd_lock_expiries", "Message locks that ran out."),
     "sessionlockexpired": ("busd_session_lock_expiries", "Session locks that ran out."),
 }

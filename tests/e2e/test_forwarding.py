@@ -6,6 +6,7 @@ NServiceBus topology; chains, hop limit, refusals; two busd processes forwarding
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -38,7 +39,7 @@ def admin(busd):
         yield client
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
         yield sb
@@ -65,27 +66,23 @@ def peek_all(client, name: str, **kwargs) -> list:
         return rx.peek_messages(max_message_count=100)
 
 
-def test_entities_file_forwarding_moves_each_message_as_a_new_one(client):
-    with client.get_queue_sender("file-in") as sender:
-        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id{i}",
-                                                application_properties={"k": i})
-                              for i in range(3)])
+def test_entities_file_forwarding_moves_each_message_as_a_new_one(busd, admin, client):
+    # a receiver may attach to a forwarding source (the SDKs open one to peek): it gets nothing
+    with client.get_queue_receiver("file-in", max_wait_time=1) as rx:
+        with client.get_queue_sender("file-in") as sender:
+            sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id{i}",
+                                                    application_properties={"k": i})
+                                  for i in range(3)])
+        assert rx.receive_messages(max_wait_time=1) == []
     got = drain_queue(client, "file-out", 3)
     assert [(str(m), m.message_id, m.application_properties[b"k"]) for m in got] == [
         (f"m{i}", f"id{i}", i) for i in range(3)]
     # new numbers at the destination; the source's first numbers carried along
     assert [m.enqueued_sequence_number for m in got] == [1, 2, 3]
     assert all(m.delivery_count == 0 for m in got)
-    assert peek_all(client, "file-in") == []
-
-
-def test_a_receiver_on_a_forwarding_source_gets_nothing(client):
-    with client.get_queue_receiver("file-in", max_wait_time=1) as rx:
-        with client.get_queue_sender("file-in") as sender:
-            sender.send_messages(ServiceBusMessage("for the forwarder"))
-        assert rx.receive_messages(max_wait_time=1) == []
-    (got,) = drain_queue(client, "file-out", 1)
-    assert str(got) == "for the forwarder"
+    assert admin.get_queue_runtime_properties("file-in").total_message_count == 0
+    metrics = urllib.request.urlopen(f"{busd.http_url}/metrics", timeout=5).read().decode()
+    assert 'busd_messages_forwarded_total{entity="file-in"} 3.0' in metrics
 
 
 def test_nservicebus_subscription_forwards_what_its_rules_take(busd, admin, client):
@@ -108,8 +105,7 @@ def test_nservicebus_subscription_forwards_what_its_rules_take(busd, admin, clie
     with client.get_subscription_receiver(bundle, "audit", max_wait_time=2) as rx:
         topic_seq = {str(m): m.sequence_number for m in receive(rx, 4)}
     got = drain_queue(client, endpoint, 2)
-    with client.get_queue_receiver(endpoint) as rx:
-        assert rx.receive_messages(max_wait_time=0.5) == []
+    assert admin.get_queue_runtime_properties(endpoint).total_message_count == 0
     assert [str(m) for m in got] == ["e1", "e3"]
     assert [m.sequence_number for m in got] == [1, 2]  # the endpoint queue's own numbers
     assert [m.enqueued_sequence_number for m in got] == [topic_seq["e1"], topic_seq["e3"]]
@@ -154,7 +150,7 @@ def test_dead_letters_are_forwarded_with_their_source_and_reason(busd, admin, cl
     assert got["poison"].dead_letter_source == src
     assert got["poison"].dead_letter_reason == "MaxDeliveryCountExceeded"
     assert got["explicit"].enqueued_sequence_number == 1
-    assert peek_all(client, src, sub_queue=ServiceBusSubQueue.DEAD_LETTER) == []
+    assert admin.get_queue_runtime_properties(src).total_message_count == 0
 
 
 def test_a_cycle_stops_after_four_hops(busd, admin, client):
@@ -172,7 +168,7 @@ def test_a_cycle_stops_after_four_hops(busd, admin, client):
     assert dead.dead_letter_reason == "MaxTransferHopCountExceeded"
     assert dead.dead_letter_error_description == HOPS_DESCRIPTION
     assert dead.enqueued_sequence_number == 1
-    assert peek_all(client, b) == []
+    assert admin.get_queue_runtime_properties(b).total_message_count == 0
 
 
 def test_a_six_entity_chain_ends_in_the_fifth_entitys_dead_letters(busd, admin, client):
@@ -184,7 +180,7 @@ def test_a_six_entity_chain_ends_in_the_fifth_entitys_dead_letters(busd, admin, 
         sender.send_messages(ServiceBusMessage("far"))
     (dead,) = drain_queue(client, names[4], 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
     assert dead.dead_letter_reason == "MaxTransferHopCountExceeded"
-    assert peek_all(client, names[5]) == []
+    assert admin.get_queue_runtime_properties(names[5]).total_message_count == 0
 
 
 def test_a_dead_letter_cycle_does_not_loop(busd, admin, client):
@@ -197,21 +193,16 @@ def test_a_dead_letter_cycle_does_not_loop(busd, admin, client):
     with client.get_queue_sender(a) as sender:
         sender.send_messages(ServiceBusMessage("stuck"))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        parked = peek_all(client, a, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
-        if parked:
-            break
-        time.sleep(0.1)
+    while admin.get_queue_runtime_properties(a).dead_letter_message_count == 0:
+        assert time.monotonic() < deadline, "the message never came to rest"
+        time.sleep(0.05)
     # it stays in a's dead letters (deferred: its forwarder does not take it again)
-    (parked,) = parked
+    time.sleep(0.3)
+    (parked,) = peek_all(client, a, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
     assert parked.dead_letter_reason == "MaxTransferHopCountExceeded"
-    time.sleep(0.5)
-    (still,) = peek_all(client, a, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
-    assert still.sequence_number == parked.sequence_number
-    assert peek_all(client, b) == [] and peek_all(client, b,
-                                                  sub_queue=ServiceBusSubQueue.DEAD_LETTER) == []
-    counts = admin.get_queue_runtime_properties(a)
-    assert counts.dead_letter_message_count == 1
+    assert parked.enqueued_sequence_number == 1
+    assert admin.get_queue_runtime_properties(a).dead_letter_message_count == 1
+    assert admin.get_queue_runtime_properties(b).total_message_count == 0
 
 
 def test_a_deleted_destination_sends_messages_to_the_sources_dead_letters(busd, admin, client):
@@ -251,7 +242,7 @@ def test_two_processes_forward_one_queue_in_order_exactly_once(busd_factory):
     entities = [queue("two-in", ForwardTo="two-out"), queue("two-out")]
     first = busd_factory(entities, prefix=(prefix := f"e2e-{uuid.uuid4().hex[:10]}"))
     busd_factory(entities, prefix=prefix)
-    n = 600
+    n = 400
     with ServiceBusClient.from_connection_string(first.connection_string) as client:
         with client.get_queue_sender("two-in") as sender:
             for start in range(0, n, 50):
