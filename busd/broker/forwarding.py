@@ -75,7 +75,8 @@ class Forwarding:
         self._forwarders: dict[str, Forwarder] = {}  # entity path -> its forwarder
         self._running = False
         self._stopping: set[asyncio.Task[None]] = set()  # forwarders of entities that stopped
-        catalog.listen(lambda old, new: self._sync())
+        self._sync_soon: asyncio.Handle | None = None
+        catalog.listen(self._changed)
 
     def start(self) -> None:
         self._running = True
@@ -83,12 +84,22 @@ class Forwarding:
 
     async def stop(self) -> None:
         self._running = False
+        if self._sync_soon is not None:
+            self._sync_soon.cancel()
+            self._sync_soon = None
         forwarders, self._forwarders = list(self._forwarders.values()), {}
         await asyncio.gather(*(f.stop() for f in forwarders), return_exceptions=True)
+
+    def _changed(self, old: object, new: object) -> None:
+        """One look at the whole catalog for every burst of changes (a reload announces each
+        entity): O(entities) per burst, not per change."""
+        if self._running and self._sync_soon is None:
+            self._sync_soon = asyncio.get_running_loop().call_soon(self._sync)
 
     def _sync(self) -> None:
         """Start a forwarder for each entity that forwards, stop those of entities that no
         longer do (the catalog changed: entities change rarely, this is O(entities))."""
+        self._sync_soon = None
         if not self._running:
             return
         wanted: dict[str, tuple[QueueSpec, str]] = {}
