@@ -64,6 +64,14 @@ class ConfigError(Exception):
     """A setting or the entities file is invalid; the message says which and why, in one line."""
 
 
+# URL schemes --redis-url takes; `+cluster` names a Redis/Valkey Cluster
+# (busd.storage.redis_store, as does a `?cluster=true` parameter).
+REDIS_URL_SCHEMES = (
+    "redis://", "rediss://", "unix://", "valkey://", "valkeys://",
+    "redis+cluster://", "rediss+cluster://", "valkey+cluster://", "valkeys+cluster://",
+)
+
+
 @dataclass
 class Settings:
     host: str = "127.0.0.1"
@@ -141,11 +149,11 @@ class Settings:
                 raise ConfigError(f"{what} {value} does not exist or is not a file")
         if self.config_path is not None and not Path(self.config_path).is_file():
             raise ConfigError(f"entities file {self.config_path} does not exist or is not a file")
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://", "valkey://", "valkeys://")
-        ):
+        if self.redis_url is not None and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ConfigError(
-                f"redis url must start with redis://, rediss:// or unix://, got {self.redis_url!r}"
+                "redis url must start with redis://, rediss://, unix:// (or valkey://, "
+                f"valkeys://; redis+cluster://, rediss+cluster:// for a cluster), "
+                f"got {self.redis_url!r}"
             )
 
     def connection_string(self) -> str:

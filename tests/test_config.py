@@ -401,6 +401,15 @@ def test_settings_validation_refuses_bad_values(changes):
         Settings(**changes).validate()
 
 
+@pytest.mark.parametrize("url", [
+    "redis://h:6379/0", "rediss://h:6380", "unix:///run/redis.sock", "valkey://h",
+    "redis+cluster://h:7000", "rediss+cluster://h:7000", "valkey+cluster://h:7000",
+    "redis://h:7000?cluster=true",
+])
+def test_settings_accept_every_store_url_the_store_opens(url):
+    Settings(redis_url=url).validate()
+
+
 def test_tls_listener_defaults_to_5671_and_may_be_off():
     assert (Settings().tls_port, Settings().ws_port) == (5671, 5443)
     Settings(tls_port=None, ws_port=None).validate()
