@@ -292,8 +292,9 @@ class _Pipe:
             self._writer = conn._writer
             parser = conn._parser
             reader = hiredis.Reader(protocolError=InvalidResponse, replyError=parser.parse_error)
+            # Named as busd's other long-lived tasks are: it lives as long as the connection.
             self._reading = asyncio.get_running_loop().create_task(
-                self._read(conn._reader, reader))
+                self._read(conn._reader, reader), name="busd-store-reader")
             self._connecting.set_result(None)
         except BaseException as exc:
             self._connecting.set_exception(exc)
