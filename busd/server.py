@@ -167,9 +167,8 @@ class Server:
     def _new_protocol(self) -> AmqpProtocol:
         broker = self.broker
         assert broker is not None, "not started"
-        proto = AmqpProtocol(lambda p: ConnectionHandler(p, broker), self.protocols.discard)
-        self.protocols.add(proto)
-        return proto
+        return AmqpProtocol(lambda p: ConnectionHandler(p, broker),
+                            on_closed=self.protocols.discard, on_opened=self.protocols.add)
 
     def banner(self) -> str:
         settings = self.settings

@@ -82,9 +82,13 @@ _CLOSED = _Closed()
 class AmqpProtocol(asyncio.Protocol):
     """Connection scope: the socket, the proton engine, and the connection's handler."""
 
-    def __init__(self, make_handler, on_closed=None) -> None:
+    def __init__(self, make_handler, on_closed=None, on_opened=None) -> None:
         self._make_handler = make_handler
         self._on_closed = on_closed
+        # Called from connection_made: over TLS that is after the handshake, and a handshake
+        # that fails calls neither it nor connection_lost, so whoever tracks open connections
+        # must start here, not when the protocol object is made.
+        self._on_opened = on_opened
         self.peer = "?"
         self._sock: asyncio.Transport | None = None
         self._dispatching = False
@@ -118,6 +122,8 @@ class AmqpProtocol(asyncio.Protocol):
         self.handler: EventHandler = self._make_handler(self)
         self.raw_links = self.handler.raw_links
         self._handled = handled_events(self.handler)
+        if self._on_opened is not None:
+            self._on_opened(self)
         self.kick()
 
     def data_received(self, data: bytes) -> None:
@@ -283,7 +289,7 @@ class AmqpProtocol(asyncio.Protocol):
     def shutdown(self, condition) -> None:
         """Close the AMQP connection with `condition` (a proton Condition), write the close
         frame, then close the socket; the handler releases what the connection held."""
-        if self._closed:
+        if self._closed or self._sock is None:
             return
         self.connection.condition = condition
         self.connection.close()

@@ -106,3 +106,32 @@ def test_plain_amqp_on_the_tls_port_is_refused_and_busd_keeps_serving(busd):
         with ctx.wrap_socket(raw, server_hostname="localhost") as s:
             s.sendall(b"AMQP\x03\x01\x00\x00")
             assert s.recv(8) == b"AMQP\x03\x01\x00\x00"  # the SASL layer answers
+
+
+def test_failed_handshakes_leave_nothing_behind_and_shutdown_is_clean(busd_factory):
+    import signal
+    import socket
+
+    own = busd_factory([queue("plain")])
+    # A client that does not trust the certificate, and one that speaks no TLS at all: neither
+    # handshake finishes, so asyncio never tells the AMQP protocol a connection was made.
+    untrusting = ssl.create_default_context()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", own.tls_port), timeout=5) as raw:
+            with pytest.raises(ssl.SSLError):
+                untrusting.wrap_socket(raw, server_hostname="localhost")
+        with socket.create_connection(("127.0.0.1", own.tls_port), timeout=5) as raw:
+            raw.sendall(b"AMQP\x00\x01\x00\x00")
+            try:
+                raw.recv(64)
+            except (ConnectionResetError, TimeoutError):
+                pass
+    with ServiceBusClient.from_connection_string(tls_connection_string(own),
+                                                 **tls_kwargs(own)) as client:
+        with client.get_queue_sender("plain") as sender:
+            sender.send_messages(ServiceBusMessage(b"after"))
+    # A graceful stop closes every open connection; the half-made ones must not be among them
+    # (they used to be, and the stop failed on them with a traceback and exit code 1).
+    own.stop(signal.SIGTERM)
+    assert own.proc.returncode == 0, own.log_text()[-3000:]
+    assert "Traceback" not in own.log_text()
