@@ -2,14 +2,15 @@
 
 This module is the leaf of busd.broker: endpoints (nodes, senders, receivers) import it, the
 connection (busd.broker.connection) and routing (busd.broker.routing) import them, and
-nothing here imports back. An endpoint reaches its connection only through `ConnectionScope`.
+nothing here imports back. An endpoint reaches its connection only through `ConnectionScope`,
+and the broker only through `BrokerScope`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
@@ -17,10 +18,13 @@ from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
 from busd.errors import BusdError
 
 if TYPE_CHECKING:
+    from busd.amqp.addresses import Address
     from busd.amqp.protocol import AmqpProtocol
     from busd.auth.rights import Grant
-    from busd.broker.broker import Broker
-    from busd.broker.limits import Buffers
+    from busd.broker.catalog import Catalog
+    from busd.broker.fanout import Fanout
+    from busd.broker.limits import Buffers, Limits
+    from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
 
@@ -81,17 +85,61 @@ def close_link(link: Link) -> None:
 
 
 # --- interfaces ---------------------------------------------------------------------------------
+class BrokerScope(Protocol):
+    """What endpoints and connections use of the broker (busd.broker.broker.Broker, which
+    imports them: described here, not imported, so imports flow one way)."""
+
+    store: Store
+    catalog: Catalog
+    fanout: Fanout
+    metrics: Any  # busd.observability.metrics.Metrics, or None
+    limits: Limits
+    sas_keys: dict[str, str]
+    open_connections: int
+    container_id: str
+    # (queue, session id) -> how to drop that session's local holder
+    local_session_holders: dict[tuple[str, str], Callable[[], None]]
+
+    def queue(self, name: str) -> QueueSpec | None: ...
+
+    def spec(self, path: str) -> QueueSpec | None: ...
+
+    def receivable(self, name: str) -> QueueSpec | None: ...
+
+    def topic(self, name: str) -> TopicSpec | None: ...
+
+    @property
+    def entities(self) -> dict[str, QueueSpec]: ...
+
+    def has_entity(self, address: Address) -> bool: ...
+
+    async def send(self, target: QueueSpec | TopicSpec, messages: list[NewMessage]
+                   ) -> list[int]: ...
+
+    async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None: ...
+
+    def new_waiter_id(self) -> str: ...
+
+    def wakeable(self, waiter_id: str, callback: Callable[[], None]) -> None: ...
+
+    def forget_wakeable(self, waiter_id: str) -> None: ...
+
+    def track(self, path: str, endpoint: LinkEndpoint) -> None: ...
+
+
 class ConnectionScope(Protocol):
     """What an endpoint may use of its connection (busd.broker.connection.ConnectionHandler)."""
 
     proto: AmqpProtocol
-    broker: Broker
     remote_container: str
     # queue name -> the credit this connection's last session receiver on it first granted
     # (busd.broker.sessions: what a new one will likely grant right after its attach)
     first_credit: dict[str, int]
     links: LinkRegistry
     buffers: Buffers  # bytes of unfinished transfers its links hold
+
+    @property
+    def broker(self) -> BrokerScope: ...
 
     def grant(self, grant: Grant) -> None: ...
 
@@ -140,7 +188,7 @@ class LinkEndpoint:
         self.detached = False
 
     @property
-    def broker(self) -> Broker:
+    def broker(self) -> BrokerScope:
         return self.conn.broker
 
     def on_attach(self) -> None:
