@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from busd.amqp import codec
@@ -315,7 +316,11 @@ OPERATION_RIGHTS = {
     **rule_management.OPERATION_RIGHTS,
 }
 
-OPERATIONS = {
+# An operation: (the link it came on, the request body, its application properties) ->
+# (status code, response body).
+Operation = Callable[["ManagementEndpoint", dict, dict], Awaitable[Any]]
+
+OPERATIONS: dict[str, Operation] = {
     "renew-lock": renew_lock,
     "renew-session-lock": renew_session_lock,
     "get-session-state": get_session_state,

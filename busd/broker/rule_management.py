@@ -8,7 +8,7 @@ reads them from there. A rule name compares case-insensitively within its subscr
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from busd import rules
 from busd.auth.rights import LISTEN
@@ -16,7 +16,19 @@ from busd.entities import RuleEntity, rule_path
 from busd.errors import BusdError, Condition
 
 if TYPE_CHECKING:
-    from busd.broker.management import ManagementEndpoint
+    from busd.broker.links import BrokerScope
+    from busd.storage.api import QueueSpec
+
+
+class RuleNode(Protocol):
+    """What the rule operations use of the `$management` link they came on
+    (busd.broker.management.ManagementEndpoint, which imports this module)."""
+
+    queue: QueueSpec
+
+    @property
+    def broker(self) -> BrokerScope: ...
+
 
 __all__ = ["OPERATIONS", "OPERATION_RIGHTS"]
 
@@ -25,7 +37,7 @@ __all__ = ["OPERATIONS", "OPERATION_RIGHTS"]
 MAX_PAGE = 1000
 
 
-def _subscription(ep: ManagementEndpoint) -> tuple[str, str]:
+def _subscription(ep: RuleNode) -> tuple[str, str]:
     spec = ep.queue
     if spec.topic is None or spec.subscription is None:
         raise BusdError(Condition.NOT_ALLOWED, "Rules exist on subscriptions only.")
@@ -48,7 +60,7 @@ def _count(body: dict, key: str, default: int) -> int:
     return int(value)
 
 
-async def add_rule(ep: ManagementEndpoint, body: dict, app: dict):
+async def add_rule(ep: RuleNode, body: dict, app: dict):
     topic, subscription = _subscription(ep)
     name = _rule_name(body)
     try:
@@ -62,7 +74,7 @@ async def add_rule(ep: ManagementEndpoint, body: dict, app: dict):
     return 200, None
 
 
-async def remove_rule(ep: ManagementEndpoint, body: dict, app: dict):
+async def remove_rule(ep: RuleNode, body: dict, app: dict):
     topic, subscription = _subscription(ep)
     name = _rule_name(body)
     if not await ep.broker.catalog.delete("rule", rule_path(topic, subscription, name)):
@@ -73,7 +85,7 @@ async def remove_rule(ep: ManagementEndpoint, body: dict, app: dict):
     return 200, None
 
 
-async def enumerate_rules(ep: ManagementEndpoint, body: dict, app: dict):
+async def enumerate_rules(ep: RuleNode, body: dict, app: dict):
     topic, subscription = _subscription(ep)
     top = min(_count(body, "top", MAX_PAGE), MAX_PAGE)
     skip = _count(body, "skip", 0)

@@ -23,7 +23,7 @@ import contextvars
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from proton import Array, Data, Delivery, Described, Link, Message, Terminus, symbol, ulong
 
@@ -50,11 +50,33 @@ from busd.storage.api import (
     TopicSpec,
 )
 
-if TYPE_CHECKING:
-    from busd.broker.receiving import QueueReceiverEndpoint
-    from busd.broker.sending import QueueSenderEndpoint
-
 log = logging.getLogger("busd.broker")
+
+
+# The links whose transactional work this module stages (busd.broker.sending and
+# busd.broker.receiving import this module; it names only what it uses of them).
+class TransactionalSender(Protocol):
+    """A sender link on a queue or topic (busd.broker.sending.QueueSenderEndpoint)."""
+
+    conn: ConnectionScope
+    queue: QueueSpec | TopicSpec
+
+    def kick(self) -> None: ...
+
+
+class TransactionalReceiver(Protocol):
+    """A receiver link (busd.broker.receiving.QueueReceiverEndpoint)."""
+
+    conn: ConnectionScope
+    entity: QueueSpec
+    holder: str
+    session_id: str | None
+
+    def kick(self) -> None: ...
+
+    def _answer(self, delivery: Any, settlement: Settlement, error: BusdError | None
+                ) -> None: ...
+
 
 # AMQP 1.0 Part 4 §4.5: descriptor codes of the transaction types.
 COORDINATOR = 0x30
@@ -509,7 +531,7 @@ def txn_id_of(raw_delivery) -> bytes | None:
     return bytes(data[0])
 
 
-def stage_transfer(endpoint: QueueSenderEndpoint, raw_delivery, payload: bytes,
+def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes,
                    size: int) -> None:  # fmt: skip
     """A transactional send (the transfer's state is transactional-state): validated now,
     staged, answered `transactional-state(txn-id, accepted)` once the store holds it, or
@@ -543,7 +565,7 @@ def stage_transfer(endpoint: QueueSenderEndpoint, raw_delivery, payload: bytes,
         _answer_transfer(endpoint, raw_delivery, txn_id, None)
 
 
-def _answer_transfer(endpoint: LinkEndpoint, raw_delivery, txn_id: bytes,
+def _answer_transfer(endpoint: TransactionalSender, raw_delivery, txn_id: bytes,
                      error: BusdError | None) -> None:  # fmt: skip
     delivery = engine.wrap(raw_delivery)
     if error is None:
@@ -558,7 +580,7 @@ def _answer_transfer(endpoint: LinkEndpoint, raw_delivery, txn_id: bytes,
     endpoint.kick()
 
 
-def stage_disposition(endpoint: QueueReceiverEndpoint, raw_delivery, token: bytes) -> None:
+def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: bytes) -> None:
     """A transactional settlement (the disposition's state is transactional-state with an
     outcome): staged, then answered with the plain outcome; its effect waits for the commit,
     the message staying locked meanwhile (docs/wire.md §10.4)."""
