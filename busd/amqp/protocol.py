@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Protocol as TypingProtocol
 
-from proton import Collector, Connection, Event, Transport
+from proton import Collector, Connection, Event, Link, Transport
 from proton._events import EventType
 from proton._exceptions import TransportException
 
@@ -77,6 +77,26 @@ class _Closed:
 
 
 _CLOSED = _Closed()
+
+
+class LinkEvent:
+    """A link's event as the handler sees it: its type and its link. proton's `Event.wrap`
+    also wraps the event's transport, connection and session, which no link handler reads;
+    an attach and a detach are two events of every session receiver's life."""
+
+    __slots__ = ("type", "link")
+
+    def __init__(self, kind: EventType, link: Link) -> None:
+        self.type = kind
+        self.link = link
+
+
+# The link events dispatched as LinkEvent, by proton event number.
+_LINK_EVENTS: dict[int, EventType] = {
+    kind.number: kind
+    for kind in (Event.LINK_REMOTE_OPEN, Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH,
+                 Event.LINK_FLOW)
+}
 
 
 class AmqpProtocol(asyncio.Protocol):
@@ -243,7 +263,12 @@ class AmqpProtocol(asyncio.Protocol):
                         engine.collector_pop(collector)
                         continue
                 if kind in handled:
-                    self.handler.dispatch(Event.wrap(impl))
+                    link_kind = _LINK_EVENTS.get(kind)
+                    if link_kind is not None:
+                        self.handler.dispatch(
+                            LinkEvent(link_kind, Link.wrap(engine.event_link(impl))))
+                    else:
+                        self.handler.dispatch(Event.wrap(impl))
             except Exception:  # a bug in one handler must not kill the connection loop
                 log.exception("connection %s: error handling an event", self.peer)
             engine.collector_pop(collector)
