@@ -26,7 +26,7 @@ from proton import Condition, Endpoint, Link
 from busd.auth.rights import Grant, allows, missing_claim
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
 from busd.broker.links import LinkEndpoint, LinkRegistry, amqp_condition, close_link, refuse_link
-from busd.broker.routing import make_endpoint
+from busd.broker.routing import Attach, make_endpoint
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
 
@@ -186,13 +186,13 @@ class ConnectionHandler:
     def on_link_remote_open(self, event) -> None:
         link = event.link
         try:
-            _check_names(link)
+            attach = _read_attach(link)
             if len(self.links) >= self.broker.limits.links_per_connection:
                 raise BusdError(
                     Cond.RESOURCE_LIMIT,
                     f"A connection may have at most {self.broker.limits.links_per_connection} "
                     "links.")
-            endpoint = make_endpoint(self, link)
+            endpoint = make_endpoint(self, link, attach)
         except BusdError as error:
             log.debug("link refused: %s", error)
             refuse_link(link, error)
@@ -407,10 +407,18 @@ def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | N
     return value
 
 
-def _check_names(link: Link) -> None:
-    """A link's name and addresses are text busd can log and route (docs/wire.md §2)."""
+def _read_attach(link: Link) -> Attach:
+    """What routing reads of an attach, decoded once: the link's name and addresses must be
+    text busd can log and route, and its properties must decode (docs/wire.md §2)."""
     _name(lambda: link.name, "link name")
-    _name(lambda: link.remote_source.address, "source address")
-    _name(lambda: link.remote_target.address, "target address")
+    source = link.remote_source
+    target = link.remote_target
+    source_address = _name(lambda: source.address, "source address")
+    target_address = _name(lambda: target.address, "target address")
     # routing reads them (com.microsoft:timeout): their text must decode too
-    _name(lambda: (link.remote_properties, None)[1], "link's properties map")
+    try:
+        properties = link.remote_properties
+    except UnicodeDecodeError:
+        raise BusdError(Cond.INVALID_FIELD,
+                        "The link's properties map is not valid UTF-8.") from None
+    return Attach(source, target, source_address, target_address, properties or {})

@@ -6,7 +6,10 @@ nothing of each other. A new entity kind adds its endpoints here.
 
 from __future__ import annotations
 
-from proton import Link
+from dataclasses import dataclass
+from typing import Any
+
+from proton import Link, Terminus
 
 from busd.amqp.addresses import Address, parse_address
 from busd.auth.rights import LISTEN, SEND
@@ -16,12 +19,22 @@ from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, TopicSpec
 
 
-def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """What the client's attach says, each field decoded once (proton decodes on every read)."""
+
+    source: Terminus
+    target: Terminus
+    source_address: str | None
+    target_address: str | None
+    properties: dict[Any, Any]
+
+
+def make_endpoint(conn: ConnectionScope, link: Link, attach: Attach) -> LinkEndpoint:
     """The endpoint for `link`, or the BusdError to refuse it with (docs/wire.md §4.3)."""
     if transactions.is_coordinator(link):  # needs no token of its own (docs/wire.md §10.2)
         return transactions.CoordinatorEndpoint(conn, link)
-    terminus = link.remote_source if link.is_sender else link.remote_target
-    parsed = parse_address(terminus.address)
+    parsed = parse_address(attach.source_address if link.is_sender else attach.target_address)
     if parsed.sub == "cbs":
         return nodes.ReplyEndpoint(conn, link) if link.is_sender else cbs.CbsEndpoint(conn, link)
     # The token first: without one, an entity that exists and one that does not get the same
@@ -31,12 +44,13 @@ def make_endpoint(conn: ConnectionScope, link: Link) -> LinkEndpoint:
     # which is what the JavaScript SDK puts (audience `<endpoint>/<entity>/$management`).
     path = parsed.entity_path + ("/$management" if parsed.sub == "management" else "")
     conn.authorize(path, right)
-    endpoint = _endpoint(conn, link, parsed)
+    endpoint = _endpoint(conn, link, parsed, attach)
     endpoint.needs = (path, right)
     return endpoint
 
 
-def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoint:
+def _endpoint(conn: ConnectionScope, link: Link, parsed: Address,
+              attach: Attach) -> LinkEndpoint:  # fmt: skip
     broker = conn.broker
     if parsed.is_subscription:
         path = f"{parsed.entity}/subscriptions/{parsed.subscription}"
@@ -64,7 +78,7 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address) -> LinkEndpoin
             return nodes.ReplyEndpoint(conn, link)
         endpoint = management.ManagementEndpoint(conn, link, entity, dlq=parsed.dlq)
     elif link.is_sender:  # we send: the client receives
-        endpoint = _receiver(conn, link, entity, dlq=parsed.dlq)
+        endpoint = _receiver(conn, link, entity, attach, dlq=parsed.dlq)
     elif parsed.dlq:
         raise BusdError(Condition.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
     elif parsed.is_subscription:
@@ -92,11 +106,11 @@ def _topic_endpoint(conn: ConnectionScope, link: Link, parsed: Address,
     return sending.QueueSenderEndpoint(conn, link, topic)
 
 
-def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,
+def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, attach: Attach, *,
               dlq: bool) -> LinkEndpoint:  # fmt: skip
     if dlq:
         return receiving.QueueReceiverEndpoint(conn, link, queue.dead_letter_queue)
-    has_filter, session_id = _session_filter(link)
+    has_filter, session_id = _session_filter(attach.source)
     if queue.requires_session and not has_filter:
         raise BusdError(
             Condition.NOT_ALLOWED,
@@ -108,15 +122,14 @@ def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, *,
             f"'{queue.name}' does not require sessions: a session receiver cannot be created.",
         )
     if has_filter:
-        timeout_ms = (link.remote_properties or {}).get(sessions.TIMEOUT_PROPERTY)
+        timeout_ms = attach.properties.get(sessions.TIMEOUT_PROPERTY)
         return sessions.SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
     return receiving.QueueReceiverEndpoint(conn, link, queue)
 
 
-def _session_filter(link: Link) -> tuple[bool, str | None]:
+def _session_filter(source: Terminus | None) -> tuple[bool, str | None]:
     """Whether the source asks for a session (docs/wire.md §6.5), and which (None: the next
     available)."""
-    source = link.remote_source
     if source is None or source.filter is None:
         return False, None
     try:
