@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from busd.auth.sas import SasError, audience_covers, entity_path_of, verify_sas_token
 
@@ -93,13 +93,18 @@ class Grant:
     audience: str
     expiry: float
     claims: frozenset[str]
+    # the audience's entity path, parsed once: every attach of the connection asks `covers`
+    path: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", _path(self.audience))
 
     @property
     def namespace_wide(self) -> bool:
-        return not _path(self.audience)
+        return not self.path
 
     def covers(self, entity_path: str) -> bool:
-        return audience_covers(_path(self.audience), entity_path)
+        return audience_covers(self.path, entity_path)
 
 
 def _path(audience: str) -> str:

@@ -161,9 +161,13 @@ class Metrics:
 
     def settled_batch(self, entity: str, outcomes: list[Outcome],
                       refused: list[Condition | None]) -> None:  # fmt: skip
+        # one label lookup per outcome in the batch, not per message (a batch is mostly one)
+        counts: dict[Outcome, int] = {}
         for outcome, refusal in zip(outcomes, refused):
             if refusal is None:
-                self.settled.labels(entity, _OUTCOME_NAMES[outcome]).inc()
+                counts[outcome] = counts.get(outcome, 0) + 1
+        for outcome, n in counts.items():
+            self.settled.labels(entity, _OUTCOME_NAMES[outcome]).inc(n)
 
     def settlement_refused(self, entity: str, reason: str) -> None:
         self.settlements_refused.labels(entity, reason).inc()
