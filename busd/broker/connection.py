@@ -25,7 +25,14 @@ from proton import Condition, Endpoint, Link
 
 from busd.auth.rights import Grant, allows, missing_claim
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
-from busd.broker.links import LinkEndpoint, LinkRegistry, amqp_condition, close_link, refuse_link
+from busd.broker.links import (
+    LinkEndpoint,
+    LinkRegistry,
+    amqp_condition,
+    close_link,
+    end_link,
+    refuse_link,
+)
 from busd.broker.routing import Attach, make_endpoint
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
@@ -242,11 +249,12 @@ class ConnectionHandler:
         self.proto.kick()
 
     def _link_gone(self, link: Link) -> None:
+        """The client detached `link` (one detach per link: proton refuses a second)."""
         endpoint = self.links.of(link)
         if endpoint is not None:
-            self._end(endpoint, then=lambda: close_link(link))
+            self._end(endpoint, then=lambda: end_link(link))
         else:
-            close_link(link)
+            end_link(link)
 
     def _end(self, endpoint: LinkEndpoint, then: Callable[[], None] | None = None) -> None:
         """The endpoint's link is gone: stop it at once, finish its store work in the

@@ -84,6 +84,14 @@ def close_link(link: Link) -> None:
         link.close()
 
 
+def end_link(link: Link) -> None:
+    """The client detached the link and busd answers: close our end, then free it. proton keeps
+    every link of a session until it is freed (the detach is still written), so without this
+    a long-lived connection would keep each link it ever had."""
+    close_link(link)
+    link.free()
+
+
 # --- interfaces ---------------------------------------------------------------------------------
 class BrokerScope(Protocol):
     """What endpoints and connections use of the broker (busd.broker.broker.Broker, which

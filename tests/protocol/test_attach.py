@@ -4,7 +4,7 @@ frame, against busd's protocol in memory."""
 from __future__ import annotations
 
 import pytest
-from proton import Link
+from proton import Delivery, Link, Message
 
 from tests.protocol.harness import (
     MAX_BATCH_SIZE,
@@ -123,3 +123,38 @@ async def test_put_token_answers(connect):
     # CBS responses arrive pre-settled (docs/wire.md §3.4).
     _, responses = client.node_links("$cbs")
     assert all(r.delivery.settled for r in responses.received)
+
+
+
+def server_links(client) -> int:
+    """The links proton still keeps in the broker's side of the connection."""
+    count, link = 0, client.proto.connection.link_head(0)
+    while link is not None:
+        count, link = count + 1, link.next(0)
+    return count
+
+
+async def test_links_the_client_detached_are_freed(client):
+    """A session processor's connection attaches and detaches a receiver for every session it
+    takes, for as long as it lives. proton keeps each link of a connection until it is freed:
+    busd frees it when it answers the detach, so the connection does not grow with its past
+    links (accepted, refused, session receivers alike)."""
+    await client.send_to("sessions", *(Message(body=f"s{i}", group_id=f"s{i}") for i in range(3)))
+    before = server_links(client)  # the $cbs node's two links
+    for _ in range(10):
+        for handle in (await client.attach_receiver("plain"),
+                       await client.attach_sender("plain"),
+                       await client.attach_receiver("no-such-queue")):
+            if handle.closed_by_broker:  # refused: the client answers the broker's detach
+                handle.link.close()
+            else:
+                await client.detach(handle)
+    for i in range(3):
+        handle = await client.attach_receiver("sessions", session=f"s{i}", credit=1)
+        (received,) = await handle.wait_for(1)
+        await client.dispose(received, Delivery.ACCEPTED)
+        await client.detach(handle)
+    await client.wait(lambda: server_links(client) == before, "every detached link freed")
+    # the connection serves on: a new link is answered as before
+    receiver = await client.attach_receiver("plain")
+    assert receiver.answered and not receiver.closed_by_broker
