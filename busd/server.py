@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -283,6 +284,9 @@ async def serve(settings: Settings) -> int:
     except BaseException:
         await server.shutdown()
         raise
+    # What start-up made (modules, the filter grammar's tables, settings) lives as long as
+    # the process: the collector need not walk it again on every full collection.
+    gc.freeze()
     print(server.banner(), flush=True)
     await stop.wait()
     log.info("shutting down")
