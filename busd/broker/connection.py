@@ -31,6 +31,7 @@ from busd.broker.links import (
     amqp_condition,
     close_link,
     end_link,
+    end_session,
     refuse_link,
 )
 from busd.broker.routing import Attach, make_endpoint
@@ -188,7 +189,7 @@ class ConnectionHandler:
         session = event.session
         for endpoint in [e for e in self.links if e.link.session == session]:
             self._end(endpoint)
-        self._after_finishing(session.close)
+        self._after_finishing(lambda: end_session(session))
 
     def on_link_remote_open(self, event) -> None:
         link = event.link

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from proton import Condition, Delivery, Endpoint, Link, Terminus, symbol
+from proton import Condition, Delivery, Endpoint, Link, Session, Terminus, symbol
 
 from busd.errors import BusdError
 
@@ -90,6 +90,14 @@ def end_link(link: Link) -> None:
     a long-lived connection would keep each link it ever had."""
     close_link(link)
     link.free()
+
+
+def end_session(session: Session) -> None:
+    """The client ended an AMQP session and busd answers: as `end_link`, for the session and
+    whatever links it still has (the Python SDK begins a session for every link it attaches)."""
+    if not session.state & Endpoint.LOCAL_CLOSED:
+        session.close()
+    session.free()
 
 
 # --- interfaces ---------------------------------------------------------------------------------

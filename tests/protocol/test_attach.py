@@ -158,3 +158,29 @@ async def test_links_the_client_detached_are_freed(client):
     # the connection serves on: a new link is answered as before
     receiver = await client.attach_receiver("plain")
     assert receiver.answered and not receiver.closed_by_broker
+
+
+def server_sessions(client) -> int:
+    """The AMQP sessions proton still keeps in the broker's side of the connection."""
+    count, session = 0, client.proto.connection.session_head(0)
+    while session is not None:
+        count, session = count + 1, session.next(0)
+    return count
+
+
+async def test_sessions_the_client_ended_are_freed(client):
+    """The Python SDK begins an AMQP session for every link it attaches and ends it with the
+    link: busd frees each ended session (and what links it still had) once it answers the
+    end, as it frees detached links."""
+    main_session = client.session
+    before = server_sessions(client)
+    for _ in range(10):
+        client.session = client.conn.session()
+        client.session.open()
+        await client.attach_receiver("plain")  # left attached: the end takes it along
+        client.session.close()
+    client.session = main_session
+    await client.wait(lambda: server_sessions(client) == before, "every ended session freed")
+    assert server_links(client) == 2  # the $cbs node's, on the first session
+    receiver = await client.attach_receiver("plain")
+    assert receiver.answered and not receiver.closed_by_broker
