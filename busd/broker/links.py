@@ -94,7 +94,8 @@ def end_link(link: Link) -> None:
 
 def end_session(session: Session) -> None:
     """The client ended an AMQP session and busd answers: as `end_link`, for the session and
-    whatever links it still has (the Python SDK begins a session for every link it attaches)."""
+    whatever links it still has (the JavaScript SDK begins a session for every link it attaches,
+    all on one connection)."""
     if not session.state & Endpoint.LOCAL_CLOSED:
         session.close()
     session.free()

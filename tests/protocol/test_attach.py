@@ -169,9 +169,9 @@ def server_sessions(client) -> int:
 
 
 async def test_sessions_the_client_ended_are_freed(client):
-    """The Python SDK begins an AMQP session for every link it attaches and ends it with the
-    link: busd frees each ended session (and what links it still had) once it answers the
-    end, as it frees detached links."""
+    """The JavaScript SDK begins an AMQP session for every link it attaches, all on one
+    connection, and ends it with the link: busd frees each ended session (and what links it
+    still had) once it answers the end, as it frees detached links."""
     main_session = client.session
     before = server_sessions(client)
     for _ in range(10):
