@@ -17,7 +17,7 @@ from proton import Condition, symbol
 from busd import __version__
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
-from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler
+from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.config import EntitiesFile, Settings, load_entities
 from busd.tls import Tls
 from busd.tls import load as load_tls
@@ -118,7 +118,7 @@ class Server:
             from busd.observability.metrics import Metrics
 
             metrics = Metrics()
-            metrics.set_census(lambda: len(LIVE_CONNECTIONS))
+            metrics.set_census(lambda: len(LIVE_CONNECTIONS), kept_endpoints)
         except ImportError:
             pass
         self.broker = Broker(

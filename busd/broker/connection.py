@@ -56,6 +56,18 @@ EXPIRY_SLACK_S = 0.05
 LIVE_CONNECTIONS: weakref.WeakSet[ConnectionHandler] = weakref.WeakSet()
 
 
+def kept_endpoints() -> tuple[int, int]:
+    """(AMQP sessions, links) proton keeps for this process's open connections: the census
+    behind busd_session_objects and busd_link_objects, which show ended sessions or detached
+    links that are never freed (docs/design.md §3.12). Walks them all: read at a scrape only."""
+    sessions = links = 0
+    for handler in list(LIVE_CONNECTIONS):
+        s, n = handler.kept_endpoints()
+        sessions += s
+        links += n
+    return sessions, links
+
+
 class ConnectionHandler:
     """Connection scope: the proton connection, its CBS grants and its links."""
 
@@ -335,6 +347,22 @@ class ConnectionHandler:
             if self.broker.metrics is not None:
                 self.broker.metrics.connection_closed()
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    def kept_endpoints(self) -> tuple[int, int]:
+        """(sessions, links) proton keeps for this connection; none once it is closed."""
+        if self._closed:
+            return 0, 0
+        sessions = links = 0
+        conn = self.proto.connection
+        session = conn.session_head(0)
+        while session is not None:
+            sessions += 1
+            session = session.next(0)
+        link = conn.link_head(0)
+        while link is not None:
+            links += 1
+            link = link.next(0)
+        return sessions, links
 
     # --- authorisation (docs/wire.md §3.5) --------------------------------------------------
     def grant(self, grant: Grant) -> None:

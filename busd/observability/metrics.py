@@ -110,6 +110,17 @@ class Metrics:
             "busd_connection_objects",
             "Connection objects of this process still in memory, open or not yet freed.",
             registry=registry)
+        # The same for what proton keeps inside open connections (set_census gives them too).
+        self.session_objects = Gauge(
+            "busd_session_objects",
+            "AMQP sessions of this process's open connections that proton keeps: begun, or "
+            "ended and not yet freed.",
+            registry=registry)
+        self.link_objects = Gauge(
+            "busd_link_objects",
+            "Links of this process's open connections that proton keeps: attached, or "
+            "detached and not yet freed.",
+            registry=registry)
         self.auth_refusals = Counter(
             "busd_auth_refused", "CBS put-token requests refused (this process).",
             registry=registry)
@@ -132,9 +143,13 @@ class Metrics:
         self.store_figures = StoreCollector()
         registry.register(self.store_figures)
 
-    def set_census(self, count) -> None:
-        """`count()`: how many connection objects are alive, read at each scrape."""
+    def set_census(self, count, endpoints=None) -> None:
+        """`count()`: how many connection objects are alive; `endpoints()`: (sessions, links)
+        proton keeps for the open ones. Both read at each scrape."""
         self.connection_objects.set_function(count)
+        if endpoints is not None:
+            self.session_objects.set_function(lambda: endpoints()[0])
+            self.link_objects.set_function(lambda: endpoints()[1])
 
     # --- events from the broker -------------------------------------------------------------
     def connection_opened(self) -> None:
