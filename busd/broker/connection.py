@@ -19,7 +19,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Endpoint, Link
 
@@ -29,7 +29,6 @@ from busd.broker.links import (
     LinkEndpoint,
     LinkRegistry,
     amqp_condition,
-    close_link,
     end_link,
     end_session,
     refuse_link,
@@ -85,6 +84,13 @@ class ConnectionHandler:
         self.raw_links = self.links.raw
         # store work of links that went, still running (see the module docstring)
         self._finishing: set[asyncio.Task] = set()
+        # raw link pointer -> the link, while its store work finishes (`_end`); and those of
+        # them the client detached meanwhile, freed once that work is done
+        self._ending: dict[Any, Link] = {}
+        self._free_when_done: set[Any] = set()
+        # links busd closed first (refused, or detached with an error) whose detach the client
+        # has not answered: proton keeps them until it does (docs/design.md §3.12)
+        self._unanswered: dict[Any, Link] = {}
         # bytes of unfinished transfers this connection's links hold (docs/design.md §3.12)
         self.buffers = Buffers(broker.limits.connection_buffer, broker.buffers)
         self._closed = False
@@ -132,10 +138,10 @@ class ConnectionHandler:
                 self.detach(endpoint, amqp_condition(internal, triple=False))
             elif link is not None:
                 if not link.state & Endpoint.LOCAL_ACTIVE:
-                    refuse_link(link, internal)  # the attach is answered, whatever failed
+                    self._refuse_link(link, internal)  # the attach is answered, whatever failed
                 else:
                     link.condition = amqp_condition(internal, triple=False)
-                    close_link(link)
+                    self._close_first(link)
             else:
                 self.close_connection(internal)
         except Exception:
@@ -201,21 +207,30 @@ class ConnectionHandler:
         session = event.session
         for endpoint in [e for e in self.links if e.link.session == session]:
             self._end(endpoint)
+        # its links busd closed first go with it (their pointers are proton's to reuse)
+        for impl, link in list(self._unanswered.items()):
+            if link.session == session:
+                del self._unanswered[impl]
         self._after_finishing(lambda: end_session(session))
 
     def on_link_remote_open(self, event) -> None:
         link = event.link
         try:
             attach = _read_attach(link)
-            if len(self.links) >= self.broker.limits.links_per_connection:
-                raise BusdError(
+            limit = self.broker.limits.links_per_connection
+            if len(self._unanswered) >= limit:
+                # Refusing would keep one more: a client that answers no detach is closed.
+                self.close_connection(BusdError(
                     Cond.RESOURCE_LIMIT,
-                    f"A connection may have at most {self.broker.limits.links_per_connection} "
-                    "links.")
+                    f"The client left {limit} detaches of busd unanswered."))
+                return
+            if len(self.links) + len(self._unanswered) >= limit:
+                raise BusdError(Cond.RESOURCE_LIMIT,
+                                f"A connection may have at most {limit} links.")
             endpoint = make_endpoint(self, link, attach)
         except BusdError as error:
             log.debug("link refused: %s", error)
-            refuse_link(link, error)
+            self._refuse_link(link, error)
             return
         self.links.add(endpoint)
         if self.broker.metrics is not None:
@@ -262,12 +277,29 @@ class ConnectionHandler:
         self.proto.kick()
 
     def _link_gone(self, link: Link) -> None:
-        """The client detached `link` (one detach per link: proton refuses a second)."""
+        """The client detached `link` (one detach per link: proton refuses a second). It is
+        freed once busd has answered and nothing of busd's uses it any more."""
+        impl = link._impl
+        self._unanswered.pop(impl, None)
         endpoint = self.links.of(link)
         if endpoint is not None:
             self._end(endpoint, then=lambda: end_link(link))
+        elif impl in self._ending:  # busd detached it first and is still finishing its work
+            self._free_when_done.add(impl)
         else:
             end_link(link)
+
+    def _close_first(self, link: Link) -> None:
+        """Close a link on busd's side before the client detached it."""
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            link.close()
+            if not link.state & Endpoint.REMOTE_CLOSED:
+                self._unanswered[link._impl] = link
+
+    def _refuse_link(self, link: Link, error: BusdError) -> None:
+        refuse_link(link, error)
+        if not link.state & Endpoint.REMOTE_CLOSED:
+            self._unanswered[link._impl] = link
 
     def _end(self, endpoint: LinkEndpoint, then: Callable[[], None] | None = None) -> None:
         """The endpoint's link is gone: stop it at once, finish its store work in the
@@ -279,14 +311,21 @@ class ConnectionHandler:
             log.exception("stopping link %s failed", endpoint.link.name)
         task = asyncio.get_running_loop().create_task(endpoint.finish())
         self._finishing.add(task)
+        link = endpoint.link
+        self._ending[link._impl] = link
 
         def done(task: asyncio.Task) -> None:
             self._finishing.discard(task)
+            self._ending.pop(link._impl, None)
             if not task.cancelled() and task.exception() is not None:
                 log.error("finishing link %s failed", endpoint.link.name,
                           exc_info=task.exception())
             if then is not None:
                 then()
+            if link._impl in self._free_when_done:  # the client detached it meanwhile
+                self._free_when_done.discard(link._impl)
+                self._unanswered.pop(link._impl, None)  # (`then` may have closed it first)
+                end_link(link)
             self.proto.kick()
 
         task.add_done_callback(done)
@@ -311,7 +350,7 @@ class ConnectionHandler:
 
         def close() -> None:
             link.condition = condition
-            close_link(link)
+            self._close_first(link)
 
         self._end(endpoint, then=close)
 
@@ -319,7 +358,7 @@ class ConnectionHandler:
         """Refuse a link whose attach is still unanswered (docs/wire.md §4.3)."""
         self._forget(endpoint)
         endpoint.on_detach()
-        refuse_link(endpoint.link, error)
+        self._refuse_link(endpoint.link, error)
         self.proto.kick()
 
     def _forget(self, endpoint: LinkEndpoint) -> None:

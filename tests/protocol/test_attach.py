@@ -4,7 +4,7 @@ frame, against busd's protocol in memory."""
 from __future__ import annotations
 
 import pytest
-from proton import Delivery, Link, Message
+from proton import Condition, Delivery, Link, Message
 
 from tests.protocol.harness import (
     MAX_BATCH_SIZE,
@@ -182,5 +182,22 @@ async def test_sessions_the_client_ended_are_freed(client):
     client.session = main_session
     await client.wait(lambda: server_sessions(client) == before, "every ended session freed")
     assert server_links(client) == 2  # the $cbs node's, on the first session
+    receiver = await client.attach_receiver("plain")
+    assert receiver.answered and not receiver.closed_by_broker
+
+
+async def test_a_link_both_sides_detach_at_once_is_freed_once(client, broker):
+    """busd detaches a link with an error (e.g. a lost session lock) while the client detaches
+    it too: the link is freed once busd's work for it is done, not while it still runs."""
+    before = server_links(client)
+    for _ in range(5):
+        handle = await client.attach_receiver("plain", credit=1)
+        handler = client.proto.handler
+        endpoint = next(e for e in handler.links if e.link.name == handle.link.name)
+        handler.detach(endpoint, Condition("amqp:internal-error", "crossing detaches"))
+        handle.link.close()  # the client's detach crosses busd's
+        client.pump()
+        await client.wait(lambda h=handle: h.closed_by_broker, "busd's detach")
+    await client.wait(lambda: server_links(client) == before, "both sides' links freed")
     receiver = await client.attach_receiver("plain")
     assert receiver.answered and not receiver.closed_by_broker

@@ -182,3 +182,28 @@ async def test_a_refused_links_transfers_are_dropped(client: ProtocolClient, bro
     await client.settle_down(0.05)
     await client.send_to("plain", Message(body="served"))
     assert broker.buffers.held == 0
+
+
+async def test_links_busd_closed_first_count_until_the_client_answers(broker, connect):
+    """A refused attach stays in proton until the client answers busd's detach: such links
+    count toward the links per connection, and a client that leaves as many unanswered is
+    closed, so a connection keeps at most twice the limit whatever the client does."""
+    set_limits(broker, links_per_connection=4)
+    client = await connect()
+    await client.authorize("plain")  # $cbs: two links
+    ignored = [await client.attach_receiver("no-such-queue") for _ in range(2)]
+    assert all(h.closed_by_broker for h in ignored)  # no token for it: refused
+    refused = await client.attach_receiver("plain")  # 2 attached + 2 unanswered
+    assert refused.condition.name == "amqp:resource-limit-exceeded"
+    for handle in (*ignored, refused):  # answered: they no longer count
+        handle.link.close()
+    await client.settle_down()  # (proton writes a new attach before older detaches)
+    accepted = await client.attach_receiver("plain")
+    assert accepted.answered and not accepted.closed_by_broker, accepted.condition
+    # now leave refusals unanswered, up to the limit: then the connection is closed
+    for _ in range(4):
+        handle = await client.attach_receiver("no-such-queue")
+        assert handle.closed_by_broker
+    client.session.receiver("one-too-many").open()
+    await client.wait(lambda: bool(client.conn.state & Endpoint.REMOTE_CLOSED), "the close")
+    assert client.conn.remote_condition.name == "amqp:resource-limit-exceeded"
