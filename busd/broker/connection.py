@@ -391,17 +391,8 @@ class ConnectionHandler:
         """(sessions, links) proton keeps for this connection; none once it is closed."""
         if self._closed:
             return 0, 0
-        sessions = links = 0
         conn = self.proto.connection
-        session = conn.session_head(0)
-        while session is not None:
-            sessions += 1
-            session = session.next(0)
-        link = conn.link_head(0)
-        while link is not None:
-            links += 1
-            link = link.next(0)
-        return sessions, links
+        return _chain_length(conn.session_head(0)), _chain_length(conn.link_head(0))
 
     # --- authorisation (docs/wire.md §3.5) --------------------------------------------------
     def grant(self, grant: Grant) -> None:
@@ -481,6 +472,16 @@ def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | N
         raise BusdError(Cond.INVALID_FIELD,
                         f"The {what} is longer than {MAX_NAME_LENGTH} characters.")
     return value
+
+
+def _chain_length(endpoint) -> int:
+    """How many sessions or links proton's list holds from `endpoint`, its head (0: any
+    state)."""
+    count = 0
+    while endpoint is not None:
+        count += 1
+        endpoint = endpoint.next(0)
+    return count
 
 
 def _read_attach(link: Link) -> Attach:
