@@ -4,6 +4,8 @@ certificate through `connection_verify`, sends and receives on queues and sessio
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import ssl
 
 import pytest
@@ -92,15 +94,18 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(busd):
                 sender.send_messages(ServiceBusMessage(b"nope"))
 
 
-def test_plain_amqp_on_the_tls_port_is_refused_and_busd_keeps_serving(busd):
-    import socket
-
-    with socket.create_connection(("127.0.0.1", busd.tls_port), timeout=5) as s:
-        s.sendall(b"AMQP\x03\x01\x00\x00")
+def plain_amqp_header(port: int, header: bytes) -> None:
+    """Speak plain AMQP (no TLS) to the TLS port: busd refuses the handshake and hangs up."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(header)
         try:
-            s.recv(64)
+            raw.recv(64)
         except (ConnectionResetError, TimeoutError):
             pass
+
+
+def test_plain_amqp_on_the_tls_port_is_refused_and_busd_keeps_serving(busd):
+    plain_amqp_header(busd.tls_port, b"AMQP\x03\x01\x00\x00")
     ctx = ssl.create_default_context(cafile=busd.cert_path)
     with socket.create_connection(("127.0.0.1", busd.tls_port), timeout=5) as raw:
         with ctx.wrap_socket(raw, server_hostname="localhost") as s:
@@ -109,9 +114,6 @@ def test_plain_amqp_on_the_tls_port_is_refused_and_busd_keeps_serving(busd):
 
 
 def test_failed_handshakes_leave_nothing_behind_and_shutdown_is_clean(busd_factory):
-    import signal
-    import socket
-
     own = busd_factory([queue("plain")])
     # A client that does not trust the certificate, and one that speaks no TLS at all: neither
     # handshake finishes, so asyncio never tells the AMQP protocol a connection was made.
@@ -120,12 +122,7 @@ def test_failed_handshakes_leave_nothing_behind_and_shutdown_is_clean(busd_facto
         with socket.create_connection(("127.0.0.1", own.tls_port), timeout=5) as raw:
             with pytest.raises(ssl.SSLError):
                 untrusting.wrap_socket(raw, server_hostname="localhost")
-        with socket.create_connection(("127.0.0.1", own.tls_port), timeout=5) as raw:
-            raw.sendall(b"AMQP\x00\x01\x00\x00")
-            try:
-                raw.recv(64)
-            except (ConnectionResetError, TimeoutError):
-                pass
+        plain_amqp_header(own.tls_port, b"AMQP\x00\x01\x00\x00")
     with ServiceBusClient.from_connection_string(tls_connection_string(own),
                                                  **tls_kwargs(own)) as client:
         with client.get_queue_sender("plain") as sender:
