@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -611,5 +611,3 @@ class Store(Protocol):
         """Drop the staged state of transactions with `queue` as via entity that are past
         their time; returns how many."""
 
-
-AsyncFactory = Callable[[], Awaitable[Store]]

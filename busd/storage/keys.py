@@ -128,20 +128,6 @@ def keys(
     return [key(prefix, entity, n, subscription) for n in names]
 
 
-def _glob_escape(text: str) -> str:
-    return text.replace("[", "\\[").replace("?", "\\?").replace("*", "\\*")
-
-
-def queue_pattern(prefix: str, queue: str) -> str:
-    """A SCAN pattern for every key of a queue, or of a topic and all its subscriptions."""
-    return f"{_glob_escape(hash_tag(prefix, queue))}:*"
-
-
-def subscription_pattern(prefix: str, topic: str, subscription: str) -> str:
-    """A SCAN pattern for the keys a subscription owns (not those it shares with its topic)."""
-    return f"{_glob_escape(hash_tag(prefix, topic))}:s:{_glob_escape(subscription)}:*"
-
-
 def catalog_key(prefix: str) -> str:
     """The hash of every entity record: `<kind>:<path>` -> JSON (busd.storage.api)."""
     return f"{prefix}:catalog"
