@@ -1,5 +1,5 @@
 """Rule management on a subscription's `$management` node: add-rule, remove-rule and
-enumerate-rules (docs/wire.md §8.4.13, docs/rules.md §5.2).
+enumerate-rules (docs/wire.md §8.4.11, docs/rules.md §5.2).
 
 Rules live in the store's catalog, so every busd process sees a change at once; the fan-out
 reads them from there. A rule name compares case-insensitively within its subscription.
