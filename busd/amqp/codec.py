@@ -12,6 +12,10 @@ Each part lives in a module of its own and is re-exported here unchanged:
     busd.amqp.messages   whole messages decoded and encoded, for $cbs and $management
 
 Callers only ever see `CodecError` for bad bytes or values that cannot be encoded.
+
+busd has its own codec instead of proton's `Message` for fidelity (the bare message is handed
+on byte for byte, with the sender's exact AMQP types) and for speed (a sent message is scanned
+once for the few fields the broker needs, never decoded and encoded whole): docs/design.md §3.2.
 """
 
 from __future__ import annotations
