@@ -217,7 +217,7 @@ class AtomApi:
             content = ax.rule_description(entity.properties["rule"], entity.created_ms)
         else:
             runtime = await self.entities.runtime(entity)
-            content = ax.description(entity.kind, entity.properties, runtime)
+            content = ax.description(entity.kind, entity.properties, runtime, request.host)
         return ax.entry(url, entity.name, content, updated_ms=entity.updated_ms,
                         published_ms=entity.created_ms,
                         author=ax.NAMESPACE_NAME if entity.kind in ("queue", "topic") else None,

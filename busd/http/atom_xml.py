@@ -61,8 +61,8 @@ class AtomError(Exception):
 
 # --- field tables ------------------------------------------------------------------------------
 # (element, kind) in the service's order. Kinds: duration, bool, int, str, status, forward
-# (a name or URL, answered as a bare name), and `rt` for what the store fills in (read-only:
-# ignored in requests).
+# (a name or URL, kept as the bare name, answered as the URL `sb://<host>/<name>`), and `rt`
+# for what the store fills in (read-only: ignored in requests).
 RT = "rt"
 
 QUEUE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -194,7 +194,11 @@ def _parse_value(name: str, kind: str, text: str) -> Any:
     return text
 
 
-def _format_value(kind: str, value: Any) -> str:
+def _format_value(kind: str, value: Any, host: str) -> str:
+    if kind == "forward":
+        # The service answers the destination's URL on the namespace's host, as the SDKs
+        # send it (their tests compare the URL's end: `<host>/<name>`).
+        return f"sb://{host}/{value}"
     if kind == "duration":
         return format_duration(value)
     if kind == "bool":
@@ -441,9 +445,11 @@ def _runtime_field(parent: ET.Element, name: str, rt: Runtime) -> None:
         _el(parent, name, str(value))
 
 
-def description(kind: str, properties: Mapping[str, Any], rt: Runtime) -> ET.Element:
+def description(kind: str, properties: Mapping[str, Any], rt: Runtime,
+                host: str = "localhost") -> ET.Element:  # fmt: skip
     """A Queue/Topic/SubscriptionDescription in the service's element order: `properties`
-    over the defaults, the store's counts and times in their places."""
+    over the defaults, the store's counts and times in their places; forwarding destinations
+    as URLs on `host` (the namespace's host and port, as the client addressed it)."""
     element_name, fields, defaults = KINDS[kind]
     values = {**defaults, **properties}
     root = ET.Element(element_name, {"xmlns": SB, "xmlns:i": XSI})
@@ -451,7 +457,7 @@ def description(kind: str, properties: Mapping[str, Any], rt: Runtime) -> ET.Ele
         if field_kind == RT:
             _runtime_field(root, name, rt)
         elif name in values and (values[name] is not None or field_kind == "duration"):
-            _el(root, name, _format_value(field_kind, values[name]))
+            _el(root, name, _format_value(field_kind, values[name], host))
     return root
 
 

@@ -94,3 +94,20 @@ def test_missing_entities_raise_resource_not_found(admin):
     with pytest.raises(ResourceNotFoundError):
         admin.delete_queue("kq-nosuch")
 
+
+
+def test_forwarding_destinations_are_answered_as_urls_on_the_namespace_host(busd, admin):
+    """The service answers ForwardTo and ForwardDeadLetteredMessagesTo as the destination's URL
+    (`sb://<host>/<name>`), whether the request named it by URL (as the SDK does) or bare."""
+    host = f"localhost:{busd.http_port}"
+    admin.create_queue("kq-fwd-dest")
+    admin.create_queue("kq-fwd-src", forward_to="kq-fwd-dest",
+                       forward_dead_lettered_messages_to=f"sb://{host}/kq-fwd-dest")
+    found = admin.get_queue("kq-fwd-src")
+    assert found.forward_to == f"sb://{host}/kq-fwd-dest"
+    assert found.forward_dead_lettered_messages_to == f"sb://{host}/kq-fwd-dest"
+    admin.create_topic("kt-fwd")
+    admin.create_subscription("kt-fwd", "s", forward_to="kq-fwd-dest")
+    assert admin.get_subscription("kt-fwd", "s").forward_to == f"sb://{host}/kq-fwd-dest"
+    listed = {q.name: q for q in admin.list_queues()}
+    assert listed["kq-fwd-src"].forward_to == f"sb://{host}/kq-fwd-dest"

@@ -71,7 +71,7 @@ def test_a_queue_entry_reads_back_in_the_sdk_with_every_value():
     assert queue.requires_session is True
     assert queue.max_delivery_count == 5
     assert queue.user_metadata == "meta"
-    assert queue.forward_dead_lettered_messages_to == "sink"
+    assert queue.forward_dead_lettered_messages_to == "sb://localhost/sink"
     assert queue.default_message_time_to_live > dt.timedelta(days=10_000_000)
     assert queue.max_message_size_in_kilobytes == 1024
     runtime = QueueRuntimeProperties._from_internal_entity(
@@ -104,7 +104,7 @@ def test_topic_and_subscription_entries_read_back_in_the_sdk():
     entry = SubscriptionDescriptionEntry.deserialize(_parse(data))
     sub = SubscriptionProperties._from_internal_entity(
         entry.title, entry.content.subscription_description)
-    assert sub.name == "s1" and sub.requires_session is True and sub.forward_to == "q2"
+    assert sub.name == "s1" and sub.requires_session is True and sub.forward_to == "sb://localhost/q2"
     assert sub.dead_lettering_on_filter_evaluation_exceptions is True
 
 
