@@ -108,6 +108,19 @@ def _entry(description: str, values: list[tuple[str, str]],
     return ET.tostring(entry, encoding="utf-8", xml_declaration=True)
 
 
+def _changed_entry(description: str, current: ET.Element | None,
+                   values: list[tuple[str, str]]) -> bytes:  # fmt: skip
+    """The entity's description as busd answered it, with `values` set: what an update sends,
+    since busd (as Service Bus) resets what an update leaves out. Read-only elements that
+    come back with it are ignored by busd."""
+    content = None if current is None else current.find(f"{{{ATOM}}}content")
+    if content is None or not len(content):
+        raise ToolError(f"busd answered no {description}", EXIT_FAILED)
+    kept = [child for child in content[0]
+            if child.tag.rpartition("}")[2] not in {name for name, _ in values}]
+    return _entry(description, values, kept)
+
+
 def _properties(root: ET.Element | None) -> dict[str, Any]:
     """An answered entry's description as {element: text}; CountDetails as a dict."""
     if root is None:
@@ -224,8 +237,13 @@ def _entity_group(kind: str, description: str, options: list[tuple], nested: boo
         def run(update: bool = update, **kwargs: Any) -> None:
             url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
             names = _names(kwargs)
-            body = _entry(description, _values(options, kwargs))
-            root = AtomClient(url, cacert).call("PUT", _path(*names), body, update=update)
+            client = AtomClient(url, cacert)
+            values = _values(options, kwargs)
+            if update:  # a PUT replaces the whole description: send it back with the changes
+                body = _changed_entry(description, client.call("GET", _path(*names)), values)
+            else:
+                body = _entry(description, values)
+            root = client.call("PUT", _path(*names), body, update=update)
             _show(as_json, f"{label} {'/'.join(names)} {'updated' if update else 'created'}",
                   _properties(root))
 

@@ -309,12 +309,15 @@ class CatalogEntities:
                     current.topic, current.subscription, current.name,
                     _rule_of(properties["rule"]), current.created_ms))
             else:
-                merged = {**_to_atom(current), **properties}
+                # The description sent replaces the whole one, as in Service Bus: what it
+                # leaves out takes its default (docs/management.md §3.2).
+                replacement = dict(properties)
+                replacement.pop("DefaultRuleDescription", None)
+                before = _to_atom(current)
                 for name in _IMMUTABLE:
-                    if merged.get(name) != _to_atom(current).get(name):
+                    if bool(replacement.get(name)) != bool(before.get(name)):
                         raise ax.AtomError(400, f"{name} cannot be changed on an existing entity")
-                merged.pop("DefaultRuleDescription", None)
-                entity = _from_atom(kind, _names(kind, path), merged, current.created_ms,
+                entity = _from_atom(kind, _names(kind, path), replacement, current.created_ms,
                                     int(time.time() * 1000))
                 updated = await self.catalog.update(entity)
         except BusdError as exc:

@@ -111,3 +111,38 @@ def test_forwarding_destinations_are_answered_as_urls_on_the_namespace_host(busd
     assert admin.get_subscription("kt-fwd", "s").forward_to == f"sb://{host}/kq-fwd-dest"
     listed = {q.name: q for q in admin.list_queues()}
     assert listed["kq-fwd-src"].forward_to == f"sb://{host}/kq-fwd-dest"
+
+
+def test_an_update_replaces_the_whole_description(busd, admin):
+    """What the updated description leaves out is cleared to its default, as in Service Bus:
+    the model's forward_to=None sends no ForwardTo, and the forwarding stops."""
+    host = f"localhost:{busd.http_port}"
+    admin.create_queue("kq-upd-dest")
+    admin.create_queue("kq-upd", forward_to="kq-upd-dest", user_metadata="kept",
+                       forward_dead_lettered_messages_to="kq-upd-dest")
+    found = admin.get_queue("kq-upd")
+    assert found.forward_to == f"sb://{host}/kq-upd-dest"
+    found.forward_to = None
+    admin.update_queue(found)
+    again = admin.get_queue("kq-upd")
+    assert again.forward_to is None
+    assert again.forward_dead_lettered_messages_to == f"sb://{host}/kq-upd-dest"
+    assert again.user_metadata == "kept"
+    admin.update_queue(again, forward_dead_lettered_messages_to=None, user_metadata=None)
+    last = admin.get_queue("kq-upd")
+    assert (last.forward_dead_lettered_messages_to, last.user_metadata) == (None, None)
+    # and the queue no longer forwards: a message sent stays there
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("kq-upd") as sender:
+            sender.send_messages(ServiceBusMessage("stays"))
+        with client.get_queue_receiver("kq-upd") as receiver:
+            (got,) = receive(receiver, 1)
+            assert str(got) == "stays"
+            receiver.complete_message(got)
+
+    admin.create_topic("kt-upd")
+    admin.create_subscription("kt-upd", "s", forward_to="kq-upd-dest")
+    sub = admin.get_subscription("kt-upd", "s")
+    sub.forward_to = None
+    admin.update_subscription("kt-upd", sub)
+    assert admin.get_subscription("kt-upd", "s").forward_to is None
