@@ -144,13 +144,14 @@ class AtomApi:
             if kind is None:
                 kind = ax.entity_kind(request.body)
             properties = ax.parse_description(request.body, kind)
-            _validate(kind, properties)
             if "if-match" in request.headers:
                 existing = await self.entities.get(kind, path)
                 if existing is None:
                     raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
+                _validate(kind, properties, existing.properties)
                 updated = await self.entities.update(kind, path, properties)
                 return _xml(200, await self._entry(request, updated))
+            _validate(kind, properties)
             if kind == "subscription":
                 await self._topic(path.rsplit("/", 1)[0])
             if await self._find(None if kind != "subscription" else kind, path) is not None:
@@ -284,8 +285,13 @@ def _rule_name(name: str) -> str:
         raise ax.AtomError(400, str(exc)) from None
 
 
-# Bounds as for the entities file (docs/design.md §2.1).
-def _validate(kind: str, p: dict[str, Any]) -> None:
+# Bounds as for the entities file (docs/design.md §2.1), and Premium's message sizes.
+PREMIUM_MIN_MESSAGE_KB = 1024
+
+
+def _validate(kind: str, p: dict[str, Any], current: dict[str, Any] | None = None) -> None:
+    """A description's values within bounds; `current`: the entity's properties, for a change
+    (a message size below Premium's, which only the entities file sets, may be kept)."""
     from busd import config as c
 
     def bad(message: str) -> None:
@@ -303,9 +309,11 @@ def _validate(kind: str, p: dict[str, Any]) -> None:
     window = p.get("DuplicateDetectionHistoryTimeWindow", c.DEFAULT_DUPLICATE_WINDOW_MS)
     if window is None or not c.MIN_DUPLICATE_WINDOW_MS <= window <= c.MAX_DUPLICATE_WINDOW_MS:
         bad("DuplicateDetectionHistoryTimeWindow must be 1 second to 7 days")
-    kb = p.get("MaxMessageSizeInKilobytes", 1024)
-    if not 1 <= kb <= c.MAX_MESSAGE_SIZE_LIMIT // c.KIB:
-        bad(f"MaxMessageSizeInKilobytes must be 1..{c.MAX_MESSAGE_SIZE_LIMIT // c.KIB}, got {kb}")
+    kb = p.get("MaxMessageSizeInKilobytes", PREMIUM_MIN_MESSAGE_KB)
+    kept = current is not None and kb == current.get("MaxMessageSizeInKilobytes")
+    if not kept and not PREMIUM_MIN_MESSAGE_KB <= kb <= c.MAX_MESSAGE_SIZE_LIMIT // c.KIB:
+        bad(f"MaxMessageSizeInKilobytes must be {PREMIUM_MIN_MESSAGE_KB}.."
+            f"{c.MAX_MESSAGE_SIZE_LIMIT // c.KIB}, got {kb}")
     mb = p.get("MaxSizeInMegabytes", 1024)
     if mb < 1:
         bad(f"MaxSizeInMegabytes must be at least 1, got {mb}")

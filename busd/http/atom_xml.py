@@ -564,7 +564,10 @@ def not_found_feed(now_ms: int | None = None) -> ET.Element:
 def namespace_info(url: str, created_ms: int, name: str = NAMESPACE_NAME) -> ET.Element:
     info = ET.Element("NamespaceInfo", {"xmlns": SB, "xmlns:i": XSI})
     _el(info, "CreatedTime", format_time(created_ms))
-    _el(info, "MessagingSKU", "Standard")
+    # Premium: the tier whose rules busd follows (messages up to 100 MiB, a per-entity
+    # MaxMessageSizeInKilobytes), so the SDKs expect what busd accepts (docs/management.md §3.1).
+    _el(info, "MessagingSKU", "Premium")
+    _el(info, "MessagingUnits", "1")
     _el(info, "ModifiedTime", format_time(created_ms))
     _el(info, "Name", name)
     _el(info, "NamespaceType", "Messaging")

@@ -44,7 +44,7 @@ def test_javascript_administration_client_round_trip(busd, node_modules):
     assert done.returncode == 0 and steps.get("done"), done.stdout + done.stderr
 
     q, t = f"{prefix}-q", f"{prefix}-t"
-    assert steps["namespace"] == {"name": "sbemulatorns", "sku": "Standard"}
+    assert steps["namespace"] == {"name": "sbemulatorns", "sku": "Premium"}
     assert steps["createQueue"] == {"name": q, "lockDuration": "PT30S", "maxDeliveryCount": 5,
                                     "userMetadata": "from js"}
     assert steps["createQueueAgain"]["code"] == "MessageEntityAlreadyExistsError"

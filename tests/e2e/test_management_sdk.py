@@ -7,8 +7,9 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import MessageSizeExceededError
 from azure.servicebus.management import ServiceBusAdministrationClient
 
 from tests.e2e.conftest import queue, receive
@@ -30,8 +31,38 @@ def admin(busd):
 
 
 def test_namespace_properties(admin):
+    """Premium: the tier whose message sizes busd serves."""
     info = admin.get_namespace_properties()
-    assert info.name == "sbemulatorns" and info.messaging_sku == "Standard"
+    assert info.name == "sbemulatorns" and info.messaging_sku == "Premium"
+    assert info.messaging_units == 1
+
+
+def test_message_sizes_follow_premiums_rules(busd, admin):
+    """MaxMessageSizeInKilobytes as a Premium namespace takes it: 1024 (the default) to
+    102400, answered for queues and topics, changeable, and what a sender meets."""
+    admin.create_queue("kq-size", max_message_size_in_kilobytes=2048)
+    assert admin.get_queue("kq-size").max_message_size_in_kilobytes == 2048
+    admin.create_topic("kt-size", max_message_size_in_kilobytes=12345)
+    topic = admin.get_topic("kt-size")
+    assert topic.max_message_size_in_kilobytes == 12345
+    topic.max_message_size_in_kilobytes = 54321
+    admin.update_topic(topic)
+    assert admin.get_topic("kt-size").max_message_size_in_kilobytes == 54321
+    admin.create_queue("kq-size-default")
+    assert admin.get_queue("kq-size-default").max_message_size_in_kilobytes == 1024
+    for refused in (1023, 102401):
+        with pytest.raises(HttpResponseError) as caught:
+            admin.create_queue("kq-size-bad", max_message_size_in_kilobytes=refused)
+        assert caught.value.status_code == 400
+        with pytest.raises(HttpResponseError):
+            admin.create_topic("kt-size-bad", max_message_size_in_kilobytes=refused)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue("kq-size-bad")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("kq-size") as sender:
+            sender.send_messages(ServiceBusMessage(b"x" * (1536 * 1024)))  # over 1 MiB
+            with pytest.raises(MessageSizeExceededError):
+                sender.send_messages(ServiceBusMessage(b"x" * (2049 * 1024)))
 
 
 def test_entities_from_the_file_are_listed_with_their_properties(admin):

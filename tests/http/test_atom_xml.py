@@ -232,6 +232,6 @@ def test_namespace_info_and_error_bodies():
     entry = NamespacePropertiesEntry.deserialize(element)
     info = NamespaceProperties._from_internal_entity(entry.title,
                                                      entry.content.namespace_properties)
-    assert info.name == "sbemulatorns" and info.messaging_sku == "Standard"
+    assert info.name == "sbemulatorns" and info.messaging_sku == "Premium"
     err = _parse(ax.error(404, "SubCode=40400. Not Found."))
     assert [c.tag for c in err] == ["Code", "Detail"] and err[0].text == "404"
