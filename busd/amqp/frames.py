@@ -1,6 +1,7 @@
 """The frame stream between a client and proton's engine: delivery-ids a client numbered out of
 order or twice are put in sequence on the way in, and busd's answers carry the client's own
-numbers on the way out (docs/wire.md §5.2).
+numbers on the way out (docs/wire.md §5.2); link-credit beyond what proton can hold is lowered
+on the way in (docs/wire.md §6.2).
 
 proton requires the delivery-id of each new delivery on a session to be exactly one more than
 the last [2.7.5] and aborts the whole connection otherwise ("sequencing error"). The sync
@@ -17,7 +18,12 @@ bounds that still catch a broken stream:
   on a session, a frame this layer cannot read - goes to proton unchanged, which refuses it
   as before.
 
-Only transfer, begin and end frames are read, and of a transfer only its first fields; the
+Link-credit is an AMQP uint [2.7.4], but proton keeps a link's credit in a signed int: 2^31 or
+more reads as negative, and proton then neither lets busd see the credit nor ends a drain. A
+flow granting more than MAX_CREDIT is passed on granting MAX_CREDIT, which a sender may always
+do (it sends at most the credit, never more than the receiver asked for).
+
+Only transfer, flow, begin and end frames are read, and of a transfer only its first fields; the
 payload is never copied. busd's outgoing frames are read only while a client's begin awaits
 its answer (to learn which channel answers which) and while some disposition must be
 numbered back.
@@ -38,16 +44,18 @@ log = logging.getLogger("busd.amqp")
 
 ID_TOLERANCE = 1024  # how far off a delivery-id may be and still be taken for a racing client
 MAX_RENUMBERED = 4096  # unsettled renumbered deliveries a session may have at once
+MAX_CREDIT = 2**31 - 1  # the most link-credit proton's signed int holds
 
 _FRAME_HEAD = struct.Struct(">IBBH")
 _u32 = struct.Struct(">I").unpack_from
 _pack_list32_head = struct.Struct(">BII").pack
 _AMQP_FRAME = 0
-_BEGIN, _TRANSFER, _DISPOSITION, _END = 0x11, 0x14, 0x15, 0x17
+_BEGIN, _FLOW, _TRANSFER, _DISPOSITION, _END = 0x11, 0x13, 0x14, 0x15, 0x17
+_MAX_CREDIT_UINT = b"\x70" + struct.pack(">I", MAX_CREDIT)
 _SERIAL = 1 << 32
 _TRANSFER_OPEN = b"\x00\x53\x14"
 _DESCRIPTORS = {
-    b"amqp:begin:list": _BEGIN, b"amqp:transfer:list": _TRANSFER,
+    b"amqp:begin:list": _BEGIN, b"amqp:flow:list": _FLOW, b"amqp:transfer:list": _TRANSFER,
     b"amqp:disposition:list": _DISPOSITION, b"amqp:end:list": _END,
 }  # fmt: skip
 
@@ -95,6 +103,9 @@ class DeliveryIds:
                 delta = len(new) - (list_end - body)
                 head = _FRAME_HEAD.pack(size + delta, doff, kind, channel)
                 return head + buf[pos + 8 : body] + new, list_end
+        elif code == _FLOW:
+            if count > 6:
+                return _credit_lowered(buf, pos, fields)
         elif code == _BEGIN:
             self._sessions.pop(channel, None)
             self._unanswered_begins += 1
@@ -330,6 +341,16 @@ def _performative(buf: bytes, p: int, limit: int) -> tuple[int, int, int, int] |
     else:
         raise _Unreadable
     return (code, fields, count, end) if end <= limit else None
+
+
+def _credit_lowered(buf: bytes, pos: int, p: int) -> _Replacement:
+    """A flow frame (at pos, fields at p) up to its link-credit lowered to MAX_CREDIT, or None
+    when the credit fits (only a 4-byte uint can pass it; the encoding keeps its size)."""
+    for _ in range(6):  # next-incoming-id .. delivery-count
+        p = skip_raw(buf, p)
+    if buf[p] != 0x70 or _u32(buf, p + 1)[0] <= MAX_CREDIT:
+        return None
+    return buf[pos:p] + _MAX_CREDIT_UINT, p + 5
 
 
 def _aborted(buf: bytes, p: int) -> bool:

@@ -67,14 +67,6 @@ def echo_termini(link: Link) -> None:
     link.rcv_settle_mode = link.remote_rcv_settle_mode
 
 
-def credit_of(link: Link) -> int:
-    """The link's credit. It is an AMQP uint [2.7.4], up to 2^32-1, but proton keeps it in a
-    signed int where 2^31 and more read as negative; busd never sends beyond the credit, so a
-    negative value is a large one."""
-    credit = link.credit
-    return credit + 2**32 if credit < 0 else credit
-
-
 def is_open(link: Link) -> bool:
     return not (link.state & Endpoint.LOCAL_CLOSED)
 

@@ -19,7 +19,6 @@ from busd.broker.links import (
     ConnectionScope,
     LinkEndpoint,
     amqp_condition,
-    credit_of,
 )
 from busd.errors import BusdError, Condition
 
@@ -49,7 +48,7 @@ class ReplyEndpoint(LinkEndpoint):
         self._flush()
 
     def _flush(self) -> None:
-        while self.backlog and credit_of(self.link) > 0 and not self.detached:
+        while self.backlog and self.link.credit > 0 and not self.detached:
             delivery = self.link.delivery(os.urandom(16))  # type: ignore[arg-type]  # binary tag
             self.link.send(self.backlog.pop(0))
             delivery.settle()

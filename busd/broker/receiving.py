@@ -30,7 +30,6 @@ from busd.broker.links import (
     ConnectionScope,
     LinkEndpoint,
     amqp_condition,
-    credit_of,
     echo_termini,
     is_open,
 )
@@ -163,7 +162,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         if self._fetching:
             self._again = True
             return
-        if credit_of(self.link) <= 0:
+        if self.link.credit <= 0:
             return
         self._fetching = True
         self._fetch_task = self.spawn(self._fetch())
@@ -174,7 +173,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     async def _fetch(self) -> None:
         try:
-            while not self.detached and (credit := credit_of(self.link)) > 0:
+            while not self.detached and (credit := self.link.credit) > 0:
                 count = min(credit, MAX_BATCH)
                 self._again = False
                 try:

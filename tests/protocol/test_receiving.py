@@ -132,19 +132,28 @@ async def test_receive_and_delete_deliveries_are_settled_without_lock(client):
     assert peeked.properties["statusCode"] == 204
 
 
-@pytest.mark.parametrize("credit", [2**31, 2**32 - 1])
-async def test_credit_beyond_a_signed_int_delivers(client: ProtocolClient, credit: int):
-    """Link credit is an AMQP uint [2.7.4]: busd serves what it can of up to 2^32-1 (proton
-    keeps it in a signed int, where it reads as negative)."""
-    await client.send_to("plain", *(Message(body=f"m{i}") for i in range(3)))
-    receiver = await client.attach_receiver("plain")
+@pytest.mark.parametrize("entity", ["plain", "sessions"])
+@pytest.mark.parametrize("credit", [5, 2**31 - 1, 2**31, 2**32 - 1])
+async def test_any_credit_delivers_what_is_waiting(client: ProtocolClient, credit: int,
+                                                   entity: str):
+    """Link credit is an AMQP uint [2.7.4]: any amount up to 2^32-1 delivers, to a queue
+    receiver and a session receiver, and a drain on it is answered (docs/wire.md §6.2)."""
+    session = "big-credit" if entity == "sessions" else None
+    await client.send_to(entity, *(Message(body=f"m{i}", group_id=session)
+                                   for i in range(300)))
+    receiver = await client.attach_receiver(entity, session=session, wait=False)
     receiver.flow(credit - 2**32 if credit >= 2**31 else credit)  # proton takes an int
+    expected = min(credit, 300)
+    await receiver.wait_for(expected, timeout=10)
     await client.settle_down(0.05)
-    assert receiver.frames("flow", incoming=False)[-1].has(f"link-credit={credit:#x}")
-    await receiver.wait_for(3)
-    assert [r.message.body for r in receiver.received] == ["m0", "m1", "m2"]
-    # ...and a message sent later still arrives on the credit left
-    await client.send_to("plain", Message(body="later"))
-    await receiver.wait_for(4)
+    assert receiver.frames("flow", incoming=False)[0].has(f"link-credit={credit:#x}")
+    assert [r.message.body for r in receiver.received] == [f"m{i}" for i in range(expected)]
+    if credit == expected:
+        return
+    # A message sent later still arrives on the credit left, and a drain ends it.
+    await client.send_to(entity, Message(body="later", group_id=session))
+    await receiver.wait_for(expected + 1)
+    assert receiver.received[-1].message.body == "later"
     receiver.drain(0)
-    await client.wait(lambda: not receiver.link.draining(), "the drained flow")
+    await client.wait(lambda: any(f.has("drain=true", "link-credit=0x0,")
+                                  for f in receiver.frames("flow")), "the drained flow")
