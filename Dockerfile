@@ -32,4 +32,5 @@ VOLUME ["/data"]
 
 # AMQP, then health/metrics/admin over HTTP
 EXPOSE 5672 5300
-CMD ["busd", "serve", "--host", "0.0.0.0"]
+# One worker process per core the container may use, all on the same ports.
+CMD ["busd", "serve", "--host", "0.0.0.0", "--workers", "auto"]

@@ -6,6 +6,7 @@ Users meet a bad setting as one line on stderr and a named exit code, not a trac
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -40,6 +41,31 @@ class _PortOrOff(click.ParamType):
 
 
 PORT_OR_OFF = _PortOrOff()
+
+
+def _cores() -> int:
+    """The cores this process may run on (`--workers auto`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _CountOrAuto(click.ParamType):
+    name = "count|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return _cores()
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+
+COUNT_OR_AUTO = _CountOrAuto()
 
 
 def _fail(message: str, code: int) -> None:
@@ -150,6 +176,10 @@ def cli() -> None:
               default=_DEFAULTS.store_connections, show_default=True,
               help="Store calls in flight at once (pipelined on one connection); more wait "
                    "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.")
+@click.option("--workers", envvar="BUSD_WORKERS", type=COUNT_OR_AUTO,
+              default=_DEFAULTS.workers, show_default=True,
+              help="busd processes serving the same ports (auto: one per core), started, "
+                   "restarted and stopped by this one; the embedded Valkey is started once.")
 @_limit_options
 @click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
               default=_DEFAULTS.transaction_timeout_s, show_default=True,
@@ -172,6 +202,7 @@ def serve(
     sweep_interval: float,
     store_connections: int,
     transaction_timeout: float,
+    workers: int,
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -193,6 +224,7 @@ def serve(
             sweep_interval_s=sweep_interval,
             store_connections=store_connections,
             transaction_timeout_s=transaction_timeout,
+            workers=workers,
             limits=Limits(**limits),
         )
         keys = _parse_sas_keys(sas_keys)
@@ -202,11 +234,13 @@ def serve(
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
 
-    from busd.server import run  # late: `busd --help` need not import the whole broker
+    # late: `busd --help` need not import the whole broker
+    from busd.server import run
     from busd.storage.embedded import EmbeddedStoreError
+    from busd.workers import run as run_workers
 
     try:
-        code = run(settings)
+        code = run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
     except EmbeddedStoreError as e:

@@ -99,6 +99,8 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     # a transaction is rolled back this long after its first operation (Service Bus: 2 min)
     transaction_timeout_s: float = 120.0
+    # busd processes serving the same ports of this host (busd/workers.py)
+    workers: int = 1
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -138,6 +140,8 @@ class Settings:
             raise ConfigError(
                 f"store connections must be 1..10000, got {self.store_connections}"
             )
+        if not 1 <= self.workers <= 1024:
+            raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if (problem := self.limits.problem()) is not None:
             raise ConfigError(problem)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):

@@ -18,10 +18,12 @@ TLS_RECORD = 0x16  # the first byte of a TLS ClientHello
 FIRST_BYTE_TIMEOUT_S = 30.0  # a client that connects and says nothing for this long is dropped
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A non-blocking listening socket on host:port (0: any free port)."""
+def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A non-blocking listening socket on host:port (0: any free port); `reuse_port`: one of
+    several sockets of the workers of one host on that port, the kernel spreading the
+    connections over them (busd/workers.py)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=128)
+    sock = socket.create_server((host, port), family=family, backlog=128, reuse_port=reuse_port)
     sock.setblocking(False)
     return sock
 

@@ -31,7 +31,9 @@ except ImportError:  # not built for this platform (Windows): the stock event lo
 if TYPE_CHECKING:
     from busd.amqp.websocket import WebSocketServer
     from busd.http.server import HttpServer
+    from busd.observability.peers import Peers
     from busd.storage.embedded import EmbeddedValkey
+    from busd.workers import WorkerRole
 
 log = logging.getLogger("busd")
 
@@ -75,8 +77,13 @@ def connection_string(
 class Server:
     """Process scope: the store (embedded or remote), the broker, the listeners."""
 
-    def __init__(self, settings: Settings, entities: EntitiesFile | None = None) -> None:
+    def __init__(self, settings: Settings, entities: EntitiesFile | None = None,
+                 role: WorkerRole | None = None) -> None:
         self.settings = settings
+        # One worker of several on this host (busd/workers.py): its listening sockets and
+        # its peers come from its parent, which also runs the embedded store.
+        self.role = role
+        self.peers: Peers | None = None
         self.entities = entities or EntitiesFile()
         self.embedded: EmbeddedValkey | None = None
         self.broker: Broker | None = None
@@ -136,22 +143,33 @@ class Server:
         )
         self.tls_context = self.tls.context
         await seed_catalog(self.broker.catalog, self.entities)
+        if self.role is not None:
+            await self._join_peers(self.role.peer_dir, metrics)
         loop = asyncio.get_running_loop()
-        self.listener = await loop.create_server(
-            self._new_protocol, settings.host, settings.port, reuse_address=True
-        )
+        role = self.role
+        if role is None:
+            self.listener = await loop.create_server(
+                self._new_protocol, settings.host, settings.port, reuse_address=True
+            )
+        else:
+            self.listener = await loop.create_server(
+                self._new_protocol, sock=role.socket("amqp", settings.host))
         if settings.tls_port is not None:
             # AMQP over TLS: the same engine; asyncio's SSL transport does the handshake.
+            where: dict[str, Any] = (
+                {"host": settings.host, "port": settings.tls_port, "reuse_address": True}
+                if role is None else {"sock": role.socket("tls", settings.host)})
             self.tls_listener = await loop.create_server(
-                self._new_protocol, settings.host, settings.tls_port, reuse_address=True,
-                ssl=self.tls_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+                self._new_protocol, ssl=self.tls_context,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S, **where,
             )
         if settings.ws_port is not None:
             # AMQP over WebSockets, ws and wss: the same engine behind the WebSocket framing.
             from busd.amqp import websocket
 
             self.ws = await websocket.start(
-                settings.host, settings.ws_port, self.tls_context, self._new_protocol
+                settings.host, settings.ws_port, self.tls_context, self._new_protocol,
+                sock=role.socket("ws", settings.host) if role is not None else None,
             )
         # Health, metrics, admin, the management API and the dashboard, over HTTP and HTTPS,
         # on the AMQP listener's address; port 0: any free port (the banner tells which).
@@ -163,7 +181,26 @@ class Server:
         self.http = await server.start(
             settings.host, settings.http_port, front.handler(self, atom),
             tls=self.tls_context, amqp_factory=self._new_protocol,
+            sock=role.socket("http", settings.host) if role is not None else None,
         )
+
+    async def _join_peers(self, directory: str, metrics) -> None:
+        """Answer the other workers for this one's figures, and gather theirs at a scrape
+        (busd/observability/peers.py)."""
+        from busd.observability.peers import Peers
+
+        def report() -> dict[str, Any]:
+            return {"pid": os.getpid(), "connections": len(self.protocols),
+                    "metrics": metrics.process_text() if metrics is not None else ""}
+
+        async def host_figures() -> list[str]:
+            assert self.peers is not None
+            return [r["metrics"] for r in await self.peers.reports()]
+
+        self.peers = Peers(directory, report)
+        await self.peers.start()
+        if metrics is not None:
+            metrics.host_figures = host_figures
 
     def _new_protocol(self) -> AmqpProtocol:
         broker = self.broker
@@ -173,7 +210,7 @@ class Server:
 
     def banner(self) -> str:
         settings = self.settings
-        if self.embedded:
+        if self.embedded or (self.role is not None and self.role.embedded):
             store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
         else:
             store = redacted(settings.redis_url or "")
@@ -233,6 +270,8 @@ class Server:
                    and not (t.get_name() or "").startswith("busd-")]
         if pending:
             await asyncio.wait(pending, timeout=GRACE_S)
+        if self.peers is not None:
+            await self.peers.close()
         if self.broker is not None:
             await self.broker.stop()
         if self.embedded is not None:
@@ -263,7 +302,7 @@ async def seed_catalog(catalog, entities: EntitiesFile) -> None:
         await catalog.put(sub, rules=entities.rules_of(sub))
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     entities = EntitiesFile()
     settings.config_path = entities_file(settings)
     if settings.config_path:
@@ -274,11 +313,13 @@ async def serve(settings: Settings) -> int:
         settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
-    server = Server(settings, entities)
+    server = Server(settings, entities, role)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if role is not None:
+        role.on_parent_gone(loop, stop.set)
     try:
         await server.startup()
     except BaseException:
@@ -287,22 +328,25 @@ async def serve(settings: Settings) -> int:
     # What start-up made (modules, the filter grammar's tables, settings) lives as long as
     # the process: the collector need not walk it again on every full collection.
     gc.freeze()
-    print(server.banner(), flush=True)
+    if role is None:
+        print(server.banner(), flush=True)
+    else:
+        role.ready(server.banner())
     await stop.wait()
     log.info("shutting down")
     await server.shutdown()
     return 0
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, role: WorkerRole | None = None) -> int:
     from busd.observability.logs import configure
 
     configure(settings.log_level, settings.log_format)
     try:
         if uvloop is not None:  # libuv's event loop: measured, the stock one's own work was
             # about a third of busd's CPU per session (socket calls, callbacks, polling)
-            return uvloop.run(serve(settings))
-        return asyncio.run(serve(settings))
+            return uvloop.run(serve(settings, role))
+        return asyncio.run(serve(settings, role))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -28,7 +28,7 @@ def test_serve_lists_every_option():
     assert result.exit_code == 0
     for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
                    "--tls-port", "--ws-port", "--tls-cert", "--tls-key", "--log-level",
-                   "--log-format"):
+                   "--log-format", "--workers"):
         assert option in result.output
 
 
@@ -45,6 +45,14 @@ def test_tls_port_takes_a_port_or_off():
     assert result.exit_code == 2 and "neither a port number nor 'off'" in result.output
     result = run("serve", "--tls-cert", "/nonexistent/cert.pem")
     assert result.exit_code == EXIT_CONFIG and "--tls-key" in result.output
+
+
+def test_workers_takes_a_count_or_auto():
+    result = run("serve", "--workers", "many")
+    assert result.exit_code == 2 and "neither a number nor 'auto'" in result.output
+    result = run("serve", env={"BUSD_WORKERS": "0"})
+    assert result.exit_code == EXIT_CONFIG
+    assert result.output.strip() == "busd: error: workers must be 1..1024, got 0"
 
 
 def test_missing_entities_file_is_a_config_error(tmp_path):

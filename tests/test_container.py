@@ -127,7 +127,7 @@ def test_image_runs_busd_serve_on_every_interface_as_a_user():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.\d+-slim\s*$", text, re.M)
     assert re.search(r"^USER busd\s*$", text, re.M)
-    assert dockerfile_cmd() == ["busd", "serve", "--host", "0.0.0.0"]
+    assert dockerfile_cmd() == ["busd", "serve", "--host", "0.0.0.0", "--workers", "auto"]
     assert re.search(r"^EXPOSE 5672 5300\s*$", text, re.M)
 
 
@@ -138,7 +138,10 @@ def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_pat
     proc, http_url, log_path = start(runnable(dockerfile_cmd()), tmp_path,
                                      {"BUSD_DATA_DIR": str(data)})
     try:
-        assert get_json(http_url + "/health") == (200, {"status": "ok", "store": True})
+        status, health = get_json(http_url + "/health")
+        assert (status, health["status"], health["store"]) == (200, "ok", True)
+        # a worker per core, each a whole busd over the one embedded store
+        assert len(health["workers"]) == len(os.sched_getaffinity(0))
         assert f"store:    embedded Valkey in {data}" in log_path.read_text()
         check = subprocess.run(healthcheck(http_url), timeout=20)
         assert check.returncode == 0
@@ -190,6 +193,7 @@ def test_compose_runs_busd_next_to_valkey_with_an_append_only_file():
     assert BUSD["depends_on"]["valkey"]["condition"] == "service_healthy"
     assert option(BUSD["command"], "--redis-url") == "redis://valkey:6379"
     assert option(BUSD["command"], "--host") == "0.0.0.0"
+    assert option(BUSD["command"], "--workers") == "auto"
     assert BUSD["ports"] == ["5672:5672", "5300:5300"]
 
 

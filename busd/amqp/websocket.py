@@ -159,6 +159,8 @@ class WebSocketServer(SniffingListener):
 
 
 async def start(host: str, port: int, tls: ssl.SSLContext | None,
-                amqp_factory: Callable[[], asyncio.Protocol]) -> WebSocketServer:  # fmt: skip
-    """Listen on host:port (0: any free port) for ws and, given `tls`, wss."""
-    return WebSocketServer(bind(host, port), tls, amqp_factory)
+                amqp_factory: Callable[[], asyncio.Protocol],
+                sock: socket.socket | None = None) -> WebSocketServer:  # fmt: skip
+    """Listen on host:port (0: any free port), or on `sock`, already listening there, for ws
+    and, given `tls`, wss."""
+    return WebSocketServer(sock or bind(host, port), tls, amqp_factory)

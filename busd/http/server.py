@@ -217,6 +217,7 @@ async def _write(writer: asyncio.StreamWriter, response: Response, keep: bool,
 
 
 async def start(host: str, port: int, handler: Handler, *, tls: ssl.SSLContext | None = None,
-                amqp_factory: Callable[[], asyncio.Protocol] | None = None) -> HttpServer:
-    """Listen on host:port (0: any free port)."""
-    return HttpServer(bind(host, port), handler, tls, amqp_factory)
+                amqp_factory: Callable[[], asyncio.Protocol] | None = None,
+                sock: socket.socket | None = None) -> HttpServer:
+    """Listen on host:port (0: any free port), or on `sock`, already listening there."""
+    return HttpServer(sock or bind(host, port), handler, tls, amqp_factory)

@@ -45,8 +45,11 @@ async def route(
             store_ok = await asyncio.wait_for(broker.store.ping(), 2)
         except Exception:
             store_ok = False
-        return _json(200 if store_ok else 503,
-                     {"status": "ok" if store_ok else "degraded", "store": store_ok})
+        health = {"status": "ok" if store_ok else "degraded", "store": store_ok}
+        if server.peers is not None:  # one worker of several: the answer is the host's
+            health["workers"] = [{"pid": r["pid"], "connections": r["connections"]}
+                                 for r in await server.peers.reports()]
+        return _json(200 if store_ok else 503, health)
     if path == "/metrics":
         if broker.metrics is None:
             return _status(404), "text/plain", b"metrics are off\n"

@@ -9,14 +9,21 @@ Two kinds, kept apart:
   the totals inside each state transition, so they are exact whichever process, path
   ($management, admin API, sweep, lazy housekeeping) made it happen; they are read at scrape
   time, and every process reports the same figures: aggregate them with max(), not sum().
+
+With several workers on one host (busd/workers.py), the worker a scrape lands on adds up the
+process figures of every worker (`merge`) and adds the store's figures once: the scrape
+answers for the host.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from busd.errors import Condition
 from busd.storage.api import EntityCounts, Outcome
@@ -140,8 +147,18 @@ class Metrics:
             ["entity", "reason"], registry=registry)
         self.sweep_seconds = Histogram("busd_sweep_seconds", "Duration of one entity's sweep.",
                                        registry=registry)
+        # The store's figures are the deployment's, not this process's: a registry of their
+        # own, so that the workers of one host add up only their process figures.
         self.store_figures = StoreCollector()
-        registry.register(self.store_figures)
+        self.store_registry = CollectorRegistry()
+        self.store_registry.register(self.store_figures)
+        # Set on a worker of several (busd/observability/peers.py): the process figures of
+        # every worker of the host, as Prometheus text.
+        self.host_figures: Callable[[], Awaitable[list[str]]] | None = None
+
+    def process_text(self) -> str:
+        """This process's own figures, as Prometheus text."""
+        return generate_latest(self.registry).decode()
 
     def set_census(self, count, endpoints=None) -> None:
         """`count()`: how many connection objects are alive; `endpoints()`: (sessions, links)
@@ -203,4 +220,40 @@ class Metrics:
         self.store_figures.snapshot = {
             spec.name: (figures[2 * i], figures[2 * i + 1]) for i, spec in enumerate(specs)
         }
-        return generate_latest(self.registry)
+        store = generate_latest(self.store_registry)
+        if self.host_figures is None:
+            return generate_latest(self.registry) + store
+        return merge(await self.host_figures()) + store
+
+
+def merge(texts: Iterable[str]) -> bytes:
+    """Prometheus texts of several processes as one: every sample summed over the processes
+    (each holds its share of the host's connections, links and messages), except the
+    `_created` time stamps, of which the earliest is kept."""
+    families: dict[str, tuple[str, str, dict[tuple[str, tuple], float]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            _, _, values = families.setdefault(
+                family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in values:
+                    values[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    values[key] = min(values[key], sample.value)
+                else:
+                    values[key] += sample.value
+    lines = []
+    for name, (kind, documentation, values) in families.items():
+        lines.append(f"# HELP {name} {_escape(documentation, help_text=True)}")
+        lines.append(f"# TYPE {name} {kind}")
+        for (sample_name, labels), value in values.items():
+            shown = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{sample_name}{{{shown}}} {floatToGoString(value)}" if shown
+                         else f"{sample_name} {floatToGoString(value)}")
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def _escape(text: str, help_text: bool = False) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text if help_text else text.replace('"', '\\"')

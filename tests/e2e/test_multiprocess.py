@@ -56,7 +56,15 @@ def pair(busd_factory):
 
 
 def test_next_available_sessions_are_exclusive_across_processes(pair):
-    a, b = pair
+    holds = drain_sessions_concurrently(*pair)
+    # The work really was spread over both processes.
+    assert {number % 2 for _, number, _, _ in holds} == {0, 1}
+
+
+def drain_sessions_concurrently(a, b) -> list[tuple[str, int, float, float]]:
+    """SESSIONS sessions sent through `a`, drained by RECEIVERS receivers taking turns on
+    `a` and `b`: every message once, in order within its session, and no session held by
+    two receivers at once. The holds: (session, receiver, start, end)."""
     with sb_client(a) as client, client.get_queue_sender("sessions") as sender:
         # Interleaved, so each session's messages are spread over the sequence numbers.
         sender.send_messages(
@@ -142,8 +150,6 @@ def test_next_available_sessions_are_exclusive_across_processes(pair):
         intervals.sort()
         for (_s1, e1, n1), (s2, _e2, n2) in zip(intervals, intervals[1:]):
             assert e1 <= s2, f"{session_id} held by receivers {n1} and {n2} at once"
-    # The work really was spread over both processes.
-    assert {number % 2 for _, number, _, _ in holds} == {0, 1}
 
     with sb_client(b) as client:
         with pytest.raises(OperationTimeoutError):
@@ -151,6 +157,7 @@ def test_next_available_sessions_are_exclusive_across_processes(pair):
                 "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
             ):
                 pass  # every session is drained: nothing left to accept
+    return holds
 
 
 @pytest.mark.timeout(90)

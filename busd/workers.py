@@ -1,0 +1,266 @@
+"""`busd serve --workers N`: N busd processes serving the same ports of one host.
+
+The parent does only what must happen once per host: it starts the embedded Valkey (when no
+`--redis-url` is given), binds the ports, starts the workers, restarts a worker that dies,
+and on SIGTERM or SIGINT stops them all gracefully (each one as a single busd stops,
+docs/design.md §3.11). Every worker is a whole busd over the same store: any worker serves
+any client, since sessions, locks and timers are in the store (docs/design.md §3.10).
+
+Ports: on Linux every worker listens on its own socket with SO_REUSEPORT and the kernel
+spreads new connections over them; the parent binds each port first without listening, which
+settles a port 0 and keeps the port while workers come and go. Elsewhere the parent listens
+once and hands that socket to every worker, which all accept from it.
+
+`/metrics` and `/health` answer for the host: busd/observability/peers.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from busd.config import ConfigError, Settings, load_entities
+from busd.listener import bind
+from busd.server import GRACE_S, entities_file
+from busd.server import run as run_server
+
+log = logging.getLogger("busd")
+
+# Where SO_REUSEPORT spreads connections over the sockets sharing a port (on other systems
+# that have it, the last socket bound gets them all).
+REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+START_TIMEOUT_S = 60.0  # for a worker to print its banner
+STOP_TIMEOUT_S = GRACE_S + 10.0  # for a worker to stop after SIGTERM; then SIGKILL
+# A worker that dies sooner than this after its start is restarted after a growing pause
+# (up to MAX_RESTART_PAUSE_S), so that one that cannot start does not spin.
+STEADY_S = 5.0
+MAX_RESTART_PAUSE_S = 10.0
+EXIT_STARTUP = 69  # as the command line's: a worker could not start
+
+
+@dataclass
+class WorkerRole:
+    """What a worker takes from its parent (sent to the new process, so every field pickles)."""
+
+    index: int
+    ports: dict[str, int]  # listener name ("amqp", "tls", "ws", "http") -> port
+    inherited: dict[str, socket.socket]  # listening sockets handed down (no SO_REUSEPORT)
+    peer_dir: str  # where the workers' report sockets are (busd/observability/peers.py)
+    embedded: bool  # the store is the parent's embedded Valkey
+    parent: Connection  # to the parent: the banner once started; closed: the parent is gone
+
+    def socket(self, name: str, host: str) -> socket.socket:
+        """The listening socket of listener `name`."""
+        sock = self.inherited.get(name)
+        if sock is not None:
+            sock.setblocking(False)
+            return sock
+        return bind(host, self.ports[name], reuse_port=True)
+
+    def ready(self, banner: str) -> None:
+        self.parent.send(banner)
+
+    def on_parent_gone(self, loop: Any, stop: Any) -> None:
+        """Stop when the parent's end of the pipe closes (it never writes to it): a parent
+        killed with SIGKILL leaves no workers behind."""
+
+        def readable() -> None:
+            loop.remove_reader(self.parent.fileno())
+            log.warning("the parent process is gone: stopping")
+            stop()
+
+        loop.add_reader(self.parent.fileno(), readable)
+
+
+def _worker_main(settings: Settings, role: WorkerRole) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    sys.exit(run_server(settings, role))
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: BaseProcess
+    pipe: Connection
+    started: float
+    banner: str | None = None
+    quick_deaths: int = 0  # deaths in a row sooner than STEADY_S after the start
+
+
+@dataclass
+class _Supervisor:
+    settings: Settings
+    count: int
+    ports: dict[str, int]
+    inherited: dict[str, socket.socket]
+    peer_dir: str
+    embedded: bool
+    workers: list[_Worker] = field(default_factory=list)
+    stopping: bool = False
+
+    def __post_init__(self) -> None:
+        self._context = multiprocessing.get_context("spawn")  # no state of ours to inherit
+
+    def start(self, index: int, quick_deaths: int = 0) -> _Worker:
+        ours, theirs = self._context.Pipe()
+        role = WorkerRole(index, self.ports, self.inherited, self.peer_dir, self.embedded,
+                          theirs)
+        process = self._context.Process(target=_worker_main, args=(self.settings, role),
+                                        name=f"busd-worker-{index}")
+        process.start()
+        theirs.close()
+        return _Worker(index, process, ours, time.monotonic(), quick_deaths=quick_deaths)
+
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._stop)
+        self.workers = [self.start(i) for i in range(self.count)]
+        code = self._await_banners()
+        if code:
+            self._stop_all()
+            return code
+        first = self.workers[0].banner or ""
+        pids = ", ".join(str(w.process.pid) for w in self.workers)
+        print(f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}",
+              flush=True)
+        restarts: dict[int, tuple[float, int]] = {}  # index -> (when, quick deaths so far)
+        while not self.stopping:
+            self._watch(restarts)
+        self._stop_all()
+        return 0
+
+    def _await_banners(self) -> int:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for worker in self.workers:
+            while worker.banner is None:
+                if self.stopping:
+                    return 0
+                if worker.pipe.poll(0.1):
+                    worker.banner = worker.pipe.recv()
+                elif not worker.process.is_alive():
+                    log.error("worker %d exited with %s while starting", worker.index,
+                              worker.process.exitcode)
+                    return EXIT_STARTUP
+                elif time.monotonic() > deadline:
+                    log.error("worker %d did not start within %.0f s", worker.index,
+                              START_TIMEOUT_S)
+                    return EXIT_STARTUP
+        return 0
+
+    def _watch(self, restarts: dict[int, tuple[float, int]]) -> None:
+        """Wait a little for a worker to die or speak; restart the dead when their turn came."""
+        live = [w for w in self.workers if w.index not in restarts]
+        wait([w.process.sentinel for w in live] + [w.pipe for w in live if w.banner is None],
+             timeout=0.5)
+        now = time.monotonic()
+        for worker in live:
+            if worker.banner is None and worker.pipe.poll():
+                with contextlib.suppress(EOFError, OSError):
+                    worker.banner = worker.pipe.recv()
+                    log.info("worker %d started again, pid %s", worker.index, worker.process.pid)
+            if worker.process.is_alive() or self.stopping:
+                continue
+            worker.process.join()
+            worker.pipe.close()
+            with contextlib.suppress(FileNotFoundError):
+                (Path(self.peer_dir) / f"{worker.process.pid}.sock").unlink()
+            quick = worker.quick_deaths + 1 if now - worker.started < STEADY_S else 0
+            pause = min(MAX_RESTART_PAUSE_S, 0.5 * (2 ** quick - 1))
+            log.warning("worker %d (pid %s) exited with %s: restarting it%s", worker.index,
+                        worker.process.pid, worker.process.exitcode,
+                        f" in {pause:.1f} s" if pause else "")
+            restarts[worker.index] = (now + pause, quick)
+        for index, (when, quick) in list(restarts.items()):
+            if when <= now and not self.stopping:
+                del restarts[index]
+                self.workers[index] = self.start(index, quick)
+
+    def _stop(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    def _stop_all(self) -> None:
+        """SIGTERM to every worker, each then stops as one busd does; SIGKILL to those still
+        there after STOP_TIMEOUT_S."""
+        self.stopping = True
+        for worker in self.workers:
+            if worker.process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid or 0, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for worker in self.workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.warning("worker %d did not stop in time: killing it", worker.index)
+                worker.process.kill()
+                worker.process.join()
+            worker.pipe.close()
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """Bind host:port for the workers' SO_REUSEPORT sockets without listening: it settles a
+    port 0, and no other program takes the port while workers restart."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _ports(settings: Settings) -> dict[str, int]:
+    wanted = {"amqp": settings.port, "tls": settings.tls_port, "ws": settings.ws_port,
+              "http": settings.http_port}
+    return {name: port for name, port in wanted.items() if port is not None}
+
+
+def run(settings: Settings) -> int:
+    """Run `settings.workers` workers until SIGTERM or SIGINT; the exit code."""
+    from busd.observability.logs import configure
+    from busd.storage.embedded import EmbeddedValkey
+
+    if sys.platform == "win32":
+        raise ConfigError("--workers above 1 needs a Unix system")
+    configure(settings.log_level, settings.log_format)
+    # Fail here, once, on a bad entities file rather than in every worker.
+    path = entities_file(settings)
+    if path:
+        load_entities(path, settings.max_message_size)
+    sockets: list[socket.socket] = []
+    embedded = None
+    try:
+        if not settings.redis_url:
+            embedded = EmbeddedValkey(settings.data_dir)
+            embedded.start()
+            settings.redis_url = embedded.url
+        ports: dict[str, int] = {}
+        inherited: dict[str, socket.socket] = {}
+        for name, port in _ports(settings).items():
+            sock = _reserve(settings.host, port) if REUSE_PORT else bind(settings.host, port)
+            sockets.append(sock)
+            ports[name] = sock.getsockname()[1]
+            if not REUSE_PORT:
+                inherited[name] = sock
+        with tempfile.TemporaryDirectory(prefix="busd-workers-") as peer_dir:
+            return _Supervisor(settings, settings.workers, ports, inherited, peer_dir,
+                               embedded is not None).run()
+    finally:
+        for sock in sockets:
+            sock.close()
+        if embedded is not None:
+            embedded.stop()
