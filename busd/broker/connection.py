@@ -34,6 +34,7 @@ from busd.broker.links import (
     refuse_link,
 )
 from busd.broker.routing import Attach, make_endpoint
+from busd.broker.transactions import TransactionScope
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
 
@@ -81,6 +82,7 @@ class ConnectionHandler:
         self.first_credit: dict[str, int] = {}  # see ConnectionScope
         # this connection's live links; `raw` is read by the protocol on every delivery
         self.links = LinkRegistry()
+        self.transactions = TransactionScope(broker)  # see ConnectionScope
         self.raw_links = self.links.raw
         # store work of links that went, still running (see the module docstring)
         self._finishing: set[asyncio.Task] = set()

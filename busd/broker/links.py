@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
     from busd.broker.limits import Buffers, Limits
+    from busd.broker.transactions import TransactionScope
     from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
@@ -146,6 +147,8 @@ class ConnectionScope(Protocol):
     first_credit: dict[str, int]
     links: LinkRegistry
     buffers: Buffers  # bytes of unfinished transfers its links hold
+    # its transactions, unknown to every other connection (busd.broker.transactions)
+    transactions: TransactionScope
 
     @property
     def broker(self) -> BrokerScope: ...

@@ -15,7 +15,7 @@ from typing import Any
 
 from busd.amqp import codec
 from busd.auth.rights import LISTEN, SEND
-from busd.broker import messages, rule_management, transactions
+from busd.broker import messages, rule_management, staging
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
@@ -63,11 +63,11 @@ class ManagementEndpoint(RequestEndpoint):
     def on_delivery(self, delivery) -> None:
         # A request made in a transaction carries it as its transfer state (docs/wire.md
         # §10.4); the handler task created for it inherits the value.
-        txn = transactions.REQUEST_TXN.set(transactions.txn_id_of(delivery._impl))
+        txn = staging.REQUEST_TXN.set(staging.txn_id_of(delivery._impl))
         try:
             super().on_delivery(delivery)
         finally:
-            transactions.REQUEST_TXN.reset(txn)
+            staging.REQUEST_TXN.reset(txn)
 
     async def handle(self, payload: bytes):
         try:
@@ -189,7 +189,7 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
             f"{ep.queue.max_message_size} bytes.",
         )
     holder = ep.session_holder(app, session_id).holder
-    if await transactions.stage_request(
+    if await staging.stage_request(
         ep.conn, StagedSessionState(ep.queue, session_id, holder, state)
     ):
         return 200, None
@@ -231,9 +231,9 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
     if session_id is not None:
         receiver = ep.receiver_for(app)
         holder = receiver.holder if receiver is not None else None
-    if transactions.REQUEST_TXN.get() is not None:
+    if staging.REQUEST_TXN.get() is not None:
         for settlement in settlements:
-            await transactions.stage_request(
+            await staging.stage_request(
                 ep.conn, StagedSettlement(ep.entity, settlement, holder)
             )
         return 200, None
@@ -273,8 +273,8 @@ async def schedule_message(ep: ManagementEndpoint, body: dict, app: dict):
         session_id = item.get("session-id")
         new.append(messages.admit(ep.target, messages.parse_one(payload),
                                   str(session_id) if session_id is not None else None))
-    if transactions.REQUEST_TXN.get() is not None:  # numbered now, scheduled at the commit
-        seqs = await transactions.stage_scheduled(ep.conn, ep.target, new)
+    if staging.REQUEST_TXN.get() is not None:  # numbered now, scheduled at the commit
+        seqs = await staging.stage_scheduled(ep.conn, ep.target, new)
     else:
         seqs = await ep.broker.send(ep.target, new)
     return 200, {"sequence-numbers": codec.Array(codec.Long, [codec.Long(s) for s in seqs])}
@@ -282,8 +282,8 @@ async def schedule_message(ep: ManagementEndpoint, body: dict, app: dict):
 
 async def cancel_scheduled_message(ep: ManagementEndpoint, body: dict, app: dict):
     seqs = _ints(body.get("sequence-numbers"))
-    if transactions.REQUEST_TXN.get() is not None:
-        await transactions.stage_cancels(ep.conn, ep.target, seqs)
+    if staging.REQUEST_TXN.get() is not None:
+        await staging.stage_cancels(ep.conn, ep.target, seqs)
         return 200, None
     await ep.broker.cancel_scheduled(ep.target, seqs)
     return 200, None

@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
 
-from proton import Delivery, Link, symbol
+from proton import Delivery, Link
 
-from busd.amqp import codec, engine
-from busd.broker import transactions
+from busd.amqp import engine
+from busd.broker import outcomes, staging
 from busd.broker.forwarding import forward_target
 from busd.broker.links import (
     ConnectionScope,
@@ -48,49 +47,6 @@ def lock_tag(token: bytes) -> bytes:
     """Delivery tag = the lock token GUID in .NET byte layout (docs/wire.md §6.4): the first three
     fields little-endian, i.e. `uuid.UUID(bytes=token).bytes_le`, without building a UUID."""
     return token[3::-1] + token[5:3:-1] + token[7:5:-1] + token[8:]
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _outcome_of(delivery) -> Settlement | None:
-    """The settlement a client asked for with its disposition of a raw delivery (docs/wire.md
-    §7.1)."""
-    state = engine.remote_state(delivery)
-    if state == engine.ACCEPTED:
-        return Settlement(token=b"", outcome=Outcome.COMPLETE)
-    if state == engine.MODIFIED:
-        failed, undeliverable = engine.remote_modified(delivery)
-        outcome = Outcome.DEFER if undeliverable else Outcome.ABANDON
-        if not failed and not undeliverable:
-            outcome = Outcome.RELEASE  # modified with nothing set is a plain release
-        patch: Any = engine.wrap(delivery).remote.annotations  # properties to modify, if any
-        return Settlement(
-            token=b"",
-            outcome=outcome,
-            properties_patch=codec.encode_properties_patch(patch) if patch else None,
-        )
-    if state == engine.REJECTED:
-        cond = engine.wrap(delivery).remote.condition
-        info: Any = (cond.info if cond is not None else None) or {}
-        if not isinstance(info, dict):
-            info = {}
-        reason = _text(info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason")))
-        description = _text(info.get(
-            symbol("DeadLetterErrorDescription"), info.get("DeadLetterErrorDescription")
-        ))
-        if description is None and cond is not None:
-            description = cond.description
-        return Settlement(
-            token=b"",
-            outcome=Outcome.DEAD_LETTER,
-            dead_letter_reason=reason,
-            dead_letter_description=description,
-        )
-    if state == engine.RELEASED or engine.remote_settled(delivery):
-        return Settlement(token=b"", outcome=Outcome.RELEASE)
-    return None
 
 
 class QueueReceiverEndpoint(LinkEndpoint):
@@ -255,11 +211,11 @@ class QueueReceiverEndpoint(LinkEndpoint):
             return
         if not engine.updated(delivery) and not engine.remote_settled(delivery):
             return
-        if engine.remote_state(delivery) == transactions.TRANSACTIONAL_STATE:
+        if engine.remote_state(delivery) == staging.TRANSACTIONAL_STATE:
             del self._inflight[delivery]
-            transactions.stage_disposition(self, delivery, token)  # applied at the commit
+            staging.stage_disposition(self, delivery, token)  # applied at the commit
             return
-        settlement = _outcome_of(delivery)
+        settlement = outcomes.of_disposition(delivery)
         if settlement is None:
             return
         del self._inflight[delivery]  # settle once
@@ -290,7 +246,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
                             self.entity.path, [s.outcome for _, s in batch], refused
                         )
                 for (delivery, settlement), error in zip(batch, results):
-                    self._answer(delivery, settlement, error)
+                    self.answer_settlement(delivery, settlement, error)
                 self.kick()
                 if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
                     self.look_again()  # the same message may be next again (the store wakes
@@ -298,23 +254,17 @@ class QueueReceiverEndpoint(LinkEndpoint):
         finally:
             self._settling = False
 
-    def _answer(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
-        """Echo the outcome as a settled disposition (docs/wire.md §7.2), then let go of the
-        delivery."""
+    def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None
+                          ) -> None:  # fmt: skip
+        """Answer the client's settlement of a raw delivery (here, or staged in a
+        transaction): echo the outcome as a settled disposition (docs/wire.md §7.2), or reject
+        it with `error`; then let go of the delivery."""
         if engine.remote_settled(delivery):  # the client settled first: nothing to echo
             if error is not None:
                 self._refused_silently(settlement, error)
             engine.settle(delivery)
         elif error is None:
-            outcome = settlement.outcome
-            if outcome == Outcome.COMPLETE:
-                engine.settle(delivery, engine.ACCEPTED)
-            elif outcome in (Outcome.ABANDON, Outcome.DEFER):
-                engine.settle_modified(delivery, undeliverable=outcome == Outcome.DEFER)
-            elif outcome == Outcome.DEAD_LETTER:
-                engine.settle(delivery, engine.REJECTED)  # without error: success
-            else:
-                engine.settle(delivery, engine.RELEASED)
+            outcomes.echo(delivery, settlement.outcome)
         else:
             wrapped = engine.wrap(delivery)
             wrapped.local.condition = amqp_condition(error, triple=False)

@@ -13,7 +13,7 @@ from proton import Link, Terminus
 
 from busd.amqp.addresses import Address, parse_address
 from busd.auth.rights import LISTEN, SEND
-from busd.broker import cbs, management, nodes, receiving, sending, sessions, transactions
+from busd.broker import cbs, coordinator, management, nodes, receiving, sending, sessions
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, TopicSpec
@@ -32,8 +32,8 @@ class Attach:
 
 def make_endpoint(conn: ConnectionScope, link: Link, attach: Attach) -> LinkEndpoint:
     """The endpoint for `link`, or the BusdError to refuse it with (docs/wire.md §4.3)."""
-    if transactions.is_coordinator(link):  # needs no token of its own (docs/wire.md §10.2)
-        return transactions.CoordinatorEndpoint(conn, link)
+    if coordinator.is_coordinator(link):  # needs no token of its own (docs/wire.md §10.2)
+        return coordinator.CoordinatorEndpoint(conn, link)
     parsed = parse_address(attach.source_address if link.is_sender else attach.target_address)
     if parsed.sub == "cbs":
         return nodes.ReplyEndpoint(conn, link) if link.is_sender else cbs.CbsEndpoint(conn, link)
@@ -61,7 +61,7 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address,
         topic = broker.topic(parsed.entity) if parsed.entity and entity is None else None
         track = parsed.entity
         if topic is not None:
-            transactions.check_entity_link(conn, link, parsed.entity)
+            conn.transactions.check_entity_link(link, parsed.entity)
             for_topic = _topic_endpoint(conn, link, parsed, topic)
             broker.track(track, for_topic)
             return for_topic
@@ -71,7 +71,7 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address,
             f"The messaging entity '{parsed.entity_path}' could not be found.",
         )
     # a topic and its subscriptions are one top-level entity (docs/wire.md §10.6)
-    transactions.check_entity_link(conn, link, parsed.entity)
+    conn.transactions.check_entity_link(link, parsed.entity)
     endpoint: LinkEndpoint
     if parsed.sub == "management":
         if link.is_sender:

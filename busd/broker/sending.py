@@ -15,7 +15,7 @@ import logging
 from proton import Delivery, symbol
 
 from busd.amqp import engine
-from busd.broker import messages, transactions
+from busd.broker import messages, staging
 from busd.broker.links import (
     CREDIT_WINDOW,
     ConnectionScope,
@@ -93,8 +93,8 @@ class QueueSenderEndpoint(LinkEndpoint):
             engine.link_advance(link)
             return
         engine.link_advance(link)
-        if engine.remote_state(delivery) == transactions.TRANSACTIONAL_STATE:
-            transactions.stage_transfer(self, delivery, data, size)  # answered once staged
+        if engine.remote_state(delivery) == staging.TRANSACTIONAL_STATE:
+            staging.stage_transfer(self, delivery, data, size)  # answered once staged
             self._top_up()
             return
         engine.hold(delivery)  # answered after the store call

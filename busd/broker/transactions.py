@@ -1,97 +1,41 @@
-"""Local transactions (docs/wire.md §10, docs/design.md §3.15): the coordinator link, and the
-transactional work of a connection's other links.
+"""Local transactions (docs/wire.md §10, docs/design.md §3.15): a declared transaction, and the
+transactions of one connection.
 
-OASIS AMQP 1.0 Part 4 [4.5] describes the coordinator, `declare`, `discharge`, `declared` and
-`transactional-state`; Service Bus uses local transactions only, one connection each.
-
-A transaction belongs to the connection that declared it (valid on all of its sessions,
-unknown on any other connection) and to the coordinator link it was declared on: that link
-going (detach, end of its session, close of the connection) rolls it back. Its operations
-(sends to queues and topics, settlements, `$management` schedule/cancel/update-disposition/
-set-session-state) are staged in the store under its via entity as they arrive, each answered
-once staged; a send to a topic is staged with the copies its subscriptions' rules make of it
-then. The commit applies all of them in one store script (busd.storage's commitTransaction),
-so a process that dies at any point leaves every transaction applied whole or not at all.
-What a dead process staged is dropped by the sweep once the transaction's time is up. A
-message settled in a transaction stays locked to its holder until the discharge.
+OASIS AMQP 1.0 Part 4 [4.5] describes transactions; Service Bus uses local transactions only,
+one connection each. A transaction belongs to the connection that declared it (valid on all of
+its sessions, unknown on any other connection: its `TransactionScope` is the connection's
+`transactions`) and to the coordinator link it was declared on (busd.broker.coordinator),
+whose going rolls it back. Its operations (busd.broker.staging: sends to queues and topics,
+settlements, `$management` schedule/cancel/update-disposition/set-session-state) are staged in
+the store under its via entity as they arrive, each answered once staged. The commit applies
+all of them in one store script (busd.storage's commitTransaction), so a process that dies at
+any point leaves every transaction applied whole or not at all. What a dead process staged is
+dropped by the sweep once the transaction's time is up. A message settled in a transaction
+stays locked to its holder until the discharge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import os
-import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from proton import Array, Data, Delivery, Described, Link, Message, Terminus, symbol, ulong
+from proton import Link
 
-from busd.amqp import codec, engine
-from busd.broker import messages
-from busd.broker.links import (
-    CREDIT_WINDOW,
-    ConnectionScope,
-    LinkEndpoint,
-    amqp_condition,
-    echo_termini,
-)
 from busd.errors import BusdError, Condition
 from busd.storage.api import (
-    NewMessage,
-    Outcome,
     QueueSpec,
-    Settlement,
-    StagedCancel,
     StagedOperation,
     StagedPublish,
-    StagedSend,
     StagedSettlement,
+    Store,
     TopicSpec,
 )
 
+if TYPE_CHECKING:
+    from busd.broker.links import BrokerScope
+
 log = logging.getLogger("busd.broker")
-
-
-# The links whose transactional work this module stages (busd.broker.sending and
-# busd.broker.receiving import this module; it names only what it uses of them).
-class TransactionalSender(Protocol):
-    """A sender link on a queue or topic (busd.broker.sending.QueueSenderEndpoint)."""
-
-    conn: ConnectionScope
-    queue: QueueSpec | TopicSpec
-
-    def kick(self) -> None: ...
-
-
-class TransactionalReceiver(Protocol):
-    """A receiver link (busd.broker.receiving.QueueReceiverEndpoint)."""
-
-    conn: ConnectionScope
-    entity: QueueSpec
-    holder: str
-    session_id: str | None
-
-    def kick(self) -> None: ...
-
-    def _answer(self, delivery: Any, settlement: Settlement, error: BusdError | None
-                ) -> None: ...
-
-
-# AMQP 1.0 Part 4 §4.5: descriptor codes of the transaction types.
-COORDINATOR = 0x30
-DECLARE = 0x31
-DISCHARGE = 0x32
-DECLARED = 0x33
-TRANSACTIONAL_STATE = 0x34
-_DECLARE_NAMES = (ulong(DECLARE), symbol("amqp:declare:list"))
-_DISCHARGE_NAMES = (ulong(DISCHARGE), symbol("amqp:discharge:list"))
-_ACCEPTED = Described(ulong(0x24), [])
-CAPABILITIES = (
-    symbol("amqp:local-transactions"),
-    symbol("amqp:multi-txns-per-ssn"),
-    symbol("amqp:multi-ssns-per-txn"),
-)
 
 # Service Bus limits (docs/wire.md §10.5): operations per transaction; the time from its first
 # operation after which it is rolled back (Broker.transaction_timeout_s, default 120 s).
@@ -104,14 +48,8 @@ NOT_CROSS_ENTITY = (
     "Local transactions cannot span multiple top-level entities such as queue or topic."
 )
 
-# The transaction a `$management` request carries in its transfer state (None: none); set
-# while the request's handler task is created, which copies it (busd.broker.management).
-REQUEST_TXN: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
-    "busd_request_txn", default=None
-)
 
-
-def _unknown() -> BusdError:
+def unknown() -> BusdError:
     return BusdError(Condition.TRANSACTION_UNKNOWN_ID,
                      "The transaction is unknown on this connection, or already discharged.")
 
@@ -124,11 +62,9 @@ def _timed_out() -> BusdError:
 class Transaction:
     """One declared transaction: what it staged where, and the staging still under way."""
 
-    def __init__(self, scope: TransactionScope, txn_id: bytes,
-                 coordinator: CoordinatorEndpoint) -> None:  # fmt: skip
+    def __init__(self, scope: TransactionScope, txn_id: bytes) -> None:
         self.scope = scope
         self.id = txn_id
-        self.coordinator = coordinator
         # the entity its operations are staged under
         self.via: QueueSpec | TopicSpec | None = None
         self.others: dict[str, QueueSpec] = {}  # the queue-like entities it touches but via
@@ -144,8 +80,8 @@ class Transaction:
         self._timer: asyncio.TimerHandle | None = None
 
     @property
-    def store(self):
-        return self.scope.conn.broker.store
+    def store(self) -> Store:
+        return self.scope.broker.store
 
     def stage(self, op: StagedOperation) -> asyncio.Future:
         """Stage one operation; the future is done (None, or the BusdError refusing it) once
@@ -168,7 +104,7 @@ class Transaction:
         if self.timed_out:
             return _timed_out()
         if self.discharging:
-            return _unknown()
+            return unknown()
         if self.count >= MAX_OPERATIONS:
             return BusdError(
                 Condition.RESOURCE_LIMIT,
@@ -294,7 +230,7 @@ class Transaction:
         topics = []
         for topic in self.topics.values():  # with their subscriptions as they are now
             try:
-                route = self.scope.conn.broker.fanout.route(topic.name)
+                route = self.scope.broker.fanout.route(topic.name)
             except BusdError:  # the topic is gone: the commit is refused
                 continue
             topics.append((route.topic, route.specs))
@@ -320,31 +256,33 @@ def _entity_of(op: StagedOperation) -> QueueSpec | TopicSpec:
 
 class TransactionScope:
     """A connection's transactions (they are unknown to its other connections), and which
-    entity each of its cross-entity AMQP sessions is pinned to (docs/wire.md §10.6)."""
+    entity each of its cross-entity AMQP sessions is pinned to (docs/wire.md §10.6). The
+    connection holds it (`ConnectionScope.transactions`) and it goes with the connection."""
 
-    def __init__(self, conn: ConnectionScope) -> None:
-        self._conn = weakref.ref(conn)
+    def __init__(self, broker: BrokerScope) -> None:
+        self.broker = broker
         self.transactions: dict[bytes, Transaction] = {}
         # raw pn_session_t -> entity name of its first entity link (None: not yet), for
         # sessions whose first link was a coordinator
-        self.via_of_session: dict[Any, str | None] = {}
+        self._via_of_session: dict[Any, str | None] = {}
         self._tasks: set[asyncio.Task] = set()
 
     @property
-    def conn(self) -> ConnectionScope:
-        conn = self._conn()
-        assert conn is not None
-        return conn
-
-    @property
     def timeout_s(self) -> float:
-        return getattr(self.conn.broker, "transaction_timeout_s", DEFAULT_TIMEOUT_S)
+        return getattr(self.broker, "transaction_timeout_s", DEFAULT_TIMEOUT_S)
+
+    def declare(self, txn_id: bytes) -> Transaction:
+        txn = self.transactions[txn_id] = Transaction(self, txn_id)
+        return txn
 
     def get(self, txn_id: Any) -> Transaction:
         txn = self.transactions.get(bytes(txn_id)) if txn_id is not None else None
         if txn is None:
-            raise _unknown()
+            raise unknown()
         return txn
+
+    def forget(self, txn: Transaction) -> None:
+        self.transactions.pop(txn.id, None)
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -352,353 +290,24 @@ class TransactionScope:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    # --- cross-entity sessions ---------------------------------------------------------------
+    def cross_entity(self, session: Any) -> None:
+        """A coordinator attached before any entity link of the raw AMQP `session`: the
+        session's first entity becomes its send-via entity."""
+        self._via_of_session.setdefault(session, None)
 
-_SCOPES: weakref.WeakKeyDictionary[Any, TransactionScope] = weakref.WeakKeyDictionary()
+    def end_cross_entity(self, session: Any) -> None:
+        self._via_of_session.pop(session, None)
 
-
-def scope_of(conn: ConnectionScope) -> TransactionScope:
-    scope = _SCOPES.get(conn)
-    if scope is None:
-        scope = _SCOPES[conn] = TransactionScope(conn)
-    return scope
-
-
-def has_transactions(conn: ConnectionScope) -> bool:
-    scope = _SCOPES.get(conn)
-    return scope is not None and bool(scope.transactions)
-
-
-# --- the coordinator link ------------------------------------------------------------------
-def is_coordinator(link: Link) -> bool:
-    return not link.is_sender and link.remote_target.type == Terminus.COORDINATOR
-
-
-class CoordinatorEndpoint(LinkEndpoint):
-    """The client's controller link: `declare` and `discharge` in, settled answers out
-    (docs/wire.md §10.2)."""
-
-    def __init__(self, conn: ConnectionScope, link: Link) -> None:
-        super().__init__(conn, link)
-        self.scope = scope_of(conn)
-        self.declared: set[bytes] = set()
-        self._work: list[asyncio.Task] = []
+    def check_entity_link(self, link: Link, entity_name: str) -> None:
+        """An entity link attaches on `link`'s session: in cross-entity mode, the first one
+        pins the send-via entity, and a receiver on another entity is refused (docs/wire.md
+        §10.6)."""
         session = link.session._impl
-        # A coordinator attached before any entity link of its AMQP session puts the session in
-        # cross-entity mode: its first entity becomes the send-via entity.
-        if not any(e.link.session._impl == session and hasattr(e, "queue") for e in conn.links):
-            self.scope.via_of_session.setdefault(session, None)
-
-    def on_attach(self) -> None:
-        echo_termini(self.link)
-        self.link.target.type = Terminus.COORDINATOR
-        caps: Data = self.link.target.capabilities
-        caps.clear()
-        caps.put_object(Array(Data.NULL, Data.SYMBOL, *CAPABILITIES))
-        self.link.open()
-        self.link.flow(CREDIT_WINDOW)
-
-    def on_delivery(self, delivery: Delivery) -> None:
-        if not delivery.readable or delivery.partial:
+        if session not in self._via_of_session:
             return
-        payload = self.link.recv(delivery.pending)
-        self.link.advance()
-        if self.link.credit < CREDIT_WINDOW // 2:
-            self.link.flow(CREDIT_WINDOW - self.link.credit)
-        if delivery.aborted:
-            delivery.settle()
-            return
-        try:
-            name, fields = _control(payload)
-        except BusdError as error:
-            _reject(delivery, error)
-            self.kick()
-            return
-        if name in _DECLARE_NAMES:
-            self._declare(delivery, fields)
-        else:
-            self._work.append(self.spawn(self._discharge(delivery, fields)))
-
-    def _declare(self, delivery: Delivery, fields: list) -> None:
-        if fields and fields[0] is not None:
-            _reject(delivery, BusdError(Condition.NOT_IMPLEMENTED,
-                                        "Distributed transactions are not supported."))
-        else:
-            txn_id = os.urandom(16)
-            self.scope.transactions[txn_id] = Transaction(self.scope, txn_id, self)
-            self.declared.add(txn_id)
-            delivery.local.data = [txn_id]  # type: ignore[list-item]  # any AMQP list
-            delivery.update(DECLARED)
-            delivery.settle()
-        self.kick()
-
-    async def _discharge(self, delivery: Delivery, fields: list) -> None:
-        txn_id = fields[0] if fields else None
-        fail = bool(fields[1]) if len(fields) > 1 and fields[1] is not None else False
-        try:
-            txn = self.scope.get(txn_id)
-            if txn.discharging:
-                raise _unknown()
-            try:
-                await txn.discharge(fail)
-            finally:
-                self._forget(txn)
-        except BusdError as error:
-            log.debug("discharge refused: %s", error)
-            _reject(delivery, error)
-        else:
-            delivery.update(Delivery.ACCEPTED)
-            delivery.settle()
-        self.kick()
-
-    def _forget(self, txn: Transaction) -> None:
-        self.scope.transactions.pop(txn.id, None)
-        self.declared.discard(txn.id)
-
-    def on_detach(self) -> None:
-        """docs/wire.md §10.2: the link going rolls back what it declared and did not
-        discharge."""
-        super().on_detach()
-        for txn_id in list(self.declared):
-            txn = self.scope.transactions.get(txn_id)
-            if txn is not None and not txn.discharging:
-                self._work.append(self.spawn(self._roll_back(txn)))
-        self.scope.via_of_session.pop(self.link.session._impl, None)
-
-    async def _roll_back(self, txn: Transaction) -> None:
-        try:
-            await txn.discharge(True)
-        finally:
-            self._forget(txn)
-
-    async def finish(self) -> None:
-        if self._work:
-            await asyncio.gather(*self._work, return_exceptions=True)
-
-
-def _control(payload: bytes) -> tuple[Any, list]:
-    """The descriptor and fields of a declare or discharge body (numeric or symbolic
-    descriptor; header and properties sections ignored)."""
-    message = Message()
-    try:
-        message.decode(payload)
-    except Exception:
-        raise BusdError(Condition.DECODE_ERROR, "Undecodable transaction control message.")\
-            from None
-    body = message.body
-    if isinstance(body, Described) and body.descriptor in _DECLARE_NAMES + _DISCHARGE_NAMES:
-        # a binary decodes as a view of proton's buffer, which is reused: copy it now
-        fields = [bytes(f) if isinstance(f, memoryview) else f
-                  for f in (body.value if isinstance(body.value, list) else [])]
-        if body.descriptor in _DISCHARGE_NAMES and (not fields or fields[0] is None):
-            raise BusdError(Condition.INVALID_FIELD, "A discharge names its txn-id.")
-        return body.descriptor, fields
-    raise BusdError(Condition.NOT_IMPLEMENTED,
-                    "A coordinator takes declare and discharge messages only.")
-
-
-def _reject(delivery: Delivery, error: BusdError) -> None:
-    delivery.local.condition = amqp_condition(error)
-    delivery.update(Delivery.REJECTED)
-    delivery.settle()
-
-
-# --- cross-entity sessions -------------------------------------------------------------------
-def check_entity_link(conn: ConnectionScope, link: Link, entity_name: str) -> None:
-    """An entity link attaches on `link`'s session: in cross-entity mode, the first one pins
-    the send-via entity, and a receiver on another entity is refused (docs/wire.md §10.6)."""
-    scope = _SCOPES.get(conn)
-    if scope is None:
-        return
-    session = link.session._impl
-    if session not in scope.via_of_session:
-        return
-    via = scope.via_of_session[session]
-    if via is None:
-        scope.via_of_session[session] = entity_name
-    elif link.is_sender and entity_name != via:  # we send: a receiver on another entity
-        raise BusdError(Condition.NOT_ALLOWED, NOT_CROSS_ENTITY)
-
-
-# --- transactional work on other links --------------------------------------------------------
-def txn_id_of(raw_delivery) -> bytes | None:
-    """The txn-id of a transfer or disposition whose state is transactional-state, else
-    None."""
-    if engine.remote_state(raw_delivery) != TRANSACTIONAL_STATE:
-        return None
-    data = engine.wrap(raw_delivery).remote.data
-    if not data or data[0] is None:
-        return b""  # transactional without an id: unknown
-    return bytes(data[0])
-
-
-def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes,
-                   size: int) -> None:  # fmt: skip
-    """A transactional send (the transfer's state is transactional-state): validated now,
-    staged, answered `transactional-state(txn-id, accepted)` once the store holds it, or
-    rejected (docs/wire.md §10.3)."""
-    engine.hold(raw_delivery)
-    txn_id = txn_id_of(raw_delivery) or b""
-    target = endpoint.queue
-    try:
-        txn = scope_of(endpoint.conn).get(txn_id)
-        messages.check_size(target, size)
-        new = [messages.admit(target, m) for m in messages.parse(payload)]
-        ops = [_send_op(endpoint.conn, target, m) for m in new]
-    except BusdError as error:
-        _answer_transfer(endpoint, raw_delivery, txn_id, error)
-        return
-    except Exception as exc:  # (a rule that broke on it): refused, the link goes on
-        log.error("staging a send to %s failed: %s", target.name, exc)
-        _answer_transfer(endpoint, raw_delivery, txn_id,
-                         BusdError(Condition.INTERNAL, "The message could not be staged."))
-        return
-    futures = [txn.stage(op) for op in ops]
-
-    def answered(_: Any) -> None:
-        if all(f.done() for f in futures):
-            errors = [f.result() for f in futures if f.result() is not None]
-            _answer_transfer(endpoint, raw_delivery, txn_id, errors[0] if errors else None)
-
-    for future in futures:
-        future.add_done_callback(answered)
-    if not futures:
-        _answer_transfer(endpoint, raw_delivery, txn_id, None)
-
-
-def _answer_transfer(endpoint: TransactionalSender, raw_delivery, txn_id: bytes,
-                     error: BusdError | None) -> None:  # fmt: skip
-    delivery = engine.wrap(raw_delivery)
-    if error is None:
-        delivery.local.data = [txn_id, _ACCEPTED]  # type: ignore[list-item]  # any AMQP list
-        delivery.update(TRANSACTIONAL_STATE)
-    else:
-        log.debug("transactional send rejected: %s", error)
-        delivery.local.condition = amqp_condition(error)
-        delivery.update(Delivery.REJECTED)
-    delivery.settle()
-    engine.release(raw_delivery)
-    endpoint.kick()
-
-
-def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: bytes) -> None:
-    """A transactional settlement (the disposition's state is transactional-state with an
-    outcome): staged, then answered with the plain outcome; its effect waits for the commit,
-    the message staying locked meanwhile (docs/wire.md §10.4)."""
-    txn_id = txn_id_of(raw_delivery) or b""
-    data = engine.wrap(raw_delivery).remote.data or []
-    settlement = _settlement(data[1] if len(data) > 1 else None)
-    error: BusdError | None = None
-    if settlement is None:
-        settlement = Settlement(token=token, outcome=Outcome.RELEASE)
-        error = BusdError(Condition.INVALID_FIELD,
-                          "A transactional disposition carries an outcome.")
-    settlement.token = token
-    settlement.session_id = endpoint.session_id
-    try:
-        txn = scope_of(endpoint.conn).get(txn_id)
-    except BusdError as unknown:
-        error = error or unknown
-    if error is not None:
-        endpoint._answer(raw_delivery, settlement, error)
-        endpoint.kick()
-        return
-    future = txn.stage(StagedSettlement(endpoint.entity, settlement, endpoint.holder))
-
-    def answered(_: Any) -> None:
-        endpoint._answer(raw_delivery, settlement, future.result())
-        endpoint.kick()
-
-    future.add_done_callback(answered)
-
-
-_OUTCOME_CODES = {
-    "amqp:accepted:list": 0x24, "amqp:rejected:list": 0x25, "amqp:released:list": 0x26,
-    "amqp:modified:list": 0x27,
-}  # fmt: skip
-
-
-def _settlement(outcome: Any) -> Settlement | None:
-    """The settlement an outcome inside a transactional-state asks for (docs/wire.md §7.1:
-    accepted completes, modified abandons or defers, rejected dead-letters)."""
-    if not isinstance(outcome, Described):
-        return None
-    descriptor = outcome.descriptor
-    code = _OUTCOME_CODES.get(str(descriptor), 0) if isinstance(descriptor, str) else descriptor
-    fields = outcome.value if isinstance(outcome.value, list) else []
-    fields = fields + [None] * (3 - len(fields))
-    if code == 0x24:
-        return Settlement(token=b"", outcome=Outcome.COMPLETE)
-    if code == 0x26:
-        return Settlement(token=b"", outcome=Outcome.RELEASE)
-    if code == 0x27:
-        failed, undeliverable, annotations = fields[:3]
-        result = Outcome.DEFER if undeliverable else Outcome.ABANDON
-        if not failed and not undeliverable:
-            result = Outcome.RELEASE
-        patch = dict(annotations) if isinstance(annotations, dict) and annotations else None
-        try:
-            encoded = codec.encode_properties_patch({
-                str(k): bytes(v) if isinstance(v, memoryview) else v for k, v in patch.items()
-            }) if patch else None
-        except codec.CodecError:
-            encoded = None
-        return Settlement(token=b"", outcome=result, properties_patch=encoded)
-    if code == 0x25:
-        error = fields[0]
-        cond = error.value if isinstance(error, Described) and isinstance(error.value, list) \
-            else []
-        cond = cond + [None] * (3 - len(cond))
-        info = cond[2] if isinstance(cond[2], dict) else {}
-        reason = info.get(symbol("DeadLetterReason"), info.get("DeadLetterReason"))
-        description = info.get(symbol("DeadLetterErrorDescription"),
-                               info.get("DeadLetterErrorDescription", cond[1]))
-        return Settlement(
-            token=b"", outcome=Outcome.DEAD_LETTER,
-            dead_letter_reason=None if reason is None else str(reason),
-            dead_letter_description=None if description is None else str(description),
-        )
-    return None
-
-
-def _send_op(conn: ConnectionScope, target: QueueSpec | TopicSpec, message: NewMessage,
-             seq: int | None = None) -> StagedSend | StagedPublish:  # fmt: skip
-    """A send to stage: to a topic, with the copies its subscriptions' rules make of it now."""
-    if isinstance(target, TopicSpec):
-        return conn.broker.fanout.staged(target, message, seq)
-    return StagedSend(target, message, seq)
-
-
-async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
-                          new: list[NewMessage]) -> list[int]:  # fmt: skip
-    """`schedule-message` in a transaction: the messages' numbers now (a topic's), the
-    messages at the commit (never, after a rollback: the numbers stay unused)."""
-    txn = scope_of(conn).get(REQUEST_TXN.get())
-    seqs = await conn.broker.store.reserve_sequence_numbers(target, len(new))
-    for message, seq in zip(new, seqs):
-        await _staged(txn.stage(_send_op(conn, target, message, seq)))
-    return seqs
-
-
-async def stage_cancels(conn: ConnectionScope, target: QueueSpec | TopicSpec,
-                        seqs: list[int]) -> None:  # fmt: skip
-    """`cancel-scheduled-message` in a transaction: the messages go at the commit (every
-    subscription's copy, on a topic)."""
-    txn = scope_of(conn).get(REQUEST_TXN.get())
-    for seq in seqs:
-        await _staged(txn.stage(StagedCancel(target, seq)))
-
-
-async def _staged(future: asyncio.Future) -> None:
-    error = await future
-    if error is not None:
-        raise error
-
-
-async def stage_request(conn: ConnectionScope, op: StagedOperation) -> bool:
-    """Stage the operation of a `$management` request made in a transaction (REQUEST_TXN);
-    False when the request carries none (then it runs now). Raises what refuses it."""
-    txn_id = REQUEST_TXN.get()
-    if txn_id is None:
-        return False
-    await _staged(scope_of(conn).get(txn_id).stage(op))
-    return True
+        via = self._via_of_session[session]
+        if via is None:
+            self._via_of_session[session] = entity_name
+        elif link.is_sender and entity_name != via:  # we send: a receiver on another entity
+            raise BusdError(Condition.NOT_ALLOWED, NOT_CROSS_ENTITY)
