@@ -12,11 +12,11 @@ they already have.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from busd import entity_properties as ep
 from busd.auth.rights import SasKey, parse_rights
 from busd.broker.limits import Limits
 from busd.entities import (
@@ -26,6 +26,12 @@ from busd.entities import (
     SubscriptionEntity,
     TopicEntity,
 )
+from busd.entity_values import (
+    check_rule_name,
+    normalize_entity_name,
+    normalize_subscription_name,
+)
+from busd.errors import ConfigError
 from busd.rules import RuleError, rule_from_config, rule_record
 
 KIB = 1024
@@ -35,34 +41,10 @@ DEFAULT_SAS_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_SAS_KEY = "SAS_KEY_VALUE"  # the emulator's, so existing connection strings work
 
 DEFAULT_MAX_MESSAGE_SIZE = 1 * MIB
-MAX_MESSAGE_SIZE_LIMIT = 100 * MIB  # Service Bus premium's largest message
+MAX_MESSAGE_SIZE_LIMIT = ep.MAX_MESSAGE_SIZE_KB * KIB  # Service Bus premium's largest message
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
-
-# Queue property bounds (docs/design.md §2.1). Service Bus allows 5 s .. 5 min for LockDuration;
-# busd goes down to 1 s because short locks make lock-expiry tests fast.
-DEFAULT_LOCK_DURATION_MS = 60_000
-MIN_LOCK_DURATION_MS = 1_000
-MAX_LOCK_DURATION_MS = 5 * 60_000
-DEFAULT_MAX_DELIVERY_COUNT = 10
-DEFAULT_DUPLICATE_WINDOW_MS = 10 * 60_000
-MIN_DUPLICATE_WINDOW_MS = 1_000
-MAX_DUPLICATE_WINDOW_MS = 7 * 24 * 3600_000  # Service Bus's own ceiling
-
-# .NET's TimeSpan.MaxValue (P10675199DT2H48M5.4775807S) is how Service Bus spells "unbounded";
-# any duration of at least that many days means no limit.
-_TIMESPAN_MAX_DAYS = 10_675_199
-
-ENTITY_NAME_MAX_LENGTH = 260
-_ENTITY_NAME_RE = re.compile(r"[A-Za-z0-9._/-]{1,260}", re.ASCII)
-SUBSCRIPTION_NAME_MAX_LENGTH = 50  # Service Bus's limit, for rule names too
-_SUBSCRIPTION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,50}", re.ASCII)
-
-
-class ConfigError(Exception):
-    """A setting or the entities file is invalid; the message says which and why, in one line."""
-
 
 # URL schemes --redis-url takes; `+cluster` names a Redis/Valkey Cluster
 # (busd.storage.redis_store, as does a `?cluster=true` parameter).
@@ -172,148 +154,7 @@ class Settings:
         )
 
 
-# --- entity names ------------------------------------------------------------------------------
-
-
-def normalize_entity_name(name: object, what: str = "queue") -> str:
-    """The lower-cased name (Service Bus names are case-insensitive), or ConfigError."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{what} name must be a non-empty string, got {name!r}")
-    if len(name) > ENTITY_NAME_MAX_LENGTH:
-        raise ConfigError(
-            f"{what} name {name[:40]!r}... is {len(name)} characters long; "
-            f"the limit is {ENTITY_NAME_MAX_LENGTH}"
-        )
-    if not _ENTITY_NAME_RE.fullmatch(name):
-        bad = sorted({c for c in name if not _ENTITY_NAME_RE.fullmatch(c)})
-        raise ConfigError(
-            f"{what} name {name!r} contains {''.join(bad)!r}: only letters, digits, "
-            f"'-', '.', '_' and '/' are allowed"
-        )
-    segments = name.split("/")
-    if any(not s for s in segments):
-        raise ConfigError(f"{what} name {name!r} must not start or end with '/' nor contain '//'")
-    if len(segments) > 1 and any(s.lower() == "subscriptions" for s in segments):
-        # `t/Subscriptions/s` is how a subscription is addressed; a queue named that way
-        # could never be reached.
-        raise ConfigError(f"{what} name {name!r} must not contain a 'Subscriptions' segment")
-    return name.lower()
-
-
-def normalize_subscription_name(name: object) -> str:
-    """A subscription's lower-cased name (one path segment, at most 50 characters)."""
-    if not isinstance(name, str) or not _SUBSCRIPTION_NAME_RE.fullmatch(name):
-        raise ConfigError(
-            f"subscription name must be 1..{SUBSCRIPTION_NAME_MAX_LENGTH} letters, digits, "
-            f"'-', '.' or '_', got {name!r}"
-        )
-    return name.lower()
-
-
-def check_rule_name(name: object) -> str:
-    """A rule's name as given (rule names compare case-insensitively)."""
-    if (not isinstance(name, str) or not name or len(name) > SUBSCRIPTION_NAME_MAX_LENGTH
-            or any(c in name for c in "/\\?#")):
-        raise ConfigError(
-            f"rule name must be 1..{SUBSCRIPTION_NAME_MAX_LENGTH} characters without "
-            f"'/', '\\', '?' or '#', got {name!r}"
-        )
-    return name
-
-
-def normalize_forward_target(value: object, what: str) -> str | None:
-    """A ForwardTo-style value as a bare entity path: None for empty, scheme and authority of
-    an absolute URL (`sb://host:port/q`, as the management API sends it) dropped."""
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(f"{what} must be an entity name, got {value!r}")
-    text = value.strip()
-    scheme = text.find("://")
-    if scheme >= 0:
-        slash = text.find("/", scheme + 3)
-        text = "" if slash < 0 else text[slash:]
-    text = text.strip("/")
-    if not text:
-        return None
-    return normalize_entity_name(text, what)
-
-
-# --- ISO 8601 durations --------------------------------------------------------------------------
-
-_DURATION_RE = re.compile(
-    r"P(?!$)(?:(?P<years>\d+)Y)?(?:(?P<months>\d+)M)?(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?",
-    re.ASCII | re.IGNORECASE,
-)
-# .NET TimeSpan text ([d.]hh:mm:ss[.fffffff]), which some tools write into the same fields.
-_TIMESPAN_RE = re.compile(
-    r"(?:(?P<days>\d+)\.)?(?P<hours>\d{1,2}):(?P<minutes>\d{1,2}):(?P<seconds>\d{1,2}(?:\.\d+)?)",
-    re.ASCII,
-)
-
-
-def parse_duration_ms(text: str) -> int | None:
-    """Milliseconds of an ISO 8601 duration (PT1M, P14D, PT0.5S...), None for TimeSpan.MaxValue
-    and anything as long (unbounded). Years count 365 days and months 30, as .NET's XmlConvert.
-    Raises ValueError for text that is not a duration."""
-    text = text.strip()
-    m = _DURATION_RE.fullmatch(text) or _TIMESPAN_RE.fullmatch(text)
-    if m is None:
-        raise ValueError(f"{text!r} is not an ISO 8601 duration such as PT1M, PT30S or P14D")
-    parts = {k: v for k, v in m.groupdict().items() if v is not None}
-    days = (
-        int(parts.get("years", 0)) * 365
-        + int(parts.get("months", 0)) * 30
-        + int(parts.get("weeks", 0)) * 7
-        + int(parts.get("days", 0))
-    )
-    if days >= _TIMESPAN_MAX_DAYS:
-        return None
-    seconds = float(parts.get("seconds", "0"))
-    total_ms = (
-        days * 86_400_000
-        + int(parts.get("hours", 0)) * 3_600_000
-        + int(parts.get("minutes", 0)) * 60_000
-        + round(seconds * 1000)
-    )
-    if total_ms >= _TIMESPAN_MAX_DAYS * 86_400_000:
-        return None
-    return total_ms
-
-
 # --- the entities file -------------------------------------------------------------------------
-
-# Properties busd reads, per kind; anything else in Properties is reported as ignored.
-_QUEUE_PROPERTIES = {
-    "RequiresSession",
-    "LockDuration",
-    "MaxDeliveryCount",
-    "DefaultMessageTimeToLive",
-    "DeadLetteringOnMessageExpiration",
-    "RequiresDuplicateDetection",
-    "DuplicateDetectionHistoryTimeWindow",
-    "ForwardTo",
-    "ForwardDeadLetteredMessagesTo",
-    "MaxMessageSizeInKilobytes",  # busd's own: Service Bus sets this per namespace tier
-}
-_TOPIC_PROPERTIES = {
-    "DefaultMessageTimeToLive",
-    "RequiresDuplicateDetection",
-    "DuplicateDetectionHistoryTimeWindow",
-    "MaxMessageSizeInKilobytes",
-}
-_SUBSCRIPTION_PROPERTIES = {
-    "RequiresSession",
-    "LockDuration",
-    "MaxDeliveryCount",
-    "DefaultMessageTimeToLive",
-    "DeadLetteringOnMessageExpiration",
-    "DeadLetteringOnFilterEvaluationExceptions",
-    "ForwardTo",
-    "ForwardDeadLetteredMessagesTo",
-}
-
 
 @dataclass
 class EntitiesFile:
@@ -462,100 +303,46 @@ def _parse_key(raw: Any) -> tuple[str, SasKey]:
         raise ConfigError(f"shared access key {name!r}: {e}") from None
 
 
-def _properties(raw: dict, label: str, known: set[str], warnings: list[str]) -> dict:
+def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[str, Any]:
+    """An entry's `Properties` read and checked against busd.entity_properties, by name;
+    an empty duration or entity name means not set, as the emulator writes it."""
     props = raw.get("Properties") or {}
     if not isinstance(props, dict):
         raise ConfigError(f"{label}: Properties must be an object")
-    warnings.extend(
-        f"{label}: property {key!r} is not used by busd and is ignored"
-        for key in props
-        if key not in known
-    )
-    return props
+    known = ep.OF_KIND[kind]
+    values: dict[str, Any] = {}
+    for key, value in props.items():
+        prop = known.get(key)
+        if prop is None:
+            warnings.append(f"{label}: property {key!r} is not used by busd and is ignored")
+            continue
+        if value is None or (value == "" and prop.type in (ep.DURATION, ep.ENTITY)):
+            continue
+        try:
+            values[key] = prop.from_json(value)
+            prop.check(values[key])
+        except ConfigError as e:
+            raise ConfigError(f"{label}: {e}") from None
+        if key in ep.KEPT_ONLY:
+            warnings.append(f"{label}: property {key!r} is kept and answered back by the "
+                            "management API, but busd does not act on it")
+    return values
 
 
-def _lock_duration(props: dict, label: str) -> int:
-    lock_ms = _duration(props, "LockDuration", label, DEFAULT_LOCK_DURATION_MS)
-    if lock_ms is None or not MIN_LOCK_DURATION_MS <= lock_ms <= MAX_LOCK_DURATION_MS:
-        raise ConfigError(
-            f"{label}: LockDuration {props.get('LockDuration')!r} is out of range "
-            "(1 second to 5 minutes, e.g. PT30S or PT5M)"
-        )
-    return lock_ms
-
-
-def _ttl(props: dict, label: str) -> int | None:
-    ttl_ms = _duration(props, "DefaultMessageTimeToLive", label, None)
-    if ttl_ms is not None and ttl_ms <= 0:
-        raise ConfigError(f"{label}: DefaultMessageTimeToLive must be longer than zero")
-    return ttl_ms
-
-
-def _max_delivery(props: dict, label: str) -> int:
-    max_delivery = props.get("MaxDeliveryCount", DEFAULT_MAX_DELIVERY_COUNT)
-    if isinstance(max_delivery, bool) or not isinstance(max_delivery, int) or max_delivery < 1:
-        raise ConfigError(
-            f"{label}: MaxDeliveryCount must be a whole number >= 1, got {max_delivery!r}"
-        )
-    return max_delivery
-
-
-def _duplicate_window(props: dict, label: str) -> int | None:
-    if not _flag(props, "RequiresDuplicateDetection", label):
-        return None
-    window_ms = _duration(
-        props, "DuplicateDetectionHistoryTimeWindow", label, DEFAULT_DUPLICATE_WINDOW_MS
-    )
-    if window_ms is None or not MIN_DUPLICATE_WINDOW_MS <= window_ms <= MAX_DUPLICATE_WINDOW_MS:
-        raise ConfigError(
-            f"{label}: DuplicateDetectionHistoryTimeWindow "
-            f"{props.get('DuplicateDetectionHistoryTimeWindow')!r} is out of range "
-            "(1 second to 7 days)"
-        )
-    return window_ms
-
-
-def _max_size(props: dict, label: str, default: int) -> int:
-    if "MaxMessageSizeInKilobytes" not in props:
-        return default
-    kb = props["MaxMessageSizeInKilobytes"]
-    if (isinstance(kb, bool) or not isinstance(kb, int)
-            or not 1 <= kb * KIB <= MAX_MESSAGE_SIZE_LIMIT):
-        raise ConfigError(
-            f"{label}: MaxMessageSizeInKilobytes must be 1..{MAX_MESSAGE_SIZE_LIMIT // KIB}, "
-            f"got {kb!r}"
-        )
-    return kb * KIB
-
-
-def _receivable(props: dict, label: str) -> dict[str, Any]:
-    """The properties queues and subscriptions share (those of what receivers take from)."""
-    return {
-        "requires_session": _flag(props, "RequiresSession", label),
-        "lock_duration_ms": _lock_duration(props, label),
-        "max_delivery_count": _max_delivery(props, label),
-        "default_ttl_ms": _ttl(props, label),
-        "dead_letter_on_expiration": _flag(props, "DeadLetteringOnMessageExpiration", label),
-        "forward_to": normalize_forward_target(props.get("ForwardTo"), f"{label}: ForwardTo"),
-        "forward_dead_lettered_to": normalize_forward_target(
-            props.get("ForwardDeadLetteredMessagesTo"),
-            f"{label}: ForwardDeadLetteredMessagesTo"),
-    }
+def _entity(cls: type, kind: str, raw: dict, label: str, warnings: list[str],
+            **fields: Any) -> Any:  # fmt: skip
+    """The entity of an entry; `fields` holds its names and defaults its properties override."""
+    found, extra = ep.record_fields(kind, _properties(raw, kind, label, warnings))
+    return cls(**{**fields, **found}, extra=extra)
 
 
 def _parse_queue(raw: Any, default_max_message_size: int) -> tuple[QueueEntity, list[str]]:
     if not isinstance(raw, dict):
         raise ConfigError(f"each queue must be an object with a Name, got {raw!r}")
     name = normalize_entity_name(raw.get("Name"), "queue")
-    label = f"queue {raw['Name']!r}"
     warnings: list[str] = []
-    props = _properties(raw, label, _QUEUE_PROPERTIES, warnings)
-    queue = QueueEntity(
-        name=name,
-        duplicate_detection_window_ms=_duplicate_window(props, label),
-        max_message_size=_max_size(props, label, default_max_message_size),
-        **_receivable(props, label),
-    )
+    queue = _entity(QueueEntity, "queue", raw, f"queue {raw['Name']!r}", warnings, name=name,
+                    max_message_size=default_max_message_size)
     return queue, warnings
 
 
@@ -564,13 +351,8 @@ def _parse_topic(raw: Any, default_max_message_size: int, found: EntitiesFile) -
         raise ConfigError(f"each topic must be an object with a Name, got {raw!r}")
     name = normalize_entity_name(raw.get("Name"), "topic")
     label = f"topic {raw['Name']!r}"
-    props = _properties(raw, label, _TOPIC_PROPERTIES, found.warnings)
-    topic = TopicEntity(
-        name=name,
-        default_ttl_ms=_ttl(props, label),
-        duplicate_detection_window_ms=_duplicate_window(props, label),
-        max_message_size=_max_size(props, label, default_max_message_size),
-    )
+    topic = _entity(TopicEntity, "topic", raw, label, found.warnings, name=name,
+                    max_message_size=default_max_message_size)
     subs = raw.get("Subscriptions") or []
     if not isinstance(subs, list):
         raise ConfigError(f"{label}: Subscriptions must be a list")
@@ -595,14 +377,8 @@ def _parse_subscription(topic: str, raw: Any, topic_label: str,
     except ConfigError as e:
         raise ConfigError(f"{topic_label}: {e}") from None
     label = f"subscription {raw['Name']!r} of {topic_label}"
-    props = _properties(raw, label, _SUBSCRIPTION_PROPERTIES, found.warnings)
-    sub = SubscriptionEntity(
-        topic=topic,
-        name=name,
-        dead_letter_on_filter_exceptions=_flag(
-            props, "DeadLetteringOnFilterEvaluationExceptions", label, default=True),
-        **_receivable(props, label),
-    )
+    sub = _entity(SubscriptionEntity, "subscription", raw, label, found.warnings, topic=topic,
+                  name=name)
     rules = raw.get("Rules") or []
     if not isinstance(rules, list):
         raise ConfigError(f"{label}: Rules must be a list")
@@ -648,24 +424,3 @@ def _check_forwarding(found: EntitiesFile) -> None:
                                   "this file")
             if target is not None and target == source.path:
                 raise ConfigError(f"{label}: {key} cannot name the entity itself")
-
-
-def _flag(props: dict, key: str, label: str, *, default: bool = False) -> bool:
-    value = props.get(key, default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ConfigError(f"{label}: {key} must be true or false, got {value!r}")
-
-
-def _duration(props: dict, key: str, label: str, default: int | None) -> int | None:
-    value = props.get(key)
-    if value is None or value == "":
-        return default
-    if not isinstance(value, str):
-        raise ConfigError(f"{label}: {key} must be an ISO 8601 duration string, got {value!r}")
-    try:
-        return parse_duration_ms(value)
-    except ValueError as e:
-        raise ConfigError(f"{label}: {key}: {e}") from None

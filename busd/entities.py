@@ -18,25 +18,35 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from busd import entity_properties as ep
 from busd.storage.api import QueueSpec, subscription_path
 
-DEFAULT_LOCK_DURATION_MS = 60_000
-DEFAULT_MAX_DELIVERY_COUNT = 10
-DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 DEFAULT_RULE_NAME = "$Default"
 # The rule every new subscription gets unless its creator gives rules (spec: a TrueFilter).
 TRUE_FILTER_RULE: dict[str, Any] = {"filter": {"type": "true"}}
 
 
+def _default(name: str) -> Any:
+    """A field's default, as busd.entity_properties declares the property."""
+    return ep.BY_NAME[name].field_default
+
+
+DEFAULT_LOCK_DURATION_MS: int = _default("LockDuration")
+DEFAULT_MAX_DELIVERY_COUNT: int = _default("MaxDeliveryCount")
+DEFAULT_MAX_MESSAGE_SIZE: int = _default("MaxMessageSizeInKilobytes")
+
+
+# Fields: one per property busd acts on (busd.entity_properties names them by `attr`); the
+# properties it only keeps are in `extra`.
 @dataclass(frozen=True)
 class QueueEntity:
     kind: ClassVar[str] = "queue"
     name: str
-    requires_session: bool = False
+    requires_session: bool = _default("RequiresSession")
     lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS
     max_delivery_count: int = DEFAULT_MAX_DELIVERY_COUNT
-    default_ttl_ms: int | None = None  # None: unbounded
-    dead_letter_on_expiration: bool = False
+    default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")  # None: unbounded
+    dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
     duplicate_detection_window_ms: int | None = None  # None: off
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     forward_to: str | None = None  # bare entity path
@@ -57,23 +67,14 @@ class QueueEntity:
 
     @property
     def spec(self) -> QueueSpec:
-        return QueueSpec(
-            name=self.name,
-            requires_session=self.requires_session,
-            lock_duration_ms=self.lock_duration_ms,
-            max_delivery_count=self.max_delivery_count,
-            default_ttl_ms=self.default_ttl_ms,
-            dead_letter_on_expiration=self.dead_letter_on_expiration,
-            duplicate_detection_window_ms=self.duplicate_detection_window_ms,
-            max_message_size=self.max_message_size,
-        )
+        return QueueSpec(name=self.name, **ep.store_fields(self.kind, self))
 
 
 @dataclass(frozen=True)
 class TopicEntity:
     kind: ClassVar[str] = "topic"
     name: str
-    default_ttl_ms: int | None = None
+    default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")
     duplicate_detection_window_ms: int | None = None
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     extra: dict[str, Any] = field(default_factory=dict)
@@ -91,12 +92,12 @@ class SubscriptionEntity:
     kind: ClassVar[str] = "subscription"
     topic: str
     name: str
-    requires_session: bool = False
+    requires_session: bool = _default("RequiresSession")
     lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS
     max_delivery_count: int = DEFAULT_MAX_DELIVERY_COUNT
-    default_ttl_ms: int | None = None
-    dead_letter_on_expiration: bool = False
-    dead_letter_on_filter_exceptions: bool = True  # Service Bus's default
+    default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")
+    dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
+    dead_letter_on_filter_exceptions: bool = _default("DeadLetteringOnFilterEvaluationExceptions")
     forward_to: str | None = None
     forward_dead_lettered_to: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -108,18 +109,13 @@ class SubscriptionEntity:
 
     def spec(self, topic: TopicEntity) -> QueueSpec:
         """The store's handle. A copy's time to live is capped by both the topic's and the
-        subscription's default, so the subscription's ceiling is the lower of the two."""
+        subscription's default, so the subscription's ceiling is the lower of the two; its
+        largest message is the topic's."""
         ttls = [t for t in (topic.default_ttl_ms, self.default_ttl_ms) if t is not None]
-        return QueueSpec(
-            name=self.path,
-            topic=self.topic,
-            requires_session=self.requires_session,
-            lock_duration_ms=self.lock_duration_ms,
-            max_delivery_count=self.max_delivery_count,
-            default_ttl_ms=min(ttls) if ttls else None,
-            dead_letter_on_expiration=self.dead_letter_on_expiration,
-            max_message_size=topic.max_message_size,
-        )
+        fields = {**ep.store_fields(self.kind, self),
+                  "default_ttl_ms": min(ttls) if ttls else None,
+                  "max_message_size": topic.max_message_size}
+        return QueueSpec(name=self.path, topic=self.topic, **fields)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit
 
 import click
 
+from busd import entity_properties as ep
 from busd.auth.sas import generate_sas_token
 from busd.tools import (
     DEFAULT_SAS_KEY,
@@ -169,56 +170,36 @@ def _show(as_json: bool, what: str, props: dict[str, Any]) -> None:
     click.echo(f"{what}\n" + table(["PROPERTY", "VALUE"], rows))
 
 
-# Options shared by queues and subscriptions: (option, element, click type, help)
-_QUEUE_LIKE = [
-    ("--requires-session/--no-requires-session", "RequiresSession", None, "Sessions."),
-    ("--lock-duration", "LockDuration", str, "e.g. PT30S (1 s to 5 min)."),
-    ("--max-delivery-count", "MaxDeliveryCount", int, "Deliveries before dead-lettering."),
-    ("--default-ttl", "DefaultMessageTimeToLive", str, "Default time to live, e.g. P14D."),
-    ("--dead-letter-on-expiration/--no-dead-letter-on-expiration",
-     "DeadLetteringOnMessageExpiration", None, "Dead-letter expired messages."),
-]
-_QUEUE_ONLY = [
-    ("--duplicate-detection/--no-duplicate-detection", "RequiresDuplicateDetection", None,
-     "Drop messages whose id was seen within the window."),
-    ("--duplicate-window", "DuplicateDetectionHistoryTimeWindow", str, "e.g. PT10M."),
-    ("--max-message-size-kb", "MaxMessageSizeInKilobytes", int, "Largest message, in KiB."),
-]
-_TOPIC = [
-    ("--default-ttl", "DefaultMessageTimeToLive", str, "Default time to live, e.g. P14D."),
-    ("--duplicate-detection/--no-duplicate-detection", "RequiresDuplicateDetection", None,
-     "Drop messages whose id was seen within the window."),
-    ("--duplicate-window", "DuplicateDetectionHistoryTimeWindow", str, "e.g. PT10M."),
-    ("--max-message-size-kb", "MaxMessageSizeInKilobytes", int, "Largest message, in KiB."),
-]
+def _options(kind: str) -> list[ep.Property]:
+    """The properties of `kind` the command line sets (busd.entity_properties' `flag`)."""
+    return [p for p in ep.OF_KIND[kind].values() if p.flag]
 
 
-def _with(options: list[tuple]) -> Callable:
+def _with(options: list[ep.Property]) -> Callable:
     def decorate(command: Callable) -> Callable:
-        for flag, element, kind, help_text in reversed(options):
-            name = element
-            if kind is None:
-                command = click.option(flag, name, default=None, help=help_text)(command)
+        for prop in reversed(options):
+            if prop.type == ep.BOOL:
+                command = click.option(f"--{prop.flag}/--no-{prop.flag}", prop.name,
+                                       default=None, help=prop.help)(command)
             else:
-                command = click.option(flag, name, type=kind, default=None,
-                                       help=help_text)(command)
+                command = click.option(f"--{prop.flag}", prop.name,
+                                       type=int if prop.type == ep.INT else str, default=None,
+                                       help=prop.help)(command)
         return command
 
     return decorate
 
 
-def _values(options: list[tuple], given: dict[str, Any]) -> list[tuple[str, str]]:
-    out = []
-    for _, element, _, _ in options:
-        value = given.get(element)
-        if value is not None:
-            out.append((element, ("true" if value else "false") if isinstance(value, bool)
-                        else str(value)))
-    return out
+def _values(options: list[ep.Property], given: dict[str, Any]) -> list[tuple[str, str]]:
+    """The options given, as a description's elements: flags and counts written as the API
+    spells them, durations and names as typed (busd checks them)."""
+    return [(p.name, p.to_text(value) if p.type in (ep.BOOL, ep.INT) else value)
+            for p in options if (value := given.get(p.name)) is not None]
 
 
-def _entity_group(kind: str, description: str, options: list[tuple], nested: bool) -> click.Group:
+def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
     label = kind.capitalize()
+    options = _options(kind)
 
     @click.group(name=kind, help=f"Create, change, show or delete a {kind}.")
     def group() -> None:
@@ -274,10 +255,9 @@ def _entity_group(kind: str, description: str, options: list[tuple], nested: boo
     return group
 
 
-queue = _entity_group("queue", "QueueDescription", _QUEUE_LIKE + _QUEUE_ONLY, nested=False)
-topic = _entity_group("topic", "TopicDescription", _TOPIC, nested=False)
-subscription = _entity_group("subscription", "SubscriptionDescription", _QUEUE_LIKE,
-                             nested=True)
+queue = _entity_group("queue", "QueueDescription", nested=False)
+topic = _entity_group("topic", "TopicDescription", nested=False)
+subscription = _entity_group("subscription", "SubscriptionDescription", nested=True)
 
 
 @click.group(help="Create, list or delete a subscription's rules.")

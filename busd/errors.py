@@ -93,3 +93,8 @@ _DESCRIPTIONS = {
 def refusal(condition: Condition) -> BusdError:
     """The client-facing error for a refusal the store reported as `condition`."""
     return BusdError(condition, _DESCRIPTIONS.get(condition, "The request was refused."))
+
+
+class ConfigError(Exception):
+    """A setting, the entities file or an entity's property is invalid; the message says which
+    and why, in one line."""

@@ -5,15 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from busd.config import (
-    ConfigError,
-    Settings,
-    load_entities,
-    normalize_entity_name,
-    parse_duration_ms,
-    strip_json_comments,
-)
+from busd.config import ConfigError, Settings, load_entities, strip_json_comments
 from busd.entities import QueueEntity as QueueSpec
+from busd.entity_values import normalize_entity_name, parse_duration_ms
 
 SAMPLE = Path(__file__).resolve().parents[1] / "config" / "Config.json"
 
@@ -83,7 +77,9 @@ def test_sample_config_loads_as_the_emulator_writes_it():
     by_name = {q.name: q for q in queues}
     assert warnings == []
     assert by_name["queue.1"] == QueueSpec(
-        name="queue.1", lock_duration_ms=60_000, max_delivery_count=3, default_ttl_ms=3_600_000
+        name="queue.1", lock_duration_ms=60_000, max_delivery_count=3, default_ttl_ms=3_600_000,
+        # detection is off: the window is kept, to be answered back as the file set it
+        extra={"DuplicateDetectionHistoryTimeWindow": 20_000},
     )
     assert by_name["session-queue"].requires_session
     dlq_on_expiry = [q for q in queues if q.dead_letter_on_expiration]

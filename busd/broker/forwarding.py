@@ -15,6 +15,7 @@ copies (busd.broker.fanout), as for a message sent to it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -184,14 +185,7 @@ class Forwarder:
 
     def _locked_spec(self) -> QueueSpec:
         """The entity as the forwarder takes from it: with the forwarder's own lock time."""
-        entity = self.entity
-        return QueueSpec(
-            name=entity.name, topic=entity.topic, dlq=entity.dlq,
-            requires_session=entity.requires_session, lock_duration_ms=LOCK_MS,
-            max_delivery_count=entity.max_delivery_count,
-            default_ttl_ms=entity.default_ttl_ms,
-            dead_letter_on_expiration=entity.dead_letter_on_expiration,
-        )
+        return dataclasses.replace(self.entity, lock_duration_ms=LOCK_MS)
 
     async def _move(self, taken: list[StoredMessage]) -> None:
         owner = self.owner

@@ -15,8 +15,10 @@ import time
 from typing import Any
 from urllib.parse import quote, unquote
 
+from busd import entity_properties as ep
 from busd.auth.rights import MANAGE, Unauthorized, authorize_header
-from busd.config import ConfigError, check_rule_name, normalize_entity_name
+from busd.entity_values import check_rule_name, normalize_entity_name
+from busd.errors import ConfigError
 from busd.http import atom_xml as ax
 from busd.http.entities import Entities, Entity
 from busd.http.server import Request, Response
@@ -148,10 +150,10 @@ class AtomApi:
                 existing = await self.entities.get(kind, path)
                 if existing is None:
                     raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
-                _validate(kind, properties, existing.properties)
+                _validate(properties, existing.properties)
                 updated = await self.entities.update(kind, path, properties)
                 return _xml(200, await self._entry(request, updated))
-            _validate(kind, properties)
+            _validate(properties)
             if kind == "subscription":
                 await self._topic(path.rsplit("/", 1)[0])
             if await self._find(None if kind != "subscription" else kind, path) is not None:
@@ -285,38 +287,11 @@ def _rule_name(name: str) -> str:
         raise ax.AtomError(400, str(exc)) from None
 
 
-# Bounds as for the entities file (docs/design.md §2.1), and Premium's message sizes.
-PREMIUM_MIN_MESSAGE_KB = 1024
-
-
-def _validate(kind: str, p: dict[str, Any], current: dict[str, Any] | None = None) -> None:
-    """A description's values within bounds; `current`: the entity's properties, for a change
-    (a message size below Premium's, which only the entities file sets, may be kept)."""
-    from busd import config as c
-
-    def bad(message: str) -> None:
-        raise ax.AtomError(400, message)
-
-    lock = p.get("LockDuration", c.DEFAULT_LOCK_DURATION_MS)
-    if lock is None or not c.MIN_LOCK_DURATION_MS <= lock <= c.MAX_LOCK_DURATION_MS:
-        bad(f"LockDuration must be 1 second to 5 minutes, got {ax.format_duration(lock)}")
-    mdc = p.get("MaxDeliveryCount", 10)
-    if not 1 <= mdc <= ax.INT32_MAX:
-        bad(f"MaxDeliveryCount must be 1..{ax.INT32_MAX}, got {mdc}")
-    if "DefaultMessageTimeToLive" in p and p["DefaultMessageTimeToLive"] is not None \
-            and p["DefaultMessageTimeToLive"] <= 0:
-        bad("DefaultMessageTimeToLive must be longer than zero")
-    window = p.get("DuplicateDetectionHistoryTimeWindow", c.DEFAULT_DUPLICATE_WINDOW_MS)
-    if window is None or not c.MIN_DUPLICATE_WINDOW_MS <= window <= c.MAX_DUPLICATE_WINDOW_MS:
-        bad("DuplicateDetectionHistoryTimeWindow must be 1 second to 7 days")
-    kb = p.get("MaxMessageSizeInKilobytes", PREMIUM_MIN_MESSAGE_KB)
-    kept = current is not None and kb == current.get("MaxMessageSizeInKilobytes")
-    if not kept and not PREMIUM_MIN_MESSAGE_KB <= kb <= c.MAX_MESSAGE_SIZE_LIMIT // c.KIB:
-        bad(f"MaxMessageSizeInKilobytes must be {PREMIUM_MIN_MESSAGE_KB}.."
-            f"{c.MAX_MESSAGE_SIZE_LIMIT // c.KIB}, got {kb}")
-    mb = p.get("MaxSizeInMegabytes", 1024)
-    if mb < 1:
-        bad(f"MaxSizeInMegabytes must be at least 1, got {mb}")
-    if "AutoDeleteOnIdle" in p and p["AutoDeleteOnIdle"] is not None \
-            and p["AutoDeleteOnIdle"] < 300_000:
-        bad("AutoDeleteOnIdle must be at least 5 minutes")
+def _validate(p: dict[str, Any], current: dict[str, Any] | None = None) -> None:
+    """A description's values within the management API's bounds (busd.entity_properties,
+    docs/design.md §2.1); `current`: the entity's properties, for a change (a message size
+    below Premium's, which only the entities file sets, may be kept)."""
+    try:
+        ep.check(p, api=True, current=current)
+    except ConfigError as exc:
+        raise ax.AtomError(400, str(exc)) from None

@@ -28,8 +28,10 @@ from typing import Any
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from busd.auth.sas import entity_path_of
-from busd.config import parse_duration_ms
+from busd import entity_properties as ep
+from busd.entity_properties import INT32_MAX, format_duration
+from busd.entity_values import parse_duration_ms
+from busd.errors import ConfigError
 
 ATOM = "http://www.w3.org/2005/Atom"
 SB = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
@@ -38,12 +40,8 @@ XSI = "http://www.w3.org/2001/XMLSchema-instance"
 XSD = "http://www.w3.org/2001/XMLSchema"
 SER = "http://schemas.microsoft.com/2003/10/Serialization/"
 
-# .NET's TimeSpan.MaxValue: how the service spells an unbounded duration.
-UNBOUNDED = "P10675199DT2H48M5.4775807S"
 NAMESPACE_NAME = "sbemulatorns"  # the emulator's only namespace
 NOT_FOUND_TITLE = "Publicly Listed Services"
-INT32_MAX = 2**31 - 1
-STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
 
 ENTRY_TYPE = "application/atom+xml;type=entry;charset=utf-8"
 FEED_TYPE = "application/atom+xml;type=feed;charset=utf-8"
@@ -59,102 +57,18 @@ class AtomError(Exception):
         self.detail = f"SubCode={subcode}. {detail}" if subcode else detail
 
 
-# --- field tables ------------------------------------------------------------------------------
-# (element, kind) in the service's order. Kinds: duration, bool, int, str, status, forward
-# (a name or URL, kept as the bare name, answered as the URL `sb://<host>/<name>`), and `rt`
-# for what the store fills in (read-only: ignored in requests).
-RT = "rt"
-
-QUEUE_FIELDS: tuple[tuple[str, str], ...] = (
-    ("LockDuration", "duration"), ("MaxSizeInMegabytes", "int"),
-    ("RequiresDuplicateDetection", "bool"), ("RequiresSession", "bool"),
-    ("DefaultMessageTimeToLive", "duration"), ("DeadLetteringOnMessageExpiration", "bool"),
-    ("DuplicateDetectionHistoryTimeWindow", "duration"), ("MaxDeliveryCount", "int"),
-    ("EnableBatchedOperations", "bool"), ("SizeInBytes", RT), ("MessageCount", RT),
-    ("IsAnonymousAccessible", "bool"), ("AuthorizationRules", RT), ("Status", "status"),
-    ("ForwardTo", "forward"), ("UserMetadata", "str"), ("CreatedAt", RT), ("UpdatedAt", RT),
-    ("AccessedAt", RT), ("SupportOrdering", "bool"), ("CountDetails", RT),
-    ("AutoDeleteOnIdle", "duration"), ("EnablePartitioning", "bool"),
-    ("EntityAvailabilityStatus", RT), ("ForwardDeadLetteredMessagesTo", "forward"),
-    ("EnableExpress", "bool"), ("MaxMessageSizeInKilobytes", "int"),
-)  # fmt: skip
-
-TOPIC_FIELDS: tuple[tuple[str, str], ...] = (
-    ("DefaultMessageTimeToLive", "duration"), ("MaxSizeInMegabytes", "int"),
-    ("RequiresDuplicateDetection", "bool"), ("DuplicateDetectionHistoryTimeWindow", "duration"),
-    ("EnableBatchedOperations", "bool"), ("SizeInBytes", RT),
-    ("FilteringMessagesBeforePublishing", "bool"), ("IsAnonymousAccessible", "bool"),
-    ("AuthorizationRules", RT), ("Status", "status"), ("UserMetadata", "str"),
-    ("CreatedAt", RT), ("UpdatedAt", RT), ("AccessedAt", RT), ("SupportOrdering", "bool"),
-    ("CountDetails", RT), ("SubscriptionCount", RT), ("AutoDeleteOnIdle", "duration"),
-    ("EnablePartitioning", "bool"), ("EntityAvailabilityStatus", RT),
-    ("EnableSubscriptionPartitioning", "bool"), ("EnableExpress", "bool"),
-    ("MaxMessageSizeInKilobytes", "int"),
-)  # fmt: skip
-
-SUBSCRIPTION_FIELDS: tuple[tuple[str, str], ...] = (
-    ("LockDuration", "duration"), ("RequiresSession", "bool"),
-    ("DefaultMessageTimeToLive", "duration"), ("DeadLetteringOnMessageExpiration", "bool"),
-    ("DeadLetteringOnFilterEvaluationExceptions", "bool"), ("MessageCount", RT),
-    ("MaxDeliveryCount", "int"), ("EnableBatchedOperations", "bool"), ("Status", "status"),
-    ("ForwardTo", "forward"), ("CreatedAt", RT), ("UpdatedAt", RT), ("AccessedAt", RT),
-    ("CountDetails", RT), ("ForwardDeadLetteredMessagesTo", "forward"),
-    ("AutoDeleteOnIdle", "duration"), ("EntityAvailabilityStatus", RT), ("UserMetadata", "str"),
-)  # fmt: skip
-
-# What the service answers for a property nobody set (Service Bus's defaults; busd's own
-# where it differs, e.g. its 1 MB message size).
-QUEUE_DEFAULTS: dict[str, Any] = {
-    "LockDuration": 60_000, "MaxSizeInMegabytes": 1024, "RequiresDuplicateDetection": False,
-    "RequiresSession": False, "DefaultMessageTimeToLive": None,
-    "DeadLetteringOnMessageExpiration": False, "DuplicateDetectionHistoryTimeWindow": 600_000,
-    "MaxDeliveryCount": 10, "EnableBatchedOperations": True, "IsAnonymousAccessible": False,
-    "Status": "Active", "SupportOrdering": True, "AutoDeleteOnIdle": None,
-    "EnablePartitioning": False, "EnableExpress": False, "MaxMessageSizeInKilobytes": 1024,
+# --- descriptions --------------------------------------------------------------------------------
+# Elements, values and defaults come from busd.entity_properties; a name of ATOM_ORDER that is
+# no property is read-only, filled from the store (and ignored in requests). A forwarding
+# destination (ENTITY) is read as a name or URL, kept as the bare name and answered as the URL
+# `sb://<host>/<name>`.
+DESCRIPTIONS = {
+    "queue": "QueueDescription", "topic": "TopicDescription",
+    "subscription": "SubscriptionDescription",
 }  # fmt: skip
-TOPIC_DEFAULTS: dict[str, Any] = {
-    "DefaultMessageTimeToLive": None, "MaxSizeInMegabytes": 1024,
-    "RequiresDuplicateDetection": False, "DuplicateDetectionHistoryTimeWindow": 600_000,
-    "EnableBatchedOperations": True, "FilteringMessagesBeforePublishing": False,
-    "IsAnonymousAccessible": False, "Status": "Active", "SupportOrdering": True,
-    "AutoDeleteOnIdle": None, "EnablePartitioning": False,
-    "EnableSubscriptionPartitioning": False, "EnableExpress": False,
-    "MaxMessageSizeInKilobytes": 1024,
-}  # fmt: skip
-SUBSCRIPTION_DEFAULTS: dict[str, Any] = {
-    "LockDuration": 60_000, "RequiresSession": False, "DefaultMessageTimeToLive": None,
-    "DeadLetteringOnMessageExpiration": False,
-    "DeadLetteringOnFilterEvaluationExceptions": True, "MaxDeliveryCount": 10,
-    "EnableBatchedOperations": True, "Status": "Active", "AutoDeleteOnIdle": None,
-}  # fmt: skip
-
-KINDS = {
-    "queue": ("QueueDescription", QUEUE_FIELDS, QUEUE_DEFAULTS),
-    "topic": ("TopicDescription", TOPIC_FIELDS, TOPIC_DEFAULTS),
-    "subscription": ("SubscriptionDescription", SUBSCRIPTION_FIELDS, SUBSCRIPTION_DEFAULTS),
-}
 
 
 # --- values ------------------------------------------------------------------------------------
-
-
-def format_duration(ms: int | None) -> str:
-    """xs:duration as .NET writes it: PT1M, PT30S, P14D, PT0.5S; None is TimeSpan.MaxValue."""
-    if ms is None:
-        return UNBOUNDED
-    days, rest = divmod(ms, 86_400_000)
-    hours, rest = divmod(rest, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    seconds, millis = divmod(rest, 1000)
-    text = "P" + (f"{days}D" if days else "")
-    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
-    if millis:
-        clock += f"{seconds}.{millis:03d}".rstrip("0") + "S"
-    elif seconds:
-        clock += f"{seconds}S"
-    if clock:
-        text += "T" + clock
-    return text if text != "P" else "PT0S"
 
 
 def format_time(ms: int | None) -> str:
@@ -162,48 +76,6 @@ def format_time(ms: int | None) -> str:
     if ms is None:
         return "0001-01-01T00:00:00Z"
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
-
-
-def _parse_value(name: str, kind: str, text: str) -> Any:
-    text = text.strip()
-    if kind == "duration":
-        try:
-            return parse_duration_ms(text)
-        except ValueError as exc:
-            raise AtomError(400, f"{name}: {exc}") from None
-    if kind == "bool":
-        if text.lower() not in ("true", "false"):
-            raise AtomError(400, f"{name} must be true or false, got {text!r}")
-        return text.lower() == "true"
-    if kind == "int":
-        try:
-            value = int(text)
-        except ValueError:
-            raise AtomError(400, f"{name} must be a whole number, got {text!r}") from None
-        if not -(2**63) <= value < 2**63:
-            raise AtomError(400, f"{name} is out of range: {text}")
-        return value
-    if kind == "status":
-        for status in STATUSES:
-            if status.lower() == text.lower():
-                return status
-        raise AtomError(400, f"{name} must be one of {', '.join(STATUSES)}, got {text!r}")
-    if kind == "forward":
-        # sb://host:port/q2, http://host/q2 or q2: the entity's name
-        return entity_path_of(text) or None
-    return text
-
-
-def _format_value(kind: str, value: Any, host: str) -> str:
-    if kind == "forward":
-        # The service answers the destination's URL on the namespace's host, as the SDKs
-        # send it (their tests compare the URL's end: `<host>/<name>`).
-        return f"sb://{host}/{value}"
-    if kind == "duration":
-        return format_duration(value)
-    if kind == "bool":
-        return "true" if value else "false"
-    return str(value)
 
 
 # --- parsing -----------------------------------------------------------------------------------
@@ -265,13 +137,15 @@ def entity_kind(body: bytes) -> str:
 def parse_description(body: bytes, kind: str) -> dict[str, Any]:
     """The writable properties an entry for a queue, topic or subscription sets, by element
     name; a subscription's `DefaultRuleDescription` comes as a RuleDescription."""
-    element_name, fields, _ = KINDS[kind]
-    writable = {name: k for name, k in fields if k != RT}
+    writable = ep.OF_KIND[kind]
     found: dict[str, Any] = {}
-    for child in _description(body, element_name):
+    for child in _description(body, DESCRIPTIONS[kind]):
         name = _local(child.tag)
         if name in writable:
-            found[name] = _parse_value(name, writable[name], child.text or "")
+            try:
+                found[name] = writable[name].from_text(child.text or "")
+            except ConfigError as exc:
+                raise AtomError(400, str(exc)) from None
         elif kind == "subscription" and name in ("DefaultRuleDescription", "RuleDescription"):
             # .NET and JS send DefaultRuleDescription, Python's model a RuleDescription
             found["DefaultRuleDescription"] = _rule_from_element(child, None)
@@ -450,15 +324,24 @@ def description(kind: str, properties: Mapping[str, Any], rt: Runtime,
     """A Queue/Topic/SubscriptionDescription in the service's element order: `properties`
     over the defaults, the store's counts and times in their places; forwarding destinations
     as URLs on `host` (the namespace's host and port, as the client addressed it)."""
-    element_name, fields, defaults = KINDS[kind]
-    values = {**defaults, **properties}
-    root = ET.Element(element_name, {"xmlns": SB, "xmlns:i": XSI})
-    for name, field_kind in fields:
-        if field_kind == RT:
+    of_kind = ep.OF_KIND[kind]
+    values = {**ep.defaults(kind), **properties}
+    root = ET.Element(DESCRIPTIONS[kind], {"xmlns": SB, "xmlns:i": XSI})
+    for name in ep.ATOM_ORDER[kind]:
+        prop = of_kind.get(name)
+        if prop is None:
             _runtime_field(root, name, rt)
-        elif name in values and (values[name] is not None or field_kind == "duration"):
-            _el(root, name, _format_value(field_kind, values[name], host))
+        elif values.get(name) is not None or (name in values and prop.type == ep.DURATION):
+            _el(root, name, _property_text(prop, values[name], host))
     return root
+
+
+def _property_text(prop: ep.Property, value: Any, host: str) -> str:
+    if prop.type == ep.ENTITY:
+        # The service answers the destination's URL on the namespace's host, as the SDKs
+        # send it (their tests compare the URL's end: `<host>/<name>`).
+        return f"sb://{host}/{value}"
+    return prop.to_text(value)
 
 
 def _value_element(parent: ET.Element, key: str, value: Any) -> None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from busd.config import DEFAULT_DUPLICATE_WINDOW_MS, KIB
+from busd import entity_properties as ep
 from busd.entities import (
     DEFAULT_RULE_NAME,
     QueueEntity,
@@ -78,75 +78,24 @@ def runtime_of(counts: EntityCounts) -> ax.Runtime:
 
 
 # --- the store's catalog ------------------------------------------------------------------------
-# ATOM element <-> entity field, per kind; what has no field is kept in `extra` and echoed.
-_QUEUE_FIELDS = {
-    "LockDuration": "lock_duration_ms", "RequiresSession": "requires_session",
-    "MaxDeliveryCount": "max_delivery_count", "DefaultMessageTimeToLive": "default_ttl_ms",
-    "DeadLetteringOnMessageExpiration": "dead_letter_on_expiration",
-    "ForwardTo": "forward_to", "ForwardDeadLetteredMessagesTo": "forward_dead_lettered_to",
-}  # fmt: skip
-_TOPIC_FIELDS = {"DefaultMessageTimeToLive": "default_ttl_ms"}
-_SUBSCRIPTION_FIELDS = {
-    "LockDuration": "lock_duration_ms", "RequiresSession": "requires_session",
-    "MaxDeliveryCount": "max_delivery_count", "DefaultMessageTimeToLive": "default_ttl_ms",
-    "DeadLetteringOnMessageExpiration": "dead_letter_on_expiration",
-    "DeadLetteringOnFilterEvaluationExceptions": "dead_letter_on_filter_exceptions",
-    "ForwardTo": "forward_to", "ForwardDeadLetteredMessagesTo": "forward_dead_lettered_to",
-}  # fmt: skip
-_FIELDS = {"queue": _QUEUE_FIELDS, "topic": _TOPIC_FIELDS, "subscription": _SUBSCRIPTION_FIELDS}
+# Properties <-> record fields as busd.entity_properties declares them; what has no field is
+# kept in `extra` and answered back.
 _CLASSES = {"queue": QueueEntity, "topic": TopicEntity, "subscription": SubscriptionEntity}
 # Kept in `extra` for the answers' sake; not settable (read-only in requests).
 _UPDATED = "UpdatedAt"
-# What a change may not touch (the service refuses it too).
-_IMMUTABLE = ("RequiresSession",)
 
 
 def _to_atom(entity: QueueEntity | TopicEntity | SubscriptionEntity) -> dict[str, Any]:
     """An entity's properties by element name (what atom_xml.description writes)."""
-    kind = entity.kind
-    props = {k: v for k, v in entity.extra.items() if k != _UPDATED}
-    for element, attr in _FIELDS[kind].items():
-        props[element] = getattr(entity, attr)
-    if isinstance(entity, (QueueEntity, TopicEntity)):
-        window = entity.duplicate_detection_window_ms
-        props["RequiresDuplicateDetection"] = window is not None
-        if window is not None:
-            props["DuplicateDetectionHistoryTimeWindow"] = window
-        props["MaxMessageSizeInKilobytes"] = max(1, entity.max_message_size // KIB)
-    return {k: v for k, v in props.items() if v is not None or k in _DURATIONS}
-
-
-_DURATIONS = {"DefaultMessageTimeToLive", "AutoDeleteOnIdle"}
+    return ep.property_values(entity.kind, entity, entity.extra)
 
 
 def _from_atom(kind: str, names: dict[str, str], props: dict[str, Any],
                created_ms: int | None, updated_ms: int) -> CatalogEntity:  # fmt: skip
     """The entity `props` (every property, by element name) describe."""
-    fields: dict[str, Any] = dict(names)
-    extra: dict[str, Any] = {}
-    mapping = _FIELDS[kind]
-    for element, value in props.items():
-        if element in mapping:
-            fields[mapping[element]] = value
-        elif element in ("RequiresDuplicateDetection", "DuplicateDetectionHistoryTimeWindow",
-                         "MaxMessageSizeInKilobytes", "DefaultRuleDescription") \
-                and kind in ("queue", "topic"):
-            continue
-        elif element != "DefaultRuleDescription":
-            extra[element] = value
-    if kind in ("queue", "topic"):
-        if props.get("RequiresDuplicateDetection"):
-            fields["duplicate_detection_window_ms"] = props.get(
-                "DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_MS)
-        else:
-            fields["duplicate_detection_window_ms"] = None
-            if "DuplicateDetectionHistoryTimeWindow" in props:
-                extra["DuplicateDetectionHistoryTimeWindow"] = props[
-                    "DuplicateDetectionHistoryTimeWindow"]
-        if "MaxMessageSizeInKilobytes" in props:
-            fields["max_message_size"] = props["MaxMessageSizeInKilobytes"] * KIB
+    fields, extra = ep.record_fields(kind, props)
     extra[_UPDATED] = updated_ms
-    return _CLASSES[kind](**fields, extra=extra, created_ms=created_ms)
+    return _CLASSES[kind](**names, **fields, extra=extra, created_ms=created_ms)
 
 
 _TRUE_SQL = re.compile(r"\s*1\s*=\s*1\s*")
@@ -314,7 +263,7 @@ class CatalogEntities:
                 replacement = dict(properties)
                 replacement.pop("DefaultRuleDescription", None)
                 before = _to_atom(current)
-                for name in _IMMUTABLE:
+                for name in (p.name for p in ep.OF_KIND[kind].values() if p.immutable):
                     if bool(replacement.get(name)) != bool(before.get(name)):
                         raise ax.AtomError(400, f"{name} cannot be changed on an existing entity")
                 entity = _from_atom(kind, _names(kind, path), replacement, current.created_ms,

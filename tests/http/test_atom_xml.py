@@ -37,6 +37,7 @@ from azure.servicebus.management._utils import (
     serialize_rule_key_values,
 )
 
+from busd.entity_properties import UNBOUNDED
 from busd.http import atom_xml as ax
 
 URL = "https://localhost:5300"
@@ -51,7 +52,7 @@ def test_durations_round_trip_in_the_service_spelling():
     assert ax.format_duration(30_000) == "PT30S"
     assert ax.format_duration(14 * 86_400_000) == "P14D"
     assert ax.format_duration(500) == "PT0.5S"
-    assert ax.format_duration(None) == ax.UNBOUNDED
+    assert ax.format_duration(None) == UNBOUNDED
     assert ax.format_duration(0) == "PT0S"
     assert ax.format_duration(90_061_001) == "P1DT1H1M1.001S"
 

@@ -1,0 +1,333 @@
+"""Every property of a queue, topic or subscription, declared once (docs/design.md §3.14).
+
+A `Property` says how Service Bus names it (the same in the entities file's `Properties` and
+as the management API's XML element), its type, default and bounds, which kinds of entity
+have it, where busd keeps it (a field of busd.entities' records, or `extra`: stored and
+answered back, not acted on), whether the store's calls carry it (`QueueSpec`), and its
+command-line option. The entities file's reader (busd.config), the management API's reader,
+writer and checks (busd.http), the command line (busd.entity_tools) and the store's handle
+(busd.entities `.spec`) are all derived from `PROPERTIES`; `ATOM_ORDER` is the order the
+service writes elements in, read-only ones (filled from the store) included.
+
+Values here are in the property's own unit, as Service Bus spells it: durations in
+milliseconds (None: unbounded, TimeSpan.MaxValue on the wire), sizes in the unit the name
+says (`MaxMessageSizeInKilobytes`), flags bool, counts int, entity names lower-cased bare
+paths. A record field holds `value * scale` (bytes for kilobytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from busd.entity_values import normalize_forward_target, parse_duration_ms
+from busd.errors import ConfigError
+
+# Types: how a value is read and written.
+BOOL = "bool"
+INT = "int"
+DURATION = "duration"  # ISO 8601 / TimeSpan text; milliseconds, None for unbounded
+TEXT = "text"
+STATUS = "status"  # one of STATUSES
+ENTITY = "entity"  # a queue or topic of the namespace, by name or URL: a bare path
+
+QUEUE, TOPIC, SUBSCRIPTION = "queue", "topic", "subscription"
+KINDS = (QUEUE, TOPIC, SUBSCRIPTION)
+STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
+INT32_MAX = 2**31 - 1
+KIB = 1024
+MAX_MESSAGE_SIZE_KB = 100 * KIB  # Service Bus premium's largest message, 100 MiB
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str  # Service Bus's: the entities file's key and the management API's element
+    type: str
+    kinds: tuple[str, ...]
+    default: Any = None  # what an entity that does not set it has (in the property's unit)
+    attr: str | None = None  # the record field; None: kept in `extra` and answered back
+    minimum: int | None = None  # inclusive bounds, in the property's unit
+    maximum: int | None = None
+    bounds: str = ""  # the bounds as people read them, for error messages
+    # the management API's floor where Service Bus's tier (Premium, docs/management.md §3.2)
+    # asks more than the entities file; a change may send a value below it back unchanged
+    api_minimum: int | None = None
+    unbounded: bool = True  # a duration may be TimeSpan.MaxValue (None)
+    scale: int = 1  # record field = value * scale
+    enabled_by: str | None = None  # the flag without which the field is off (None)
+    store: bool = False  # the store's calls carry it (QueueSpec, the Lua scripts' arguments)
+    immutable: bool = False  # a change may not alter it (the service refuses it too)
+    flag: str | None = None  # command-line option, without `--`
+    help: str = ""
+
+    @property
+    def field_default(self) -> Any:
+        """The record field's default."""
+        return self.to_field(self.default)
+
+    def to_field(self, value: Any) -> Any:
+        """The record field's value of the property's."""
+        return value * self.scale if self.scale != 1 and value is not None else value
+
+    # --- reading ------------------------------------------------------------------------------
+    def from_text(self, text: str) -> Any:
+        """The value of the XML element's text; ConfigError when it is not one."""
+        text = text.strip()
+        if self.type == BOOL:
+            if text.lower() not in ("true", "false"):
+                raise ConfigError(f"{self.name} must be true or false, got {text!r}")
+            return text.lower() == "true"
+        if self.type == INT:
+            try:
+                value = int(text)
+            except ValueError:
+                raise ConfigError(f"{self.name} must be a whole number, got {text!r}") from None
+            if not -(2**63) <= value < 2**63:
+                raise ConfigError(f"{self.name} is out of range: {text}")
+            return value
+        return self._from_string(text)
+
+    def from_json(self, value: Any) -> Any:
+        """The value of the entities file's JSON value; ConfigError when it is not one."""
+        if self.type == BOOL:
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ConfigError(f"{self.name} must be true or false, got {value!r}")
+            return value
+        if self.type == INT:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{self.name} must be a whole number, got {value!r}")
+            return value
+        if not isinstance(value, str):
+            what = {DURATION: "an ISO 8601 duration string", ENTITY: "an entity name"}.get(
+                self.type, "a string")
+            raise ConfigError(f"{self.name} must be {what}, got {value!r}")
+        return self._from_string(value)
+
+    def _from_string(self, text: str) -> Any:
+        if self.type == DURATION:
+            try:
+                return parse_duration_ms(text)
+            except ValueError as exc:
+                raise ConfigError(f"{self.name}: {exc}") from None
+        if self.type == STATUS:
+            for status in STATUSES:
+                if status.lower() == text.strip().lower():
+                    return status
+            raise ConfigError(f"{self.name} must be one of {', '.join(STATUSES)}, got {text!r}")
+        if self.type == ENTITY:
+            return normalize_forward_target(text, self.name)
+        return text
+
+    def check(self, value: Any, api: bool = False) -> None:
+        """ConfigError when the value is out of the property's bounds (`api`: the management
+        API's)."""
+        if value is None:
+            if self.type == DURATION and not self.unbounded:
+                raise ConfigError(f"{self.name} must be {self.bounds}, got an unbounded duration")
+            return
+        minimum, bounds = self.minimum, self.bounds
+        if api and self.api_minimum is not None:
+            minimum, bounds = self.api_minimum, f"{self.api_minimum}..{self.maximum}"
+        if (minimum is not None and value < minimum) or (
+                self.maximum is not None and value > self.maximum):
+            shown = format_duration(value) if self.type == DURATION else value
+            raise ConfigError(f"{self.name} must be {bounds}, got {shown}")
+
+    # --- writing ------------------------------------------------------------------------------
+    def to_text(self, value: Any) -> str:
+        if self.type == DURATION:
+            return format_duration(value)
+        if self.type == BOOL:
+            return "true" if value else "false"
+        return str(value)
+
+
+def _p(name: str, type_: str, kinds: str, default: Any = None, **more: Any) -> Property:
+    return Property(name, type_, tuple(k for k in KINDS if k[0] in kinds), default, **more)
+
+
+# q: queue, t: topic, s: subscription. Bounds are Service Bus's, but for LockDuration (busd
+# goes down to 1 s: short locks make lock-expiry tests fast) and MaxMessageSizeInKilobytes
+# (busd's own per entity: Service Bus sets it per namespace tier).
+PROPERTIES: tuple[Property, ...] = (
+    _p("RequiresSession", BOOL, "qs", False, attr="requires_session", store=True,
+       immutable=True, flag="requires-session", help="Sessions."),
+    _p("LockDuration", DURATION, "qs", 60_000, attr="lock_duration_ms", minimum=1_000,
+       maximum=300_000, bounds="1 second to 5 minutes (e.g. PT30S or PT5M)", unbounded=False,
+       store=True, flag="lock-duration", help="e.g. PT30S (1 s to 5 min)."),
+    _p("MaxDeliveryCount", INT, "qs", 10, attr="max_delivery_count", minimum=1,
+       maximum=INT32_MAX, bounds=f"1..{INT32_MAX}", store=True, flag="max-delivery-count",
+       help="Deliveries before dead-lettering."),
+    _p("DefaultMessageTimeToLive", DURATION, "qts", None, attr="default_ttl_ms", minimum=1,
+       bounds="longer than zero", store=True, flag="default-ttl",
+       help="Default time to live, e.g. P14D."),
+    _p("DeadLetteringOnMessageExpiration", BOOL, "qs", False, attr="dead_letter_on_expiration",
+       store=True, flag="dead-letter-on-expiration", help="Dead-letter expired messages."),
+    _p("DeadLetteringOnFilterEvaluationExceptions", BOOL, "s", True,
+       attr="dead_letter_on_filter_exceptions"),
+    _p("RequiresDuplicateDetection", BOOL, "qt", False, flag="duplicate-detection",
+       help="Drop messages whose id was seen within the window."),
+    _p("DuplicateDetectionHistoryTimeWindow", DURATION, "qt", 600_000,
+       attr="duplicate_detection_window_ms", minimum=1_000, maximum=7 * 86_400_000,
+       bounds="1 second to 7 days", unbounded=False, enabled_by="RequiresDuplicateDetection",
+       store=True, flag="duplicate-window", help="e.g. PT10M."),
+    _p("MaxMessageSizeInKilobytes", INT, "qt", 1024, attr="max_message_size", minimum=1,
+       maximum=MAX_MESSAGE_SIZE_KB, bounds=f"1..{MAX_MESSAGE_SIZE_KB}", api_minimum=1024,
+       scale=KIB, store=True,
+       flag="max-message-size-kb", help="Largest message, in KiB."),
+    _p("ForwardTo", ENTITY, "qs", attr="forward_to", flag="forward-to",
+       help="Queue or topic to move every message to."),
+    _p("ForwardDeadLetteredMessagesTo", ENTITY, "qs", attr="forward_dead_lettered_to",
+       flag="forward-dead-lettered-to", help="Queue or topic to move dead letters to."),
+    # stored and answered back, not acted on
+    _p("MaxSizeInMegabytes", INT, "qt", 1024, minimum=1, bounds="at least 1"),
+    _p("EnableBatchedOperations", BOOL, "qts", True),
+    _p("IsAnonymousAccessible", BOOL, "qt", False),
+    _p("Status", STATUS, "qts", "Active"),
+    _p("UserMetadata", TEXT, "qts"),
+    _p("SupportOrdering", BOOL, "qt", True),
+    _p("AutoDeleteOnIdle", DURATION, "qts", None, minimum=300_000, bounds="at least 5 minutes"),
+    _p("EnablePartitioning", BOOL, "qt", False),
+    _p("EnableExpress", BOOL, "qt", False),
+    _p("FilteringMessagesBeforePublishing", BOOL, "t", False),
+    _p("EnableSubscriptionPartitioning", BOOL, "t", False),
+)
+BY_NAME: dict[str, Property] = {p.name: p for p in PROPERTIES}
+OF_KIND: dict[str, dict[str, Property]] = {
+    kind: {p.name: p for p in PROPERTIES if kind in p.kinds} for kind in KINDS
+}
+STORE: dict[str, tuple[Property, ...]] = {
+    kind: tuple(p for p in OF_KIND[kind].values() if p.store) for kind in KINDS
+}
+# flags that only switch another property's field on (RequiresDuplicateDetection)
+_SWITCHES = {p.enabled_by for p in PROPERTIES if p.enabled_by}
+# what busd keeps and answers back without acting on it
+KEPT_ONLY = frozenset(p.name for p in PROPERTIES if p.attr is None and p.name not in _SWITCHES)
+
+# The management API's elements in the service's order; the names that are no property are
+# read-only, filled from the store (busd.http.atom_xml).
+ATOM_ORDER: dict[str, tuple[str, ...]] = {
+    QUEUE: (
+        "LockDuration", "MaxSizeInMegabytes", "RequiresDuplicateDetection", "RequiresSession",
+        "DefaultMessageTimeToLive", "DeadLetteringOnMessageExpiration",
+        "DuplicateDetectionHistoryTimeWindow", "MaxDeliveryCount", "EnableBatchedOperations",
+        "SizeInBytes", "MessageCount", "IsAnonymousAccessible", "AuthorizationRules", "Status",
+        "ForwardTo", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
+        "CountDetails", "AutoDeleteOnIdle", "EnablePartitioning", "EntityAvailabilityStatus",
+        "ForwardDeadLetteredMessagesTo", "EnableExpress", "MaxMessageSizeInKilobytes",
+    ),
+    TOPIC: (
+        "DefaultMessageTimeToLive", "MaxSizeInMegabytes", "RequiresDuplicateDetection",
+        "DuplicateDetectionHistoryTimeWindow", "EnableBatchedOperations", "SizeInBytes",
+        "FilteringMessagesBeforePublishing", "IsAnonymousAccessible", "AuthorizationRules",
+        "Status", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
+        "CountDetails", "SubscriptionCount", "AutoDeleteOnIdle", "EnablePartitioning",
+        "EntityAvailabilityStatus", "EnableSubscriptionPartitioning", "EnableExpress",
+        "MaxMessageSizeInKilobytes",
+    ),
+    SUBSCRIPTION: (
+        "LockDuration", "RequiresSession", "DefaultMessageTimeToLive",
+        "DeadLetteringOnMessageExpiration", "DeadLetteringOnFilterEvaluationExceptions",
+        "MessageCount", "MaxDeliveryCount", "EnableBatchedOperations", "Status", "ForwardTo",
+        "CreatedAt", "UpdatedAt", "AccessedAt", "CountDetails", "ForwardDeadLetteredMessagesTo",
+        "AutoDeleteOnIdle", "EntityAvailabilityStatus", "UserMetadata",
+    ),
+}  # fmt: skip
+
+
+def defaults(kind: str) -> dict[str, Any]:
+    """What the service answers for each property of `kind` nobody set."""
+    return {name: p.default for name, p in OF_KIND[kind].items()}
+
+
+def check(values: Mapping[str, Any], *, api: bool = False,
+          current: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    """ConfigError for the first value out of its property's bounds: the management API's
+    with `api` (a change may send a value of `current` back unchanged)."""
+    for name, value in values.items():
+        prop = BY_NAME.get(name)
+        if prop is not None and not (current is not None and current.get(name) == value
+                                     and prop.api_minimum is not None):
+            prop.check(value, api)
+
+
+def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(record fields, extra) of an entity whose properties are `values` (by name, as given:
+    what is not given keeps the record's default). A field that a flag switches on is None
+    while the flag is off; its value, if given, is kept in `extra` to be answered back."""
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    of_kind = OF_KIND[kind]
+    for name, value in values.items():
+        prop = of_kind.get(name)
+        if prop is None or name in _SWITCHES:
+            continue
+        if prop.attr is None:
+            extra[name] = value
+        elif prop.enabled_by is not None:
+            switch = BY_NAME[prop.enabled_by]
+            if not values.get(switch.name, switch.default):
+                extra[name] = value
+        else:
+            fields[prop.attr] = prop.to_field(value)
+    for prop in of_kind.values():  # switched on, the field takes the value or its default
+        if prop.enabled_by is not None and prop.attr is not None:
+            switch = BY_NAME[prop.enabled_by]
+            on = values.get(switch.name, switch.default)
+            fields[prop.attr] = prop.to_field(values.get(prop.name, prop.default)) if on else None
+    return fields, extra
+
+
+def property_values(kind: str, entity: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The properties an entity record holds, by name (its fields and what `extra` keeps);
+    None only for durations (unbounded), other unset values are left out."""
+    values: dict[str, Any] = {}
+    for name, prop in OF_KIND[kind].items():
+        if prop.attr is None:
+            if name in extra and name not in _SWITCHES:
+                values[name] = extra[name]
+            continue
+        value = getattr(entity, prop.attr)
+        if prop.enabled_by is not None:
+            values[prop.enabled_by] = value is not None
+            if value is None:
+                value = extra.get(name)
+                if value is None:
+                    continue
+        if value is not None and prop.scale != 1:
+            value = max(1, value // prop.scale)
+        values[name] = value
+    return {k: v for k, v in values.items() if v is not None or BY_NAME[k].type == DURATION}
+
+
+def store_fields(kind: str, entity: Any) -> dict[str, Any]:
+    """The record's fields the store's handle (QueueSpec) carries."""
+    return {p.attr: getattr(entity, p.attr) for p in STORE[kind] if p.attr is not None}
+
+
+# --- durations as .NET writes them ------------------------------------------------------------
+
+# .NET's TimeSpan.MaxValue: how the service spells an unbounded duration.
+UNBOUNDED = "P10675199DT2H48M5.4775807S"
+
+
+def format_duration(ms: int | None) -> str:
+    """xs:duration as .NET writes it: PT1M, PT30S, P14D, PT0.5S; None is TimeSpan.MaxValue."""
+    if ms is None:
+        return UNBOUNDED
+    days, rest = divmod(ms, 86_400_000)
+    hours, rest = divmod(rest, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    text = "P" + (f"{days}D" if days else "")
+    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
+    if millis:
+        clock += f"{seconds}.{millis:03d}".rstrip("0") + "S"
+    elif seconds:
+        clock += f"{seconds}S"
+    if clock:
+        text += "T" + clock
+    return text if text != "P" else "PT0S"
