@@ -26,7 +26,15 @@ from busd.entities import (
 from busd.entities import Entity as CatalogEntity
 from busd.errors import BusdError, Condition
 from busd.http import atom_xml as ax
-from busd.rules import RuleError, rule_from_dict
+from busd.rules import (
+    CorrelationFilter,
+    FalseFilter,
+    RuleError,
+    SqlFilter,
+    rule_from_dict,
+    rule_from_record,
+    rule_record,
+)
 from busd.storage.api import EntityCounts, subscription_path
 
 
@@ -109,10 +117,6 @@ _CORRELATION = {"correlation_id": "correlation_id", "message_id": "message_id", 
 def _rule_of(description: ax.RuleDescription) -> dict[str, Any]:
     """The stored form (the rules' JSON form, without the name) of the rule an ATOM
     RuleDescription describes; AtomError 400 when it cannot be a rule."""
-    for key, value in {**description.properties, **description.action_parameters}.items():
-        if value is not None and not isinstance(value, (str, bool, int, float)):
-            raise ax.AtomError(400, f"{key!r}: parameter and property values are strings, "
-                               "numbers or booleans")
     kind, sql = description.filter_type, description.sql or ""
     if kind == "SqlFilter" and _TRUE_SQL.fullmatch(sql):  # what the JS SDK sends for True
         kind = "TrueFilter"
@@ -136,30 +140,32 @@ def _rule_of(description: ax.RuleDescription) -> dict[str, Any]:
             raise ax.AtomError(400, "a CorrelationFilter needs at least one field or property")
     record: dict[str, Any] = {"filter": flt}
     if description.action_sql:
-        record["action"] = {"type": "sql", "expression": description.action_sql}
+        record["action"] = {"type": "sql", "expression": description.action_sql,
+                            "parameters": dict(description.action_parameters)}
     try:  # the SQL parses, the names and values are what a rule may hold
-        rule_from_dict({**record, "name": description.name or DEFAULT_RULE_NAME})
+        rule = rule_from_dict({**record, "name": description.name or DEFAULT_RULE_NAME})
     except RuleError as exc:
         raise ax.AtomError(400, str(exc)) from None
-    return record
+    return rule_record(rule)  # the stored form: date-times and time spans tagged
 
 
 def _description_of(name: str, record: dict[str, Any]) -> ax.RuleDescription:
-    flt = record.get("filter") or {"type": "true"}
+    rule = rule_from_record(name, record)
+    flt = rule.filter
     out = ax.RuleDescription(name=name)
-    kind = flt.get("type")
-    if kind == "false":
+    if isinstance(flt, FalseFilter):
         out.filter_type = "FalseFilter"
-    elif kind == "sql":
-        out.filter_type, out.sql = "SqlFilter", flt.get("expression")
-        out.properties = dict(flt.get("parameters") or {})
-    elif kind == "correlation":
+    elif isinstance(flt, SqlFilter):
+        out.filter_type, out.sql = "SqlFilter", flt.expression
+        out.properties = dict(flt.parameters)
+    elif isinstance(flt, CorrelationFilter):
         out.filter_type = "CorrelationFilter"
-        out.correlation = {atom: flt[stored] for atom, stored in _CORRELATION.items()
-                           if flt.get(stored) is not None}
-        out.properties = dict(flt.get("properties") or {})
-    action = record.get("action")
-    out.action_sql = action.get("expression") if isinstance(action, dict) else None
+        out.correlation = {atom: getattr(flt, stored) for atom, stored in _CORRELATION.items()
+                           if getattr(flt, stored) is not None}
+        out.properties = dict(flt.properties)
+    if rule.action is not None:
+        out.action_sql = rule.action.expression
+        out.action_parameters = dict(rule.action.parameters)
     return out
 
 

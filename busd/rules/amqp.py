@@ -4,9 +4,10 @@ described lists with numeric descriptors in `enumerate-rules` answers.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from busd.amqp.types import Described, Int, Timestamp, ULong
+from busd.amqp.types import Described, Int, Long, Symbol, Timestamp, ULong
 from busd.rules.errors import RuleError
 from busd.rules.model import (
     CORRELATION_FIELDS,
@@ -34,6 +35,10 @@ TRUE_FILTER = 0x0000001370000007
 FALSE_FILTER = 0x0000001370000008
 CORRELATION_FILTER = 0x0000001370000009
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# How .NET sends a TimeSpan: this descriptor over its ticks (100 ns).
+_TIMESPAN = "com.microsoft:timespan"
+
 # The compatibility level Service Bus reports for SQL filters and actions.
 COMPATIBILITY_LEVEL = 20
 
@@ -50,7 +55,8 @@ def rule_to_amqp(rule: Rule) -> Described:
         flt = Described(ULong(SQL_FILTER), [f.expression, Int(COMPATIBILITY_LEVEL)])
     else:
         fields: list[Any] = [getattr(f, attr) for attr, _, _ in CORRELATION_FIELDS]
-        fields.append(dict(f.properties))  # never null: .NET dereferences it
+        # never null: .NET dereferences it
+        fields.append({key: _amqp_value(value) for key, value in f.properties.items()})
         flt = Described(ULong(CORRELATION_FILTER), fields)
     if rule.action is None:
         action = Described(ULong(EMPTY_RULE_ACTION), [])
@@ -60,6 +66,15 @@ def rule_to_amqp(rule: Rule) -> Described:
         )
     created = Timestamp(rule.created_ms if rule.created_ms is not None else 0)
     return Described(ULong(RULE_DESCRIPTION), [flt, action, rule.name, created])
+
+
+def _amqp_value(value: Any) -> Any:
+    """A correlation property's value on the wire: a time span as .NET's described
+    `com.microsoft:timespan` (ticks of 100 ns); a date-time encodes as a timestamp."""
+    if isinstance(value, timedelta):
+        return Described(Symbol(_TIMESPAN),
+                         Long(value // timedelta(microseconds=1) * 10))
+    return value
 
 
 def rule_from_amqp(name: Any, description: Any, created_ms: int | None = None) -> Rule:
@@ -155,6 +170,11 @@ def _key(key: Any) -> str:
 def _scalar(value: Any, key: Any) -> Any:
     if value is None or isinstance(value, str):
         return None if value is None else str(value)
+    if isinstance(value, Timestamp):
+        return _EPOCH + timedelta(milliseconds=int(value))
+    if isinstance(value, Described) and value.descriptor == _TIMESPAN \
+            and isinstance(value.value, int):
+        return timedelta(microseconds=value.value // 10)
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -162,6 +182,6 @@ def _scalar(value: Any, key: Any) -> Any:
     if isinstance(value, float):
         return float(value)
     raise RuleError(
-        f"correlation-filter property {key!r}: values are strings, numbers or booleans, "
-        f"not {type(value).__name__}"
+        f"correlation-filter property {key!r}: values are strings, numbers, booleans, "
+        f"timestamps or time spans, not {type(value).__name__}"
     )

@@ -8,6 +8,7 @@ Constructors do not parse SQL; `validate(rule)` does (every `*_from_*` function 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from busd.rules.errors import RuleError
@@ -73,6 +74,7 @@ Filter = TrueFilter | FalseFilter | SqlFilter | CorrelationFilter
 @dataclass(frozen=True, slots=True)
 class SqlRuleAction:
     expression: str
+    parameters: dict[str, Any] = field(default_factory=dict)  # "@name" -> value
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,9 @@ def sql_or_constant(expression: Any, parameters: dict[str, Any] | None = None) -
     return SqlFilter(expression, dict(parameters or {}))
 
 
-_SCALARS = (str, bool, int, float)
+# What a correlation property or a parameter may hold: a date-time (naive ones are UTC when
+# compared) or a time span as well as the JSON scalars (docs/rules.md §1).
+_SCALARS = (str, bool, int, float, datetime, timedelta)
 
 
 def validate(rule: Rule) -> Rule:
@@ -137,8 +141,8 @@ def _validate(rule: Rule) -> None:
                 raise RuleError(f"correlation filter property name {key!r} is not a name")
             if value is not None and not isinstance(value, _SCALARS):
                 raise RuleError(
-                    f"correlation filter property {key!r}: values are strings, numbers or "
-                    f"booleans, not {type(value).__name__}"
+                    f"correlation filter property {key!r}: values are strings, numbers, "
+                    f"booleans, date-times or time spans, not {type(value).__name__}"
                 )
         if not f.properties and all(getattr(f, a) is None for a, _, _ in CORRELATION_FIELDS):
             raise RuleError("a correlation filter needs at least one field or property")
@@ -147,7 +151,7 @@ def _validate(rule: Rule) -> None:
     if rule.action is not None:
         if not isinstance(rule.action, SqlRuleAction):
             raise RuleError(f"unknown action {rule.action!r}")
-        compile_action(rule.action.expression)
+        compile_action(rule.action.expression, rule.action.parameters)
     if rule.created_ms is not None and not isinstance(rule.created_ms, int):
         raise RuleError("created_ms must be an integer")
 
@@ -156,9 +160,41 @@ def _validate(rule: Rule) -> None:
 # The store's JSON form
 
 
+def _to_json(values: dict[str, Any]) -> dict[str, Any]:
+    """Parameters or properties with date-times as `{"dateTime": ISO 8601}` (naive stays naive:
+    the ATOM API answers what it was given) and time spans as `{"timeSpan": microseconds}`."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, datetime):
+            value = {"dateTime": value.isoformat()}
+        elif isinstance(value, timedelta):
+            value = {"timeSpan": value // timedelta(microseconds=1)}
+        out[key] = value
+    return out
+
+
+def _from_json(values: Any) -> dict[str, Any]:
+    """What _to_json wrote, back as values; anything else is left for validate() to judge."""
+    if not isinstance(values, dict):
+        return values
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and len(value) == 1:
+            try:
+                if isinstance(value.get("dateTime"), str):
+                    value = datetime.fromisoformat(value["dateTime"])
+                elif isinstance(value.get("timeSpan"), int):
+                    value = timedelta(microseconds=value["timeSpan"])
+            except (ValueError, OverflowError):
+                raise RuleError(f"{key!r}: not a date-time or time span: {value!r}") from None
+        out[key] = value
+    return out
+
+
 def rule_to_dict(rule: Rule) -> dict[str, Any]:
     """A JSON-able dict (rule_from_dict reads it back). Filter parameters and correlation
-    property values must be JSON scalars."""
+    property values are JSON scalars, or date-times and time spans in their `_to_json`
+    form."""
     f = rule.filter
     out: dict[str, Any] = {"name": rule.name}
     if isinstance(f, TrueFilter):
@@ -168,17 +204,19 @@ def rule_to_dict(rule: Rule) -> dict[str, Any]:
     elif isinstance(f, SqlFilter):
         out["filter"] = {"type": "sql", "expression": f.expression}
         if f.parameters:
-            out["filter"]["parameters"] = dict(f.parameters)
+            out["filter"]["parameters"] = _to_json(f.parameters)
     else:
         d: dict[str, Any] = {"type": "correlation"}
         for attr, _, _ in CORRELATION_FIELDS:
             if (value := getattr(f, attr)) is not None:
                 d[attr] = value
         if f.properties:
-            d["properties"] = dict(f.properties)
+            d["properties"] = _to_json(f.properties)
         out["filter"] = d
     if rule.action is not None:
         out["action"] = {"type": "sql", "expression": rule.action.expression}
+        if rule.action.parameters:
+            out["action"]["parameters"] = _to_json(rule.action.parameters)
     if rule.created_ms is not None:
         out["created_ms"] = rule.created_ms
     return out
@@ -198,11 +236,11 @@ def rule_from_dict(data: Any) -> Rule:
     elif kind == "false":
         flt = FalseFilter()
     elif kind == "sql":
-        flt = SqlFilter(fd.get("expression"), dict(fd.get("parameters") or {}))  # type: ignore[arg-type]
+        flt = SqlFilter(fd.get("expression"), _from_json(fd.get("parameters") or {}))  # type: ignore[arg-type]
     elif kind == "correlation":
         flt = CorrelationFilter(
             **{a: fd.get(a) for a, _, _ in CORRELATION_FIELDS},
-            properties=dict(fd.get("properties") or {}),
+            properties=_from_json(fd.get("properties") or {}),
         )
     else:
         raise RuleError(f"rule {data.get('name')!r}: unknown filter type {kind!r}")
@@ -211,7 +249,8 @@ def rule_from_dict(data: Any) -> Rule:
     if ad is not None:
         if not isinstance(ad, dict) or ad.get("type") != "sql":
             raise RuleError(f"rule {data.get('name')!r}: unknown action {ad!r}")
-        action = SqlRuleAction(ad.get("expression"))  # type: ignore[arg-type]
+        action = SqlRuleAction(ad.get("expression"),  # type: ignore[arg-type]
+                               _from_json(ad.get("parameters") or {}))
     return validate(Rule(data.get("name"), flt, action, data.get("created_ms")))  # type: ignore[arg-type]
 
 

@@ -26,7 +26,7 @@ from busd.rules.model import (
     TrueFilter,
     validate,
 )
-from busd.rules.sql import Statement, compile_action, compile_filter
+from busd.rules.sql import Statement, as_utc, compile_action, compile_filter
 from busd.rules.view import MessageView
 
 __all__ = ["RuleSet", "Copy", "PLAIN_COPY"]
@@ -135,7 +135,7 @@ class RuleSet:
                 else:
                     self._plain.append((rule.name, matcher))
             else:
-                statements = compile_action(rule.action.expression)
+                statements = compile_action(rule.action.expression, rule.action.parameters)
                 run_if = _ALWAYS if matcher is True else matcher
                 self._actions.append((rule.name, run_if, statements))
         if always:
@@ -195,7 +195,7 @@ _CORRELATION_SYS = (
 def _correlation_matcher(f: CorrelationFilter) -> Matcher:
     system = [(name, getattr(f, attr)) for attr, name in _CORRELATION_SYS
               if getattr(f, attr) is not None]  # fmt: skip
-    user = [(key.lower(), value) for key, value in f.properties.items()]
+    user = [(key.lower(), as_utc(value)) for key, value in f.properties.items()]
 
     def match(message: MessageView) -> bool:
         for name, expected in system:

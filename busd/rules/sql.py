@@ -23,7 +23,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
@@ -238,8 +238,16 @@ def _frozen(parameters: Mapping[str, Any] | None) -> tuple:
             raise RuleError(f"filter parameter name {key!r} is not a name")
         if not _is_value(value):
             raise RuleError(f"filter parameter {key!r} has an unsupported type")
-        out.append((key.lstrip("@").lower(), type(value).__name__, value))
+        out.append((key.lstrip("@").lower(), type(value).__name__, as_utc(value)))
     return tuple(sorted(out, key=lambda kv: kv[0]))
+
+
+def as_utc(value: Any) -> Any:
+    """A naive date-time as UTC, the zone of every date-time a message carries (a rule's
+    parameters may come without one: the Python SDK sends them so); any other value as is."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
 
 
 def _is_value(value: Any) -> bool:

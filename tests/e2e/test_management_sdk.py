@@ -10,7 +10,12 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
-from azure.servicebus.management import ServiceBusAdministrationClient
+from azure.servicebus.management import (
+    CorrelationRuleFilter,
+    ServiceBusAdministrationClient,
+    SqlRuleAction,
+    SqlRuleFilter,
+)
 
 from tests.e2e.conftest import queue, receive
 
@@ -177,3 +182,58 @@ def test_an_update_replaces_the_whole_description(busd, admin):
     sub.forward_to = None
     admin.update_subscription("kt-upd", sub)
     assert admin.get_subscription("kt-upd", "s").forward_to is None
+
+
+def test_rule_parameters_may_be_date_times_and_time_spans(busd, admin):
+    """SqlRuleFilter and SqlRuleAction parameters and correlation properties of type datetime
+    (sent without a zone: UTC) and timedelta are kept, answered as sent, and evaluated."""
+    since = dt.datetime(2020, 7, 5, 11, 12, 13)
+    span = dt.timedelta(days=1, hours=2, minutes=3)
+    admin.create_topic("kt-dates")
+    admin.create_subscription("kt-dates", "sql")
+    admin.delete_rule("kt-dates", "sql", "$Default")
+    admin.create_rule("kt-dates", "sql", "after", filter=SqlRuleFilter(
+        "sent > @since", parameters={"@since": since}), action=SqlRuleAction(
+        "SET sys.TimeToLive = @span; SET stamped = @stamp",
+        parameters={"@span": span, "@stamp": since}))
+    admin.create_subscription("kt-dates", "corr")
+    admin.delete_rule("kt-dates", "corr", "$Default")
+    admin.create_rule("kt-dates", "corr", "exact", filter=CorrelationRuleFilter(
+        properties={"sent": since, "key_duration": span}))
+    admin.create_subscription("kt-dates", "corr-date")
+    admin.delete_rule("kt-dates", "corr-date", "$Default")
+    admin.create_rule("kt-dates", "corr-date", "exact", filter=CorrelationRuleFilter(
+        properties={"sent": since}))
+
+    rule = admin.get_rule("kt-dates", "sql", "after")
+    assert rule.filter.parameters == {"@since": since}
+    assert rule.action.parameters == {"@span": span, "@stamp": since}
+    corr = admin.get_rule("kt-dates", "corr", "exact")
+    assert corr.filter.properties == {"sent": since, "key_duration": span}
+
+    utc = dt.UTC
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_topic_sender("kt-dates") as sender:
+            sender.send_messages([
+                ServiceBusMessage("before", application_properties={
+                    "sent": dt.datetime(2019, 1, 1, tzinfo=utc)}),
+                ServiceBusMessage("at", application_properties={
+                    "sent": since.replace(tzinfo=utc)}),
+                ServiceBusMessage("after", application_properties={
+                    "sent": dt.datetime(2021, 1, 1, tzinfo=utc)}),
+            ])
+        with client.get_subscription_receiver("kt-dates", "sql") as receiver:
+            (got,) = receive(receiver, 1)
+            assert str(got) == "after"
+            assert got.time_to_live == span
+            # a timestamp: the SDK hands it over as milliseconds since the epoch
+            stamped = got.application_properties[b"stamped"]
+            assert stamped == since.replace(tzinfo=utc).timestamp() * 1000
+            receiver.complete_message(got)
+        with client.get_subscription_receiver("kt-dates", "corr-date") as receiver:
+            (got,) = receive(receiver, 1)
+            assert str(got) == "at"
+            receiver.complete_message(got)
+    assert admin.get_subscription_runtime_properties("kt-dates", "sql").total_message_count == 0
+    # no message carries the time span property: the two-property filter matches none
+    assert admin.get_subscription_runtime_properties("kt-dates", "corr").total_message_count == 0

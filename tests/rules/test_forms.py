@@ -5,6 +5,7 @@ pyamqp encoder for what comes in, proton's decoder for what goes out."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -61,6 +62,11 @@ RULES = [
                                                                                "t": True})),
     Rule("all", CorrelationFilter("c", "m", "t", "r", "l", "s", "rs", "ct", {"p": 2.5})),
     Rule("act", SqlFilter("n = 1"), SqlRuleAction("SET x = 1; REMOVE y"), 5),
+    # date-times with and without a zone, time spans: in parameters and properties alike
+    Rule("dates", SqlFilter("sent > @since", {"@since": dt.datetime(2020, 7, 5, 11, 12, 13)}),
+         SqlRuleAction("SET sys.TimeToLive = @ttl", {"@ttl": dt.timedelta(days=1, hours=2)})),
+    Rule("corr-dates", CorrelationFilter(properties={
+        "at": dt.datetime(2020, 7, 5, tzinfo=dt.UTC), "span": dt.timedelta(microseconds=3)})),
 ]  # fmt: skip
 
 
@@ -157,7 +163,7 @@ def test_config_rule_forms():
         ({"FilterType": "Correlation", "CorrelationFilter": {"Colour": "x"}}, "unknown Correl"),
         ({"FilterType": "Correlation", "CorrelationFilter": {"To": 5}}, "must be a string"),
         ({"FilterType": "Correlation", "CorrelationFilter": {"Properties": {"a": [1]}}},
-         "values are strings, numbers or booleans"),
+         "values are strings, numbers, booleans"),
     ],
 )  # fmt: skip
 def test_bad_config_rules_name_the_rule(props, fragment):
