@@ -67,6 +67,9 @@ _K_ENQ_SEQ = symbol_bytes(b"x-opt-enqueue-sequence-number") + b"\x81"  # long
 _K_DL_SOURCE = symbol_bytes(b"x-opt-deadletter-source")
 # delivery-annotations holding the lock token alone, up to the token's 16 bytes
 _LOCK_ONLY = _DELIVERY_ANNOTATIONS_OPEN + map_header(2, len(_K_LOCK_TOKEN) + 16) + _K_LOCK_TOKEN
+# delivery-annotations with neither: Service Bus still sends the (empty) section, and the SDKs
+# read it as {} where a message without the section reads None
+_EMPTY_DELIVERY_ANNOTATIONS = _DELIVERY_ANNOTATIONS_OPEN + map_header(0, 0)
 _SEQ_ENQ = struct.Struct(f">{len(_K_SEQ)}sq{len(_K_ENQ)}sq")
 _K_DL_REASON = encode_value("DeadLetterReason")
 _K_DL_DESCRIPTION = encode_value("DeadLetterErrorDescription")
@@ -91,7 +94,7 @@ def encode_delivery(
 
     Header: all five fields, the sender's durable/priority/ttl and an explicit delivery-count.
     Delivery-annotations: x-opt-lock-token (uuid, the 16 bytes of `lock_token`) when given,
-    then the sender's; no section when there is neither. Message-annotations:
+    then the sender's; an empty map when there is neither. Message-annotations:
     x-opt-sequence-number (long), x-opt-enqueued-time (timestamp), x-opt-locked-until
     (timestamp) and x-opt-message-state (int) when given, for a forwarded message
     x-opt-enqueue-sequence-number (long) and x-opt-deadletter-source (string) when given, then
@@ -103,7 +106,6 @@ def encode_delivery(
     except (struct.error, TypeError):
         raise CodecError("not a stored message") from None
     p = _BLOB_HEAD_SIZE
-    delivery_ann = b""
     if lock_token is None:
         token = b""
     elif len(lock_token) != 16:
@@ -125,6 +127,8 @@ def encode_delivery(
         delivery_ann = _DELIVERY_ANNOTATIONS_OPEN + map_header(2 * da_pairs, len(da)) + da
     elif token:
         delivery_ann = _LOCK_ONLY
+    else:
+        delivery_ann = _EMPTY_DELIVERY_ANNOTATIONS
     header_fields = blob[p : p + header_len]
     p += header_len
     bare_start = p + ann_len

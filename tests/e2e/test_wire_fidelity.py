@@ -74,6 +74,19 @@ def test_receive_and_delete_delivery_keeps_the_senders_annotations_without_a_loc
         assert annotations == {b"x-app-hop": b"first"}
 
 
+def test_receive_and_delete_delivery_without_annotations_has_an_empty_map(client):
+    """Service Bus sends the delivery-annotations section even with nothing in it: the SDK
+    reads {} (its own test_message_backcompat_receive_and_delete_databody), not None."""
+    with client.get_queue_sender("plain") as sender:
+        sender.send_messages(ServiceBusMessage(b"bare"))
+    with client.get_queue_receiver("plain", max_wait_time=5,
+                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as rx:
+        (message,) = receive(rx, 1)
+    assert message.raw_amqp_message.delivery_annotations == {}
+    assert message.message.delivery_annotations == {}
+    assert message.lock_token is None
+
+
 def test_aio_session_delivery_carries_the_lock_token(busd):
     async def main():
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
