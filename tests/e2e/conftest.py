@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -20,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
-# The banner's HTTP line: `http:     http://127.0.0.1:<port>/health, /metrics, /admin`
-HTTP_BANNER = re.compile(r"http:\s+http://[^\s/]+:(\d+)/health")
-TLS_BANNER = re.compile(r"amqps:\s+amqps://[^:]+:(\d+)")
-WS_BANNER = re.compile(r"ws:\s+ws://[^:]+:(\d+)/")
-CERT_BANNER = re.compile(r"certificate: (\S+)")
+from busd.testing.broker import (  # the start banner's lines
+    BANNER,
+    CERT_BANNER,
+    HTTP_BANNER,
+    TLS_BANNER,
+    WS_BANNER,
+)
 
 
 @dataclass
