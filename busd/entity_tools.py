@@ -104,7 +104,7 @@ def _error(exc: urllib.error.HTTPError) -> ToolError:
 
 
 def entry_document(description: str, values: list[tuple[str, str]],
-           extra: list[ET.Element] | None = None) -> bytes:  # fmt: skip
+                   extra: list[ET.Element] | None = None) -> bytes:  # fmt: skip
     entry = ET.Element(f"{{{ATOM}}}entry")
     content = ET.SubElement(entry, f"{{{ATOM}}}content", type="application/xml")
     desc = ET.SubElement(content, f"{{{SB}}}{description}")
