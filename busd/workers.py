@@ -11,7 +11,7 @@ spreads new connections over them; the parent binds each port first without list
 settles a port 0 and keeps the port while workers come and go. Elsewhere the parent listens
 once and hands that socket to every worker, which all accept from it.
 
-`/metrics` and `/health` answer for the host: busd/observability/peers.py.
+`/metrics` and `/health/detail` answer for the host: busd/observability/peers.py.
 """
 
 from __future__ import annotations

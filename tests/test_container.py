@@ -138,7 +138,9 @@ def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_pat
     proc, http_url, log_path = start(runnable(dockerfile_cmd()), tmp_path,
                                      {"BUSD_DATA_DIR": str(data)})
     try:
-        status, health = get_json(http_url + "/health")
+        assert get_json(http_url + "/health") == (200, {"status": "healthy",
+                                                        "message": "Service is healthy."})
+        status, health = get_json(http_url + "/health/detail")
         assert (status, health["status"], health["store"]) == (200, "ok", True)
         # a worker per core, each a whole busd over the one embedded store
         assert len(health["workers"]) == len(os.sched_getaffinity(0))

@@ -1,6 +1,7 @@
 """Which part of busd answers a request on the HTTP port.
 
-    /health, /metrics, /admin/...     busd.observability.http (JSON, for tools and scrapers)
+    /health, /health/detail,          busd.observability.http (JSON, for tools and scrapers)
+      /metrics, /admin/...
     anything with ?api-version=...,   the management (ATOM) API, busd.http.atom
       /$namespaceinfo, /$Resources/...
     / and /dashboard/...              the web dashboard, busd.http.dashboard
@@ -22,7 +23,7 @@ def handler(server, atom: AtomApi) -> Handler:
         if is_atom(request):
             return await atom.handle(request)
         path = request.path
-        if path in ("/health", "/metrics") or path.startswith("/admin/"):
+        if path in ("/health", "/health/detail", "/metrics") or path.startswith("/admin/"):
             status, content_type, body = await route(
                 server, request.method, path, request.query, request.body,
                 request.headers.get("authorization", ""))

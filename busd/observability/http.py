@@ -1,5 +1,5 @@
-"""`GET /health`, `GET /metrics` (Prometheus text) and the admin API under `/admin/`
-(busd.observability.admin) on the HTTP port (busd.http serves the port and routes to here).
+"""`GET /health` and `/health/detail`, `GET /metrics` (Prometheus text) and the admin API under
+`/admin/` (busd.observability.admin) over HTTP (busd.http serves it and routes to here).
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from http import HTTPStatus
 from busd.auth.rights import MANAGE, Unauthorized, authorize_header
 
 log = logging.getLogger("busd.http")
+
+
+# `GET /health` answers as the Service Bus emulator's does, byte for byte (compact JSON), since
+# Testcontainers, Aspire and compose files written for the emulator wait on it; busd's own
+# detail is /health/detail.
+HEALTHY = b'{"status":"healthy","message":"Service is healthy."}'
+UNHEALTHY = b'{"status":"unhealthy","message":"Service not available. Please try after some time."}'
 
 
 def _status(code: int) -> str:
@@ -40,11 +47,14 @@ async def route(
         return _json(*await route_admin(broker, method, path, query, body))
     if method != "GET":
         return _status(405), "text/plain", b"only GET\n"
-    if path == "/health":
+    if path in ("/health", "/health/detail"):
         try:
             store_ok = await asyncio.wait_for(broker.store.ping(), 2)
         except Exception:
             store_ok = False
+        if path == "/health":  # the emulator's answer, which container tools wait on
+            code, body = (200, HEALTHY) if store_ok else (503, UNHEALTHY)
+            return _status(code), "application/json", body
         health = {"status": "ok" if store_ok else "degraded", "store": store_ok}
         if server.peers is not None:  # one worker of several: the answer is the host's
             health["workers"] = [{"pid": r["pid"], "connections": r["connections"]}

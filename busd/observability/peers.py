@@ -1,4 +1,4 @@
-"""The other workers of this host, so that `/metrics` and `/health` answer for the host.
+"""The other workers of this host, so that `/metrics` and `/health/detail` answer for the host.
 
 With `busd serve --workers N` (busd/workers.py) every worker serves the HTTP port, and a
 scrape lands on whichever one the kernel picks. Each worker therefore also listens on a Unix

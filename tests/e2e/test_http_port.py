@@ -31,7 +31,7 @@ def test_one_connection_serves_many_requests(busd):
     for _ in range(3):
         conn.request("GET", "/health")
         response = conn.getresponse()
-        assert response.status == 200 and b'"store": true' in response.read()
+        assert response.status == 200 and b'"status":"healthy"' in response.read()
         conn.request("GET", "/port-q?api-version=2021-05", headers=headers)
         response = conn.getresponse()
         assert response.status == 200

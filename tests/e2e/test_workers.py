@@ -1,8 +1,8 @@
 """`busd serve --workers 2`: two worker processes behind the same ports (docs/design.md §3.10).
 
 Connections land on both workers, sessions stay exclusive across them, a worker killed with
-SIGKILL is started again by the parent, `/metrics` and `/health` answer for the host whichever
-worker takes the scrape, and SIGTERM stops every process. The clients are the official
+SIGKILL is started again by the parent, `/metrics` and `/health/detail` answer for the host
+whichever worker takes the scrape, and SIGTERM stops every process. The clients are the official
 azure-servicebus SDK and python-qpid-proton on real sockets.
 """
 
@@ -30,7 +30,7 @@ CONNECTIONS = 16  # all on one worker by chance: 2**-15
 
 
 def health(busd) -> dict:
-    with urllib.request.urlopen(f"{busd.http_url}/health", timeout=10) as response:
+    with urllib.request.urlopen(f"{busd.http_url}/health/detail", timeout=10) as response:
         return json.loads(response.read())
 
 
