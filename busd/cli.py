@@ -133,7 +133,7 @@ def cli() -> None:
 @click.option("--host", envvar="BUSD_HOST", default=_DEFAULTS.host, show_default=True,
               help="Address to listen on for AMQP (0.0.0.0 in a container).")
 @click.option("--port", envvar="BUSD_PORT", type=int, default=_DEFAULTS.port, show_default=True,
-              help="AMQP port.")
+              help="AMQP port (HTTP and HTTPS answered on it too).")
 @click.option("--config", "config_path", envvar="BUSD_CONFIG", default=None,
               type=click.Path(dir_okay=False),
               help="Entities file: the Service Bus emulator's Config.json, as is.")
@@ -146,7 +146,7 @@ def cli() -> None:
               help="Port for health, metrics and admin over HTTP (0: any free port).")
 @click.option("--tls-port", envvar="BUSD_TLS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.tls_port,
               show_default=True,
-              help="Port for AMQP over TLS (0: any free port, off: none).")
+              help="Port for AMQP over TLS and HTTPS (0: any free port, off: none).")
 @click.option("--ws-port", envvar="BUSD_WS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.ws_port,
               show_default=True,
               help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "

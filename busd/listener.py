@@ -1,10 +1,11 @@
 """A listening socket whose connections are sniffed before anything reads them.
 
-Two of busd's ports serve more than one protocol: the HTTP port (busd.http.server: HTTP, HTTPS
-and AMQP) and the WebSocket port (busd.amqp.websocket: ws and wss). Both tell a connection's
-protocol by its first byte, left in the socket for whoever reads it next (0x16 starts a TLS
-ClientHello). This class owns what they share: the socket, the accept loop, the connection
-tasks and closing them; a subclass says what to do with a connection given its first byte.
+Every busd port serves more than one protocol: the AMQP, TLS and HTTP ports (busd.ports: AMQP
+and HTTP, plain and over TLS) and the WebSocket port (busd.amqp.websocket: ws and wss). Each
+tells TLS from the rest by a connection's first byte, left in the socket for whoever reads it
+next (0x16 starts a TLS ClientHello). This class owns what they share: the socket, the accept
+loop, the connection tasks and closing them; a subclass says what to do with a connection
+given its first byte.
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__
+from busd import __version__, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.config import EntitiesFile, Settings, load_entities
+from busd.ports import ServicePort, Services
 from busd.tls import Tls
 from busd.tls import load as load_tls
 
@@ -30,7 +31,7 @@ except ImportError:  # not built for this platform (Windows): the stock event lo
 
 if TYPE_CHECKING:
     from busd.amqp.websocket import WebSocketServer
-    from busd.http.server import HttpServer
+    from busd.http.server import HttpService
     from busd.observability.peers import Peers
     from busd.storage.embedded import EmbeddedValkey
     from busd.workers import WorkerRole
@@ -39,7 +40,6 @@ log = logging.getLogger("busd")
 
 # How long shutdown waits for clients to finish before closing their sockets.
 GRACE_S = 3.0
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def redacted(url: str) -> str:
@@ -87,24 +87,23 @@ class Server:
         self.entities = entities or EntitiesFile()
         self.embedded: EmbeddedValkey | None = None
         self.broker: Broker | None = None
-        self.listener: asyncio.base_events.Server | None = None
-        self.http: HttpServer | None = None
+        self.listener: ServicePort | None = None  # --port
+        self.http: ServicePort | None = None  # --http-port
+        self.http_service: HttpService | None = None
         self.protocols: set[AmqpProtocol] = set()
         self.tls_context: ssl.SSLContext | None = None
         self.tls: Tls | None = None
-        self.tls_listener: asyncio.base_events.Server | None = None
+        self.tls_listener: ServicePort | None = None  # --tls-port
         self.ws: WebSocketServer | None = None
 
     @property
     def port(self) -> int:
         assert self.listener is not None, "not started"
-        return self.listener.sockets[0].getsockname()[1]
+        return self.listener.port
 
     @property
     def tls_port(self) -> int | None:
-        if self.tls_listener is None:
-            return None
-        return self.tls_listener.sockets[0].getsockname()[1]
+        return None if self.tls_listener is None else self.tls_listener.port
 
     async def startup(self) -> None:
         from busd.storage.redis_store import RedisStore
@@ -145,24 +144,26 @@ class Server:
         await seed_catalog(self.broker.catalog, self.entities)
         if self.role is not None:
             await self._join_peers(self.role.peer_dir, metrics)
-        loop = asyncio.get_running_loop()
         role = self.role
-        if role is None:
-            self.listener = await loop.create_server(
-                self._new_protocol, settings.host, settings.port, reuse_address=True
-            )
-        else:
-            self.listener = await loop.create_server(
-                self._new_protocol, sock=role.socket("amqp", settings.host))
+
+        def listen(name: str, port: int, plain: bool = True) -> ServicePort:
+            # a worker of several listens on the socket its parent's role gives it
+            sock = role.socket(name, settings.host) if role is not None else None
+            return ports.listen(settings.host, port, services, name, plain, sock=sock)
+
+        # AMQP and HTTP on every port (busd/ports.py): the AMQP port, the TLS port (TLS only)
+        # and the HTTP port; port 0: any free port (the banner tells which).
+        from busd.http import front
+        from busd.http.atom import AtomApi
+        from busd.http.entities import CatalogEntities
+        from busd.http.server import HttpService
+
+        atom = AtomApi(CatalogEntities(self.broker), settings.sas_keys)
+        self.http_service = HttpService(front.handler(self, atom))
+        services = Services(self._new_protocol, self.http_service.protocol, self.tls_context)
+        self.listener = listen("amqp", settings.port)
         if settings.tls_port is not None:
-            # AMQP over TLS: the same engine; asyncio's SSL transport does the handshake.
-            where: dict[str, Any] = (
-                {"host": settings.host, "port": settings.tls_port, "reuse_address": True}
-                if role is None else {"sock": role.socket("tls", settings.host)})
-            self.tls_listener = await loop.create_server(
-                self._new_protocol, ssl=self.tls_context,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S, **where,
-            )
+            self.tls_listener = listen("tls", settings.tls_port, plain=False)
         if settings.ws_port is not None:
             # AMQP over WebSockets, ws and wss: the same engine behind the WebSocket framing.
             from busd.amqp import websocket
@@ -171,18 +172,7 @@ class Server:
                 settings.host, settings.ws_port, self.tls_context, self._new_protocol,
                 sock=role.socket("ws", settings.host) if role is not None else None,
             )
-        # Health, metrics, admin, the management API and the dashboard, over HTTP and HTTPS,
-        # on the AMQP listener's address; port 0: any free port (the banner tells which).
-        from busd.http import front, server
-        from busd.http.atom import AtomApi
-        from busd.http.entities import CatalogEntities
-
-        atom = AtomApi(CatalogEntities(self.broker), settings.sas_keys)
-        self.http = await server.start(
-            settings.host, settings.http_port, front.handler(self, atom),
-            tls=self.tls_context, amqp_factory=self._new_protocol,
-            sock=role.socket("http", settings.host) if role is not None else None,
-        )
+        self.http = listen("http", settings.http_port)
 
     async def _join_peers(self, directory: str, metrics) -> None:
         """Answer the other workers for this one's figures, and gather theirs at a scrape
@@ -250,14 +240,11 @@ class Server:
         return "\n".join(lines)
 
     async def shutdown(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-        if self.tls_listener is not None:
-            self.tls_listener.close()
-        if self.ws is not None:
-            await self.ws.close()
-        if self.http is not None:
-            await self.http.close()
+        for port in (self.listener, self.tls_listener, self.ws, self.http):
+            if port is not None:
+                await port.close()
+        if self.http_service is not None:
+            await self.http_service.close()
         closing = Condition(
             "amqp:connection:forced", "The broker is shutting down.",
             {symbol("tracking-id"): "busd"},

@@ -1,11 +1,6 @@
-"""The HTTP port (`--http-port`, 5300): HTTP and HTTPS on one listener, HTTP/1.1 keep-alive.
-
-The Python and JavaScript administration clients always speak HTTPS and keep the port of the
-connection string; .NET speaks plain HTTP to an emulator (docs/management.md §1). So each
-accepted connection is sniffed before anything is read: a first byte 0x16 is a TLS ClientHello
-and the connection is wrapped in TLS; `A` starts an AMQP protocol header, and the connection is
-handed to the AMQP front, so one `Endpoint=sb://localhost:5300` serves both kinds of client;
-anything else is plain HTTP.
+"""HTTP/1.1 with keep-alive, for the connections busd's ports find speaking HTTP (busd.ports):
+health, metrics, the admin API, the management (ATOM) API and the dashboard, over HTTP or
+HTTPS, on every port busd serves AMQP on (docs/management.md §1).
 
 Requests go to `handler(request) -> Response`; this module knows nothing of the routes.
 """
@@ -14,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import parse_qs
-
-from busd.listener import TLS_RECORD, SniffingListener, bind
 
 log = logging.getLogger("busd.http")
 
@@ -29,7 +21,6 @@ MAX_HEAD = 64 * 1024
 MAX_BODY = 128 * 1024 * 1024  # a message sent through the admin API, as JSON
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
 BODY_TIMEOUT_S = 60.0
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -66,47 +57,31 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class HttpServer(SniffingListener):
-    """The HTTP port's listener: HTTP, HTTPS given a TLS context, AMQP given a factory."""
+class HttpService:
+    """HTTP/1.1 on the connections busd's ports hand over (busd.ports): `protocol()` makes the
+    asyncio protocol of one connection, plain or already inside TLS; `close()` ends them all."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, tls: ssl.SSLContext | None,
-                 amqp_factory: Callable[[], asyncio.Protocol] | None) -> None:  # fmt: skip
+    def __init__(self, handler: Handler) -> None:
         self.handler = handler
-        self.tls = tls
-        self.amqp_factory = amqp_factory
-        self._writers: set[asyncio.StreamWriter] = set()
-        super().__init__(sock, log, "http")
+        self._connections: set[asyncio.Task] = set()
 
-    def _closing(self) -> None:
-        for writer in list(self._writers):
-            writer.close()
+    def protocol(self) -> asyncio.Protocol:
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEAD), self._connection)
 
-    async def serve(self, conn: socket.socket, first: int) -> None:
-        loop = asyncio.get_running_loop()
+    async def close(self) -> None:
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        scheme = "https" if writer.get_extra_info("sslcontext") is not None else "http"
         try:
-            if first == ord("A") and self.amqp_factory is not None:
-                await loop.connect_accepted_socket(self.amqp_factory, conn)
-                return
-            tls = self.tls if first == TLS_RECORD else None
-            if first == TLS_RECORD and tls is None:
-                conn.close()
-                return
-            reader = asyncio.StreamReader(limit=MAX_HEAD)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol, conn, ssl=tls,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
-            )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            log.debug("http connection dropped before its first request: %s", exc)
-            conn.close()
-            return
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        self._writers.add(writer)
-        try:
-            await self._serve(reader, writer, "https" if tls else "http")
+            await self._serve(reader, writer, scheme)
         finally:
-            self._writers.discard(writer)
+            self._connections.discard(task)
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -214,10 +189,3 @@ async def _write(writer: asyncio.StreamWriter, response: Response, keep: bool,
     data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
     writer.write(data if head_only else data + response.body)
     await writer.drain()
-
-
-async def start(host: str, port: int, handler: Handler, *, tls: ssl.SSLContext | None = None,
-                amqp_factory: Callable[[], asyncio.Protocol] | None = None,
-                sock: socket.socket | None = None) -> HttpServer:
-    """Listen on host:port (0: any free port), or on `sock`, already listening there."""
-    return HttpServer(sock or bind(host, port), handler, tls, amqp_factory)

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -47,7 +49,8 @@ class BusdProcess:
 
     @property
     def admin_connection_string(self) -> str:
-        """What the SDKs' administration clients take: the HTTP port (they speak HTTPS)."""
+        """The emulator's management port (5300) as an administration client's string (they
+        speak HTTPS); `connection_string`, the AMQP port's, serves them as well."""
         assert self.http_port is not None, "this busd has no HTTP port"
         return self.connection_string.replace(f":{self.port};", f":{self.http_port};")
 
@@ -200,6 +203,16 @@ def receive(receiver, count: int, wait: float = 3, patience: float = 15) -> list
     return got
 
 
+def amqp_header_over_tls(port: int, cert_path: str, header: bytes) -> bytes:
+    """Send an AMQP protocol header over TLS (trusting busd's certificate) to 127.0.0.1:port;
+    the first 8 bytes of the answer (busd's SASL layer answers with its own header)."""
+    context = ssl.create_default_context(cafile=cert_path)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(header)
+            return s.recv(8)
+
+
 JS_DIR = Path(__file__).parent / "js"
 
 
@@ -215,3 +228,22 @@ def node_modules() -> Path:
                               cwd=JS_DIR, capture_output=True, text=True, timeout=280)
         assert done.returncode == 0, done.stdout + done.stderr
     return JS_DIR / "node_modules"
+
+
+def run_node(script: str, *args: str, cert_path: str | None) -> dict:
+    """Run a node script of tests/e2e/js (trusting busd's certificate); the steps it printed,
+    one JSON line `{"step", "value"}` each, by step. Fails unless it ends with `done`."""
+    node = shutil.which("node")
+    assert node, "needs node"
+    env = dict(os.environ)
+    if cert_path:
+        env["NODE_EXTRA_CA_CERTS"] = str(cert_path)
+    done = subprocess.run([node, script, *args], cwd=JS_DIR, env=env, capture_output=True,
+                          text=True, timeout=120)
+    steps = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            item = json.loads(line)
+            steps[item["step"]] = item["value"]
+    assert done.returncode == 0 and steps.get("done"), done.stdout + done.stderr
+    return steps

@@ -4,24 +4,16 @@ the AMQP client. The node script (js/admin_roundtrip.mjs) prints one JSON line p
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import queue
+from tests.e2e.conftest import queue, run_node
 
 pytestmark = pytest.mark.timeout(300)
 
-JS = Path(__file__).parent / "js"
-NODE = shutil.which("node")
-NPM = shutil.which("npm")
-
-if not (NODE and NPM):
+if not (shutil.which("node") and shutil.which("npm")):
     pytest.skip("needs node and npm (.ci/run installs them)", allow_module_level=True)
 
 
@@ -32,16 +24,8 @@ def busd(busd_factory):
 
 def test_javascript_administration_client_round_trip(busd, node_modules):
     prefix = f"js{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, NODE_EXTRA_CA_CERTS=str(busd.cert_path))
-    done = subprocess.run(
-        [NODE, "admin_roundtrip.mjs", busd.admin_connection_string, busd.connection_string,
-         prefix], cwd=JS, env=env, capture_output=True, text=True, timeout=120)
-    steps = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            item = json.loads(line)
-            steps[item["step"]] = item["value"]
-    assert done.returncode == 0 and steps.get("done"), done.stdout + done.stderr
+    steps = run_node("admin_roundtrip.mjs", busd.admin_connection_string,
+                     busd.connection_string, prefix, cert_path=busd.cert_path)
 
     q, t = f"{prefix}-q", f"{prefix}-t"
     assert steps["namespace"] == {"name": "sbemulatorns", "sku": "Premium"}
@@ -70,3 +54,11 @@ def test_javascript_administration_client_round_trip(busd, node_modules):
     assert steps["topicExistsAfterDelete"] is False
     assert steps["queueExistsAfterDelete"] is False
     assert steps["deleteMissing"]["code"] == "MessageEntityNotFoundError"
+
+
+def test_one_connection_string_serves_both_javascript_clients(busd, node_modules):
+    """The emulator string of the AMQP port: the administration client speaks HTTPS to it."""
+    name = f"js1p{uuid.uuid4().hex[:6]}"
+    steps = run_node("one_port.mjs", busd.connection_string, name, cert_path=busd.cert_path)
+    assert steps == {"createQueue": 4, "active": 2, "received": ["one", "two"], "total": 0,
+                     "exists": False, "done": True}

@@ -1,0 +1,128 @@
+"""busd's ports: AMQP and HTTP on each, told apart by a connection's first bytes.
+
+The SDKs take one connection string for both clients: `ServiceBusClient` speaks AMQP to the
+Endpoint's host and port, and `ServiceBusAdministrationClient` speaks HTTPS (Python,
+JavaScript) or, to an emulator, plain HTTP (.NET) to the same host and port
+(docs/management.md §1). So the AMQP port (`--port`, 5672), the HTTP port (`--http-port`, 5300)
+and the TLS port (`--tls-port`, 5671) all serve both protocols:
+
+    0x16            a TLS ClientHello: the handshake, then the decrypted bytes are told apart
+                    the same way (the TLS port takes nothing but TLS)
+    `A`             the AMQP protocol header (`AMQP` + protocol id): the AMQP front
+    anything else   an HTTP request line, which starts with a method token (GET, PUT, ...)
+
+Each connection is told apart once, then handed over whole: the transport talks to the
+chosen protocol directly, which sees every byte from the first, so an AMQP connection's
+per-message path has no step of this module in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from busd.listener import FIRST_BYTE_TIMEOUT_S, TLS_RECORD, SniffingListener, bind
+
+log = logging.getLogger("busd.amqp")
+
+AMQP_HEADER = ord("A")  # b"AMQP" then the protocol id (0: AMQP, 3: SASL)
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+ProtocolFactory = Callable[[], asyncio.Protocol]
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a port hands its connections to."""
+
+    amqp: ProtocolFactory
+    http: ProtocolFactory
+    tls: ssl.SSLContext | None  # None: TLS connections are refused
+
+    def protocol_for(self, first: int) -> asyncio.Protocol:
+        """The protocol of a connection (inside TLS, if any) whose first byte is `first`."""
+        return self.amqp() if first == AMQP_HEADER else self.http()
+
+
+class ServicePort(SniffingListener):
+    """One listening socket serving AMQP and HTTP, plain and over TLS (`plain=False`: over TLS
+    only, as the TLS port)."""
+
+    def __init__(self, sock: socket.socket, services: Services, name: str,
+                 plain: bool = True) -> None:  # fmt: skip
+        self.services = services
+        self.plain = plain
+        self._undecided: set[_FirstBytes] = set()  # TLS done, no byte yet
+        super().__init__(sock, log, name)
+
+    async def serve(self, conn: socket.socket, first: int) -> None:
+        tls = self.services.tls if first == TLS_RECORD else None
+        if (first == TLS_RECORD and tls is None) or (tls is None and not self.plain):
+            conn.close()  # e.g. plain AMQP on the TLS port: nothing to answer it in
+            return
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: _FirstBytes(self), conn, ssl=tls,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            log.debug("%s connection dropped before its first byte: %s", self._name, exc)
+            conn.close()
+
+    def _closing(self) -> None:
+        for waiting in list(self._undecided):
+            waiting.close()
+
+
+class _FirstBytes(asyncio.Protocol):
+    """A connection until its first bytes arrive (decrypted, over TLS): then its transport is
+    handed to the protocol they name, which gets those bytes and everything after them."""
+
+    def __init__(self, port: ServicePort) -> None:
+        self._port = port
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._port._undecided.add(self)
+        self._timer = asyncio.get_running_loop().call_later(FIRST_BYTE_TIMEOUT_S, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        self._decided()
+        if transport is None or not data:
+            return
+        protocol = self._port.services.protocol_for(data[0])
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        protocol.data_received(data)
+
+    def eof_received(self) -> bool:
+        return False  # closed before saying anything
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._decided()
+
+    def close(self) -> None:
+        transport = self._transport
+        self._decided()
+        if transport is not None:
+            transport.close()
+
+    def _decided(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._transport = None
+        self._port._undecided.discard(self)
+
+
+def listen(host: str, port: int, services: Services, name: str, plain: bool = True,
+           sock: socket.socket | None = None) -> ServicePort:  # fmt: skip
+    """Listen on host:port (0: any free port), or on `sock`, already listening there."""
+    return ServicePort(sock or bind(host, port), services, name, plain)
