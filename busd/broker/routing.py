@@ -129,7 +129,7 @@ def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, attach: Attac
 
 def _session_filter(source: Terminus | None) -> tuple[bool, str | None]:
     """Whether the source asks for a session (docs/wire.md §6.5), and which (None: the next
-    available)."""
+    available); BusdError when the id is not a string."""
     if source is None or source.filter is None:
         return False, None
     try:
@@ -143,6 +143,14 @@ def _session_filter(source: Terminus | None) -> tuple[bool, str | None]:
     value = filters[sessions.SESSION_FILTER]
     if hasattr(value, "value"):  # a described filter wrapping the id
         value = value.value
+    if value is None or isinstance(value, str):
+        return True, (str(value) if value is not None else None)
     if isinstance(value, (bytes, memoryview)):
-        value = bytes(value).decode("utf-8")
-    return True, (str(value) if value is not None else None)
+        try:
+            return True, bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    # A session id is a string: an int (the Python SDK sends session_id=1 as int32) is not
+    # taken for one, as Service Bus refuses it too (docs/wire.md §6.5).
+    raise BusdError(Condition.INVALID_FIELD,
+                    "The session filter must be a string (the session id) or null.")

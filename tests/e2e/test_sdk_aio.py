@@ -11,6 +11,7 @@ from azure.servicebus import (
     ServiceBusSubQueue,
 )
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient
+from azure.servicebus.exceptions import ServiceBusError
 
 from tests.e2e.conftest import queue
 
@@ -98,3 +99,21 @@ async def test_session_state_renew_and_listing(busd):
         await renewer.close()
         ids = [sid async for sid in client.list_queue_sessions("short")]
         assert "aio-s" in ids
+
+
+async def test_a_session_id_that_is_not_a_string_is_refused(busd):
+    """The async twin of the SDK's test: session_id=1 (sent as an int) raises ServiceBusError
+    on receive, and the process goes on serving (docs/wire.md §6.5)."""
+    async with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with pytest.raises(ServiceBusError) as refused:
+            async with client.get_queue_receiver("sessions", session_id=1,
+                                                 max_wait_time=5) as receiver:
+                await receiver.receive_messages(max_wait_time=5)
+        assert "amqp:invalid-field" in str(refused.value)
+        async with client.get_queue_sender("sessions") as sender:
+            await sender.send_messages(ServiceBusMessage("after", session_id="int-then"))
+        async with client.get_queue_receiver("sessions", session_id="int-then",
+                                             max_wait_time=5) as receiver:
+            (message,) = await receive(receiver, 1)
+            assert str(message) == "after"
+            await receiver.complete_message(message)

@@ -83,6 +83,20 @@ def test_session_mismatched_receivers_are_refused(client):
             receiver.receive_messages(max_wait_time=1)
 
 
+def test_a_session_id_that_is_not_a_string_is_refused(client):
+    """The SDK sends session_id=1 as an int: refused (its own test_sessions.py expects
+    ServiceBusError), and the session "1" is left as it was (docs/wire.md §6.5)."""
+    send(client, "sessions", "1", ["one"])
+    with pytest.raises(ServiceBusError) as refused:
+        with client.get_queue_receiver("sessions", session_id=1, max_wait_time=5) as receiver:
+            receiver.receive_messages(max_wait_time=5)
+    assert "amqp:invalid-field" in str(refused.value)
+    with client.get_queue_receiver("sessions", session_id="1", max_wait_time=5) as receiver:
+        (message,) = receive(receiver, 1)
+        assert (str(message), message.delivery_count) == ("one", 0)
+        receiver.complete_message(message)
+
+
 def test_specific_session_is_delivered_in_order_with_many_in_flight(client):
     send(client, "sessions", "ordered", [f"m{i}" for i in range(10)])
     send(client, "sessions", "other", ["x"])
