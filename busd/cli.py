@@ -14,7 +14,7 @@ import click
 
 from busd import __version__
 from busd.broker.limits import Limits
-from busd.config import LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+from busd.config import DURABILITIES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
 from busd.entity_tools import COMMANDS as ENTITY_COMMANDS
 from busd.tools import COMMANDS as TOOL_COMMANDS
 
@@ -180,6 +180,11 @@ def cli() -> None:
               default=_DEFAULTS.workers, show_default=True,
               help="busd processes serving the same ports (auto: one per core), started, "
                    "restarted and stopped by this one; the embedded Valkey is started once.")
+@click.option("--durability", envvar="BUSD_DURABILITY", default=_DEFAULTS.durability,
+              show_default=True, type=click.Choice(DURABILITIES, case_sensitive=False),
+              help="When a send, settlement, session-state write or commit is acknowledged: "
+                   "once the store ran it (local), once the primary fsynced it (fsync), or "
+                   "once a replica has fsynced it too (replicated); both need appendonly yes.")
 @_limit_options
 @click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
               default=_DEFAULTS.transaction_timeout_s, show_default=True,
@@ -203,6 +208,7 @@ def serve(
     store_connections: int,
     transaction_timeout: float,
     workers: int,
+    durability: str,
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -225,6 +231,7 @@ def serve(
             store_connections=store_connections,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
+            durability=durability.lower(),
             limits=Limits(**limits),
         )
         keys = _parse_sas_keys(sas_keys)

@@ -45,12 +45,15 @@ MAX_MESSAGE_SIZE_LIMIT = ep.MAX_MESSAGE_SIZE_KB * KIB  # Service Bus premium's l
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+DURABILITIES = ("local", "fsync", "replicated")
 
 # URL schemes --redis-url takes; `+cluster` names a Redis/Valkey Cluster
-# (busd.storage.redis_store, as does a `?cluster=true` parameter).
+# (busd.storage.redis_store, as does a `?cluster=true` parameter), `+sentinel` the Sentinels
+# of a primary and its replicas.
 REDIS_URL_SCHEMES = (
     "redis://", "rediss://", "unix://", "valkey://", "valkeys://",
     "redis+cluster://", "rediss+cluster://", "valkey+cluster://", "valkeys+cluster://",
+    "redis+sentinel://", "rediss+sentinel://", "valkey+sentinel://", "valkeys+sentinel://",
 )
 
 
@@ -83,6 +86,9 @@ class Settings:
     transaction_timeout_s: float = 120.0
     # busd processes serving the same ports of this host (busd/workers.py)
     workers: int = 1
+    # what the store must have done with a write before busd acknowledges it: local (ran),
+    # fsync (in the primary's append-only file), replicated (and a replica's); §3.9
+    durability: str = "local"
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -122,6 +128,9 @@ class Settings:
             raise ConfigError(
                 f"store connections must be 1..10000, got {self.store_connections}"
             )
+        if self.durability not in DURABILITIES:
+            raise ConfigError(f"durability must be one of {', '.join(DURABILITIES)}, "
+                              f"got {self.durability!r}")
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if (problem := self.limits.problem()) is not None:
@@ -138,9 +147,18 @@ class Settings:
         if self.redis_url is not None and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ConfigError(
                 "redis url must start with redis://, rediss://, unix:// (or valkey://, "
-                f"valkeys://; redis+cluster://, rediss+cluster:// for a cluster), "
+                "valkeys://; redis+cluster://, rediss+cluster:// for a cluster; "
+                f"redis+sentinel://host:port,.../service for Sentinel), "
                 f"got {self.redis_url!r}"
             )
+
+        url = self.redis_url or ""
+        if self.durability != "local" and ("+cluster://" in url or "cluster=true" in url):
+            raise ConfigError(f"--durability {self.durability} needs a single server or "
+                              "Sentinel, not a Cluster")
+        if "+sentinel://" in url and not url.split("://", 1)[1].partition("/")[2].strip("/"):
+            raise ConfigError("a Sentinel URL names its service: "
+                              "redis+sentinel://host:port[,host:port...]/service")
 
     def connection_string(self) -> str:
         """The connection string clients use to reach this process (printed at start-up)."""

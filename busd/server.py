@@ -117,7 +117,8 @@ class Server:
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
         store = RedisStore(
-            url, prefix=settings.key_prefix, max_calls=settings.store_connections
+            url, prefix=settings.key_prefix, max_calls=settings.store_connections,
+            durability=settings.durability,
         )
         metrics = None
         try:

@@ -28,7 +28,7 @@ def test_serve_lists_every_option():
     assert result.exit_code == 0
     for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
                    "--tls-port", "--ws-port", "--tls-cert", "--tls-key", "--log-level",
-                   "--log-format", "--workers"):
+                   "--log-format", "--workers", "--durability"):
         assert option in result.output
 
 
@@ -53,6 +53,15 @@ def test_workers_takes_a_count_or_auto():
     result = run("serve", env={"BUSD_WORKERS": "0"})
     assert result.exit_code == EXIT_CONFIG
     assert result.output.strip() == "busd: error: workers must be 1..1024, got 0"
+
+
+def test_durability_is_refused_where_it_cannot_be_had():
+    result = run("serve", "--durability", "always")
+    assert result.exit_code == 2
+    result = run("serve", "--durability", "replicated", "--redis-url", "redis+cluster://h:1")
+    assert result.exit_code == EXIT_CONFIG and "not a Cluster" in result.output
+    result = run("serve", "--redis-url", "redis+sentinel://h:26379")
+    assert result.exit_code == EXIT_CONFIG and "names its service" in result.output
 
 
 def test_missing_entities_file_is_a_config_error(tmp_path):

@@ -29,6 +29,7 @@ from busd.storage.api import (
     Settlement,
     StagedSessionState,
     StagedSettlement,
+    StoreUnavailable,
     TopicSpec,
 )
 
@@ -102,6 +103,11 @@ class ManagementEndpoint(RequestEndpoint):
             log.debug("$management %s failed: %s", operation, error)
             return _response(message_id, error.status_code, error.description, None,
                              condition=error.condition.value), reply_to
+        except StoreUnavailable as exc:  # the SDKs try again
+            log.warning("$management %s failed: %s", operation, exc)
+            busy = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+            return _response(message_id, busy.status_code, busy.description, None,
+                             condition=busy.condition.value), reply_to
         except Exception:
             log.exception("$management %s failed", operation)
             return _response(message_id, 500, "Internal error.", None,

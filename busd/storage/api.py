@@ -28,6 +28,13 @@ from typing import Any, Protocol
 from busd.errors import Condition
 
 
+class StoreUnavailable(Exception):
+    """The store could not be had (down, failing over, the connection lost or silent), or
+    could not confirm a write as durable as --durability asks: the call may or may not have
+    run. Clients are answered com.microsoft:server-busy, which the SDKs retry
+    (docs/design.md §2.11)."""
+
+
 class LockTokens(Sequence[bytes]):
     """`count` random lock tokens from one read of the system's random source, kept as the one
     string of 16 bytes each that the store sends: a receive asks for as many as its credit

@@ -15,10 +15,13 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import redis.asyncio as redis
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from busd.errors import BusdError, Condition, refusal
 from busd.storage import keys as keyspace
@@ -45,15 +48,17 @@ from busd.storage.api import (
     StagedSessionState,
     StagedSettlement,
     StoredMessage,
+    StoreUnavailable,
     SweepResult,
     TopicSpec,
     WakeCallback,
 )
-from busd.storage.scripts import Scripts
+from busd.storage.scripts import DURABILITY, Scripts
 
 log = logging.getLogger("busd.storage")
 
 MIN_SERVER_VERSION = (7, 0)
+WAITAOF_SERVER_VERSION = (7, 2)  # --durability fsync and replicated wait with WAITAOF
 # Items of each kind of lazy housekeeping (expired locks, due scheduled messages, expired
 # messages) a hot-path script may process before doing its own work: bounds its latency.
 HOUSEKEEPING_BUDGET = 100
@@ -169,6 +174,39 @@ def _cluster_url(url: str) -> str | None:
     return None
 
 
+# How long busd waits for a Sentinel's answer (it then asks the next one).
+SENTINEL_TIMEOUT_S = 2.0
+# A Sentinel's port when the URL names none.
+SENTINEL_PORT = 26379
+
+
+def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]] | None:
+    """The Sentinels, the service name and the primary's connection options of
+    `redis+sentinel://[[user]:password@]host:port[,host:port...]/service` (or `rediss+`,
+    `valkey+`, `valkeys+`); None for another URL. The user and password are the primary's."""
+    scheme = url.split("+sentinel://", 1)[0] if "+sentinel://" in url else None
+    if scheme not in ("redis", "rediss", "valkey", "valkeys"):
+        return None
+    tls = scheme in ("rediss", "valkeys")
+    rest = url.split("://", 1)[1].split("?", 1)[0]
+    userinfo, _, rest = rest.rpartition("@")
+    hosts, _, service = rest.partition("/")
+    service = service.strip("/")
+    options: dict[str, Any] = {"ssl": True} if tls else {}
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        options.update({k: unquote(v) for k, v in (("username", user), ("password", password))
+                        if v})
+    sentinels = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+        if not host or not service or (port and not port.isdigit()):
+            raise ValueError(f"a Sentinel URL is redis+sentinel://host:port[,host:port...]/"
+                             f"service, got {url!r}")
+        sentinels.append((host.strip("[]"), int(port) if port else SENTINEL_PORT))
+    return sentinels, service, options
+
+
 class _Turns:
     """The store calls one process runs at once: at most `limit`; the others wait in order, each
     for CALL_WAIT_S at most, then are told the server is busy. One timer serves every waiter
@@ -271,6 +309,15 @@ def _refused(status: int) -> Condition | None:
     return None if status >= 0 else _CONDITIONS[ScriptStatus(status)]
 
 
+# What a script call raises when the store cannot be had (down, failing over, the connection
+# lost or silent, a primary turned replica): the call may or may not have run.
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+
+def _unavailable(exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"the store is unavailable: {type(exc).__name__}: {exc}")
+
+
 def _check(status: int) -> None:
     if status < 0:
         raise refusal(_CONDITIONS[ScriptStatus(status)])
@@ -278,7 +325,8 @@ def _check(status: int) -> None:
 
 class RedisStore:
     def __init__(
-        self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS
+        self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
+        durability: str = "local",
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
@@ -289,10 +337,17 @@ class RedisStore:
         # Names this process in waiter ids (`<process id>:<link id>`) and its wake-up channel.
         self.process_id = uuid.uuid4().hex[:12]
         self.max_calls = max_calls
+        if durability not in DURABILITY:
+            raise ValueError(f"durability is one of {', '.join(DURABILITY)}")
+        if durability != "local" and _cluster_url(url) is not None:
+            raise ValueError("--durability fsync or replicated needs a single server or "
+                             "Sentinel; a Cluster has no one connection to wait on")
+        self.durability = durability
         # Bounds the calls in flight, so that the connection pool (sized above it) is never
         # exhausted: redis-py's asyncio pool fails at its limit instead of waiting.
         self._slots = _Turns(max_calls)
         self._client: redis.Redis | redis.RedisCluster | None = None
+        self._sentinel: Sentinel | None = None  # with a redis+sentinel:// URL
         # One node's plain connection: server checks and wake-up subscriptions (a PUBLISH
         # reaches every node of a cluster). The same object as _client without a cluster.
         self._node: redis.Redis | None = None
@@ -314,7 +369,17 @@ class RedisStore:
             "max_connections": self.max_calls + 8,
         }
         cluster_url = _cluster_url(self.url)
-        if cluster_url is None:
+        sentinel_url = _sentinel_url(self.url)
+        if sentinel_url is not None:
+            # The primary is whichever node the Sentinels name: each new connection asks
+            # them, so after a failover the next connection reaches the promoted replica.
+            sentinels, service, primary = sentinel_url
+            self._sentinel = Sentinel(
+                sentinels, sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S,
+                                            "socket_connect_timeout": SENTINEL_TIMEOUT_S})
+            self._client = self._node = self._sentinel.master_for(
+                service, redis_class=redis.Redis, **primary, **options)
+        elif cluster_url is None:
             self._client = self._node = redis.Redis.from_url(self.url, **options)
         else:
             # Every script's KEYS share one queue's hash tag, so the cluster client routes each
@@ -326,7 +391,7 @@ class RedisStore:
             options.pop("max_connections")
             self._node = redis.Redis(host=node.host, port=int(node.port), **options)
         await self._check_server()
-        self._scripts = Scripts(self._client)  # type: ignore[arg-type]  # same script API
+        self._scripts = Scripts(self._client, durability=self.durability)  # type: ignore[arg-type]
         await self._scripts.preload()
 
     async def _check_server(self) -> None:
@@ -336,6 +401,14 @@ class RedisStore:
         parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
         if parsed < MIN_SERVER_VERSION:
             raise RuntimeError(f"busd needs Redis or Valkey >= 7.0, the server is {version}")
+        if self.durability != "local":
+            if parsed < WAITAOF_SERVER_VERSION:
+                raise RuntimeError(f"--durability {self.durability} needs Redis or Valkey >= "
+                                   f"7.2 (WAITAOF), the server is {version}")
+            persistence = await self._node.info("persistence")
+            if not int(persistence.get("aof_enabled", 0)):
+                raise RuntimeError(f"--durability {self.durability} needs the server's "
+                                   "append-only file: appendonly yes")
         try:
             reply = await self._node.config_get("maxmemory-policy")
             policy = next(iter(reply.values()), b"")
@@ -364,7 +437,9 @@ class RedisStore:
             await self._node.aclose()
         if self._client is not None:
             await self._client.aclose()
-        self._client = self._node = None
+        if self._sentinel is not None:
+            await self._sentinel.aclose()
+        self._client = self._node = self._sentinel = None
 
     async def ping(self) -> bool:
         try:
@@ -435,6 +510,8 @@ class RedisStore:
         await self._acquire()
         try:
             return await self._scripts.run(script, keys, args)
+        except UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
         finally:
             self._slots.release()
 
@@ -480,6 +557,8 @@ class RedisStore:
         await self._acquire()
         try:
             return await self._scripts.run(script, keys, argv)
+        except UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
         finally:
             self._slots.release()
 

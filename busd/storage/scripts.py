@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -30,15 +31,24 @@ from typing import TYPE_CHECKING, Any
 import hiredis
 from redis.asyncio import Redis as PlainRedis
 from redis.exceptions import ConnectionError as StoreConnectionError
-from redis.exceptions import DataError, InvalidResponse, NoScriptError, ResponseError
+from redis.exceptions import (
+    DataError,
+    InvalidResponse,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
+from busd.storage.api import StoreUnavailable
 from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.connection import AbstractConnection
     from redis.commands.core import AsyncScript
+
+log = logging.getLogger("busd.storage")
 
 LUA_DIR = Path(__file__).with_name("lua")
 INCLUDE_DIR = LUA_DIR / "includes"
@@ -59,6 +69,16 @@ PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
+
+# --durability (docs/design.md §3.9): what the server must have done with a batch of calls
+# before any of them is answered, as (fsynced locally, replicas that fsynced it too).
+DURABILITY: dict[str, tuple[int, int] | None] = {
+    "local": None,  # nothing more than running it (the server's own fsync policy)
+    "fsync": (1, 0),  # in the primary's append-only file, on disk
+    "replicated": (1, 1),  # there and in the append-only file of at least one replica
+}
+# How long the server waits for the fsync or the replica before the batch is refused.
+DURABILITY_WAIT_MS = 1000
 
 
 class ScriptError(Exception):
@@ -165,7 +185,8 @@ class Scripts:
     route each call to the node owning the queue's slot. Either way a server that lost the
     scripts (NOSCRIPT: restarted, failed over, flushed) gets them again."""
 
-    def __init__(self, client: Redis, sources: dict[str, ScriptSource] | None = None) -> None:
+    def __init__(self, client: Redis, sources: dict[str, ScriptSource] | None = None,
+                 durability: str = "local") -> None:
         self.sources = sources if sources is not None else load_sources()
         self._client = client
         self._registered: dict[str, AsyncScript] = {
@@ -177,7 +198,7 @@ class Scripts:
         }
         # Only a plain client has one pool for every key; a cluster client routes per slot.
         pool = client.connection_pool if type(client) is PlainRedis else None
-        self._pipe = _Pipe(pool) if pool is not None else None
+        self._pipe = _Pipe(pool, DURABILITY[durability]) if pool is not None else None
         # (script, keys) -> (number of KEYS, encoded 'EVALSHA <sha> <numkeys> <keys...>')
         self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
@@ -229,18 +250,32 @@ class _Pipe:
     in order. A call whose caller stopped waiting (cancelled, timed out) keeps its place: its
     answer is read and dropped, so the calls behind it still get their own. When the
     connection breaks, every call without an answer fails (it may or may not have run, as
-    with any lost connection) and the next call connects again."""
+    with any lost connection) and the next call connects again; so does a READONLY answer
+    (the server was a primary and is now a replica: the next connection finds the new one).
 
-    def __init__(self, pool: Any) -> None:
+    With a `durability` (fsynced locally, replicas), each batch written is followed by one
+    WAITAOF, which covers every call of the batch (it waits for this connection's writes):
+    the answers of the batch are held until the WAITAOF's, then given, or, when the server
+    could not confirm them in time, replaced by StoreUnavailable (com.microsoft:server-busy):
+    never acknowledged as durable what was not."""
+
+    def __init__(self, pool: Any, durability: tuple[int, int] | None = None) -> None:
         self._pool = pool
+        self._durability = durability
+        self._wait = None if durability is None else _command(
+            b"WAITAOF", b"%d" % durability[0], b"%d" % durability[1],
+            b"%d" % DURABILITY_WAIT_MS)
+        self._held: list[tuple[asyncio.Future[Any], Any]] = []  # answers awaiting the WAITAOF
+        self._confirmed = True  # the last WAITAOF's verdict, to log changes only
         # The client's socket time-out (redis-py's default: 5 s) bounds a whole call.
         self._timeout: float | None = pool.make_connection().socket_timeout
         self._conn: AbstractConnection | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._reading: asyncio.Task[None] | None = None
-        # (answer, script, deadline) of the calls sent, in that order
-        self._waiting: deque[tuple[asyncio.Future[Any], str, float]] = deque()
+        # (answer, script, deadline) of the calls sent, in that order; a batch's WAITAOF has
+        # no answer of its own (None)
+        self._waiting: deque[tuple[asyncio.Future[Any] | None, str, float]] = deque()
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._watch_handle: asyncio.TimerHandle | None = None
@@ -269,7 +304,7 @@ class _Pipe:
             if deadline > now:
                 self._watch_handle = loop.call_at(deadline, self._watch)
                 return
-            if not answer.done():
+            if answer is not None and not answer.done():
                 answer.set_exception(
                     StoreTimeoutError(f"{name}: no answer within {self._timeout} s"))
 
@@ -277,6 +312,9 @@ class _Pipe:
         self._flush_handle = None
         out, self._out = self._out, []
         if self._writer is not None and out:
+            if self._wait is not None:  # one wait for the whole batch, never one per call
+                out.append(self._wait)
+                self._waiting.append((None, "WAITAOF", self._waiting[-1][2]))
             self._writer.write(b"".join(out))
 
     async def _connect(self) -> None:
@@ -313,12 +351,19 @@ class _Pipe:
                 reader.feed(data)
                 while (reply := reader.gets()) is not False:
                     answer = waiting.popleft()[0]
-                    if answer.done():  # its caller stopped waiting
+                    if self._wait is not None:
+                        if answer is None:
+                            self._release(reply)
+                        else:
+                            self._held.append((answer, reply))
+                    elif answer is None or answer.done():  # its caller stopped waiting
                         continue
-                    if isinstance(reply, ResponseError):
+                    elif isinstance(reply, ResponseError):
                         answer.set_exception(reply)
                     else:
                         answer.set_result(reply)
+                    if type(reply) is ReadOnlyError:
+                        raise StoreConnectionError("the server is now a replica")
         except asyncio.CancelledError:  # close()
             self._broken(StoreConnectionError("The store client is closed."))
             raise
@@ -328,16 +373,44 @@ class _Pipe:
             if conn is not None:
                 await conn.disconnect()
 
+    def _release(self, reply: Any) -> None:
+        """Give the held answers of a batch now that its WAITAOF answered `reply`."""
+        held = self._held[:]
+        self._held.clear()
+        assert self._durability is not None
+        confirmed = (isinstance(reply, list) and reply[0] >= self._durability[0]
+                     and reply[1] >= self._durability[1])
+        if confirmed != self._confirmed:  # changes only: not once per batch
+            self._confirmed = confirmed
+            if confirmed:
+                log.warning("the store confirms writes as durable again")
+            else:
+                log.warning("the store did not confirm writes as durable (WAITAOF: %s): they "
+                            "are refused until it does", reply)
+        refused = None if confirmed else StoreUnavailable(
+            f"the store did not confirm the writes as durable in {DURABILITY_WAIT_MS} ms")
+        for answer, result in held:
+            if answer.done():
+                continue
+            if refused is not None:
+                answer.set_exception(refused)
+            elif isinstance(result, ResponseError):
+                answer.set_exception(result)
+            else:
+                answer.set_result(result)
+
     def _broken(self, exc: Exception) -> AbstractConnection | None:
         """Forget the connection (returned, to be closed) and fail the calls it owes."""
         conn, self._conn, self._writer, self._reading = self._conn, None, None, None
         waiting, self._waiting = self._waiting, deque()
+        held = [answer for answer, _ in self._held]
+        self._held.clear()
         self._out = []
         if self._watch_handle is not None:
             self._watch_handle.cancel()
             self._watch_handle = None
-        for answer, _, _ in waiting:
-            if not answer.done():
+        for answer in held + [answer for answer, _, _ in waiting]:
+            if answer is not None and not answer.done():
                 answer.set_exception(exc)
         return conn
 
@@ -348,6 +421,11 @@ class _Pipe:
             await asyncio.gather(reading, return_exceptions=True)
         if conn is not None:
             await conn.disconnect()
+
+
+def _command(*parts: bytes) -> bytes:
+    """The RESP encoding of a command."""
+    return b"*%d\r\n" % len(parts) + b"".join(map(_bulk, parts))
 
 
 def _bulk(value: bytes) -> bytes:
