@@ -24,6 +24,7 @@ from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.forwarding import Forwarding
+from busd.broker.lease import SessionLeases
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
 from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
@@ -69,8 +70,9 @@ class Broker:
         # waiter id -> what to call when the store wakes it (receivers of this process)
         self._wakeable: dict[str, Callable[[], None]] = {}
         self._ids = itertools.count(1)
-        # session id -> callback that drops the local receiver holding it (lock expired)
-        self.local_session_holders: dict[tuple[str, str], Callable[[], None]] = {}
+        # the session locks this process's receivers hold: the sweep tells them when the
+        # store expired one
+        self.session_leases = SessionLeases()
         self._tasks: list[asyncio.Task] = []
 
     def queue(self, name: str) -> QueueSpec | None:
@@ -235,10 +237,7 @@ class Broker:
                     continue
                 if self.metrics is not None:
                     self.metrics.on_sweep(spec.name, result, time.monotonic() - started)
-                for session_id in result.expired_session_locks:
-                    drop = self.local_session_holders.get((spec.name, session_id))
-                    if drop is not None:
-                        drop()
+                self.session_leases.expired_in_store(spec.name, result.expired_session_locks)
                 if not transactions:
                     continue
                 try:  # what transactions past their time left staged (docs/design.md §3.15)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from busd.auth.rights import Grant
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
+    from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
     from busd.broker.transactions import TransactionScope
     from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
@@ -107,8 +108,8 @@ class BrokerScope(Protocol):
     sas_keys: dict[str, str]
     open_connections: int
     container_id: str
-    # (queue, session id) -> how to drop that session's local holder
-    local_session_holders: dict[tuple[str, str], Callable[[], None]]
+    # the session locks this process's receivers hold (busd.broker.lease)
+    session_leases: SessionLeases
 
     def queue(self, name: str) -> QueueSpec | None: ...
 
@@ -177,9 +178,9 @@ class Receiver(Protocol):
 @runtime_checkable
 class SessionHolder(Receiver, Protocol):
     """A receiver that may hold a session's lock: `$management` acts on a session only through
-    the link holding it (docs/wire.md §8.4)."""
+    the link holding it (docs/wire.md §8.4), and its lease (None until it holds one)."""
 
-    def lock_renewed(self, locked_until_ms: int) -> None: ...
+    lease: SessionLease | None
 
 
 class LinkEndpoint:

@@ -16,6 +16,7 @@ from typing import Any
 from busd.amqp import codec
 from busd.auth.rights import LISTEN, SEND
 from busd.broker import messages, rule_management, staging
+from busd.broker.lease import SessionLease
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
@@ -121,18 +122,20 @@ class ManagementEndpoint(RequestEndpoint):
         receiver = self.conn.links.named(name) if name else None
         return receiver if isinstance(receiver, Receiver) else None
 
-    def session_holder(self, app: dict, session_id: str) -> SessionHolder:
-        """The receiver of this connection holding `session_id`: only it may act on the
-        session (docs/wire.md §8.4)."""
+    def session_lease(self, app: dict, session_id: str) -> SessionLease:
+        """The lease of the receiver of this connection holding `session_id`: only it may act
+        on the session (docs/wire.md §8.4)."""
         receiver = self.receiver_for(app)
         if not isinstance(receiver, SessionHolder) or receiver.session_id != session_id:
             receiver = self.conn.links.holding(session_id)
-        if receiver is None:
+        if receiver is None or receiver.lease is None:
             raise BusdError(
                 Condition.SESSION_LOCK_LOST,
                 f"The session lock for '{session_id}' is not held by this client.",
             )
-        return receiver
+        if receiver.lease.queue.name != self.queue.name:  # a lock on another entity's session
+            raise refusal(Condition.SESSION_LOCK_LOST)
+        return receiver.lease
 
 
 def _response(message_id, status: int, description: str, body, *, condition: str | None = None):
@@ -170,15 +173,13 @@ async def renew_lock(ep: ManagementEndpoint, body: dict, app: dict):
 
 async def renew_session_lock(ep: ManagementEndpoint, body: dict, app: dict):
     session_id = _session_id(body) or ""
-    receiver = ep.session_holder(app, session_id)
-    locked_until = await ep.broker.store.renew_session_lock(ep.queue, session_id, receiver.holder)
-    receiver.lock_renewed(locked_until)
+    locked_until = await ep.session_lease(app, session_id).renew()
     return 200, {"expiration": codec.Timestamp(locked_until)}
 
 
 async def get_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     session_id = _session_id(body) or ""
-    holder = ep.session_holder(app, session_id).holder
+    holder = ep.session_lease(app, session_id).holder
     state = await ep.broker.store.get_session_state(ep.queue, session_id, holder)
     return 200, {"session-state": state}
 
@@ -194,7 +195,7 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
             f"The session state of {len(state)} bytes exceeds the limit of "
             f"{ep.queue.max_message_size} bytes.",
         )
-    holder = ep.session_holder(app, session_id).holder
+    holder = ep.session_lease(app, session_id).holder
     if await staging.stage_request(
         ep.conn, StagedSessionState(ep.queue, session_id, holder, state)
     ):
@@ -255,7 +256,7 @@ async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: di
     session_id = _session_id(body)
     holder = None
     if session_id is not None:
-        holder = ep.session_holder(app, session_id).holder
+        holder = ep.session_lease(app, session_id).holder
     tokens = new_tokens(len(seqs)) if mode == ReceiveMode.PEEK_LOCK else []
     messages = await ep.broker.store.receive_deferred(
         ep.entity, seqs, mode, tokens, session_id, holder

@@ -4,20 +4,21 @@ It first locks a session - a named one, or the next available one within the cli
 `com.microsoft:timeout`, woken by any broker process's sends - and only then answers the
 attach, echoing the session id in the source filter and the lock expiry in
 `com.microsoft:locked-until-utc`. It then delivers that session's messages in order like any
-queue receiver. The lock lasts LockDuration unless renewed through `$management`; when it
-runs out the link is detached with `com.microsoft:session-lock-lost` and the store's sweep
-returns the unsettled messages with their delivery count raised. A receiver that closes
-releases the session: its unsettled messages are available again, count unchanged.
+queue receiver. The lock is its `SessionLease` (busd.broker.lease): it lasts LockDuration
+unless renewed through `$management`; when it runs out the link is detached with
+`com.microsoft:session-lock-lost` and the store's sweep returns the unsettled messages with
+their delivery count raised. A receiver that closes releases the session: its unsettled
+messages are available again, count unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from proton import Link, symbol
 
+from busd.broker.lease import SessionLease
 from busd.broker.links import ConnectionScope, echo_termini
 from busd.broker.messages import new_tokens
 from busd.broker.receiving import MAX_BATCH, QueueReceiverEndpoint
@@ -31,7 +32,6 @@ TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
 # Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
 DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
-LOCK_LOST_GRACE_S = 2.0  # see SessionReceiverEndpoint._lock_lost_at
 DOTNET_EPOCH_TICKS = 621355968000000000
 
 
@@ -50,13 +50,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         super().__init__(conn, link, queue)
         self.requested_session = session_id
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
-        self.locked_until_ms = 0
+        # the session's lock, once the store granted it to this link
+        self.lease: SessionLease | None = None
         self._accepted = False  # the attach was answered: the link delivers
-        self._locked = False  # the store granted this link the session's lock
         self._accept_task: asyncio.Task | None = None
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
-        self._lock_timer: asyncio.TimerHandle | None = None
-        self._lock_lost = False
         self._credit_seen = False  # first_credit was learnt from this link
         # Taken with the lock before the client granted credit, not sent yet: (messages, how
         # many the accept asked for, woken during it).
@@ -118,13 +116,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                     BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
                 )
             if lock is not None:
-                self._locked = True
                 self.session_id = lock.session_id
-                self.locked_until_ms = lock.locked_until_ms
+                self.lease = SessionLease(store, self.queue, lock.session_id, self.holder,
+                                          lock.locked_until_ms)
                 if not self.detached:
                     # woken during the call: the session may have more than was taken
                     self._first = (lock.messages, count, woken.done())
-                    self._open_locked()
+                    self._open_locked(self.lease)
                 return  # (detached meanwhile: finish() releases the lock and what it took)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -155,17 +153,16 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         if not self.detached:
             self.conn.refuse(self, error)
 
-    def _open_locked(self) -> None:
+    def _open_locked(self, lease: SessionLease) -> None:
         """Answer the attach, then deliver the first messages as the credit allows."""
         link = self.link
         echo_termini(link)
         link.source.filter.clear()
         link.source.filter.put_dict({SESSION_FILTER: self.session_id})
-        link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(self.locked_until_ms)}
+        link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(lease.locked_until_ms)}
         link.open()
         self._accepted = True
-        self.broker.local_session_holders[(self.queue.name, self.locked_session)] = self._check_lock
-        self._arm_lock_timer()
+        lease.start(self.broker.session_leases, self._expired)
         self.kick()
         self.pump()
 
@@ -215,35 +212,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self._fetching = False
         self.look_again()
 
-    def lock_renewed(self, locked_until_ms: int) -> None:
-        self.locked_until_ms = locked_until_ms
-        self._arm_lock_timer()
-
-    def _lock_lost_at(self) -> float:
-        """When the link is told its session lock ran out (docs/wire.md §6.5): the lock's end
-        plus a grace of the lock's own length, at most LOCK_LOST_GRACE_S. The store frees the
-        session at the lock's end all the same, and any store call on the link meets the lost
-        lock from then on; only the unprompted detach waits, so that a receive waiting as long
-        as the lock (the SDK iterating with max_wait_time = LockDuration) ends on its own, as
-        it does against Service Bus."""
-        grace = min(LOCK_LOST_GRACE_S, self.queue.lock_duration_ms / 1000)
-        return self.locked_until_ms / 1000 + grace
-
-    def _arm_lock_timer(self) -> None:
-        if self._lock_timer is not None:
-            self._lock_timer.cancel()
-        delay = max(0.0, self._lock_lost_at() - time.time())
-        self._lock_timer = asyncio.get_running_loop().call_later(delay + 0.05, self._check_lock)
-
-    def _check_lock(self) -> None:
-        """The lock timer, or the sweep that found the lock expired in the store."""
-        if self._lock_lost_at() <= time.time():
-            self._expired()
-
     def _expired(self) -> None:
         """The session lock ran out: the link is detached, and the store's sweep returns the
         in-flight messages with their delivery count raised (not a release)."""
-        self._lock_lost = True
         self.lost(
             BusdError(
                 Condition.SESSION_LOCK_LOST,
@@ -258,20 +229,16 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 self.queue, self.locked_session, self.holder, count, self.mode, tokens
             )
         except BusdError as error:
-            if error.condition == Condition.SESSION_LOCK_LOST:
-                self._lock_lost = True
+            if error.condition == Condition.SESSION_LOCK_LOST and self.lease is not None:
+                self.lease.lost = True
             raise
 
     def on_detach(self) -> None:
         super().on_detach()
-        if self._lock_timer is not None:
-            self._lock_timer.cancel()
+        if self.lease is not None:
+            self.lease.end()
         if self._woken is not None and not self._woken.done():
             self._woken.set_result(None)  # stop waiting for a session now
-        if self._accepted:
-            key = (self.queue.name, self.locked_session)
-            if self.broker.local_session_holders.get(key) == self._check_lock:
-                del self.broker.local_session_holders[key]
 
     async def finish(self) -> None:
         """The acceptance under way, the fetch and the settlements the client sent before it
@@ -283,11 +250,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         await super().finish()
 
     async def _last_call(self) -> None:
-        if not self._locked or self._lock_lost:
+        if self.lease is None or self.lease.lost:
             return  # never held it, or the lock ran out (the sweep counts the attempt)
         try:
             # Closed by the client: unsettled messages are available again, count unchanged.
-            await self.broker.store.release_session(self.queue, self.locked_session, self.holder)
+            await self.lease.release()
         except Exception as exc:  # the lock then runs out by itself
             log.warning("releasing session %r of %s failed: %s", self.session_id,
                         self.queue.name, exc)

@@ -4,6 +4,7 @@ the lock expiry in .NET ticks; refusals carry the session conditions."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -227,3 +228,38 @@ async def test_the_accept_takes_what_the_connection_granted_before_when_credit_c
     # what went back (one store call) was never delivered: no attempt counted
     assert calls.counts["settle"] == 1
     assert [i.message.delivery_count for i in third.received] == [0, 0, 0, 0]
+
+
+async def test_a_renewal_moves_the_expiry_the_link_is_detached_at(client):
+    """renew-session-lock goes through the receiver's lease: the link is kept past the first
+    lock's end, and told the lock is lost only once the renewed one (plus its grace) passed."""
+    await fill(client, "short-sessions")  # 300 ms session locks: 300 ms of grace
+    receiver = await client.attach_receiver("short-sessions", session="a", credit=1)
+    await receiver.wait_for(1)
+    for _ in range(4):  # 800 ms: past the first lock's end and grace
+        await asyncio.sleep(0.2)
+        renewed = await client.request("short-sessions", "renew-session-lock",
+                                       {"session-id": "a"}, **{"associated-link-name":
+                                                               receiver.name})
+        assert renewed.properties["statusCode"] == 200
+    assert not receiver.closed_by_broker
+    expiration = renewed.body["expiration"] / 1000
+    await client.wait(lambda: receiver.closed_by_broker, "the detach of the expired session",
+                      timeout=3)
+    assert time.time() >= expiration + 0.3
+    assert receiver.condition.name == "com.microsoft:session-lock-lost"
+
+
+async def test_a_session_lock_is_used_only_through_its_own_entity(client):
+    """A `$management` node of another entity cannot renew or read the session through the
+    receiver that holds it there: session-lock-lost, and the lock is kept."""
+    await fill(client)
+    receiver = await client.attach_receiver("sessions", session="a", credit=1)
+    await receiver.wait_for(1)
+    link = {"associated-link-name": receiver.name}
+    for operation in ("renew-session-lock", "get-session-state"):
+        refused = await client.request("short-sessions", operation, {"session-id": "a"}, **link)
+        assert refused.properties["statusCode"] == 410
+        assert refused.properties["errorCondition"] == "com.microsoft:session-lock-lost"
+    renewed = await client.request("sessions", "renew-session-lock", {"session-id": "a"}, **link)
+    assert renewed.properties["statusCode"] == 200

@@ -1,0 +1,120 @@
+"""A session lock held by a receiver of this process: its one owner here (docs/design.md §2.6).
+
+The lock itself lives in the store, which alone decides whether it is live: every store call
+made under it (receive, settle, renew, session state) checks it there. `SessionLease` is what
+this process knows of it, kept in one place: the session, its holder id, and its expiry as the
+store last returned it (`locked_until_ms`, in the store's clock: from the accept, then from
+each renewal). The receiver holding the session, `$management` (renew-session-lock,
+get/set-session-state) and the broker's sweep all go through it.
+
+A lease has one timer, re-armed by each renewal, to detach its receiver when the lock ran out
+without being told by a store call; the sweep, which finds expired session locks in the store,
+checks it too. Nothing of it runs per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from busd.storage.api import QueueSpec, Store
+
+# See SessionLease.lost_at.
+LOCK_LOST_GRACE_S = 2.0
+
+
+class SessionLease:
+    """One session lock held by one receiver link of this process."""
+
+    def __init__(self, store: Store, queue: QueueSpec, session_id: str, holder: str,
+                 locked_until_ms: int) -> None:  # fmt: skip
+        self.store = store
+        self.queue = queue
+        self.session_id = session_id
+        self.holder = holder  # the receiver's id in the store
+        self.locked_until_ms = locked_until_ms  # the store's clock
+        # The store said the lock is gone, or it ran out here: its receiver does not release
+        # the session (the sweep returns the messages, counting the attempt).
+        self.lost = False
+        self._on_lost: Callable[[], None] | None = None
+        self._leases: SessionLeases | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, leases: SessionLeases, on_lost: Callable[[], None]) -> None:
+        """The receiver delivers under the lock from now: `on_lost` is called once the lock
+        ran out (its timer, or the sweep), until `end`."""
+        self._on_lost = on_lost
+        self._leases = leases
+        leases.add(self)
+        self._arm()
+
+    async def renew(self) -> int:
+        """Extend the lock by LockDuration from now (raises SESSION_LOCK_LOST when it is no
+        longer live); returns the new locked-until."""
+        locked_until_ms = await self.store.renew_session_lock(self.queue, self.session_id,
+                                                              self.holder)
+        self.locked_until_ms = locked_until_ms
+        if self._on_lost is not None:  # started and not ended: the timer follows the lock
+            self._arm()
+        return locked_until_ms
+
+    async def release(self) -> None:
+        """The receiver closed: unlock the session (its unsettled messages are available
+        again, count unchanged)."""
+        await self.store.release_session(self.queue, self.session_id, self.holder)
+
+    def lost_at(self) -> float:
+        """When the receiver is told its session lock ran out (docs/wire.md §6.5): the lock's
+        end plus a grace of the lock's own length, at most LOCK_LOST_GRACE_S. The store frees
+        the session at the lock's end all the same, and any store call on the link meets the
+        lost lock from then on; only the unprompted detach waits, so that a receive waiting as
+        long as the lock (the SDK iterating with max_wait_time = LockDuration) ends on its own,
+        as it does against Service Bus."""
+        grace = min(LOCK_LOST_GRACE_S, self.queue.lock_duration_ms / 1000)
+        return self.locked_until_ms / 1000 + grace
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, self.lost_at() - time.time())
+        self._timer = asyncio.get_running_loop().call_later(delay + 0.05, self.check)
+
+    def check(self) -> None:
+        """The lease's timer, or the sweep that found the lock expired in the store: past
+        `lost_at`, the lock is lost and its receiver told."""
+        if self._on_lost is not None and self.lost_at() <= time.time():
+            self.lost = True
+            self._on_lost()
+
+    def end(self) -> None:
+        """The receiver is gone: no timer, no sweep for this lease any more."""
+        self._on_lost = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._leases is not None:
+            self._leases.remove(self)
+            self._leases = None
+
+
+class SessionLeases:
+    """The process's session leases by (queue, session id): what the sweep checks."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[tuple[str, str], SessionLease] = {}
+
+    def add(self, lease: SessionLease) -> None:
+        self._by_session[(lease.queue.name, lease.session_id)] = lease
+
+    def remove(self, lease: SessionLease) -> None:
+        key = (lease.queue.name, lease.session_id)
+        if self._by_session.get(key) is lease:
+            del self._by_session[key]
+
+    def expired_in_store(self, queue: str, session_ids: list[str]) -> None:
+        """The sweep expired these session locks of `queue` in the store."""
+        for session_id in session_ids:
+            lease = self._by_session.get((queue, session_id))
+            if lease is not None:
+                lease.check()
