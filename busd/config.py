@@ -5,12 +5,14 @@ its options one to one onto the fields. `load_entities()` reads the emulator's C
 the emulator ships it (JSON with `//` and `/* */` comments) and turns its queues, topics,
 subscriptions and rules into the records of busd.entities, which seed the store's catalog, and
 reads busd's own `SharedAccessKeys` entries of a namespace (keys with their rights).
-Properties busd does not use become warnings, never a refusal to start: users bring the file
-they already have.
+Properties are read as busd.entity_properties declares them: a Service Bus property busd keeps
+but does not act on is a warning; a name Service Bus does not know for that kind of entity (a
+misspelling) refuses the start, naming the entity and the property.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,8 +334,7 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
     for key, value in props.items():
         prop = known.get(key)
         if prop is None:
-            warnings.append(f"{label}: property {key!r} is not used by busd and is ignored")
-            continue
+            raise ConfigError(f"{label}: {_unknown(kind, key)}")
         if value is None or (value == "" and prop.type in (ep.DURATION, ep.ENTITY)):
             continue
         try:
@@ -345,6 +346,18 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
             warnings.append(f"{label}: property {key!r} is kept and answered back by the "
                             "management API, but busd does not act on it")
     return values
+
+
+def _unknown(kind: str, key: str) -> str:
+    """Why a property name is refused: a misspelt one would otherwise leave the entity without
+    what it asks for (a queue without sessions), as an unknown FilterType would."""
+    other = ep.BY_NAME.get(key)
+    if other is not None:
+        kinds = " and ".join(f"{k}s" for k in other.kinds)
+        return f"property {key!r} is not one of a {kind} (only {kinds} have it)"
+    close = difflib.get_close_matches(key, ep.OF_KIND[kind], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown property {key!r}: not a {kind} property of Service Bus{hint}"
 
 
 def _entity(cls: type, kind: str, raw: dict, label: str, warnings: list[str],

@@ -92,3 +92,17 @@ def test_sas_token_command_makes_a_verifiable_token():
     parsed = verify_sas_token(token, {"RootManageSharedAccessKey": "SAS_KEY_VALUE"})
     assert parsed.audience == "sb://localhost:5672/q"
     assert parsed.expiry <= time.time() + 61
+
+
+def test_a_misspelt_entity_property_stops_serve_with_one_line(tmp_path):
+    path = tmp_path / "Config.json"
+    path.write_text('{"UserConfig": {"Namespaces": [{"Name": "ns", "Queues": ['
+                    '{"Name": "orders", "Properties": {"RequiresSesion": true}}]}]}}')
+    # a store nobody listens on: were the file accepted, serve would stop at once, not serve
+    result = run("serve", "--config", str(path), "--redis-url", "redis://127.0.0.1:9",
+                 "--port", "0", "--http-port", "0", "--tls-port", "off", "--ws-port", "off")
+    assert result.exit_code == EXIT_CONFIG
+    assert result.output.strip().splitlines() == [
+        f"busd: error: entities file {path}: queue 'orders': unknown property "
+        "'RequiresSesion': not a queue property of Service Bus (did you mean "
+        "'RequiresSession'?)"]

@@ -249,9 +249,24 @@ def test_a_queue_and_a_topic_cannot_share_a_name(tmp_path):
         load_entities(path)
 
 
-def test_unknown_properties_are_reported(tmp_path):
+def test_properties_busd_only_keeps_are_reported(tmp_path):
     _, warnings = one_queue(tmp_path, EnablePartitioning=True)
     assert any("EnablePartitioning" in w for w in warnings)
+
+
+@pytest.mark.parametrize("queue, topic, message", [
+    ({"RequiresSesion": True}, {},
+     "queue 'Q': unknown property 'RequiresSesion': .*did you mean 'RequiresSession'"),
+    ({"Colour": "red"}, {}, "queue 'Q': unknown property 'Colour': not a queue property"),
+    ({}, {"RequiresSession": True},
+     "topic 'T': property 'RequiresSession' is not one of a topic"),
+])
+def test_a_property_service_bus_does_not_know_refuses_the_file(tmp_path, queue, topic, message):
+    """Warned and ignored, a misspelt RequiresSession left the queue without sessions."""
+    path = write_config(tmp_path, [{"Name": "Q", "Properties": queue}],
+                        [{"Name": "T", "Properties": topic}])
+    with pytest.raises(ConfigError, match=message):
+        load_entities(path)
 
 
 def test_several_namespaces_are_merged_with_a_warning(tmp_path):
