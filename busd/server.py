@@ -58,6 +58,12 @@ def _names(entities, shown: int = 10) -> str:
     return ", ".join(names[:shown]) + more
 
 
+def client_host(settings: Settings) -> str:
+    """The host a client on this machine names: localhost for loopback or every address."""
+    loopback_or_any = settings.host in ("127.0.0.1", "0.0.0.0", "::")
+    return "localhost" if loopback_or_any else settings.host
+
+
 def connection_string(
     settings: Settings, host: str | None = None, port: int | None = None, tls: bool = False
 ) -> str:
@@ -65,8 +71,7 @@ def connection_string(
     for the TLS listener, without the emulator flag (the SDKs then speak TLS; most of them
     connect to port 5671 whatever the string says)."""
     key_name, key = next(iter(settings.sas_keys.items()))
-    loopback_or_any = settings.host in ("127.0.0.1", "0.0.0.0", "::")
-    host = host or ("localhost" if loopback_or_any else settings.host)
+    host = host or client_host(settings)
     emulator = "" if tls else "UseDevelopmentEmulator=true;"
     return (
         f"Endpoint=sb://{host}:{port or settings.port};SharedAccessKeyName={key_name};"
@@ -229,6 +234,8 @@ class Server:
             lines.append(
                 f"  http:     http://{settings.host}:{self.http.port}/health, /metrics, /admin"
             )
+        if self.http is not None:
+            lines.append(f"  dashboard: http://{client_host(settings)}:{self.http.port}/")
         if self.tls is not None:
             made = " (self-signed, made by busd)" if self.tls.generated else ""
             lines.append(f"  certificate: {os.path.abspath(self.tls.cert_path)}{made}")
@@ -237,6 +244,10 @@ class Server:
                 "  TLS connection string: "
                 + connection_string(self.settings, port=self.tls_port, tls=True)
             )
+        if self.http is not None:  # ServiceBusAdministrationClient's: the management API
+            lines.append("  management connection string: "
+                         + connection_string(self.settings, port=self.http.port))
+        # last: a launcher reading the banner knows it has all of it once this line is there
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
 

@@ -1,0 +1,46 @@
+"""The start banner gives what a user pastes: the connection strings (AMQP and management),
+the dashboard's URL and the certificate to trust, each of them working as printed."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.management import ServiceBusAdministrationClient
+
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def banner_value(text: str, label: str) -> str:
+    match = re.search(rf"^\s+{label}: (\S+)", text, re.M)
+    assert match, f"no {label!r} line in the banner:\n{text}"
+    return match.group(1)
+
+
+def test_banner_strings_work_as_printed(busd_factory):
+    busd = busd_factory([queue("orders")])
+    text = busd.log_text()
+    lines = [line for line in text.splitlines() if line.startswith("  ")]
+    assert lines[-1].startswith("  connection string: ")  # last: the banner is complete
+    amqp = banner_value(text, "connection string")
+    management = banner_value(text, "management connection string")
+    dashboard = banner_value(text, "dashboard")
+    cert = banner_value(text, "certificate")
+    assert f":{busd.http_port};" in management and "UseDevelopmentEmulator=true;" in management
+    with ServiceBusAdministrationClient.from_connection_string(
+            management, connection_verify=cert) as admin:
+        assert [q.name for q in admin.list_queues()] == ["orders"]
+    with ServiceBusClient.from_connection_string(amqp) as client:
+        with client.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("pasted"))
+        with client.get_queue_receiver("orders", max_wait_time=5) as receiver:
+            (message,) = receive(receiver, 1)
+            assert str(message) == "pasted"
+            receiver.complete_message(message)
+    assert dashboard == f"http://localhost:{busd.http_port}/"
+    with urllib.request.urlopen(dashboard, timeout=5) as page:
+        assert page.status == 200 and b"<html" in page.read().lower()
