@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import time
 import urllib.error
 import urllib.request
@@ -26,14 +25,16 @@ from busd import entity_properties as ep
 from busd.auth.sas import generate_sas_token
 from busd.tools import (
     DEFAULT_SAS_KEY,
-    DEFAULT_URL,
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
     TIMEOUT_S,
     ToolError,
+    client_options,
     table,
+    tls_context,
+    unreachable,
 )
 
 EXIT_EXISTS = 73  # sysexits EX_CANTCREAT
@@ -53,9 +54,7 @@ class AtomClient:
             name, _, value = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
             key = (name, value)
         self.key_name, self.key = key
-        self.context = None
-        if self.url.startswith("https://"):
-            self.context = ssl.create_default_context(cafile=cafile)
+        self.context = tls_context(self.url, cafile)
 
     def call(self, method: str, path: str, body: bytes | None = None,
              update: bool = False) -> ET.Element | None:  # fmt: skip
@@ -75,13 +74,7 @@ class AtomClient:
         except urllib.error.HTTPError as exc:
             raise _error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise ToolError(f"{self.url} presented a certificate this machine does not trust: "
-                                "give busd's with --cacert (its path is in busd's start banner)",
-                                EXIT_UNAVAILABLE) from None
-            raise ToolError(f"cannot reach busd at {self.url}: {reason}",
-                            EXIT_UNAVAILABLE) from None
+            raise unreachable(self.url, exc) from None
         if not data.strip():
             return None
         root = ET.fromstring(data)
@@ -151,16 +144,6 @@ def entity_path(*names: str) -> str:
     if len(names) > 2:
         parts += ["Rules", quote(names[2], safe="")]
     return "/".join(parts)
-
-
-def _client_options(command: Callable) -> Callable:
-    command = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(command)
-    command = click.option("--cacert", envvar="BUSD_CACERT", default=None,
-                           help="CA certificate to trust for an https:// URL (busd's own "
-                           "certificate: its path is in busd's start banner).")(command)
-    command = click.option("--url", envvar="BUSD_URL", default=DEFAULT_URL, show_default=True,
-                           help="busd's HTTP address (its --http-port).")(command)
-    return command
 
 
 def _show(as_json: bool, what: str, props: dict[str, Any]) -> None:
@@ -235,7 +218,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
 
         run.__doc__ = (f"Change a {kind} (only the options given)." if update
                        else f"Create a {kind}.")
-        group.command(verb)(names_args(_with(options)(_client_options(run))))
+        group.command(verb)(names_args(_with(options)(client_options(run))))
 
     def show(**kwargs: Any) -> None:
         url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
@@ -244,7 +227,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
         _show(as_json, f"{label} {'/'.join(names)}", _properties(root))
 
     show.__doc__ = f"Show a {kind}'s properties and counts."
-    group.command("show")(names_args(_client_options(show)))
+    group.command("show")(names_args(client_options(show)))
 
     def delete(**kwargs: Any) -> None:
         url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
@@ -256,7 +239,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
             click.echo(f"{label} {'/'.join(names)} deleted")
 
     delete.__doc__ = f"Delete a {kind} and everything in it."
-    group.command("delete")(names_args(_client_options(delete)))
+    group.command("delete")(names_args(client_options(delete)))
     return group
 
 
@@ -338,7 +321,7 @@ def _rule_row(entry: ET.Element) -> dict[str, Any]:
               help="A correlation filter field (session-id, label, to, ...) or property "
               "(repeatable).")
 @click.option("--action", default=None, help="A SQL action, e.g. \"SET handled = true\".")
-@_client_options
+@client_options
 def rule_create(topic: str, subscription: str, name: str, sql: str | None,
                 correlation: tuple[str, ...], action: str | None, url: str, cacert: str | None,
                 as_json: bool) -> None:  # fmt: skip
@@ -355,7 +338,7 @@ def rule_create(topic: str, subscription: str, name: str, sql: str | None,
 @rule.command("list")
 @click.argument("topic")
 @click.argument("subscription")
-@_client_options
+@client_options
 def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
               as_json: bool) -> None:  # fmt: skip
     """List a subscription's rules."""
@@ -373,7 +356,7 @@ def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
 @click.argument("topic")
 @click.argument("subscription")
 @click.argument("name")
-@_client_options
+@client_options
 def rule_delete(topic: str, subscription: str, name: str, url: str, cacert: str | None,
                 as_json: bool) -> None:  # fmt: skip
     """Delete a rule."""

@@ -1,4 +1,5 @@
-"""Operator commands: `busd queues`, `peek`, `sessions`, `send`, `purge`, `dlq resubmit`.
+"""Operator commands: `busd queues`, `topics`, `peek`, `sessions`, `send`, `purge`,
+`dlq resubmit`.
 
 They talk to a running busd over its admin HTTP API (`--url`, or BUSD_URL; default
 http://127.0.0.1:5300), so they need nothing but the standard library and work against busd in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -66,13 +68,29 @@ def _admin_key(setting: str) -> tuple[str, str]:
     return next(((n, k) for n, k in keys if MANAGE in k.claims), keys[0])
 
 
+def tls_context(url: str, cafile: str | None) -> ssl.SSLContext | None:
+    """For an https:// URL: the system's trusted roots, or `cafile` (busd's certificate)."""
+    return ssl.create_default_context(cafile=cafile) if url.startswith("https://") else None
+
+
+def unreachable(url: str, exc: BaseException) -> ToolError:
+    """busd could not be reached at `url`: why, and what to do about an untrusted certificate."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return ToolError(f"{url} presented a certificate this machine does not trust: give "
+                         "busd's with --cacert or BUSD_CACERT (its path is in busd's start "
+                         "banner)", EXIT_UNAVAILABLE)
+    return ToolError(f"cannot reach busd at {url}: {reason}", EXIT_UNAVAILABLE)
+
+
 class AdminClient:
     """Calls busd's admin API, signing each request with a SAS token made from the key in
     `BUSD_SAS_KEY` (NAME=KEY[:RIGHTS], as `busd serve --sas-key`; the emulator's key by
     default). The admin API wants the Manage right: of several keys, the first holding it."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, cafile: str | None = None) -> None:
         self.url = url.rstrip("/")
+        self.context = tls_context(self.url, cafile)
         key_name, key = _admin_key(os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY))
         host = urlsplit(self.url).netloc
         self.token = generate_sas_token(f"sb://{host}/", key_name, key, int(time.time()) + 3600)
@@ -86,15 +104,13 @@ class AdminClient:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S,
+                                        context=self.context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raise _http_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ToolError(
-                f"cannot reach busd at {self.url}: {reason}", EXIT_UNAVAILABLE
-            ) from None
+            raise unreachable(self.url, exc) from None
         except json.JSONDecodeError:
             raise ToolError(f"{url} did not answer JSON: is it busd?", EXIT_FAILED) from None
 
@@ -130,11 +146,16 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([line(headers)] + [line(r) for r in cells])
 
 
-def _client_options(command: Callable) -> Callable:
+def client_options(command: Callable) -> Callable:
+    """--url, --cacert and --json: how every tool reaches busd and prints its answer."""
     command = click.option("--json", "as_json", is_flag=True,
                            help="Print JSON for scripts instead of a table.")(command)
+    command = click.option("--cacert", "--ca", "cacert", envvar="BUSD_CACERT", default=None,
+                           metavar="PATH",
+                           help="CA certificate to trust for an https:// URL (busd's own "
+                           "certificate: its path is in busd's start banner).")(command)
     command = click.option("--url", envvar="BUSD_URL", default=DEFAULT_URL, show_default=True,
-                           help="busd's HTTP address (its --http-port).")(command)
+                           help="busd's HTTP address (its --http-port; https:// too).")(command)
     return command
 
 
@@ -175,10 +196,10 @@ def _short_time(iso: str | None) -> str | None:
 
 
 @click.command()
-@_client_options
-def queues(url: str, as_json: bool) -> None:
+@client_options
+def queues(url: str, cacert: str | None, as_json: bool) -> None:
     """List the queues and topic subscriptions with their message and session counts."""
-    found = AdminClient(url).call("GET", "/admin/queues")
+    found = AdminClient(url, cacert).call("GET", "/admin/queues")
 
     def text() -> str:
         rows = []
@@ -195,28 +216,51 @@ def queues(url: str, as_json: bool) -> None:
 
 
 @click.command()
+@client_options
+def topics(url: str, cacert: str | None, as_json: bool) -> None:
+    """List the topics (those without subscriptions too), their subscriptions and rules."""
+    found = AdminClient(url, cacert).call("GET", "/admin/topics")
+
+    def text() -> str:
+        rows: list[list[Any]] = []
+        for t in found:
+            if not t["subscriptions"]:
+                rows.append([t["name"], None, None, None, None, None])
+            for sub in t["subscriptions"]:
+                sessions = "yes" if sub["requires_session"] else "no"
+                if not sub["rules"]:  # takes no message
+                    rows.append([t["name"], sub["name"], sessions, None, None, None])
+                for rule in sub["rules"]:
+                    rows.append([t["name"], sub["name"], sessions, rule["name"],
+                                 rule.get("filter_text", rule.get("error")), rule.get("action")])
+        return table(["TOPIC", "SUBSCRIPTION", "SESSIONS", "RULE", "FILTER", "ACTION"], rows)
+
+    _emit(as_json, found, text)
+
+
+@click.command()
 @click.argument("queue")
 @click.option("--dlq", is_flag=True, help="Peek the dead-letter sub-queue.")
 @click.option("--session", "session_id", default=None, help="Only this session's messages.")
 @click.option("--count", type=click.IntRange(1, 1000), default=20, show_default=True)
 @click.option("--from", "from_seq", type=click.IntRange(0), default=0, show_default=True,
               help="Start at this sequence number.")
-@_client_options
+@client_options
 def peek(queue: str, dlq: bool, session_id: str | None, count: int, from_seq: int, url: str,
-         as_json: bool) -> None:
+         cacert: str | None, as_json: bool) -> None:
     """Show messages of QUEUE without locking them, in sequence order."""
-    client = AdminClient(url)
+    client = AdminClient(url, cacert)
     found = client.call("GET", client.queue_path(queue, "/messages"),
                         {"dlq": 1 if dlq else None, "session": session_id, "count": count,
                          "from": from_seq})
 
     def text() -> str:
-        headers = ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION"]
+        headers = ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "SUBJECT"]
         headers += ["REASON"] if dlq else []
         rows = []
         for m in found:
             row = [m["sequence_number"], m["state"], _short_time(m["enqueued_time"]),
-                   m["delivery_count"], m["session_id"]]
+                   m["delivery_count"], m["session_id"], m.get("subject")]
             row += [m["dead_letter_reason"]] if dlq else []
             rows.append(row + [_preview(m)])
         return table(headers + ["BODY"], rows)
@@ -226,10 +270,10 @@ def peek(queue: str, dlq: bool, session_id: str | None, count: int, from_seq: in
 
 @click.command()
 @click.argument("queue")
-@_client_options
-def sessions(queue: str, url: str, as_json: bool) -> None:
+@client_options
+def sessions(queue: str, url: str, cacert: str | None, as_json: bool) -> None:
     """List the sessions of QUEUE: lock, locked-until, messages, state size."""
-    client = AdminClient(url)
+    client = AdminClient(url, cacert)
     found = client.call("GET", client.queue_path(queue, "/sessions"))
 
     def text() -> str:
@@ -258,16 +302,18 @@ def _properties(values: tuple[str, ...]) -> dict[str, str] | None:
               help="An application property (string value; repeatable).")
 @click.option("--message-id", default=None, help="Default: a new random id.")
 @click.option("--content-type", default=None)
-@_client_options
+@click.option("--subject", default=None, help="The message's subject (label).")
+@client_options
 def send(queue: str, body: str, session_id: str | None, properties: tuple[str, ...],
-         message_id: str | None, content_type: str | None, url: str, as_json: bool) -> None:
+         message_id: str | None, content_type: str | None, subject: str | None, url: str,
+         cacert: str | None, as_json: bool) -> None:
     """Send one message with BODY (text; - reads it from stdin) to QUEUE."""
     if body == "-":
         body = sys.stdin.read()
-    client = AdminClient(url)
+    client = AdminClient(url, cacert)
     sent = client.call("POST", client.queue_path(queue, "/messages"), body={
         "body": body, "session_id": session_id, "application_properties": _properties(properties),
-        "message_id": message_id, "content_type": content_type,
+        "message_id": message_id, "content_type": content_type, "subject": subject,
     })
 
     def text() -> str:
@@ -281,12 +327,12 @@ def send(queue: str, body: str, session_id: str | None, properties: tuple[str, .
 @click.command()
 @click.argument("queue")
 @click.option("--dlq", is_flag=True, help="Purge the dead-letter sub-queue instead.")
-@_client_options
-def purge(queue: str, dlq: bool, url: str, as_json: bool) -> None:
+@client_options
+def purge(queue: str, dlq: bool, url: str, cacert: str | None, as_json: bool) -> None:
     """Delete every message of QUEUE (at once: one atomic step in the store).
 
     Session state stays; messages a receiver holds are gone when it settles them."""
-    client = AdminClient(url)
+    client = AdminClient(url, cacert)
     done = client.call("POST", client.queue_path(queue, "/purge"), {"dlq": 1 if dlq else None})
     entity = f"{queue}/$DeadLetterQueue" if dlq else queue
     _emit(as_json, done, lambda: f"{entity}: purged {done['purged']} message(s)")
@@ -301,14 +347,15 @@ def dlq() -> None:
 @click.argument("queue")
 @click.option("--limit", type=click.IntRange(1), default=None,
               help="At most this many messages (default: all).")
-@_client_options
-def resubmit(queue: str, limit: int | None, url: str, as_json: bool) -> None:
+@client_options
+def resubmit(queue: str, limit: int | None, url: str, cacert: str | None,
+             as_json: bool) -> None:
     """Send QUEUE's dead-lettered messages back to QUEUE as new messages, oldest first.
 
     Each gets a new sequence number, delivery count 0 and the queue's default time to live;
     it keeps its body, properties and session id. Messages a dead-letter receiver holds
     locked stay."""
-    client = AdminClient(url)
+    client = AdminClient(url, cacert)
     total = client.call("GET", client.queue_path(queue))["counts"]["dead_letter"]
     if limit is not None:
         total = min(total, limit)
@@ -328,4 +375,4 @@ def resubmit(queue: str, limit: int | None, url: str, as_json: bool) -> None:
           f"{done['dead_letter']} left in the dead-letter queue")
 
 
-COMMANDS = (queues, peek, sessions, send, purge, dlq)
+COMMANDS = (queues, topics, peek, sessions, send, purge, dlq)

@@ -17,6 +17,7 @@ from typing import Any
 from busd.amqp import codec
 from busd.broker import messages
 from busd.errors import BusdError, Condition
+from busd.rules import RuleError, rule_from_record, rule_to_dict
 from busd.storage.api import MessageState, QueueSpec, StoredMessage, TopicSpec
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
@@ -96,10 +97,33 @@ def message_view(m: StoredMessage) -> dict[str, Any]:
         return view
     props = decoded.properties
     view["message_id"] = _json_value(props.get("message_id"))
+    view["subject"] = _json_value(props.get("subject"))
     view["content_type"] = _json_value(props.get("content_type"))
     view["application_properties"] = _json_value(decoded.application_properties)
     view.update(_body(decoded))
     return view
+
+
+def filter_text(rule_filter: dict[str, Any]) -> str:
+    """A rule's filter in one line: its SQL, or a correlation filter's field=value pairs."""
+    kind = rule_filter.get("type")
+    if kind in ("true", "false"):
+        return "1=1" if kind == "true" else "1=0"
+    if kind == "sql":
+        return str(rule_filter.get("expression"))
+    pairs = [(k, v) for k, v in rule_filter.items() if k not in ("type", "properties")]
+    pairs += list((rule_filter.get("properties") or {}).items())
+    return ", ".join(f"{k}={v}" for k, v in pairs)
+
+
+def _rule_view(name: str, record: Any) -> dict[str, Any]:
+    try:
+        rule = rule_to_dict(rule_from_record(name, record))
+    except RuleError as exc:  # stored by an older version: show the name and why
+        return {"name": name, "error": str(exc)}
+    action = rule.get("action")
+    return {"name": name, "filter": rule["filter"], "filter_text": filter_text(rule["filter"]),
+            "action": action["expression"] if action else None}
 
 
 class Admin:
@@ -120,6 +144,22 @@ class Admin:
         out = []
         for name in sorted(self.broker.entities):
             out.append(await self.queue_info(name))
+        return out
+
+    async def topics(self) -> list[dict[str, Any]]:
+        """Every topic, those without subscriptions too, with its subscriptions and their
+        rules (a topic holds no messages itself: its subscriptions' counts are in queues())."""
+        catalog = self.broker.catalog
+        out = []
+        for topic in sorted(catalog.topics(), key=lambda t: t.name):
+            subscriptions = [
+                {"name": sub.name, "path": f"{topic.name}/subscriptions/{sub.name}",
+                 "requires_session": sub.requires_session,
+                 "rules": [_rule_view(r.name, r.rule)
+                           for r in catalog.rules(topic.name, sub.name)]}
+                for sub in sorted(catalog.subscriptions(topic.name), key=lambda s: s.name)
+            ]
+            out.append({"name": topic.name, "subscriptions": subscriptions})
         return out
 
     async def queue_info(self, name: str) -> dict[str, Any]:
@@ -172,7 +212,7 @@ class Admin:
     async def send(
         self, name: str, body: bytes, *, session_id: str | None = None,
         application_properties: dict[str, Any] | None = None, message_id: str | None = None,
-        content_type: str | None = None,
+        content_type: str | None = None, subject: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         spec: QueueSpec | TopicSpec
         topic = self.broker.topic(name)
@@ -191,6 +231,7 @@ class Admin:
             "message_id": message_id or uuid.uuid4().hex,
             "group_id": session_id,
             "content_type": content_type,
+            "subject": subject,
         }
         try:
             payload = codec.encode_message(

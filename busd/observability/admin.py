@@ -2,9 +2,11 @@
 
     GET  /admin/queues                          every queue: properties and counts
     GET  /admin/queues/{q}                      one queue
+    GET  /admin/topics                          every topic: its subscriptions and their rules
     GET  /admin/queues/{q}/messages             peek: ?dlq=1&session=S&from=N&count=N
     POST /admin/queues/{q}/messages             send: JSON {body | body_base64, session_id,
-                                                application_properties, message_id, content_type}
+                                                application_properties, message_id, content_type,
+                                                subject}
     GET  /admin/queues/{q}/sessions             sessions: id, lock, message count, state size
     POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
     POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
@@ -102,6 +104,10 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
         if method != "GET":
             raise AdminError(405, "use GET")
         return 200, await admin.queues()
+    if path in ("/admin/topics", "/admin/topics/"):
+        if method != "GET":
+            raise AdminError(405, "use GET")
+        return 200, await admin.topics()
     if not path.startswith(_PREFIX):
         raise AdminError(404, f"no route {path}")
     name, action = _split(path)
@@ -136,6 +142,7 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
         application_properties=properties,
         message_id=_optional_text(document, "message_id"),
         content_type=_optional_text(document, "content_type"),
+        subject=_optional_text(document, "subject"),
     )
 
 

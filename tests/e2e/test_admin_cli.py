@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from azure.servicebus import ServiceBusClient
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from click.testing import CliRunner
 
 from busd.amqp import codec
@@ -26,7 +26,14 @@ from busd.storage.api import (
 from busd.storage.redis_store import RedisStore
 from busd.tools import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 from tests.conftest import start_valkey
-from tests.e2e.conftest import launch_busd, queue, subscription, topic, write_config
+from tests.e2e.conftest import (
+    launch_busd,
+    queue,
+    receive,
+    subscription,
+    topic,
+    write_config,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,6 +48,7 @@ def busd(busd_factory):
             queue("dead"),
             queue("many"),
             queue("scrap"),
+            queue("subjects"),
         ],
         topics=[topic("events", [subscription("s1"),
                                  subscription("s2", RequiresSession=True)])],
@@ -104,7 +112,8 @@ def test_send_then_peek_shows_the_message_and_the_sdk_receives_it(busd):
     ]
     assert peeked[0]["application_properties"] == {"kind": "test"}
     table = tool(busd, "peek", "plain").output.splitlines()
-    assert table[0].split() == ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "BODY"]
+    assert table[0].split() == ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "SUBJECT",
+                                "BODY"]
     assert table[1].split()[0:2] == ["1", "active"] and table[1].endswith("hello admin")
 
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
@@ -121,7 +130,7 @@ def test_queues_lists_every_queue_with_its_counts(busd):
     tool(busd, "send", "orders/eu", "one")
     tool(busd, "send", "orders/eu", "two")
     found = {q["name"]: q for q in tool_json(busd, "queues")}
-    assert set(found) == {"plain", "sessions", "orders/eu", "dead", "many", "scrap",
+    assert set(found) == {"plain", "sessions", "orders/eu", "dead", "many", "scrap", "subjects",
                           "events/subscriptions/s1", "events/subscriptions/s2"}
     assert found["orders/eu"]["counts"]["active"] == 2
     assert found["sessions"]["properties"]["requires_session"] is True
@@ -332,3 +341,68 @@ def test_the_tools_work_on_a_topics_subscriptions(busd):
     assert tool(busd, "peek", "events/Subscriptions/nope").exit_code == EXIT_NOT_FOUND
     refused = tool(busd, "send", "events/Subscriptions/s1", "x")
     assert refused.exit_code == EXIT_INVALID
+
+
+def test_peek_shows_the_subject(busd):
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_queue_sender("subjects") as sender:
+            sender.send_messages(ServiceBusMessage("from the sdk", subject="invoice"))
+    assert tool(busd, "send", "subjects", "from the tool", "--subject", "refund").exit_code == 0
+    assert [(m["subject"], m["body"]) for m in tool_json(busd, "peek", "subjects")] == [
+        ("invoice", "from the sdk"), ("refund", "from the tool")]
+    table = tool(busd, "peek", "subjects").output.splitlines()
+    column = table[0].split().index("SUBJECT") + 1  # ENQUEUED is a date and a time
+    assert [row.split()[column] for row in table[1:]] == ["invoice", "refund"]
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_queue_receiver("subjects", max_wait_time=5) as receiver:
+            assert [m.subject for m in receive(receiver, 2)] == ["invoice", "refund"]
+
+
+def test_topics_lists_topics_without_subscriptions_and_the_rules(busd):
+    assert tool(busd, "topic", "create", "lonely").exit_code == 0
+    assert tool(busd, "topic", "create", "routed").exit_code == 0
+    assert tool(busd, "subscription", "create", "routed", "red").exit_code == 0
+    made = tool(busd, "rule", "create", "routed", "red", "reds", "--sql", "color = 'red'",
+                "--action", "SET seen = 1")
+    assert made.exit_code == 0, made.output
+    assert tool(busd, "rule", "delete", "routed", "red", "$Default").exit_code == 0
+    found = {t["name"]: t for t in tool_json(busd, "topics")}
+    assert found["lonely"]["subscriptions"] == []
+    (red,) = found["routed"]["subscriptions"]
+    assert [(r["name"], r["filter_text"], r["action"]) for r in red["rules"]] == [
+        ("reds", "color = 'red'", "SET seen = 1")]
+    assert [r["name"] for r in found["events"]["subscriptions"][0]["rules"]] == ["$Default"]
+    rows = table_rows(tool(busd, "topics").output)
+    assert rows[0] == {"TOPIC": "events", "SUBSCRIPTION": "s1", "SESSIONS": "no",
+                       "RULE": "$Default", "FILTER": "1=1", "ACTION": "-"}
+    assert {"TOPIC": "lonely", "SUBSCRIPTION": "-", "SESSIONS": "-", "RULE": "-", "FILTER": "-",
+            "ACTION": "-"} in rows
+    assert {"TOPIC": "routed", "SUBSCRIPTION": "red", "SESSIONS": "no", "RULE": "reds",
+            "FILTER": "color = 'red'", "ACTION": "SET seen = 1"} in rows
+
+
+def table_rows(output: str) -> list[dict[str, str]]:
+    """A tool's table as {header: cell} per row (cells are cut at the headers' columns)."""
+    header, *lines = output.splitlines()
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = list(zip(starts, starts[1:] + [None]))
+    names = [header[a:b].strip() for a, b in bounds]
+    return [{n: line[a:b].strip() for n, (a, b) in zip(names, bounds)} for line in lines]
+
+
+def test_tools_reach_busd_over_https_with_its_certificate(busd, monkeypatch):
+    url = busd.http_url.replace("http://", "https://")
+
+    def run(*args: str):
+        return CliRunner().invoke(cli, [*args, "--url", url], prog_name="busd")
+
+    untrusted = run("queues")
+    assert untrusted.exit_code == EXIT_UNAVAILABLE
+    assert "does not trust" in untrusted.output and "--cacert" in untrusted.output
+    assert run("queues", "--ca", busd.cert_path).exit_code == 0
+    assert run("topic", "show", "events", "--ca", busd.cert_path).exit_code == 0
+    monkeypatch.setenv("BUSD_CACERT", busd.cert_path)
+    listed = run("queues", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert "plain" in {q["name"] for q in json.loads(listed.stdout)}
+    assert run("peek", "plain").exit_code == 0

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.management import ServiceBusAdministrationClient
+from azure.servicebus.management import (
+    ServiceBusAdministrationClient,
+    SqlRuleAction,
+    SqlRuleFilter,
+)
 
 from tests.e2e.conftest import queue, receive
 
@@ -36,7 +40,8 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([queue("dash-plain"), queue("dash-sessions", RequiresSession=True)])
+    return busd_factory([queue("dash-plain"), queue("dash-sessions", RequiresSession=True),
+                         queue("dash-subject")])
 
 
 @pytest.fixture
@@ -162,3 +167,42 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     assert browser.save_screenshot(str(shot))
     print(f"dashboard screenshot: {shot}")
     assert os.path.getsize(shot) > 10_000
+
+
+def _sign_in(browser, busd) -> None:
+    browser.get(busd.http_url + "/")
+    WebDriverWait(browser, 15).until(ec.visibility_of_element_located((By.ID, "login-form")))
+    browser.find_element(By.ID, "key").send_keys("SAS_KEY_VALUE")
+    browser.find_element(By.ID, "login-button").click()
+    WebDriverWait(browser, 15).until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, 'tr[data-queue="dash-plain"]')))
+    browser.find_element(By.ID, "auto").click()  # no refresh under the test's feet
+
+
+def test_dashboard_shows_topics_their_rules_and_subjects(busd, browser):
+    with ServiceBusAdministrationClient.from_connection_string(
+            busd.admin_connection_string, connection_verify=busd.cert_path) as admin:
+        admin.create_topic("dash-empty")
+        admin.create_topic("dash-routed")
+        admin.create_subscription("dash-routed", "reds")
+        admin.create_rule("dash-routed", "reds", "red", filter=SqlRuleFilter("color = 'red'"),
+                          action=SqlRuleAction("SET seen = 1"))
+        admin.delete_rule("dash-routed", "reds", "$Default")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-subject") as sender:
+            sender.send_messages(ServiceBusMessage("paid", subject="invoice"))
+
+    _sign_in(browser, busd)
+    empty = 'tr[data-topic="dash-empty"]'
+    WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, empty)))
+    assert [_cell(browser, empty, c) for c in ("subscription", "rule", "filter")] == ["-"] * 3
+    red = 'tr[data-topic="dash-routed"][data-subscription="reds"][data-rule="red"]'
+    assert [_cell(browser, red, c) for c in ("sessions", "filter", "action")] == [
+        "no", "color = 'red'", "SET seen = 1"]
+    assert not browser.find_elements(By.CSS_SELECTOR, 'tr[data-rule="$Default"]'
+                                     '[data-topic="dash-routed"]')
+
+    _click(browser, 'tr[data-queue="dash-subject"]')
+    browser.find_element(By.ID, "peek-queue").click()
+    _wait_text(browser, "#page-info", "page 1, 1 message(s)")
+    assert _cell(browser, "#messages tbody tr", "subject") == "invoice"
