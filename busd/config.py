@@ -437,21 +437,16 @@ def _parse_rule(sub: SubscriptionEntity, raw: Any, sub_label: str) -> RuleEntity
 
 
 def _check_forwarding(found: EntitiesFile) -> None:
-    """A forwarding destination is a queue or topic of the same file other than the source
-    (Service Bus refuses a source whose destination does not exist), and a session-enabled
-    source cannot forward (docs/design.md §2.15)."""
+    """A forwarding destination is a queue or topic of the same file (Service Bus refuses a
+    source whose destination does not exist); a source naming itself, or requiring sessions,
+    is accepted as by Service Bus (docs/design.md §2.15)."""
     names = {q.name for q in found.queues} | {t.name for t in found.topics}
     sources: list[tuple[str, QueueEntity | SubscriptionEntity]] = [
         (f"queue {q.name!r}", q) for q in found.queues
     ] + [(f"subscription {s.path!r}", s) for s in found.subscriptions]
     for label, source in sources:
-        if source.forward_to is not None and source.requires_session:
-            raise ConfigError(f"{label}: ForwardTo is not supported on an entity that "
-                              "requires sessions")
         for key, target in (("ForwardTo", source.forward_to),
                             ("ForwardDeadLetteredMessagesTo", source.forward_dead_lettered_to)):
             if target is not None and target not in names:
                 raise ConfigError(f"{label}: {key} {target!r} names no queue or topic of "
                                   "this file")
-            if target is not None and target == source.path:
-                raise ConfigError(f"{label}: {key} cannot name the entity itself")

@@ -179,15 +179,21 @@ def test_topics_subscriptions_and_forwarding_are_read(tmp_path):
     assert [r.name for r in found.rules_of(s2)] == ["r"]
 
 
-@pytest.mark.parametrize("props, message", [
-    ({"RequiresSession": True, "ForwardTo": "other"}, "requires sessions"),
-    ({"ForwardTo": "missing"}, "names no queue or topic"),
-    ({"ForwardDeadLetteredMessagesTo": "q"}, "cannot name the entity itself"),
-])
-def test_forwarding_that_service_bus_refuses_stops_start_up(tmp_path, props, message):
+def test_forwarding_that_service_bus_refuses_stops_start_up(tmp_path):
+    props = {"ForwardTo": "missing"}
     path = write_config(tmp_path, queues=[{"Name": "q", "Properties": props}, {"Name": "other"}])
-    with pytest.raises(ConfigError, match=f"queue 'q': .*{message}"):
+    with pytest.raises(ConfigError, match="queue 'q': .*names no queue or topic"):
         load_entities(path)
+
+
+def test_a_session_source_and_one_naming_itself_may_forward(tmp_path):
+    """As in Service Bus (docs/design.md §2.15)."""
+    path = write_config(tmp_path, queues=[
+        {"Name": "q", "Properties": {"RequiresSession": True, "ForwardTo": "other",
+                                     "ForwardDeadLetteredMessagesTo": "q"}},
+        {"Name": "other"}])
+    (q, _) = load_entities(path).queues
+    assert (q.forward_to, q.forward_dead_lettered_to) == ("other", "q")
 
 
 def test_the_sample_topic_loads_as_the_emulator_ships_it():

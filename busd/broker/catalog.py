@@ -260,23 +260,16 @@ class Catalog:
             self._apply(kind, path, None)
 
     def check_forwarding(self, entity: Entity) -> None:
-        """Service Bus forwards from a queue or subscription to a queue or topic that exists,
-        other than the source itself, and not from a session-enabled source (docs/design.md
+        """Service Bus forwards from a queue or subscription to a queue or topic that exists
+        (the source itself, or from a session-enabled source, included: docs/design.md
         §2.15): anything else is refused with ARGUMENT_ERROR."""
         if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
             return
-        if entity.forward_to is not None and entity.requires_session:
-            raise BusdError(Condition.ARGUMENT_ERROR,
-                            f"'{entity.path}' requires sessions: auto-forwarding (ForwardTo) is "
-                            "not supported for session-enabled queues or subscriptions.")
         for element, target in (("ForwardTo", entity.forward_to),
                                 ("ForwardDeadLetteredMessagesTo",
                                  entity.forward_dead_lettered_to)):
-            if target is None:
+            if target is None or target.lower() == entity.path:  # itself: it exists
                 continue
-            if target.lower() == entity.path:
-                raise BusdError(Condition.ARGUMENT_ERROR,
-                                f"'{entity.path}' cannot forward to itself ({element}).")
             if self.queue(target) is None and self.topic(target) is None:
                 raise BusdError(Condition.ARGUMENT_ERROR,
                                 f"{element} of '{entity.path}': the destination '{target}' "

@@ -49,7 +49,8 @@ RETRY_S = 1.0
 
 def forward_target(catalog: Catalog, entity: QueueSpec) -> str | None:
     """Where the messages of `entity` (a queue or subscription, or its dead-letter
-    sub-queue) are forwarded to; None when they are not."""
+    sub-queue) are forwarded to; None when they are not. A queue that names itself keeps
+    its messages (docs/design.md §2.15): forwarding them there would only loop."""
     found: QueueEntity | SubscriptionEntity | None
     if entity.topic is None:
         found = catalog.queue(entity.name)
@@ -57,7 +58,10 @@ def forward_target(catalog: Catalog, entity: QueueSpec) -> str | None:
         found = catalog.subscription(entity.topic, entity.subscription or "")
     if found is None:
         return None
-    return found.forward_dead_lettered_to if entity.dlq else found.forward_to
+    target = found.forward_dead_lettered_to if entity.dlq else found.forward_to
+    if target is not None and target.lower() == found.path:
+        return None
+    return target
 
 
 class Forwarding:
@@ -157,9 +161,12 @@ class Forwarder:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        try:  # (a dropped registration is cleaned up by the sweep anyway)
-            await self.owner.store.stop_waiting(self.entity, "d" if self.entity.dlq else "q",
-                                                self.id)
+        # (a dropped registration is cleaned up by the sweep anyway); the forwarder of a
+        # queue or subscription also waits for its sessions (lua/forwardTake.lua)
+        kinds = ["d"] if self.entity.dlq else ["q", "s"]
+        try:
+            for kind in kinds:
+                await self.owner.store.stop_waiting(self.entity, kind, self.id)
         except Exception as exc:
             log.debug("forwarder of %s: leaving the waiters failed: %s", self.entity.path, exc)
 

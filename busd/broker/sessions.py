@@ -83,6 +83,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self._woken.set_result(None)
 
     async def _accept(self) -> None:
+        if self._forwarded:  # its forwarder takes every message (docs/design.md §2.15)
+            return self._refuse(BusdError(
+                Condition.TIMEOUT,
+                "No session can be locked: the entity's messages are auto-forwarded.",
+            ))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_ms / 1000
         store = self.broker.store

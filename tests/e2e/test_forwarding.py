@@ -11,7 +11,13 @@ import uuid
 
 import pytest
 from azure.core.exceptions import HttpResponseError
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusSubQueue,
+)
+from azure.servicebus.exceptions import OperationTimeoutError
 from azure.servicebus.management import (
     CorrelationRuleFilter,
     FalseRuleFilter,
@@ -216,7 +222,7 @@ def test_a_deleted_destination_sends_messages_to_the_sources_dead_letters(busd, 
     assert str(dead) == "orphan" and dead.dead_letter_reason == "MessagingEntityNotFound"
 
 
-def test_forwarding_to_what_does_not_exist_or_from_a_session_queue_is_refused(busd, admin):
+def test_forwarding_to_what_does_not_exist_is_refused(busd, admin):
     missing = _url(busd, _name("missing"))
     with pytest.raises(HttpResponseError) as refused:
         admin.create_queue(_name("bad"), forward_to=missing)
@@ -228,14 +234,61 @@ def test_forwarding_to_what_does_not_exist_or_from_a_session_queue_is_refused(bu
     with pytest.raises(HttpResponseError) as refused:
         admin.update_queue(found)
     assert refused.value.status_code == 400
-    with pytest.raises(HttpResponseError) as refused:
-        admin.create_queue(_name("sq"), requires_session=True, forward_to=_url(busd, ok))
-    assert refused.value.status_code == 400 and "session" in str(refused.value)
-    admin.create_topic(topic := _name("st"))
-    with pytest.raises(HttpResponseError) as refused:
-        admin.create_subscription(topic, "s", requires_session=True, forward_to=_url(busd, ok))
-    assert refused.value.status_code == 400
     assert admin.get_queue(ok).forward_dead_lettered_messages_to is None
+
+
+def test_a_session_queue_forwards_and_its_messages_keep_their_session_ids(busd, admin, client):
+    """Service Bus takes ForwardTo on a session-enabled queue or subscription: each message
+    moves with its session id, in its session's order."""
+    src, dst, plain = _name("ssrc"), _name("sdst"), _name("splain")
+    admin.create_queue(dst, requires_session=True)
+    admin.create_queue(plain)
+    admin.create_queue(src, requires_session=True, forward_to=_url(busd, dst))
+    with client.get_queue_sender(src) as sender:
+        sender.send_messages([ServiceBusMessage("a1", session_id="a"),
+                              ServiceBusMessage("b1", session_id="b"),
+                              ServiceBusMessage("a2", session_id="a")])
+    # its sessions cannot be locked: the forwarder takes every message
+    with pytest.raises(OperationTimeoutError):
+        with client.get_queue_receiver(src, session_id=NEXT_AVAILABLE_SESSION,
+                                       max_wait_time=1) as rx:
+            rx.receive_messages(max_wait_time=1)
+    for session, bodies in (("a", ["a1", "a2"]), ("b", ["b1"])):
+        got = drain_queue(client, dst, len(bodies), session_id=session)
+        assert [str(m) for m in got] == bodies
+        assert {m.session_id for m in got} == {session}
+    assert admin.get_queue_runtime_properties(src).total_message_count == 0
+
+    # to a plain queue, and from a session subscription, the session id goes along
+    admin.create_topic(topic := _name("stopic"))
+    admin.create_subscription(topic, "s", requires_session=True, forward_to=_url(busd, plain))
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages(ServiceBusMessage("t1", session_id="c"))
+    (got,) = drain_queue(client, plain, 1)
+    assert (str(got), got.session_id) == ("t1", "c")
+    assert admin.get_subscription(topic, "s").forward_to.endswith(f"/{plain}")
+
+
+def test_a_queue_naming_itself_keeps_its_messages(busd, admin, client):
+    """Service Bus takes a queue that names itself as ForwardTo (and as
+    ForwardDeadLetteredMessagesTo); busd keeps such messages where they are rather than loop
+    them (docs/design.md §2.15)."""
+    name = _name("self")
+    admin.create_queue(name, forward_to=_url(busd, name),
+                       forward_dead_lettered_messages_to=_url(busd, name))
+    found = admin.get_queue(name)
+    answered = f"sb://localhost:{busd.http_port}/{name}"  # the URL on the host addressed
+    assert found.forward_to == found.forward_dead_lettered_messages_to == answered
+    admin.update_queue(found)  # as the SDK's tests do: the definition is taken again
+    with client.get_queue_sender(name) as sender:
+        sender.send_messages([ServiceBusMessage("kept"), ServiceBusMessage("dead")])
+    with client.get_queue_receiver(name) as rx:
+        got = {str(m): m for m in receive(rx, 2)}
+        rx.complete_message(got["kept"])
+        rx.dead_letter_message(got["dead"], reason="test")
+    (dead,) = drain_queue(client, name, 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert (str(dead), dead.dead_letter_reason) == ("dead", "test")
+    assert admin.get_queue_runtime_properties(name).total_message_count == 0
 
 
 def test_two_processes_forward_one_queue_in_order_exactly_once(busd_factory):

@@ -171,3 +171,30 @@ async def test_a_session_message_keeps_its_session_at_a_session_destination(
     assert [m.blob for m in lock.messages] == [b"with"]
     (dead,) = await store.peek(dst.dead_letter_queue, 0, 10)
     assert dead.blob == b"without" and dead.dead_letter_reason == "Session ID is null."
+
+
+async def test_a_session_sources_messages_are_taken_in_session_order_and_come_back(
+        store, make_queue, tokens):
+    """A session-enabled source forwards: its sessions' messages are taken under the
+    forwarder's own lock, which expires and puts each back in its session; a waiting
+    forwarder is woken by a session message."""
+    src = make_queue(requires_session=True, lock_duration_ms=300)
+    woken: list[str] = []
+    await store.subscribe(woken.append)
+    me = f"{store.process_id}:9"
+    assert await store.take_forwarding(src, me, 10, tokens(10)) == []
+    await store.send(src, [NewMessage(b"b1", session_id="b"), NewMessage(b"a1", session_id="a"),
+                           NewMessage(b"a2", session_id="a")])
+    for _ in range(100):
+        if woken:
+            break
+        await asyncio.sleep(0.01)
+    assert woken == [me]
+    taken = await store.take_forwarding(src, me, 10, tokens(10))
+    assert [(m.blob, m.session_id) for m in taken] == [(b"a1", "a"), (b"a2", "a"), (b"b1", "b")]
+    assert await store.accept_session(src, None, "rx:1") is None  # none left to lock
+    await asyncio.sleep(0.4)  # the forwarder died: its locks end, the messages come back
+    await store.sweep(src)
+    lock = await store.accept_session(src, "a", "rx:1", count=10, tokens=tokens(10))
+    assert lock is not None and [m.blob for m in lock.messages] == [b"a1", b"a2"]
+    assert [m.delivery_count for m in lock.messages] == [1, 1]

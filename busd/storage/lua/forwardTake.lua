@@ -15,6 +15,13 @@
   next message that becomes available wakes it (includes/fileMessage.lua), and the sweep
   wakes it while messages wait and nobody takes them.
 
+  A session-enabled queue or subscription forwards too (docs/design.md §2.15): its available
+  messages are taken from its sessions' index as well, each session's in sequence order, and
+  held by the forwarder's own lock (marked `fl`: no session lock covers them), which expires
+  like any message lock and puts the message back in its session (includes/unindexMessage.lua).
+  The caller then also waits among the receivers waiting for a free session, which is how a
+  session message that becomes available wakes someone.
+
   Invariant: the lease is held by at most one forwarder; a taken message is locked under the
   caller's token until the lease's end.
 
@@ -40,6 +47,10 @@
 --- @include "readMeta"
 --- @include "expireIfDue"
 --- @include "takeMessage"
+--- @include "unindexMessage"
+--- @include "lockMessage"
+--- @include "deliveryRow"
+--- @include "memberSeq"
 --- @include "tokenAt"
 
 local Q = queueContext(0, 0)
@@ -61,6 +72,25 @@ end
 local lockedUntil = Q.now + Q.lockMs
 local out = { 0 }
 local taken = 0
+
+local function take(seq, m)
+  taken = taken + 1
+  local token = tokenAt(ARGV[10], taken)
+  local row
+  if m.ss then
+    unindexMessage(Q, E, seq, m)
+    m.ss, m.fl = nil, 1
+    lockMessage(Q, E, seq, m, token, lockedUntil)
+    row = deliveryRow(seq, redis.call('HGET', E.body, seq), m, token, lockedUntil)
+  else
+    row = takeMessage(Q, E, seq, m, token, lockedUntil)
+  end
+  row[13] = row[13] or false
+  row[14] = row[14] or false
+  row[15] = m.hop or 0
+  out[#out + 1] = row
+end
+
 while taken < count do
   local wanted = count - taken
   local seqs = redis.call('ZRANGE', E.ready, 0, wanted - 1)
@@ -70,21 +100,30 @@ while taken < count do
     if not m or m.st ~= 'a' then
       redis.call('ZREM', E.ready, s)
     elseif E.dlq or not expireIfDue(Q, seq, m) then
-      taken = taken + 1
-      local row = takeMessage(Q, E, seq, m, tokenAt(ARGV[10], taken), lockedUntil)
-      row[13] = row[13] or false
-      row[14] = row[14] or false
-      row[15] = m.hop or 0
-      out[#out + 1] = row
+      take(seq, m)
     end
   end
   if #seqs < wanted then break end
 end
+if not E.dlq and taken < count then
+  -- sessions' messages: one pass (a session that expires takes its other messages along)
+  for _, member in ipairs(redis.call('ZRANGE', E.sready, 0, count - taken - 1)) do
+    local seq = memberSeq(member)
+    local m = readMeta(E, seq)
+    if not m or m.st ~= 'a' then
+      redis.call('ZREM', E.sready, member)
+    elseif not expireIfDue(Q, seq, m) then
+      take(seq, m)
+    end
+  end
+end
 if taken == 0 then
   redis.call('HDEL', Q.fwd, e, e .. '.u')
   redis.call('ZADD', E.waiters, Q.now, me)
+  if not E.dlq then redis.call('ZADD', Q.swaiters, Q.now, me) end
 else
   redis.call('HSET', Q.fwd, e, me, e .. '.u', lockedUntil)
   redis.call('ZREM', E.waiters, me)
+  if not E.dlq then redis.call('ZREM', Q.swaiters, me) end
 end
 return out

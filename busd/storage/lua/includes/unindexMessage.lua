@@ -1,7 +1,8 @@
 --- @include "seqMember"
 --- @include "refreshFreeSession"
 -- Take a message out of the index of its current state (the message itself stays) and mark
--- it detached ('x'); the caller files it elsewhere or deletes it.
+-- it detached ('x'); the caller files it elsewhere or deletes it. A session message its
+-- forwarder held under a plain lock (fl, lua/forwardTake.lua) is a session message again.
 local function unindexMessage(Q, E, seq, m)
   local st = m.st
   if st == 'a' then
@@ -27,4 +28,5 @@ local function unindexMessage(Q, E, seq, m)
     redis.call('ZREM', E.sched, seq)
   end
   m.st = 'x'
+  if m.fl then m.ss, m.fl = 1, nil end
 end
