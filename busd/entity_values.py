@@ -16,7 +16,12 @@ from busd.errors import ConfigError
 _TIMESPAN_MAX_DAYS = 10_675_199
 
 ENTITY_NAME_MAX_LENGTH = 260
-_ENTITY_NAME_RE = re.compile(r"[A-Za-z0-9._/-]{1,260}", re.ASCII)
+# A queue's or topic's name: segments of letters, digits, '.', '-', '_' and '~', joined by '/'.
+# Service Bus takes '~' in queue and topic names over its own API (MassTransit names topics
+# `Namespace~Message`); Azure Resource Manager reads it as an escaped '/' (docs/design.md §2.1).
+ENTITY_NAME_SEGMENT_RE = re.compile(r"[A-Za-z0-9._~-]+", re.ASCII)
+ENTITY_NAME_CHARACTERS = "letters, digits, '-', '.', '_', '~' and '/'"
+_ENTITY_NAME_RE = re.compile(r"[A-Za-z0-9._~/-]{1,260}", re.ASCII)
 SUBSCRIPTION_NAME_MAX_LENGTH = 50  # Service Bus's limit, for rule names too
 _SUBSCRIPTION_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,50}", re.ASCII)
 
@@ -36,8 +41,8 @@ def normalize_entity_name(name: object, what: str = "queue") -> str:
     if not _ENTITY_NAME_RE.fullmatch(name):
         bad = sorted({c for c in name if not _ENTITY_NAME_RE.fullmatch(c)})
         raise ConfigError(
-            f"{what} name {name!r} contains {''.join(bad)!r}: only letters, digits, "
-            f"'-', '.', '_' and '/' are allowed"
+            f"{what} name {name!r} contains {''.join(bad)!r}: only {ENTITY_NAME_CHARACTERS} "
+            "are allowed"
         )
     segments = name.split("/")
     if any(not s for s in segments):

@@ -352,8 +352,13 @@ def test_invalid_entity_names_are_config_errors(tmp_path, name):
         load_entities(write_config(tmp_path, [{"Name": name}]))
 
 
-def test_entity_name_rules():
+def test_entity_name_rules(tmp_path):
     assert normalize_entity_name("A-b.c_d/E") == "a-b.c_d/e"
+    # '~' as MassTransit names topics: Service Bus takes it in queue and topic names
+    assert normalize_entity_name("Contracts~OrderSubmitted") == "contracts~ordersubmitted"
+    found = load_entities(write_config(tmp_path, [{"Name": "a~b"}], [{"Name": "Ns~Msg"}]))
+    assert ([q.name for q in found.queues], [t.name for t in found.topics]) == (
+        ["a~b"], ["ns~msg"])
     assert normalize_entity_name("x" * 260) == "x" * 260
 
 

@@ -17,17 +17,20 @@ and the `$DeadLetterQueue` / `$management` suffixes are case-insensitive, as in 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from busd.entity_values import (
+    ENTITY_NAME_CHARACTERS,
+    ENTITY_NAME_MAX_LENGTH,
+    ENTITY_NAME_SEGMENT_RE,
+)
 from busd.errors import BusdError, Condition
 
 SUB_DEADLETTER = "deadletter"
 SUB_MANAGEMENT = "management"
 SUB_CBS = "cbs"
 
-_NAME_SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)
-_MAX_ENTITY_PATH = 260
+_MAX_ENTITY_PATH = ENTITY_NAME_MAX_LENGTH
 
 
 class AddressError(BusdError):
@@ -104,12 +107,10 @@ def parse_address(address: str | None) -> Address:
         lowered = lowered[:-2]
 
     for segment in lowered + ([subscription] if subscription else []):
-        if not _NAME_SEGMENT_RE.fullmatch(segment):
+        if not ENTITY_NAME_SEGMENT_RE.fullmatch(segment):
             if segment.startswith("$"):
                 raise AddressError(address, f"unknown node {segment!r}")
-            raise AddressError(
-                address, "names may hold only letters, digits, '-', '.', '_' and '/'"
-            )
+            raise AddressError(address, f"names may hold only {ENTITY_NAME_CHARACTERS}")
     entity = "/".join(lowered)
     if len(entity) > _MAX_ENTITY_PATH:
         raise AddressError(address, f"entity names are at most {_MAX_ENTITY_PATH} characters")

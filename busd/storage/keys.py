@@ -18,7 +18,7 @@ The entity catalog (busd.storage.api.Store.catalog_*) is one hash outside every 
 with a pub/sub channel beside it.
 
 Assumptions: the prefix and entity names contain no `{` or `}` (names are letters, digits,
-`-._/`; subscription names contain no `/` or `:`), and session ids contain no NUL byte
+`-._~/`; subscription names contain no `/` or `:`), and session ids contain no NUL byte
 (session members of the lexicographic indexes are `<session id>\\0<16-digit sequence number>`).
 """
 

@@ -18,6 +18,8 @@ from busd.errors import BusdError, Condition
         ("myqueue", Address("myqueue")),
         ("/myqueue", Address("myqueue")),
         ("orders.eu/incoming_1", Address("orders.eu/incoming_1")),
+        # '~', as MassTransit names topics
+        ("amqps://h:1/Contracts~OrderSubmitted", Address("contracts~ordersubmitted")),
         # dead-letter sub-queue, any case
         ("amqps://localhost:5672/q/$DeadLetterQueue", Address("q", sub="deadletter", dlq=True)),
         ("q/$deadletterqueue", Address("q", sub="deadletter", dlq=True)),

@@ -94,6 +94,13 @@ def test_topic_subscription_and_rules(busd):
     assert tool(busd, "topic", "delete", "cli-t").exit_code == 0
 
 
+def test_a_name_with_a_tilde(busd):
+    result = tool(busd, "queue", "create", "Cli~Q", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "cli~q"
+    assert tool(busd, "queue", "show", "cli~q").exit_code == 0
+
+
 def test_errors_are_one_line_with_exit_codes(busd, monkeypatch):
     bad = tool(busd, "queue", "create", "cli-bad", "--lock-duration", "P10D")
     assert bad.exit_code == EXIT_INVALID

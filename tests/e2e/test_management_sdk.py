@@ -118,6 +118,29 @@ def test_runtime_counts_after_a_known_workload(busd, admin):
         assert (rt.active_message_count, rt.total_message_count) == (3, 3)
 
 
+def test_names_with_a_tilde_serve_as_masstransit_makes_them(busd, admin):
+    """Service Bus takes '~' in queue and topic names (MassTransit: `Namespace~Message`)."""
+    admin.create_queue("kq~tilde")
+    assert admin.get_queue("kq~tilde").name == "kq~tilde"
+    admin.create_topic("contracts~ordersubmitted")
+    admin.create_subscription("contracts~ordersubmitted", "billing")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("kq~tilde") as sender:
+            sender.send_messages(ServiceBusMessage("to the queue"))
+        with client.get_topic_sender("contracts~ordersubmitted") as sender:
+            sender.send_messages(ServiceBusMessage("to the topic"))
+        with client.get_queue_receiver("kq~tilde", max_wait_time=5) as receiver:
+            (got,) = receive(receiver, 1)
+            assert str(got) == "to the queue"
+            receiver.complete_message(got)
+        with client.get_subscription_receiver("contracts~ordersubmitted", "billing",
+                                              max_wait_time=5) as receiver:
+            (got,) = receive(receiver, 1)
+            assert str(got) == "to the topic"
+            receiver.complete_message(got)
+    assert "kq~tilde" in {q.name for q in admin.list_queues()}
+
+
 def test_missing_entities_raise_resource_not_found(admin):
     with pytest.raises(ResourceNotFoundError):
         admin.get_queue("kq-nosuch")
