@@ -30,8 +30,8 @@ WORKDIR /home/busd
 ENV BUSD_DATA_DIR=/data
 VOLUME ["/data"]
 
-# AMQP (HTTP and HTTPS answered on it too), then the emulator's HTTP port: /health, metrics,
-# admin, the management API
-EXPOSE 5672 5300
+# AMQP (HTTP and HTTPS answered on it too), AMQP over TLS, AMQP over WebSockets (ws and wss),
+# then the emulator's HTTP port: /health, metrics, admin, the management API
+EXPOSE 5672 5671 5443 5300
 # One worker process per core the container may use, all on the same ports.
 CMD ["busd", "serve", "--host", "0.0.0.0", "--workers", "auto"]

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ import yaml
 from busd.auth.sas import generate_sas_token
 from busd.config import Settings, load_entities
 from busd.server import EMULATOR_CONFIG, connection_string, entities_file
+from busd.tls import KEY_FILE
+from busd.tls import load as load_tls
 from tests.e2e.conftest import BANNER, HTTP_BANNER
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,11 +45,21 @@ def dockerfile_env() -> dict[str, str]:
     return dict(re.findall(r"^ENV\s+(BUSD_\w+)=(\S+)\s*$", (ROOT / "Dockerfile").read_text(), re.M))
 
 
+def compose_default(text: str) -> str:
+    """compose.yaml's text with each ${VAR:-default} as its default (the variable unset)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+
+
+def compose_value(text: str, shell: dict[str, str]) -> str:
+    """An ${VAR:-} value of compose.yaml as compose makes it from the shell's variables."""
+    return re.sub(r"\$\{(\w+):-\}", lambda m: shell.get(m.group(1), ""), text)
+
+
 def volume_mounts() -> dict[str, Path]:
     """Container path -> host path of the busd service's file mounts."""
     mounts = {}
     for volume in BUSD.get("volumes", []):
-        source, target = volume.split(":")[:2]
+        source, target = compose_default(volume).split(":")[:2]
         mounts[target] = (ROOT / source).resolve()
     return mounts
 
@@ -128,7 +141,7 @@ def test_image_runs_busd_serve_on_every_interface_as_a_user():
     assert re.search(r"^FROM python:3\.\d+-slim\s*$", text, re.M)
     assert re.search(r"^USER busd\s*$", text, re.M)
     assert dockerfile_cmd() == ["busd", "serve", "--host", "0.0.0.0", "--workers", "auto"]
-    assert re.search(r"^EXPOSE 5672 5300\s*$", text, re.M)
+    assert re.search(r"^EXPOSE 5672 5671 5443 5300\s*$", text, re.M)
 
 
 def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_path):
@@ -196,7 +209,37 @@ def test_compose_runs_busd_next_to_valkey_with_an_append_only_file():
     assert option(BUSD["command"], "--redis-url") == "redis://valkey:6379"
     assert option(BUSD["command"], "--host") == "0.0.0.0"
     assert option(BUSD["command"], "--workers") == "auto"
-    assert BUSD["ports"] == ["5672:5672", "5300:5300"]
+    # every listener reachable: AMQP, AMQP over TLS, WebSockets, HTTP(S)
+    assert BUSD["ports"] == ["5672:5672", "5671:5671", "5443:5443", "5300:5300"]
+
+
+def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_url):
+    """Without BUSD_TLS_CERT/KEY the container makes its certificate in the /data volume; with
+    them it serves the files mounted at /certs, here a host directory in its place."""
+    mounts = volume_mounts()
+    assert "/data" in mounts and "/certs" in mounts
+    assert BUSD["environment"] == {"BUSD_TLS_CERT": "${BUSD_TLS_CERT:-}",
+                                   "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}"}
+    certs = tmp_path / "certs"  # the container's /certs
+    made = load_tls(None, None, certs)  # a certificate pair, as a user brings one
+    given = {"BUSD_TLS_CERT": str(made.cert_path), "BUSD_TLS_KEY": str(certs / KEY_FILE)}
+    argv = replace_option(BUSD["command"], "--redis-url", redis_url)
+    argv = replace_option(argv, "--config", str(mounts[EMULATOR_CONFIG]))
+    for env, expected in (({}, "(self-signed, made by busd)"), (given, str(made.cert_path))):
+        environment = {name: compose_value(v, env) for name, v in BUSD["environment"].items()}
+        proc, http_url, log_path = start(
+            runnable(argv), tmp_path,
+            {**environment, "BUSD_KEY_PREFIX": f"certs-{uuid.uuid4().hex[:8]}"})
+        try:
+            banner = log_path.read_text()
+            line = next(x for x in banner.splitlines() if "certificate:" in x)
+            assert expected in line, banner
+            served = ssl.create_default_context(cafile=line.split()[1])
+            https = http_url.replace("http://", "https://")
+            with urllib.request.urlopen(https + "/health", timeout=5, context=served) as answer:
+                assert answer.status == 200
+        finally:
+            stop(proc)
 
 
 def test_compose_file_passes_docker_compose_config():
