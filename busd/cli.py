@@ -184,7 +184,7 @@ def cli() -> None:
               show_default=True, type=click.Choice(DURABILITIES, case_sensitive=False),
               help="When a send, settlement, session-state write or commit is acknowledged: "
                    "once the store ran it (local), once the primary fsynced it (fsync), or "
-                   "once a replica has fsynced it too (replicated); both need appendonly yes.")
+                   "once a replica has it too (replicated); both need appendonly yes.")
 @_limit_options
 @click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
               default=_DEFAULTS.transaction_timeout_s, show_default=True,

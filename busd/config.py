@@ -89,7 +89,7 @@ class Settings:
     # busd processes serving the same ports of this host (busd/workers.py)
     workers: int = 1
     # what the store must have done with a write before busd acknowledges it: local (ran),
-    # fsync (in the primary's append-only file), replicated (and a replica's); §3.9
+    # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
     durability: str = "local"
 
     def validate(self) -> None:

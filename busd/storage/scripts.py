@@ -70,15 +70,19 @@ _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
 
-# --durability (docs/design.md §3.9): what the server must have done with a batch of calls
-# before any of them is answered, as (fsynced locally, replicas that fsynced it too).
-DURABILITY: dict[str, tuple[int, int] | None] = {
-    "local": None,  # nothing more than running it (the server's own fsync policy)
-    "fsync": (1, 0),  # in the primary's append-only file, on disk
-    "replicated": (1, 1),  # there and in the append-only file of at least one replica
-}
 # How long the server waits for the fsync or the replica before the batch is refused.
 DURABILITY_WAIT_MS = 1000
+# --durability (docs/design.md §3.9): the commands that must confirm a batch of calls before
+# any of them is answered. WAITAOF 1 0: in the primary's append-only file, on disk. WAIT 1:
+# and received by a replica (WAITAOF 1 1, a replica's disk too, took 0.3 to 1 s a batch,
+# since replicas report their fsyncs lazily: in memory on a replica is what a failover needs).
+_WAITAOF = (b"WAITAOF", b"1", b"0", b"%d" % DURABILITY_WAIT_MS)
+_WAIT = (b"WAIT", b"1", b"%d" % DURABILITY_WAIT_MS)
+DURABILITY: dict[str, tuple[tuple[bytes, ...], ...]] = {
+    "local": (),  # nothing more than running it (the server's own fsync policy)
+    "fsync": (_WAITAOF,),
+    "replicated": (_WAITAOF, _WAIT),
+}
 
 
 class ScriptError(Exception):
@@ -253,20 +257,20 @@ class _Pipe:
     with any lost connection) and the next call connects again; so does a READONLY answer
     (the server was a primary and is now a replica: the next connection finds the new one).
 
-    With a `durability` (fsynced locally, replicas), each batch written is followed by one
-    WAITAOF, which covers every call of the batch (it waits for this connection's writes):
-    the answers of the batch are held until the WAITAOF's, then given, or, when the server
-    could not confirm them in time, replaced by StoreUnavailable (com.microsoft:server-busy):
-    never acknowledged as durable what was not."""
+    With a `durability` (DURABILITY's commands), each batch written is followed by those
+    waits, which cover every call of the batch (they wait for this connection's writes):
+    the answers of the batch are held until the waits answered, then given, or, when the
+    server could not confirm them in time, replaced by StoreUnavailable
+    (com.microsoft:server-busy): never acknowledged as durable what was not."""
 
-    def __init__(self, pool: Any, durability: tuple[int, int] | None = None) -> None:
+    def __init__(self, pool: Any, durability: tuple[tuple[bytes, ...], ...] = ()) -> None:
         self._pool = pool
-        self._durability = durability
-        self._wait = None if durability is None else _command(
-            b"WAITAOF", b"%d" % durability[0], b"%d" % durability[1],
-            b"%d" % DURABILITY_WAIT_MS)
-        self._held: list[tuple[asyncio.Future[Any], Any]] = []  # answers awaiting the WAITAOF
-        self._confirmed = True  # the last WAITAOF's verdict, to log changes only
+        self._wait = b"".join(_command(*c) for c in durability) or None
+        self._waits = len(durability)  # answers of waits a batch has
+        self._waited = 0  # of which this many came for the batch being read
+        self._batch_confirmed = True
+        self._held: list[tuple[asyncio.Future[Any], Any]] = []  # answers awaiting the waits
+        self._confirmed = True  # the last batch's verdict, to log changes only
         # The client's socket time-out (redis-py's default: 5 s) bounds a whole call.
         self._timeout: float | None = pool.make_connection().socket_timeout
         self._conn: AbstractConnection | None = None
@@ -312,9 +316,10 @@ class _Pipe:
         self._flush_handle = None
         out, self._out = self._out, []
         if self._writer is not None and out:
-            if self._wait is not None:  # one wait for the whole batch, never one per call
+            if self._wait is not None:  # waits for the whole batch, never per call
                 out.append(self._wait)
-                self._waiting.append((None, "WAITAOF", self._waiting[-1][2]))
+                deadline = self._waiting[-1][2]
+                self._waiting.extend([(None, "WAIT", deadline)] * self._waits)
             self._writer.write(b"".join(out))
 
     async def _connect(self) -> None:
@@ -353,7 +358,7 @@ class _Pipe:
                     answer = waiting.popleft()[0]
                     if self._wait is not None:
                         if answer is None:
-                            self._release(reply)
+                            self._waited_for(reply)
                         else:
                             self._held.append((answer, reply))
                     elif answer is None or answer.done():  # its caller stopped waiting
@@ -373,20 +378,25 @@ class _Pipe:
             if conn is not None:
                 await conn.disconnect()
 
-    def _release(self, reply: Any) -> None:
-        """Give the held answers of a batch now that its WAITAOF answered `reply`."""
+    def _waited_for(self, reply: Any) -> None:
+        """A wait of the batch answered `reply` (WAITAOF: [fsynced locally, replicas]; WAIT:
+        replicas): once all have, give the batch's held answers."""
+        confirmed = reply[0] >= 1 if isinstance(reply, list) else (
+            isinstance(reply, int) and reply >= 1)
+        self._batch_confirmed = self._batch_confirmed and confirmed
+        self._waited += 1
+        if self._waited < self._waits:
+            return
+        confirmed, self._batch_confirmed, self._waited = self._batch_confirmed, True, 0
         held = self._held[:]
         self._held.clear()
-        assert self._durability is not None
-        confirmed = (isinstance(reply, list) and reply[0] >= self._durability[0]
-                     and reply[1] >= self._durability[1])
         if confirmed != self._confirmed:  # changes only: not once per batch
             self._confirmed = confirmed
             if confirmed:
                 log.warning("the store confirms writes as durable again")
             else:
-                log.warning("the store did not confirm writes as durable (WAITAOF: %s): they "
-                            "are refused until it does", reply)
+                log.warning("the store did not confirm writes as durable (%s): they are "
+                            "refused until it does", reply)
         refused = None if confirmed else StoreUnavailable(
             f"the store did not confirm the writes as durable in {DURABILITY_WAIT_MS} ms")
         for answer, result in held:
@@ -405,6 +415,7 @@ class _Pipe:
         waiting, self._waiting = self._waiting, deque()
         held = [answer for answer, _ in self._held]
         self._held.clear()
+        self._waited, self._batch_confirmed = 0, True
         self._out = []
         if self._watch_handle is not None:
             self._watch_handle.cancel()

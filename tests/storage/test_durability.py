@@ -1,6 +1,6 @@
 """--durability fsync and replicated (docs/design.md §3.9): a call is answered only after the
-server confirmed the write (WAITAOF), with one WAITAOF per pipelined batch, never one per
-call; replicated writes with no replica to confirm them are refused."""
+server confirmed the write (WAITAOF; and WAIT for a replica), with one wait per pipelined
+batch, never one per call; replicated writes with no replica to confirm them are refused."""
 
 from __future__ import annotations
 
