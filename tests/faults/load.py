@@ -69,6 +69,7 @@ class Record:
     """What every client saw; times are time.monotonic()."""
 
     sent: set[tuple[str, int]] = field(default_factory=set)  # acknowledged sends
+    acked_at: dict[tuple[str, int], float] = field(default_factory=dict)  # sends, when
     send_failures: int = 0
     deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
     completed: dict[tuple[str, int], float] = field(default_factory=dict)  # first confirm
@@ -106,6 +107,7 @@ async def produce(port: int, plan: dict[str, int], record: Record, stop: asyncio
         heard = await until(client, lambda d=delivery: d.settled, 10)
         if heard and delivery.remote_state == Delivery.ACCEPTED:
             record.sent.add((sid, index))
+            record.acked_at[(sid, index)] = time.monotonic()
         else:  # (never sent again: it may be stored all the same)
             record.send_failures += 1
             if not heard:
@@ -303,14 +305,15 @@ def plan(sessions: int, per_session: int) -> dict[str, int]:
 
 
 async def run(plan_: dict[str, int], producer_port: int, consumer_ports: list[int], *,
-              consumers: int, deadline_s: float, chaos=None) -> tuple[Record, float]:
+              consumers: int, deadline_s: float, chaos=None,
+              rate_per_s: float = 400) -> tuple[Record, float]:
     """Send `plan_` and consume it while `chaos()` (a coroutine, cancelled at the end) does
     its worst; stop once every acknowledged send is completed and the producer is done, or
     at the deadline. Returns what was seen and how long it took."""
     record = Record()
     stop = asyncio.Event()
     started = time.monotonic()
-    producer = asyncio.ensure_future(produce(producer_port, plan_, record, stop))
+    producer = asyncio.ensure_future(produce(producer_port, plan_, record, stop, rate_per_s))
     workers = [asyncio.ensure_future(consume(consumer_ports, record, stop))
                for _ in range(consumers)]
     chaos_task = asyncio.ensure_future(chaos()) if chaos is not None else None

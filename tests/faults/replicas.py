@@ -69,6 +69,19 @@ class ReplicaSet:
         self.replica_ports.append(port)
         return port
 
+    def pause(self, port: int) -> None:
+        """Stop a node in its tracks (SIGSTOP): a replica so paused lags its primary."""
+        self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self.processes[port].send_signal(signal.SIGCONT)
+
+    def cut_replication(self, port: int) -> None:
+        """The primary on `port` drops its replicas' links (they connect again unless
+        paused): what it writes from now on reaches no replica."""
+        with self.client(port) as primary:
+            primary.client_kill_filter(_type="replica")
+
     def kill(self, port: int) -> None:
         proc = self.processes.pop(port)
         proc.send_signal(signal.SIGKILL)
