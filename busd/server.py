@@ -18,6 +18,7 @@ from busd import __version__, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
+from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
 from busd.ports import ServicePort, Services
 from busd.tls import Tls
@@ -91,7 +92,8 @@ class Server:
         self.peers: Peers | None = None
         self.entities = entities or EntitiesFile()
         self.embedded: EmbeddedValkey | None = None
-        self.broker: Broker | None = None
+        self.broker: Broker | None = None  # the default namespace's
+        self.namespaces: Namespaces | None = None
         self.listener: ServicePort | None = None  # --port
         self.http: ServicePort | None = None  # --http-port
         self.http_service: HttpService | None = None
@@ -142,6 +144,24 @@ class Server:
             transaction_timeout_s=settings.transaction_timeout_s,
         )
         await self.broker.start()
+
+        async def namespace(name: str) -> Broker:
+            """A namespace other than the default: a broker of its own over its own key
+            prefix, with the default namespace's keys (docs/design.md §3.17)."""
+            assert self.namespaces is not None
+            broker = Broker(
+                RedisStore(url, prefix=f"{settings.key_prefix}:ns:{name}",
+                           max_calls=settings.store_connections,
+                           durability=settings.durability),
+                sas_keys=dict(self.namespaces.keys(name)),
+                sweep_interval_s=settings.sweep_interval_s,
+                limits=settings.limits,
+                transaction_timeout_s=settings.transaction_timeout_s,
+            )
+            await broker.start()
+            return broker
+
+        self.namespaces = Namespaces(self.broker, namespace)
         # The certificate of every TLS listener; made (RSA key generation) off the event loop.
         self.tls = await asyncio.to_thread(
             load_tls, settings.tls_cert, settings.tls_key, settings.data_dir
@@ -160,12 +180,9 @@ class Server:
         # AMQP and HTTP on every port (busd/ports.py): the AMQP port, the TLS port (TLS only)
         # and the HTTP port; port 0: any free port (the banner tells which).
         from busd.http import front
-        from busd.http.atom import AtomApi
-        from busd.http.entities import CatalogEntities
         from busd.http.server import HttpService
 
-        atom = AtomApi(CatalogEntities(self.broker), settings.sas_keys)
-        self.http_service = HttpService(front.handler(self, atom))
+        self.http_service = HttpService(front.handler(self))
         services = Services(self._new_protocol, self.http_service.protocol, self.tls_context)
         self.listener = listen("amqp", settings.port)
         if settings.tls_port is not None:
@@ -199,9 +216,9 @@ class Server:
             metrics.host_figures = host_figures
 
     def _new_protocol(self) -> AmqpProtocol:
-        broker = self.broker
+        broker, namespaces = self.broker, self.namespaces
         assert broker is not None, "not started"
-        return AmqpProtocol(lambda p: ConnectionHandler(p, broker),
+        return AmqpProtocol(lambda p: ConnectionHandler(p, broker, namespaces),
                             on_closed=self.protocols.discard, on_opened=self.protocols.add)
 
     def banner(self) -> str:
@@ -271,6 +288,8 @@ class Server:
             await asyncio.wait(pending, timeout=GRACE_S)
         if self.peers is not None:
             await self.peers.close()
+        if self.namespaces is not None:
+            await self.namespaces.stop()
         if self.broker is not None:
             await self.broker.stop()
         if self.embedded is not None:

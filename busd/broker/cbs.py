@@ -11,11 +11,15 @@ the connection detaches the links it covered unless a new token was put in time
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from busd.amqp import codec
 from busd.amqp.addresses import AddressError, parse_address
 from busd.auth import rights, sas
 from busd.broker.nodes import RequestEndpoint
+
+if TYPE_CHECKING:
+    from busd.broker.links import BrokerScope
 
 log = logging.getLogger("busd.auth")
 
@@ -38,8 +42,14 @@ class CbsEndpoint(RequestEndpoint):
         token = request.body if isinstance(request.body, str) else None
         if token is None and isinstance(request.body, bytes):
             token = request.body.decode("utf-8", "replace")
+        namespaces = self.conn.namespaces
         try:
-            grant = rights.grant_of(token or "", self.broker.sas_keys)
+            if namespaces is None:
+                broker: BrokerScope = self.broker
+                grant = rights.grant_of(token or "", broker.sas_keys)
+            else:  # the namespace the host or the key name chose (docs/design.md §3.17)
+                broker, grant = await namespaces.authenticate(token or "",
+                                                              self.conn.host_namespace)
         except sas.SasError as exc:
             log.warning(
                 "authentication refused: peer=%s container=%s audience=%s: %s",
@@ -51,6 +61,9 @@ class CbsEndpoint(RequestEndpoint):
             if self.broker.metrics is not None:
                 self.broker.metrics.auth_refused()
             return _response(message_id, 401, str(exc)), None
+        if not self.conn.bind(broker):
+            return _response(message_id, 401, "A connection serves one namespace: this token "
+                             "is for another one than the connection's earlier tokens."), None
         # The grant is for the audience the token was signed for, whatever `name` says.
         if not self._exists(grant):
             return _response(

@@ -33,6 +33,7 @@ from busd.broker.links import (
     end_session,
     refuse_link,
 )
+from busd.broker.namespaces import namespace_of_host
 from busd.broker.routing import Attach, make_endpoint
 from busd.broker.transactions import TransactionScope
 from busd.errors import BusdError
@@ -41,6 +42,8 @@ from busd.errors import Condition as Cond
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol
     from busd.broker.broker import Broker
+    from busd.broker.links import BrokerScope
+    from busd.broker.namespaces import Namespaces
 
 log = logging.getLogger("busd.broker")
 
@@ -71,9 +74,17 @@ def kept_endpoints() -> tuple[int, int]:
 class ConnectionHandler:
     """Connection scope: the proton connection, its CBS grants and its links."""
 
-    def __init__(self, proto: AmqpProtocol, broker: Broker) -> None:
+    def __init__(self, proto: AmqpProtocol, broker: Broker,
+                 namespaces: Namespaces | None = None) -> None:  # fmt: skip
         self.proto = proto
-        self.broker = broker
+        # the namespace's broker, whose entities the links reach: the default namespace's
+        # until a put-token binds the connection to its own (docs/design.md §3.17)
+        self.broker: BrokerScope = broker
+        # the process's own figures (connections, links, limits): the default namespace's
+        self.home = broker
+        self.namespaces = namespaces
+        self.host_namespace: str | None = None  # chosen by the open frame's hostname
+        self._bound = False
         self.remote_container = "?"
         # audience (lower-cased) -> what its latest verified token grants
         self.grants: dict[str, Grant] = {}
@@ -158,7 +169,7 @@ class ConnectionHandler:
         if conn.state & Endpoint.LOCAL_CLOSED:
             return
         if not conn.state & Endpoint.LOCAL_ACTIVE:
-            conn.container = self.broker.container_id
+            conn.container = self.home.container_id
             conn.open()
         conn.condition = amqp_condition(error)
         conn.close()  # proton writes the close, then ends the output and we the socket
@@ -172,14 +183,15 @@ class ConnectionHandler:
             log.info("connection %s refused: %s", self.proto.peer, error.description)
             self.close_connection(error)
             return
-        cap = self.broker.limits.connections
-        if cap and self.broker.open_connections > cap:
+        cap = self.home.limits.connections
+        if cap and self.home.open_connections > cap:
             log.warning("connection %s refused: %d connections open, the limit",
                         self.proto.peer, cap)
             self.close_connection(BusdError(
                 Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."))
             return
-        conn.container = self.broker.container_id
+        conn.container = self.home.container_id
+        self.host_namespace = namespace_of_host(conn.remote_hostname)
         conn.open()
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
 
@@ -187,10 +199,10 @@ class ConnectionHandler:
         self._auth_timer = None
         if not self.grants and not self._closed:
             log.info("connection %s closed: no valid put-token within %g s", self.proto.peer,
-                     self.broker.limits.auth_timeout_s)
+                     self.home.limits.auth_timeout_s)
             self.close_connection(BusdError(
                 Cond.UNAUTHORIZED,
-                f"No valid token was put on $cbs within {self.broker.limits.auth_timeout_s:g} s "
+                f"No valid token was put on $cbs within {self.home.limits.auth_timeout_s:g} s "
                 "of connecting."))
 
     def on_connection_remote_close(self, event) -> None:
@@ -219,7 +231,7 @@ class ConnectionHandler:
         link = event.link
         try:
             attach = _read_attach(link)
-            limit = self.broker.limits.links_per_connection
+            limit = self.home.limits.links_per_connection
             if len(self._unanswered) >= limit:
                 # Refusing would keep one more: a client that answers no detach is closed.
                 self.close_connection(BusdError(
@@ -235,8 +247,8 @@ class ConnectionHandler:
             self._refuse_link(link, error)
             return
         self.links.add(endpoint)
-        if self.broker.metrics is not None:
-            self.broker.metrics.link_attached()
+        if self.home.metrics is not None:
+            self.home.metrics.link_attached()
         endpoint.on_attach()
 
     def on_link_flow(self, event) -> None:
@@ -364,8 +376,8 @@ class ConnectionHandler:
         self.proto.kick()
 
     def _forget(self, endpoint: LinkEndpoint) -> None:
-        if self.links.remove(endpoint) and self.broker.metrics is not None:
-            self.broker.metrics.link_detached()
+        if self.links.remove(endpoint) and self.home.metrics is not None:
+            self.home.metrics.link_detached()
 
     def closed(self) -> None:
         """The socket is gone: release what this connection's links held, each after the work
@@ -384,9 +396,9 @@ class ConnectionHandler:
                 except Exception:  # the other links are released all the same
                     log.exception("releasing a link of %s failed", self.proto.peer)
         finally:
-            self.broker.open_connections -= 1
-            if self.broker.metrics is not None:
-                self.broker.metrics.connection_closed()
+            self.home.open_connections -= 1
+            if self.home.metrics is not None:
+                self.home.metrics.connection_closed()
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
 
     def kept_endpoints(self) -> tuple[int, int]:
@@ -397,6 +409,16 @@ class ConnectionHandler:
         return _chain_length(conn.session_head(0)), _chain_length(conn.link_head(0))
 
     # --- authorisation (docs/wire.md §3.5) --------------------------------------------------
+    def bind(self, broker: BrokerScope) -> bool:
+        """Serve `broker`'s namespace from now on; False when a token already bound the
+        connection to another one (a connection serves one namespace for its life)."""
+        if self._bound:
+            return broker is self.broker
+        self._bound = True
+        self.broker = broker
+        self.transactions.broker = broker  # none declared yet: that needs a grant
+        return True
+
     def grant(self, grant: Grant) -> None:
         """A verified token: it replaces the one put before for the same audience (a refresh)."""
         self.grants[grant.audience.lower()] = grant

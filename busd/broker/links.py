@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from busd.broker.fanout import Fanout
     from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
+    from busd.broker.namespaces import Namespaces
     from busd.broker.transactions import TransactionScope
     from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
@@ -151,8 +152,16 @@ class ConnectionScope(Protocol):
     # its transactions, unknown to every other connection (busd.broker.transactions)
     transactions: TransactionScope
 
+    # the namespaces of the process (None: the default one only), and the one the open
+    # frame's hostname chose (busd.broker.namespaces)
+    namespaces: Namespaces | None
+    host_namespace: str | None
+
     @property
     def broker(self) -> BrokerScope: ...
+
+    def bind(self, broker: BrokerScope) -> bool:
+        """Serve `broker`'s namespace; False when bound to another one already."""
 
     def grant(self, grant: Grant) -> None: ...
 

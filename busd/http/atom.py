@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -46,9 +47,11 @@ def error_response(status: int, detail: str) -> Response:
 
 
 class AtomApi:
-    def __init__(self, entities: Entities, sas_keys: dict[str, str]) -> None:
+    def __init__(self, entities: Entities, sas_keys: Mapping[str, str],
+                 name: str = ax.NAMESPACE_NAME) -> None:  # fmt: skip
         self.entities = entities
         self.sas_keys = sas_keys
+        self.name = name  # the namespace's, as $namespaceinfo answers it
         self.started_ms = int(time.time() * 1000)
 
     async def handle(self, request: Request) -> Response:
@@ -82,7 +85,7 @@ class AtomApi:
         if lower == ["$namespaceinfo"]:
             _only(method, "GET")
             url = f"{request.base_url}/$namespaceinfo{_api(request)}"
-            return _xml(200, ax.namespace_info(url, self.started_ms))
+            return _xml(200, ax.namespace_info(url, self.started_ms, self.name))
         if len(lower) == 2 and lower[0] == "$resources" and lower[1] in ("queues", "topics"):
             _only(method, "GET")
             kind = lower[1][:-1]

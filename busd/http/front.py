@@ -12,26 +12,78 @@ without being mistaken for the health check.
 
 from __future__ import annotations
 
-from busd.http import dashboard
-from busd.http.atom import AtomApi, is_atom
+import json
+
+from busd.auth import rights, sas
+from busd.broker.namespaces import namespace_of_host
+from busd.http import atom_xml, dashboard
+from busd.http.atom import AtomApi, error_response, is_atom
+from busd.http.entities import CatalogEntities
 from busd.http.server import Handler, Request, Response
 from busd.observability.http import route
 
 
-def handler(server, atom: AtomApi) -> Handler:
+def handler(server) -> Handler:
+    # the management API of each namespace served, by name (None: the default namespace)
+    apis: dict[str | None, tuple[object, AtomApi]] = {}
+
+    async def namespace(request: Request):
+        """The broker of the namespace a request is for: the one its `Host` names
+        (`<name>.localhost`), else the one its token's key name names (`<name>/<key>`), else
+        the default (docs/design.md §3.17). None when that namespace is not served yet and the
+        token does not show that the client may use it."""
+        namespaces = server.namespaces
+        token = request.headers.get("authorization", "")
+        try:
+            key_name = sas.parse_sas_token(token).key_name
+        except sas.SasError:
+            key_name = ""
+        try:
+            name = namespaces.choose(namespace_of_host(request.host), key_name)
+        except sas.SasError:
+            return None, None
+        broker = namespaces.served(name)
+        if broker is None:
+            try:  # only a holder of its keys makes a namespace
+                rights.grant_of(token, namespaces.keys(name))
+            except sas.SasError:
+                return name, None
+            broker = await namespaces.broker(name)
+        return name, broker
+
+    def atom_of(name: str | None, broker) -> AtomApi:
+        known = apis.get(name)
+        if known is None or known[0] is not broker:
+            known = apis[name] = (broker, AtomApi(CatalogEntities(broker), broker.sas_keys,
+                                                  name or atom_xml.NAMESPACE_NAME))
+        return known[1]
+
     async def handle(request: Request) -> Response:
-        if is_atom(request):
-            return await atom.handle(request)
         path = request.path
-        if path in ("/health", "/health/detail", "/metrics") or path.startswith("/admin/"):
+        admin = path.startswith("/admin/")
+        management = is_atom(request) or (
+            request.method in ("PUT", "DELETE")  # a management client that sent no api-version
+            and not admin and path not in ("/health", "/health/detail", "/metrics")
+            and not (path == "/" or path.startswith("/dashboard")))
+        if management or admin:
+            name, broker = await namespace(request)
+            if broker is None:
+                refusal = "Unauthorized: no valid token for this namespace"
+                if admin:
+                    return Response(401, "application/json",
+                                    json.dumps({"error": refusal}).encode())
+                return error_response(401, refusal)
+            if management:
+                return await atom_of(name, broker).handle(request)
             status, content_type, body = await route(
                 server, request.method, path, request.query, request.body,
-                request.headers.get("authorization", ""))
+                request.headers.get("authorization", ""), broker=broker)
+            return Response(int(status.split(" ", 1)[0]), content_type, body)
+        if path in ("/health", "/health/detail", "/metrics"):
+            status, content_type, body = await route(server, request.method, path)
             return Response(int(status.split(" ", 1)[0]), content_type, body)
         if path == "/" or path.startswith("/dashboard"):
             return await dashboard.handle(server, request)
-        if request.method in ("PUT", "DELETE"):  # a management client that sent no api-version
-            return await atom.handle(request)
         return Response(404, body=b"not found\n")
 
     return handle

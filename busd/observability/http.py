@@ -30,9 +30,12 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
 
 
 async def route(
-    server, method: str, path: str, query: str = "", body: bytes = b"", authorization: str = ""
+    server, method: str, path: str, query: str = "", body: bytes = b"", authorization: str = "",
+    broker=None,
 ) -> tuple[str, str, bytes]:
-    broker = server.broker
+    """One request; `broker`: the namespace an admin request is for (the default one's when
+    None). Health and metrics are the process's (the default namespace's entities)."""
+    broker = broker or server.broker
     if path.startswith("/admin/"):
         from busd.observability.admin import entity_of, route_admin
 

@@ -37,11 +37,14 @@ class ProtonCbsClient:
     SASL ANONYMOUS, then one `put-token` on `$cbs` per entity (audience
     `sb://localhost:<port>/<entity>`), then ordinary links to the entity."""
 
-    def __init__(self, port: int, *, timeout: float = 10, heartbeat: float | None = None) -> None:
+    def __init__(self, port: int, *, timeout: float = 10, heartbeat: float | None = None,
+                 host: str | None = None) -> None:  # fmt: skip
+        """`host`: the open frame's hostname (a namespace's `<name>.localhost`), still
+        connecting to 127.0.0.1."""
         self.port = port
         self.conn = BlockingConnection(
             f"amqp://127.0.0.1:{port}", timeout=timeout, allowed_mechs="ANONYMOUS",
-            heartbeat=heartbeat,
+            heartbeat=heartbeat, **({"virtual_host": host} if host else {}),
         )
         self._cbs: tuple[BlockingSender, BlockingReceiver] | None = None
 

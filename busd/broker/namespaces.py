@@ -1,0 +1,123 @@
+"""Namespaces: several isolated ones in one busd (docs/design.md §3.17).
+
+The default namespace is busd as it always was: its keys in the store under `--key-prefix`,
+its catalog, its SAS keys. Every other namespace is a `Broker` of its own over the key prefix
+`<prefix>:ns:<name>`: its own catalog, entities, messages, counts, sweep and forwarders, and
+the default namespace's SAS keys (under their own names, and as `<name>/<key name>`).
+
+A connection serves one namespace for its life, chosen by
+
+- the host name the client connected to, `<name>.localhost` (the AMQP open frame's
+  `hostname`, the HTTP `Host` header), as Service Bus names a namespace by its host; or
+- where the client cannot reach such a host (`*.localhost` does not resolve everywhere), the
+  SAS key name its token was signed with: `<name>/RootManageSharedAccessKey`.
+
+Anything else (`localhost`, an address, any other host name, a plain key name) is the default
+namespace. A namespace is made on first use, in each process that serves it, once a token
+signed with its keys shows that the client may use it: a test suite takes one per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
+
+from busd.auth import rights, sas
+
+if TYPE_CHECKING:
+    from busd.broker.broker import Broker
+
+log = logging.getLogger("busd.broker")
+
+# As Service Bus names namespaces (letters, digits, hyphens), lower-cased as host names are.
+NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?")
+LOCALHOST = "localhost"
+
+
+def namespace_of_host(host: str | None) -> str | None:
+    """The namespace a host name (with or without `:port`) chooses: `<name>.localhost` names
+    one; anything else is the default namespace (None)."""
+    if not host or host.startswith("["):  # none, or an IPv6 literal
+        return None
+    name, dot, rest = host.lower().rstrip(".").partition(".")
+    rest = rest.rsplit(":", 1)[0]
+    return name if dot and rest == LOCALHOST and name else None
+
+
+def namespace_of_key(key_name: str) -> str | None:
+    """The namespace a SAS key name chooses: `<name>/<key name>`; a plain name: None."""
+    # The Python SDK encodes the key name twice (busd.auth.sas): decoded once, `/` is `%2F`.
+    name, slash, _ = unquote_plus(key_name).partition("/")
+    return name.lower() if slash else None
+
+
+class Namespaces:
+    """The namespaces this process serves: the default one, and those made on first use."""
+
+    def __init__(self, default: Broker, make: Callable[[str], Coroutine[Any, Any, Broker]]) -> None:
+        self.default = default
+        self._make = make  # a started Broker for a namespace name (busd.server)
+        self._made: dict[str, asyncio.Task[Broker]] = {}
+
+    def choose(self, host_namespace: str | None, key_name: str) -> str | None:
+        """The namespace of a request whose host chose `host_namespace` and whose token names
+        `key_name`; None: the default. Raises SasError when the two disagree or the name is
+        not a namespace's."""
+        by_key = namespace_of_key(key_name)
+        if host_namespace and by_key and by_key != host_namespace:
+            raise sas.SasError(f"the key {key_name!r} is not one of namespace "
+                               f"{host_namespace!r}, the host connected to")
+        name = host_namespace or by_key
+        if name is not None and not NAME.fullmatch(name):
+            raise sas.SasError(f"{name!r} is not a namespace name (letters, digits and "
+                               "hyphens, at most 50)")
+        return name
+
+    def keys(self, name: str | None) -> Mapping[str, str]:
+        """The SAS keys of a namespace: the default one's, also under `<name>/<key name>`."""
+        keys = self.default.sas_keys
+        if name is None:
+            return keys
+        return {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
+
+    async def broker(self, name: str | None) -> Broker:
+        """The namespace's broker, made (and started) on first use."""
+        if name is None:
+            return self.default
+        made = self._made.get(name)
+        if made is None or (made.done() and made.exception() is not None):
+            log.info("namespace %s: serving it", name)
+            made = self._made[name] = asyncio.create_task(self._make(name),
+                                                          name=f"busd-namespace-{name}")
+        return await asyncio.shield(made)
+
+    def served(self, name: str | None) -> Broker | None:
+        """The namespace's broker if this process serves it already."""
+        if name is None:
+            return self.default
+        made = self._made.get(name)
+        if made is None or not made.done() or made.exception() is not None:
+            return None
+        return made.result()
+
+    async def authenticate(self, token: str, host_namespace: str | None
+                           ) -> tuple[Broker, rights.Grant]:  # fmt: skip
+        """The namespace a token is for (with the host's choice), and what it grants there.
+        The token is verified before the namespace is made: only a client holding its keys
+        makes one. Raises SasError."""
+        name = self.choose(host_namespace, sas.parse_sas_token(token).key_name)
+        grant = rights.grant_of(token, self.keys(name))
+        return await self.broker(name), grant
+
+    async def stop(self) -> None:
+        for made in list(self._made.values()):
+            made.cancel()
+        results = await asyncio.gather(*self._made.values(), return_exceptions=True)
+        for broker in results:
+            if not isinstance(broker, BaseException):
+                await broker.stop()
+        self._made.clear()
