@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from busd import access_rules
 from busd.entity_values import normalize_forward_target, parse_duration_ms
 from busd.errors import ConfigError
 
@@ -31,6 +32,7 @@ DURATION = "duration"  # ISO 8601 / TimeSpan text; milliseconds, None for unboun
 TEXT = "text"
 STATUS = "status"  # one of STATUSES
 ENTITY = "entity"  # a queue or topic of the namespace, by name or URL: a bare path
+ACCESS_RULES = "access rules"  # a list of shared access rules (busd.access_rules)
 
 QUEUE, TOPIC, SUBSCRIPTION = "queue", "topic", "subscription"
 KINDS = (QUEUE, TOPIC, SUBSCRIPTION)
@@ -100,6 +102,8 @@ class Property:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{self.name} must be a whole number, got {value!r}")
             return value
+        if self.type == ACCESS_RULES:
+            return access_rules.normalize(value)
         if not isinstance(value, str):
             what = {DURATION: "an ISO 8601 duration string", ENTITY: "an entity name"}.get(
                 self.type, "a string")
@@ -183,6 +187,7 @@ PROPERTIES: tuple[Property, ...] = (
     _p("ForwardDeadLetteredMessagesTo", ENTITY, "qs", attr="forward_dead_lettered_to",
        flag="forward-dead-lettered-to", help="Queue or topic to move dead letters to."),
     # stored and answered back, not acted on
+    _p("AuthorizationRules", ACCESS_RULES, "qt", ()),  # not yet checked against tokens
     _p("MaxSizeInMegabytes", INT, "qt", 1024, minimum=1, bounds="at least 1"),
     _p("EnableBatchedOperations", BOOL, "qts", True),
     _p("IsAnonymousAccessible", BOOL, "qt", False),

@@ -255,6 +255,19 @@ def test_a_queue_and_a_topic_cannot_share_a_name(tmp_path):
         load_entities(path)
 
 
+def test_authorization_rules_are_read_as_the_api_keeps_them(tmp_path):
+    queue, warnings = one_queue(tmp_path, AuthorizationRules=[
+        {"KeyName": "app", "PrimaryKey": "k1", "Rights": ["send", "Listen"]}])
+    (rule,) = queue.extra["AuthorizationRules"]
+    assert (rule["KeyName"], rule["PrimaryKey"], rule["Rights"], rule["ClaimType"]) == (
+        "app", "k1", ["Send", "Listen"], "SharedAccessKey")
+    assert rule["SecondaryKey"] and rule["CreatedTime"] == rule["ModifiedTime"]
+    assert any("AuthorizationRules" in w and "does not act" in w for w in warnings)
+    with pytest.raises(ConfigError, match="queue 'q': AuthorizationRules: rule 'x': unknown "
+                                          "right 'Read'"):
+        one_queue(tmp_path, AuthorizationRules=[{"KeyName": "x", "Rights": ["Read"]}])
+
+
 def test_properties_busd_only_keeps_are_reported(tmp_path):
     _, warnings = one_queue(tmp_path, EnablePartitioning=True)
     assert any("EnablePartitioning" in w for w in warnings)

@@ -28,6 +28,7 @@ from typing import Any
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
+from busd import access_rules
 from busd import entity_properties as ep
 from busd.entity_properties import INT32_MAX, format_duration
 from busd.entity_values import parse_duration_ms
@@ -142,14 +143,37 @@ def parse_description(body: bytes, kind: str) -> dict[str, Any]:
     for child in _description(body, DESCRIPTIONS[kind]):
         name = _local(child.tag)
         if name in writable:
+            prop = writable[name]
             try:
-                found[name] = writable[name].from_text(child.text or "")
+                if prop.type == ep.ACCESS_RULES:
+                    found[name] = prop.from_json(_access_rules(child))
+                else:
+                    found[name] = prop.from_text(child.text or "")
             except ConfigError as exc:
                 raise AtomError(400, str(exc)) from None
         elif kind == "subscription" and name in ("DefaultRuleDescription", "RuleDescription"):
             # .NET and JS send DefaultRuleDescription, Python's model a RuleDescription
             found["DefaultRuleDescription"] = _rule_from_element(child, None)
     return found
+
+
+def _access_rules(element: ET.Element) -> list[dict[str, Any]]:
+    """An `AuthorizationRules` element's rules by field name (busd.access_rules checks them):
+    `Rights` as the list of its `AccessRights`, `i:type` as `Type`."""
+    rules: list[dict[str, Any]] = []
+    for rule in element:
+        fields: dict[str, Any] = {}
+        rule_type = _xsi_type(rule)
+        if rule_type is not None:
+            fields["Type"] = rule_type
+        for child in rule:
+            name = _local(child.tag)
+            if name == "Rights":
+                fields[name] = [(right.text or "").strip() for right in child]
+            else:
+                fields[name] = (child.text or "").strip()
+        rules.append(fields)
+    return rules
 
 
 # --- rules ---------------------------------------------------------------------------------------
@@ -307,8 +331,6 @@ def _count_details(parent: ET.Element, rt: Runtime) -> None:
 def _runtime_field(parent: ET.Element, name: str, rt: Runtime) -> None:
     if name == "CountDetails":
         _count_details(parent, rt)
-    elif name == "AuthorizationRules":
-        _el(parent, name)
     elif name == "EntityAvailabilityStatus":
         _el(parent, name, "Available")
     elif name in ("CreatedAt", "UpdatedAt", "AccessedAt"):
@@ -331,9 +353,29 @@ def description(kind: str, properties: Mapping[str, Any], rt: Runtime,
         prop = of_kind.get(name)
         if prop is None:
             _runtime_field(root, name, rt)
+        elif prop.type == ep.ACCESS_RULES:
+            _access_rules_element(root, name, values.get(name) or ())
         elif values.get(name) is not None or (name in values and prop.type == ep.DURATION):
             _el(root, name, _property_text(prop, values[name], host))
     return root
+
+
+def _access_rules_element(parent: ET.Element, name: str, rules: Iterable[dict[str, Any]]) -> None:
+    """`AuthorizationRules` as the service writes them: one `AuthorizationRule` of `i:type`
+    SharedAccessAuthorizationRule per rule, its fields in the service's order."""
+    holder = _el(parent, name)
+    for rule in rules:
+        element = _el(holder, "AuthorizationRule", **{"i:type": access_rules.RULE_TYPE})
+        for field_name in access_rules.FIELDS:
+            value = rule.get(field_name)
+            if field_name == "Rights":
+                rights = _el(element, field_name)
+                for right in value or ():
+                    _el(rights, "AccessRights", right)
+            elif field_name in ("CreatedTime", "ModifiedTime"):
+                _el(element, field_name, format_time(value))
+            elif value is not None:
+                _el(element, field_name, str(value))
 
 
 def _property_text(prop: ep.Property, value: Any, host: str) -> str:

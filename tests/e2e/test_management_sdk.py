@@ -4,6 +4,7 @@ and what autoscalers read (docs/management.md)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 
 import pytest
@@ -11,6 +12,8 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
 from azure.servicebus.management import (
+    AccessRights,
+    AuthorizationRule,
     CorrelationRuleFilter,
     ServiceBusAdministrationClient,
     SqlRuleAction,
@@ -139,6 +142,42 @@ def test_names_with_a_tilde_serve_as_masstransit_makes_them(busd, admin):
             assert str(got) == "to the topic"
             receiver.complete_message(got)
     assert "kq~tilde" in {q.name for q in admin.list_queues()}
+
+
+def test_authorization_rules_are_kept_and_answered_as_service_bus_does(admin):
+    """Sent with a queue or topic, the rules came back as nothing; they are kept (not yet
+    checked against tokens) and answered with the keys busd made for a rule that had none."""
+    created = dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
+    given = AuthorizationRule(type="SharedAccessAuthorizationRule", claim_type="SharedAccessKey",
+                              claim_value="None", rights=[AccessRights.LISTEN, AccessRights.SEND],
+                              key_name="app", primary_key="primary-app", secondary_key="second",
+                              created_at_utc=created)
+    bare = AuthorizationRule(rights=[AccessRights.MANAGE, AccessRights.SEND,
+                                     AccessRights.LISTEN], key_name="ops")
+    admin.create_queue("kq-rules", authorization_rules=[given, bare])
+    app, ops = admin.get_queue("kq-rules").authorization_rules
+    assert (app.type, app.claim_type, app.claim_value, app.key_name, app.primary_key,
+            app.secondary_key, app.created_at_utc, app.modified_at_utc) == (
+        "SharedAccessAuthorizationRule", "SharedAccessKey", "None", "app", "primary-app",
+        "second", created, created)
+    assert app.rights == ["Listen", "Send"]
+    assert ops.key_name == "ops" and ops.rights == ["Manage", "Send", "Listen"]
+    assert len(base64.b64decode(ops.primary_key)) == 32 != ops.secondary_key
+    assert ops.created_at_utc > dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+
+    queue = admin.get_queue("kq-rules")  # an update sends them back: they stay as they were
+    queue.max_delivery_count = 7
+    admin.update_queue(queue)
+    again = admin.get_queue("kq-rules").authorization_rules
+    assert [(r.key_name, r.primary_key, r.secondary_key, r.rights) for r in again] == [
+        (r.key_name, r.primary_key, r.secondary_key, r.rights) for r in (app, ops)]
+
+    admin.create_topic("kt-rules", authorization_rules=[given])
+    (rule,) = admin.get_topic("kt-rules").authorization_rules
+    assert (rule.key_name, rule.primary_key) == ("app", "primary-app")
+    with pytest.raises(HttpResponseError) as caught:
+        admin.create_queue("kq-rules-twice", authorization_rules=[bare, bare])
+    assert "'ops' is given twice" in str(caught.value)
 
 
 def test_missing_entities_raise_resource_not_found(admin):
