@@ -124,3 +124,14 @@ def test_sigterm_stops_every_process_and_the_embedded_store_once(busd_factory, t
     for pid in (*pids, valkey):
         assert not alive(pid), f"process {pid} still runs after the parent stopped"
     assert busd.log_text().count("shutting down") == 2  # each worker stopped gracefully
+
+
+def test_workers_stop_when_their_parent_is_killed(busd_factory):
+    busd = busd_factory([queue("plain")], extra_env=WORKERS)
+    pids = worker_pids(busd)
+    busd.proc.kill()  # SIGKILL: the parent cannot stop anyone
+    busd.proc.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "workers outlived their parent"
+        time.sleep(0.1)
