@@ -75,3 +75,16 @@ def test_a_property_kept_only_is_answered_back_from_the_file(tmp_path):
     assert "<UserMetadata>owned by billing</UserMetadata>" in xml
     assert "<AutoDeleteOnIdle>PT1H</AutoDeleteOnIdle>" in xml
     assert any("UserMetadata" in w and "does not act" in w for w in found.warnings)
+
+
+@pytest.mark.parametrize("kind", ep.KINDS)
+def test_the_command_line_offers_each_declared_flag_of_the_kind(kind):
+    from click.testing import CliRunner
+
+    from busd.cli import cli
+
+    result = CliRunner().invoke(cli, [kind, "create", "--help"], prog_name="busd")
+    assert result.exit_code == 0, result.output
+    for prop in ep.PROPERTIES:
+        if prop.flag:
+            assert (f"--{prop.flag}" in result.output) == (kind in prop.kinds), prop.name
