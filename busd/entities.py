@@ -51,6 +51,7 @@ class QueueEntity:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     forward_to: str | None = None  # bare entity path
     forward_dead_lettered_to: str | None = None
+    partitions: int | None = None  # None: not partitioned
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
     created_ms: int | None = None
 
@@ -77,6 +78,7 @@ class TopicEntity:
     default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")
     duplicate_detection_window_ms: int | None = None
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    partitions: int | None = None  # None: not partitioned
     extra: dict[str, Any] = field(default_factory=dict)
     created_ms: int | None = None
 

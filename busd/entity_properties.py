@@ -40,6 +40,7 @@ STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
 INT32_MAX = 2**31 - 1
 KIB = 1024
 MAX_MESSAGE_SIZE_KB = 100 * KIB  # Service Bus premium's largest message, 100 MiB
+MAX_PARTITIONS = 32
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,14 @@ PROPERTIES: tuple[Property, ...] = (
        help="Queue or topic to move every message to."),
     _p("ForwardDeadLetteredMessagesTo", ENTITY, "qs", attr="forward_dead_lettered_to",
        flag="forward-dead-lettered-to", help="Queue or topic to move dead letters to."),
+    # Partitioned entities (docs/design.md §3.17): PartitionCount is busd's own (Service Bus
+    # Standard always has 16). At most 32: a sequence number carries its partition in its top
+    # 16 bits, and the store's scripts count in doubles, exact up to 2^53 (32 << 48).
+    _p("EnablePartitioning", BOOL, "qt", False, immutable=True, flag="partitioning",
+       help="Spread the entity over partitions, each in its own cluster slot."),
+    _p("PartitionCount", INT, "qt", 16, attr="partitions", minimum=1, maximum=MAX_PARTITIONS,
+       bounds=f"1..{MAX_PARTITIONS}", enabled_by="EnablePartitioning", store=True,
+       immutable=True, flag="partitions", help="Partitions of a partitioned entity (16)."),
     # stored and answered back, not acted on
     _p("AuthorizationRules", ACCESS_RULES, "qt", ()),  # not yet checked against tokens
     _p("MaxSizeInMegabytes", INT, "qt", 1024, minimum=1, bounds="at least 1"),
@@ -195,7 +204,6 @@ PROPERTIES: tuple[Property, ...] = (
     _p("UserMetadata", TEXT, "qts"),
     _p("SupportOrdering", BOOL, "qt", True),
     _p("AutoDeleteOnIdle", DURATION, "qts", None, minimum=300_000, bounds="at least 5 minutes"),
-    _p("EnablePartitioning", BOOL, "qt", False),
     _p("EnableExpress", BOOL, "qt", False),
     _p("FilteringMessagesBeforePublishing", BOOL, "t", False),
     _p("EnableSubscriptionPartitioning", BOOL, "t", False),
@@ -223,6 +231,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "ForwardTo", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
         "CountDetails", "AutoDeleteOnIdle", "EnablePartitioning", "EntityAvailabilityStatus",
         "ForwardDeadLetteredMessagesTo", "EnableExpress", "MaxMessageSizeInKilobytes",
+        "PartitionCount",
     ),
     TOPIC: (
         "DefaultMessageTimeToLive", "MaxSizeInMegabytes", "RequiresDuplicateDetection",
@@ -231,7 +240,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "Status", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
         "CountDetails", "SubscriptionCount", "AutoDeleteOnIdle", "EnablePartitioning",
         "EntityAvailabilityStatus", "EnableSubscriptionPartitioning", "EnableExpress",
-        "MaxMessageSizeInKilobytes",
+        "MaxMessageSizeInKilobytes", "PartitionCount",
     ),
     SUBSCRIPTION: (
         "LockDuration", "RequiresSession", "DefaultMessageTimeToLive",

@@ -113,6 +113,7 @@ class Server:
         return None if self.tls_listener is None else self.tls_listener.port
 
     async def startup(self) -> None:
+        from busd.storage.partitions import wrap
         from busd.storage.redis_store import RedisStore
 
         settings = self.settings
@@ -123,10 +124,10 @@ class Server:
             self.embedded = EmbeddedValkey(settings.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
-        store = RedisStore(
+        store = wrap(RedisStore(
             url, prefix=settings.key_prefix, max_calls=settings.store_connections,
             durability=settings.durability,
-        )
+        ))
         metrics = None
         try:
             from busd.observability.metrics import Metrics

@@ -269,8 +269,19 @@ def test_authorization_rules_are_read_as_the_api_keeps_them(tmp_path):
 
 
 def test_properties_busd_only_keeps_are_reported(tmp_path):
-    _, warnings = one_queue(tmp_path, EnablePartitioning=True)
-    assert any("EnablePartitioning" in w for w in warnings)
+    _, warnings = one_queue(tmp_path, EnableExpress=True)
+    assert any("EnableExpress" in w for w in warnings)
+
+
+def test_partitioning_is_acted_on(tmp_path):
+    queue, warnings = one_queue(tmp_path, EnablePartitioning=True)
+    assert (queue.partitions, queue.spec.partitions, warnings) == (16, 16, [])
+    queue, _ = one_queue(tmp_path, EnablePartitioning=True, PartitionCount=4)
+    assert queue.partitions == 4
+    queue, _ = one_queue(tmp_path, PartitionCount=4)  # without the switch: off
+    assert queue.partitions is None
+    with pytest.raises(ConfigError, match="PartitionCount must be 1..32"):
+        one_queue(tmp_path, EnablePartitioning=True, PartitionCount=33)
 
 
 @pytest.mark.parametrize("queue, topic, message", [

@@ -265,15 +265,25 @@ class Catalog:
         §2.15): anything else is refused with ARGUMENT_ERROR."""
         if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
             return
+        # not built: a forwarder takes from and moves to one queue's keys (§3.16)
+        if getattr(entity, "partitions", None) and (entity.forward_to
+                                                    or entity.forward_dead_lettered_to):
+            raise BusdError(Condition.ARGUMENT_ERROR, f"'{entity.path}' is partitioned: "
+                            "auto-forwarding from a partitioned entity is not supported.")
         for element, target in (("ForwardTo", entity.forward_to),
                                 ("ForwardDeadLetteredMessagesTo",
                                  entity.forward_dead_lettered_to)):
             if target is None or target.lower() == entity.path:  # itself: it exists
                 continue
-            if self.queue(target) is None and self.topic(target) is None:
+            destination = self.queue(target) or self.topic(target)
+            if destination is None:
                 raise BusdError(Condition.ARGUMENT_ERROR,
                                 f"{element} of '{entity.path}': the destination '{target}' "
                                 "is not a queue or topic of this namespace.")
+            if getattr(destination, "partitions", None):
+                raise BusdError(Condition.ARGUMENT_ERROR,
+                                f"{element} of '{entity.path}': auto-forwarding to a "
+                                "partitioned entity is not supported.")
 
     def _stamped(self, entity: Entity) -> Entity:
         if entity.created_ms is not None:

@@ -65,6 +65,7 @@ def admit(entity: QueueSpec | TopicSpec, incoming: codec.IncomingMessage,
         message_id=incoming.message_id,
         ttl_ms=incoming.ttl_ms,
         scheduled_ms=incoming.scheduled_ms,
+        partition_key=incoming.partition_key,
     )
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from busd.errors import Condition
+from busd.storage.keys import partition_scope
 
 
 class StoreUnavailable(Exception):
@@ -78,6 +79,15 @@ class QueueSpec:
     max_message_size: int = 1024 * 1024
     dlq: bool = False
     topic: str | None = None  # a subscription's topic; None for a queue
+    partitions: int | None = None  # a partitioned entity's partition count; None: not one
+    partition: int | None = None  # the one partition of it this handle reaches, if set
+
+    @property
+    def partition_specs(self) -> tuple[QueueSpec, ...]:
+        """A handle of each partition (the entity's own keys when not partitioned)."""
+        if not self.partitions:
+            return (self,)
+        return tuple(dataclasses.replace(self, partition=i) for i in range(self.partitions))
 
     @property
     def dead_letter_queue(self) -> QueueSpec:
@@ -94,8 +104,12 @@ class QueueSpec:
 
     @property
     def key_scope(self) -> tuple[str, str | None]:
-        """(queue or topic, subscription or None): what busd.storage.keys builds keys from."""
-        return (self.name, None) if self.topic is None else (self.topic, self.subscription)
+        """(queue or topic, subscription or None): what busd.storage.keys builds keys from; a
+        partition's is that of its own hash tag."""
+        scope = (self.name, None) if self.topic is None else (self.topic, self.subscription)
+        if self.partition is None:
+            return scope
+        return (partition_scope(scope[0], self.partition), scope[1])
 
 
 def subscription_path(topic: str, subscription: str) -> str:
@@ -165,6 +179,7 @@ class NewMessage:
     message_id: str | None = None  # for duplicate detection
     ttl_ms: int | None = None  # the sender's header.ttl; capped by QueueSpec.default_ttl_ms
     scheduled_ms: int | None = None  # x-opt-scheduled-enqueue-time: invisible until then
+    partition_key: str | None = None  # x-opt-partition-key: a partitioned entity's partition
 
 
 @dataclass(slots=True)

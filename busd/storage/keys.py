@@ -14,6 +14,11 @@ topic's: every copy keeps the number the topic gave it, and numbers given later 
 subscription (a resubmitted dead letter) come from the same counter, so they never collide.
 Queue and topic names share one namespace (as in Service Bus), so their tags never meet.
 
+A partitioned entity (docs/design.md §3.17) is one such key set per partition, each under a
+tag of its own, `{<prefix>:<queue>:<partition>}` (`partition_scope`; a name has no `:`), so a
+cluster spreads its partitions over its shards. Each partition is an ordinary queue to the
+scripts; busd.storage.partitions routes calls to them.
+
 The entity catalog (busd.storage.api.Store.catalog_*) is one hash outside every entity's tag,
 with a pub/sub channel beside it.
 
@@ -104,6 +109,11 @@ TOPIC_KEYS: tuple[str, ...] = ("seq", "dedup", "subs", "tstats")
 SHARED_WITH_TOPIC = frozenset(("seq", "dedup"))
 # A transaction's staged state, kept under its via entity's hash tag (docs/design.md §3.15).
 TRANSACTION_KEYS: tuple[str, ...] = ("txns", "txops")
+
+
+def partition_scope(entity: str, partition: int) -> str:
+    """What stands for a queue or topic in the keys of one of its partitions."""
+    return f"{entity}:{partition}"
 
 
 def hash_tag(prefix: str, entity: str) -> str:

@@ -193,6 +193,13 @@ class RedisStore(RedisConnection):
     async def drop_queue(self, queue: QueueSpec) -> int:
         return await self._run_queue("dropQueue", queue)
 
+    async def start_sequence(self, queue: QueueSpec, first: int) -> None:
+        """Start the queue's sequence counter at `first` (the next number is first + 1) unless
+        it counted already: a partition's numbers carry the partition (docs/wire.md §6.4)."""
+        assert self._client is not None
+        scope = queue.key_scope
+        await self._client.set(keyspace.key(self.prefix, scope[0], "seq"), first, nx=True)
+
     async def drop_subscriptions(
         self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
     ) -> int:

@@ -1,0 +1,452 @@
+"""Partitioned entities: one entity to the broker, several queues to the scripts
+(docs/design.md §3.17).
+
+`PartitionedStore` wraps a Store. A call on an entity without partitions goes straight to it.
+A partitioned entity is P ordinary queues, each under a hash tag of its own (busd.storage.keys
+`partition_scope`), so a Redis Cluster spreads them over its shards; this module routes each
+call to the partitions it concerns:
+
+- a message goes to the partition of its session id, else of its partition key
+  (`x-opt-partition-key`), else of its message id, else to the next partition in turn: a
+  session lives in one partition, which keeps its order and its lock;
+- a sequence number carries its partition in its top 16 bits (each partition's counter
+  starts at `partition << 48`, `start_sequence`), so a fetch by number, a cancel and a peek
+  from a number find their partition without a lookup;
+- a lock token carries its partition in its last byte (stamped when it is handed out), so a
+  settlement or a renewal by token finds its partition too;
+- receiving and accepting the next available session try the partitions in turn, from a
+  rotating first one, each O(log n) as on an unpartitioned queue; counts, peeks and session
+  lists are the partitions' together.
+
+An acceptor that found no session is registered as a waiter in every partition it tried (in
+the same step as each try: lua/acceptSession.lua), so a session that becomes free in any of
+them wakes it; once it holds a session it leaves the other partitions' waiters, passing on a
+wake-up it may have been sent meanwhile (lua/stopWaiting.lua), so none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from busd.errors import Condition
+from busd.storage.api import (
+    CatalogCallback,
+    EntityCounts,
+    ForwardDestination,
+    ForwardedMessage,
+    ForwardResult,
+    LockTokens,
+    NewMessage,
+    Placement,
+    QueueSpec,
+    ReceiveMode,
+    SessionInfo,
+    SessionLock,
+    Settlement,
+    StagedOperation,
+    Store,
+    StoredMessage,
+    SweepResult,
+    TopicSpec,
+    WakeCallback,
+)
+
+PARTITION_SHIFT = 48  # a sequence number's partition: its top 16 bits (of 64)
+T = TypeVar("T")
+
+
+def partition_of_key(key: str, partitions: int) -> int:
+    """The partition of a session id or partition key: the same in every process."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+
+def partition_of_seq(seq: int, partitions: int) -> int:
+    return (seq >> PARTITION_SHIFT) % partitions
+
+
+def partition_of_token(token: bytes, partitions: int) -> int:
+    return token[15] % partitions if len(token) == 16 else 0
+
+
+def first_seq(partition: int) -> int:
+    """What a partition's counter starts at: its numbers are `partition << 48` + 1, + 2, ..."""
+    return partition << PARTITION_SHIFT
+
+
+def stamped(tokens: Sequence[bytes], partition: int, start: int, count: int) -> LockTokens:
+    """`count` of the tokens from `start`, each with the partition in its last byte."""
+    if type(tokens) is LockTokens:
+        raw = bytearray(tokens.packed[16 * start: 16 * (start + count)])
+    else:
+        raw = bytearray(b"".join(tokens[start: start + count]))
+    raw[15::16] = bytes((partition,)) * (len(raw) // 16)
+    out = LockTokens(0)
+    out.packed = bytes(raw)
+    return out
+
+
+class PartitionedStore:
+    """A Store whose partitioned entities are spread over partitions (module docstring)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
+        self._turn = itertools.count()
+        # next-available acceptors (holder ids) -> partitions where they may be registered
+        self._session_waits: dict[str, set[int]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        # lifecycle, the catalog's reads, topics, transactions: the inner store's
+        return getattr(self.inner, name)
+
+    # --- partitions ---------------------------------------------------------------------------
+    def parts(self, spec: QueueSpec) -> tuple[QueueSpec, ...]:
+        parts = self._parts.get(spec)
+        if parts is None:
+            if len(self._parts) > 10_000:  # entities changed a lot: start over
+                self._parts.clear()
+            parts = self._parts[spec] = spec.partition_specs
+        return parts
+
+    def part_of_session(self, spec: QueueSpec, session_id: str) -> QueueSpec:
+        parts = self.parts(spec)
+        return parts[partition_of_key(session_id, len(parts))]
+
+    def part_of_message(self, spec: QueueSpec, message: NewMessage) -> int:
+        assert spec.partitions
+        key = message.session_id
+        if key is None:
+            key = message.partition_key if message.partition_key is not None else \
+                message.message_id
+        if key is None:
+            return next(self._turn) % spec.partitions
+        return partition_of_key(key, spec.partitions)
+
+    def _rotation(self, spec: QueueSpec) -> list[QueueSpec]:
+        parts = self.parts(spec)
+        first = next(self._turn) % len(parts)
+        return list(parts[first:] + parts[:first])
+
+    async def _by_partition(
+        self, spec: QueueSpec, items: Sequence[T], partition_of: Callable[[T], int],
+        call: Callable[[QueueSpec, list[T]], Awaitable[list[Any]]],
+    ) -> list[Any]:
+        """call(partition, its items) for each partition the items fall in, at once; the
+        answers, one per item, in the items' order."""
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(partition_of(item), []).append(i)
+        parts = self.parts(spec)
+        if len(groups) == 1:
+            ((p, _),) = groups.items()
+            return await call(parts[p], list(items))
+        answers = await asyncio.gather(
+            *(call(parts[p], [items[i] for i in idx]) for p, idx in groups.items()))
+        out: list[Any] = [None] * len(items)
+        for idx, answer in zip(groups.values(), answers):
+            for i, value in zip(idx, answer):
+                out[i] = value
+        return out
+
+    # --- the catalog -------------------------------------------------------------------------
+    async def catalog_put(
+        self, kind: str, path: str, record: dict, *, only_new: bool = False
+    ) -> bool:
+        partitions = record.get("partitions")
+        if partitions and kind == "queue":
+            # before the record: no message may be numbered from a counter not yet started
+            spec = QueueSpec(name=path, partitions=partitions)
+            await asyncio.gather(*(self.inner.start_sequence(part, first_seq(part.partition or 0))
+                                   for part in self.parts(spec)[1:]))
+        return bool(await self.inner.catalog_put(kind, path, record, only_new=only_new))
+
+    async def catalog_all(self) -> dict[str, dict]:
+        return dict(await self.inner.catalog_all())
+
+    async def catalog_get(self, kind: str, path: str) -> dict | None:
+        return await self.inner.catalog_get(kind, path)
+
+    async def catalog_delete(self, items: list[tuple[str, str]]) -> int:
+        return int(await self.inner.catalog_delete(items))
+
+    async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
+        await self.inner.catalog_subscribe(on_change)
+
+    async def subscribe(self, on_wake: WakeCallback) -> None:
+        await self.inner.subscribe(on_wake)
+
+    async def drop_queue(self, queue: QueueSpec) -> int:
+        if not queue.partitions:
+            return int(await self.inner.drop_queue(queue))
+        return sum(await asyncio.gather(*(self.inner.drop_queue(p) for p in self.parts(queue))))
+
+    # --- send --------------------------------------------------------------------------------
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        if not queue.partitions:
+            return list(await self.inner.send(queue, messages))
+        # A batch spanning partitions is stored per partition, each part all or none.
+        return await self._by_partition(
+            queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send)
+
+    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        return await self.send(queue, messages)
+
+    async def publish(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], messages: list[NewMessage],
+        placements: list[list[Placement]] | None = None,
+    ) -> list[int]:
+        return list(await self.inner.publish(topic, subscriptions, messages, placements))
+
+    # --- receive -----------------------------------------------------------------------------
+    async def receive(
+        self, entity: QueueSpec, count: int, mode: ReceiveMode, tokens: Sequence[bytes],
+        waiter: str | None = None,
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return list(await self.inner.receive(entity, count, mode, tokens, waiter))
+        out: list[StoredMessage] = []
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        for part in self._rotation(entity):
+            want = count - len(out)
+            if want <= 0:
+                break
+            given = stamped(tokens, part.partition or 0, len(out), want) if peek_lock else ()
+            out += await self.inner.receive(part, want, mode, given, waiter)
+        return out
+
+    # --- sessions ----------------------------------------------------------------------------
+    async def accept_session(
+        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
+        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+    ) -> SessionLock | None:
+        if not queue.partitions:
+            return await self.inner.accept_session(
+                queue, session_id, holder, wait=wait, count=count, mode=mode, tokens=tokens)
+        if session_id is not None:
+            part = self.part_of_session(queue, session_id)
+            return await self.inner.accept_session(
+                part, session_id, holder, count=count, mode=mode,
+                tokens=stamped(tokens, part.partition or 0, 0, count))
+        waits = self._session_waits.setdefault(holder, set()) if wait else set()
+        for part in self._rotation(queue):
+            p = part.partition or 0
+            lock = await self.inner.accept_session(
+                part, None, holder, wait=wait, count=count, mode=mode,
+                tokens=stamped(tokens, p, 0, count))
+            if lock is not None:
+                waits.discard(p)  # the script took us off this partition's waiters
+                await self.stop_waiting(queue, "s", holder)
+                return lock
+            if wait:
+                waits.add(p)
+        return None
+
+    async def receive_session(
+        self, queue: QueueSpec, session_id: str, holder: str, count: int, mode: ReceiveMode,
+        tokens: Sequence[bytes],
+    ) -> list[StoredMessage]:
+        if queue.partitions:
+            queue = self.part_of_session(queue, session_id)
+            tokens = stamped(tokens, queue.partition or 0, 0, count)
+        return list(await self.inner.receive_session(queue, session_id, holder, count, mode,
+                                                     tokens))
+
+    def _session_part(self, queue: QueueSpec, session_id: str) -> QueueSpec:
+        return self.part_of_session(queue, session_id) if queue.partitions else queue
+
+    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
+        return int(await self.inner.renew_session_lock(
+            self._session_part(queue, session_id), session_id, holder))
+
+    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+        await self.inner.release_session(self._session_part(queue, session_id), session_id,
+                                         holder)
+
+    async def get_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> bytes | None:
+        return await self.inner.get_session_state(
+            self._session_part(queue, session_id), session_id, holder)
+
+    async def set_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
+    ) -> None:
+        await self.inner.set_session_state(self._session_part(queue, session_id), session_id,
+                                           holder, state)
+
+    async def list_sessions(
+        self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
+    ) -> list[str]:
+        if not queue.partitions:
+            return list(await self.inner.list_sessions(queue, skip, top, updated_after_ms))
+        # Each partition's first skip + top, merged in id order: a stable order for paging.
+        pages = await asyncio.gather(*(self.inner.list_sessions(p, 0, skip + top,
+                                                                updated_after_ms)
+                                       for p in self.parts(queue)))
+        return sorted(itertools.chain.from_iterable(pages))[skip: skip + top]
+
+    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
+        if not queue.partitions:
+            return list(await self.inner.session_infos(queue))
+        infos = await asyncio.gather(*(self.inner.session_infos(p) for p in self.parts(queue)))
+        return sorted(itertools.chain.from_iterable(infos), key=lambda i: i.session_id)
+
+    # --- settlement and locks ----------------------------------------------------------------
+    async def settle(
+        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
+    ) -> list[Condition | None]:
+        if not entity.partitions:
+            return list(await self.inner.settle(entity, settlements, holder))
+        count = entity.partitions
+        return await self._by_partition(
+            entity, settlements, lambda s: partition_of_token(s.token, count),
+            lambda part, items: self.inner.settle(part, items, holder))
+
+    async def renew_message_locks(
+        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
+    ) -> list[int]:
+        if not entity.partitions:
+            return list(await self.inner.renew_message_locks(entity, tokens, until_ms))
+        count = entity.partitions
+        return await self._by_partition(
+            entity, tokens, lambda t: partition_of_token(t, count),
+            lambda part, items: self.inner.renew_message_locks(part, items, until_ms))
+
+    # --- peek, deferral, scheduling ----------------------------------------------------------
+    async def peek(
+        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return list(await self.inner.peek(entity, from_seq, count, session_id))
+        if session_id is not None:
+            part = self.part_of_session(entity, session_id)
+            return list(await self.inner.peek(part, max(from_seq, first_seq(part.partition or 0)),
+                                              count, session_id))
+        # In sequence-number order, which is partition by partition: a peek continued from
+        # the last number seen + 1 goes on where this one stopped.
+        out: list[StoredMessage] = []
+        for part in self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT:]:
+            if len(out) >= count:
+                break
+            start = max(from_seq, first_seq(part.partition or 0))
+            out += await self.inner.peek(part, start, count - len(out))
+        return out
+
+    async def receive_deferred(
+        self, entity: QueueSpec, seqs: list[int], mode: ReceiveMode, tokens: Sequence[bytes],
+        session_id: str | None = None, holder: str | None = None,
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return list(await self.inner.receive_deferred(entity, seqs, mode, tokens, session_id,
+                                                          holder))
+        count = entity.partitions
+        out: list[StoredMessage] = []
+        groups: dict[int, list[int]] = {}
+        for seq in seqs:
+            groups.setdefault(partition_of_seq(seq, count), []).append(seq)
+        parts = self.parts(entity)
+        for p, group in groups.items():
+            given = stamped(tokens, p, len(out), len(group)) if mode == ReceiveMode.PEEK_LOCK \
+                else ()
+            out += await self.inner.receive_deferred(parts[p], group, mode, given, session_id,
+                                                     holder)
+        return out
+
+    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
+        if not queue.partitions:
+            return await self.inner.cancel_scheduled(queue, seqs)
+        count = queue.partitions
+
+        async def cancel(part: QueueSpec, group: list[int]) -> list[None]:
+            await self.inner.cancel_scheduled(part, group)
+            return [None] * len(group)
+
+        await self._by_partition(queue, seqs, lambda s: partition_of_seq(s, count), cancel)
+
+    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
+        if not queue.partitions:
+            return bool(await self.inner.stop_waiting(queue, waiters, waiter))
+        parts = self.parts(queue)
+        if waiters == "s":  # only where this acceptor registered
+            chosen = [parts[p] for p in sorted(self._session_waits.pop(waiter, ()))]
+        else:
+            chosen = list(parts)
+        answers = await asyncio.gather(
+            *(self.inner.stop_waiting(p, waiters, waiter) for p in chosen))
+        return any(answers)
+
+    # --- housekeeping ------------------------------------------------------------------------
+    async def sweep(self, queue: QueueSpec) -> SweepResult:
+        if not queue.partitions:
+            return await self.inner.sweep(queue)
+        results = await asyncio.gather(*(self.inner.sweep(p) for p in self.parts(queue)))
+        total = SweepResult()
+        for r in results:
+            total.expired_message_locks += r.expired_message_locks
+            total.expired_messages += r.expired_messages
+            total.activated_scheduled += r.activated_scheduled
+            total.expired_session_locks += r.expired_session_locks
+        return total
+
+    async def purge(self, entity: QueueSpec) -> int:
+        if not entity.partitions:
+            return int(await self.inner.purge(entity))
+        return sum(await asyncio.gather(*(self.inner.purge(p) for p in self.parts(entity))))
+
+    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
+        if not queue.partitions:
+            return int(await self.inner.resubmit_dead_letters(queue, limit))
+        moved = 0
+        for part in self.parts(queue):
+            if moved >= limit:
+                break
+            moved += await self.inner.resubmit_dead_letters(part, limit - moved)
+        return moved
+
+    async def counts(self, entity: QueueSpec) -> EntityCounts:
+        if not entity.partitions:
+            return await self.inner.counts(entity)
+        total = EntityCounts()
+        for c in await asyncio.gather(*(self.inner.counts(p) for p in self.parts(entity))):
+            total.active += c.active
+            total.locked += c.locked
+            total.scheduled += c.scheduled
+            total.deferred += c.deferred
+            total.dead_letter += c.dead_letter
+            total.sessions += c.sessions
+            total.locked_sessions += c.locked_sessions
+            for name, n in c.totals.items():
+                total.totals[name] = total.totals.get(name, 0) + n
+        return total
+
+    # --- auto-forwarding: not from or to a partitioned entity (busd.broker.catalog refuses) -
+    async def take_forwarding(
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
+    ) -> list[StoredMessage] | None:
+        return await self.inner.take_forwarding(
+            entity, forwarder, count, tokens)
+
+    async def forward(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], *, hop_limit: int,
+    ) -> list[ForwardResult]:
+        return list(await self.inner.forward(entity, destination, messages,
+                                             hop_limit=hop_limit))
+
+    # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
+    async def stage_transaction(
+        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        first: bool, timeout_ms: int, limit: int,
+    ) -> tuple[int, int]:
+        return await self.inner.stage_transaction(
+            via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit)
+
+
+def wrap(store: Any) -> Store:
+    """The store the broker uses: `store` with partitioned entities routed."""
+    wrapped: Any = PartitionedStore(store)
+    return wrapped

@@ -1,0 +1,186 @@
+"""Partitioned entities through the official azure-servicebus SDK on one Valkey: a session
+queue spread over 4 partitions is one queue to its clients (docs/design.md §3.17)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusClient,
+    ServiceBusMessage,
+)
+from azure.servicebus.exceptions import SessionCannotBeLockedError
+from azure.servicebus.management import ServiceBusAdministrationClient
+
+from busd.storage.partitions import PARTITION_SHIFT, partition_of_key
+from tests.e2e.conftest import queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory([
+        queue("orders", RequiresSession=True, EnablePartitioning=True,
+              PartitionCount=PARTITIONS, LockDuration="PT10S"),
+        queue("spread", EnablePartitioning=True, PartitionCount=PARTITIONS),
+    ])
+
+
+@pytest.fixture
+def client(busd):
+    with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="module")
+def admin(busd):
+    with ServiceBusAdministrationClient.from_connection_string(
+            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        yield client
+
+
+def sessions_in_every_partition(count_each: int = 2) -> list[str]:
+    """Session ids, `count_each` of them in each partition."""
+    found: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    i = 0
+    while any(len(v) < count_each for v in found.values()):
+        sid = f"s-{i}"
+        p = partition_of_key(sid, PARTITIONS)
+        if len(found[p]) < count_each:
+            found[p].append(sid)
+        i += 1
+    return [sid for ids in found.values() for sid in ids]
+
+
+def test_sessions_keep_order_and_numbers_name_their_partition(busd, client, admin, redis_url):
+    sids = sessions_in_every_partition()
+    with client.get_queue_sender("orders") as sender:
+        for n in range(5):
+            sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid)
+                                  for sid in sids])
+    seen: dict[str, list[int]] = {}
+    assert admin.get_queue_runtime_properties("orders").active_message_count == 5 * len(sids)
+    for _ in sids:
+        with client.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
+                                       max_wait_time=5) as receiver:
+            sid = receiver.session.session_id
+            got = receive(receiver, 5)
+            assert [str(m) for m in got] == [f"{sid}:{n}" for n in range(5)]
+            parts = {m.sequence_number >> PARTITION_SHIFT for m in got}
+            assert parts == {partition_of_key(sid, PARTITIONS)}
+            seen[sid] = [m.sequence_number for m in got]
+            for m in got:
+                receiver.complete_message(m)
+    assert sorted(seen) == sorted(sids)
+    # every partition has keys of its own hash tag
+    r = redis.Redis.from_url(redis_url)
+    tags = {k.split(b"}")[0] for k in r.scan_iter(match=f"{{{busd.prefix}:orders:*".encode())}
+    assert tags == {f"{{{busd.prefix}:orders:{p}".encode() for p in range(PARTITIONS)}
+
+
+def test_a_session_is_exclusive_across_partitions(busd, client):
+    sids = sessions_in_every_partition(1)
+    with client.get_queue_sender("orders") as sender:
+        sender.send_messages([ServiceBusMessage("x", session_id=sid) for sid in sids])
+    receivers = [client.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
+                                           max_wait_time=5) for _ in sids]
+    try:
+        for r in receivers:
+            r.__enter__()
+        held = [r.session.session_id for r in receivers]
+        assert sorted(held) == sorted(sids)  # each acceptor got a different session
+        with pytest.raises(SessionCannotBeLockedError):
+            with client.get_queue_receiver("orders", session_id=sids[0],
+                                           max_wait_time=2) as other:
+                other.receive_messages(max_message_count=1, max_wait_time=1)
+        for r in receivers:
+            for m in receive(r, 1):
+                r.complete_message(m)
+    finally:
+        for r in receivers:
+            r.__exit__(None, None, None)
+
+
+def test_a_waiting_acceptor_gets_a_session_freed_in_any_partition(busd, client):
+    """Acceptors wait on an empty queue; a message in each partition wakes exactly one."""
+    sids = sessions_in_every_partition(1)
+    got: list[str] = []
+
+    def accept() -> None:
+        with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+            with sb.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
+                                       max_wait_time=20) as receiver:
+                for m in receive(receiver, 1):
+                    receiver.complete_message(m)
+                got.append(receiver.session.session_id)
+
+    threads = [threading.Thread(target=accept) for _ in sids]
+    for t in threads:
+        t.start()
+    time.sleep(2)  # all waiting, registered in every partition
+    with client.get_queue_sender("orders") as sender:
+        for sid in sids:
+            sender.send_messages(ServiceBusMessage("wake", session_id=sid))
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == sorted(sids)
+
+
+def test_deferral_scheduling_and_counts(busd, client, admin):
+    sid = sessions_in_every_partition(1)[-1]  # a partition other than 0
+    partition = partition_of_key(sid, PARTITIONS)
+    assert partition != 0
+    with client.get_queue_sender("orders") as sender:
+        sender.send_messages([ServiceBusMessage(f"d{n}", session_id=sid) for n in range(3)])
+        later = datetime.now(UTC) + timedelta(hours=1)
+        (scheduled,) = sender.schedule_messages(
+            ServiceBusMessage("later", session_id=sid), later)
+        assert scheduled >> PARTITION_SHIFT == partition
+        props = admin.get_queue_runtime_properties("orders")
+        assert (props.active_message_count, props.scheduled_message_count) == (3, 1)
+        sender.cancel_scheduled_messages(scheduled)
+    with client.get_queue_receiver("orders", session_id=sid, max_wait_time=5) as receiver:
+        got = receive(receiver, 3)
+        numbers = [m.sequence_number for m in got]
+        for m in got:
+            receiver.defer_message(m)
+        props = admin.get_queue_runtime_properties("orders")
+        assert (props.total_message_count, props.active_message_count,
+                props.scheduled_message_count) == (3, 0, 0)  # the three deferred
+        peeked = receiver.peek_messages(max_message_count=10, sequence_number=numbers[1])
+        assert [m.sequence_number for m in peeked] == numbers[1:]
+        deferred = receiver.receive_deferred_messages(numbers)
+        assert [str(m) for m in deferred] == ["d0", "d1", "d2"]
+        for m in deferred:
+            receiver.complete_message(m)
+    props = admin.get_queue_runtime_properties("orders")
+    assert props.total_message_count == 0
+
+
+def test_plain_receivers_are_fed_from_every_partition(busd, client):
+    with client.get_queue_sender("spread") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{n}") for n in range(40)])
+    with client.get_queue_receiver("spread", max_wait_time=3) as receiver:
+        got = receive(receiver, 40)
+        assert sorted(str(m) for m in got) == sorted(f"m{n}" for n in range(40))
+        assert {m.sequence_number >> PARTITION_SHIFT for m in got} == set(range(PARTITIONS))
+        for m in got:
+            receiver.complete_message(m)
+
+
+def test_sessions_are_listed_as_one_queue(busd, client):
+    sids = sessions_in_every_partition(1)
+    with client.get_queue_sender("orders") as sender:
+        sender.send_messages([ServiceBusMessage("l", session_id=sid) for sid in sids])
+    assert sorted(client.list_queue_sessions("orders")) == sorted(sids)
+    for sid in sids:
+        with client.get_queue_receiver("orders", session_id=sid, max_wait_time=5) as r:
+            for m in receive(r, 1):
+                r.complete_message(m)
