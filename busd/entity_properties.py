@@ -187,7 +187,7 @@ PROPERTIES: tuple[Property, ...] = (
        help="Queue or topic to move every message to."),
     _p("ForwardDeadLetteredMessagesTo", ENTITY, "qs", attr="forward_dead_lettered_to",
        flag="forward-dead-lettered-to", help="Queue or topic to move dead letters to."),
-    # Partitioned entities (docs/design.md §3.17): PartitionCount is busd's own (Service Bus
+    # Partitioned entities (docs/design.md §3.18): PartitionCount is busd's own (Service Bus
     # Standard always has 16). At most 32: a sequence number carries its partition in its top
     # 16 bits, and the store's scripts count in doubles, exact up to 2^53 (32 << 48).
     _p("EnablePartitioning", BOOL, "qt", False, immutable=True, flag="partitioning",

@@ -151,9 +151,9 @@ class Server:
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
             broker = Broker(
-                RedisStore(url, prefix=f"{settings.key_prefix}:ns:{name}",
-                           max_calls=settings.store_connections,
-                           durability=settings.durability),
+                wrap(RedisStore(url, prefix=f"{settings.key_prefix}:ns:{name}",
+                                max_calls=settings.store_connections,
+                                durability=settings.durability)),
                 sas_keys=dict(self.namespaces.keys(name)),
                 sweep_interval_s=settings.sweep_interval_s,
                 limits=settings.limits,

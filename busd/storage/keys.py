@@ -14,7 +14,7 @@ topic's: every copy keeps the number the topic gave it, and numbers given later 
 subscription (a resubmitted dead letter) come from the same counter, so they never collide.
 Queue and topic names share one namespace (as in Service Bus), so their tags never meet.
 
-A partitioned entity (docs/design.md §3.17) is one such key set per partition, each under a
+A partitioned entity (docs/design.md §3.18) is one such key set per partition, each under a
 tag of its own, `{<prefix>:<queue>:<partition>}` (`partition_scope`; a name has no `:`), so a
 cluster spreads its partitions over its shards. Each partition is an ordinary queue to the
 scripts; busd.storage.partitions routes calls to them.

@@ -1,5 +1,5 @@
 """Partitioned entities: one entity to the broker, several queues to the scripts
-(docs/design.md §3.17).
+(docs/design.md §3.18).
 
 `PartitionedStore` wraps a Store. A call on an entity without partitions goes straight to it.
 A partitioned entity is P ordinary queues, each under a hash tag of its own (busd.storage.keys

@@ -195,7 +195,7 @@ class RedisStore(RedisConnection):
 
     async def start_sequence(self, queue: QueueSpec, first: int) -> None:
         """Start the queue's sequence counter at `first` (the next number is first + 1) unless
-        it counted already: a partition's numbers carry the partition (docs/wire.md §6.4)."""
+        it counted already: a partition's numbers carry the partition (docs/wire.md §6.3)."""
         assert self._client is not None
         scope = queue.key_scope
         await self._client.set(keyspace.key(self.prefix, scope[0], "seq"), first, nx=True)

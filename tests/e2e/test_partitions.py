@@ -1,5 +1,5 @@
 """Partitioned entities through the official azure-servicebus SDK on one Valkey: a session
-queue spread over 4 partitions is one queue to its clients (docs/design.md §3.17)."""
+queue spread over 4 partitions is one queue to its clients (docs/design.md §3.18)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
+from azure.core.exceptions import HttpResponseError
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
     ServiceBusClient,
@@ -184,3 +185,23 @@ def test_sessions_are_listed_as_one_queue(busd, client):
         with client.get_queue_receiver("orders", session_id=sid, max_wait_time=5) as r:
             for m in receive(r, 1):
                 r.complete_message(m)
+
+
+def test_the_management_api_creates_a_partitioned_queue(busd, client, admin):
+    created = admin.create_queue("made-partitioned", enable_partitioning=True,
+                                 requires_session=True)
+    assert created.enable_partitioning
+    with client.get_queue_sender("made-partitioned") as sender:
+        sender.send_messages([ServiceBusMessage("p", session_id=sid)
+                              for sid in sessions_in_every_partition(1)])
+    with client.get_queue_receiver("made-partitioned", session_id="s-0") as receiver:
+        (m,) = receive(receiver, 1)
+        # 16 partitions by default
+        assert m.sequence_number >> PARTITION_SHIFT == partition_of_key("s-0", 16)
+        receiver.complete_message(m)
+    changed = admin.get_queue("made-partitioned")
+    changed.enable_partitioning = False
+    with pytest.raises(HttpResponseError):
+        admin.update_queue(changed)
+    assert admin.get_queue("made-partitioned").enable_partitioning
+    admin.delete_queue("made-partitioned")
