@@ -269,9 +269,10 @@ class CatalogEntities:
                 replacement = dict(properties)
                 replacement.pop("DefaultRuleDescription", None)
                 before = _to_atom(current)
-                for name in (p.name for p in ep.OF_KIND[kind].values() if p.immutable):
-                    if bool(replacement.get(name)) != bool(before.get(name)):
-                        raise ax.AtomError(400, f"{name} cannot be changed on an existing entity")
+                for prop in (p for p in ep.OF_KIND[kind].values() if p.immutable):
+                    if _changes(prop, replacement, before):
+                        raise ax.AtomError(
+                            400, f"{prop.name} cannot be changed on an existing entity")
                 entity = _from_atom(kind, _names(kind, path), replacement, current.created_ms,
                                     int(time.time() * 1000))
                 updated = await self.catalog.update(entity)
@@ -310,3 +311,13 @@ def _atom_error(exc: BusdError) -> ax.AtomError:
     if exc.condition == Condition.NOT_FOUND:
         return ax.AtomError(404, exc.description, 40400)
     return ax.AtomError(400, exc.description)
+
+
+def _changes(prop: ep.Property, replacement: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether the replacement alters a property fixed at creation: a flag, or a value its
+    flag switches on (PartitionCount, while partitioning stays on)."""
+    if prop.type == ep.BOOL:
+        return bool(replacement.get(prop.name)) != bool(before.get(prop.name))
+    if prop.enabled_by and not (replacement.get(prop.enabled_by) and before.get(prop.enabled_by)):
+        return False
+    return bool(replacement.get(prop.name, prop.default) != before.get(prop.name, prop.default))
