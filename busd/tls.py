@@ -51,7 +51,12 @@ def load(tls_cert: str | None, tls_key: str | None, data_dir: str | os.PathLike)
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _usable(cert, key):
             _generate(cert, key)
-    return Tls(_context(cert, key), cert, generated=True)
+    from busd.host_certificates import HostIssuer
+
+    context = _context(cert, key)
+    # a namespace's host (`<name>.localhost`) gets a certificate of its own, signed by this one
+    context.sni_callback = HostIssuer(cert, key)
+    return Tls(context, cert, generated=True)
 
 
 def _context(cert: Path, key: Path) -> ssl.SSLContext:

@@ -6,6 +6,8 @@ hostname, the HTTP Host header). Each sees only its own entities and messages.""
 from __future__ import annotations
 
 import http.client
+import socket
+import ssl
 import time
 import uuid
 
@@ -155,3 +157,50 @@ def test_the_javascript_sdk_chooses_namespaces_by_key_name(busd, node_modules):
                      cert_path=busd.cert_path)
     assert steps == {"queues0": ["orders"], "received0": ["namespace 0"],
                      "queues1": ["orders"], "received1": ["namespace 1"], "done": True}
+
+
+@pytest.fixture
+def localhost_subdomains(monkeypatch):
+    """`*.localhost` resolved to the loopback address in this process, as systemd-resolved
+    resolves it (this machine's resolver does not)."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".localhost"):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_both_python_clients_by_host_name_over_amqp_and_https(busd, localhost_subdomains):
+    """The administration client checks that the certificate names `<name>.localhost`: busd
+    presents one it signed for that host with the certificate the client trusts."""
+    namespace = fresh()[0]
+    conn = (f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
+            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    with ServiceBusAdministrationClient.from_connection_string(
+            conn, connection_verify=busd.cert_path) as client:
+        client.create_queue("orders")
+        assert [q.name for q in client.list_queues()] == ["orders"]
+        assert client.get_namespace_properties().name == namespace
+        with ServiceBusClient.from_connection_string(conn) as messaging:
+            with messaging.get_queue_sender("orders") as sender:
+                sender.send_messages(ServiceBusMessage("by host name"))
+            assert client.get_queue_runtime_properties("orders").active_message_count == 1
+            with messaging.get_queue_receiver("orders", max_wait_time=5) as receiver:
+                (message,) = receive(receiver, 1)
+                assert str(message) == "by host name"
+                receiver.complete_message(message)
+
+
+def test_a_namespace_host_gets_a_certificate_for_exactly_that_name(busd):
+    context = ssl.create_default_context(cafile=busd.cert_path)
+    for host in ("team-z.localhost", "localhost"):
+        with socket.create_connection(("127.0.0.1", busd.port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname=host) as tls:
+                names = [v for k, v in tls.getpeercert()["subjectAltName"] if k == "DNS"]
+                assert host in names
+    with socket.create_connection(("127.0.0.1", busd.port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):  # two labels: not a namespace host
+            context.wrap_socket(raw, server_hostname="a.b.localhost")
