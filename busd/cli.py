@@ -138,7 +138,9 @@ def cli() -> None:
               type=click.Path(dir_okay=False),
               help="Entities file: the Service Bus emulator's Config.json, as is.")
 @click.option("--redis-url", envvar="BUSD_REDIS_URL", default=None,
-              help="Redis/Valkey to keep state in; none: start an embedded Valkey.")
+              help="Redis/Valkey to keep state in (redis+cluster://host:port for a Cluster, "
+                   "redis+sentinel://host:port[,host:port...]/service for Sentinel); none: "
+                   "start an embedded Valkey.")
 @click.option("--data-dir", envvar="BUSD_DATA_DIR", default=_DEFAULTS.data_dir,
               show_default=True, help="Where the embedded Valkey keeps its files.")
 @click.option("--http-port", envvar="BUSD_HTTP_PORT", type=int, default=_DEFAULTS.http_port,
