@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Endpoint, Link
 
+from busd.allocator import trim_soon
 from busd.auth.rights import Grant, allows, missing_claim
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
 from busd.broker.links import (
@@ -399,6 +400,7 @@ class ConnectionHandler:
             self.home.open_connections -= 1
             if self.home.metrics is not None:
                 self.home.metrics.connection_closed()
+            trim_soon()  # once the connection's objects are freed (docs/design.md §3.12)
         log.info("connection closed: peer=%s container=%s", self.proto.peer, self.remote_container)
 
     def kept_endpoints(self) -> tuple[int, int]:

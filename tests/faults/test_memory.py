@@ -3,7 +3,8 @@
 Opens and closes many connections, each with the links a client really uses (the `$cbs`
 pair, a sender, a receiver that completes a message, a `$management` pair), with the protocol
 client over TCP and with the official SDK, then checks that busd's count of connection objects
-in memory and its resident memory come back to where they were.
+in memory and its resident memory come back to where they were: a few at a time, and all open
+at once then all closed, twice.
 
 Sizes come from the environment: the short defaults keep CI quick; `scripts/faults` runs
 2,000 protocol-client and 300 SDK connections (BUSD_FAULTS_CONNECTIONS, BUSD_FAULTS_SDK).
@@ -23,6 +24,8 @@ from tests.faults.conftest import metric, rss_kib
 from tests.faults.tcp import tcp_client
 
 CONNECTIONS = int(os.environ.get("BUSD_FAULTS_CONNECTIONS", "150"))
+# Open at once, then closed: the burst that glibc's heap kept after the objects were freed.
+BURST = int(os.environ.get("BUSD_FAULTS_BURST", "1000"))
 SDK_CONNECTIONS = int(os.environ.get("BUSD_FAULTS_SDK", "8"))
 AT_ONCE = 16
 # What may stay after the churn: allocator pages Python keeps, caches that fill once.
@@ -119,3 +122,62 @@ def test_connections_opened_and_closed_give_their_memory_back(start_busd, capsys
     assert objects_after <= objects_before + OBJECT_SLACK, "closed connections stay in memory"
     assert rss_after - rss_before <= RSS_SLACK_KIB, (
         f"RSS grew by {(rss_after - rss_before) // 1024} MB over the churn")
+
+
+async def _burst(port: int, count: int, pid: int) -> int:
+    """Open `count` connections (token, a sender, a receiver with credit), all at once, then
+    close them all; returns busd's RSS (KiB) while they were all open."""
+    clients = []
+
+    async def open_one() -> None:
+        client = await tcp_client(port)
+        clients.append(client)
+        await client.authorize("plain")
+        await client.attach_sender("plain")
+        await client.attach_receiver("plain", credit=1)
+
+    async def close(client) -> None:
+        try:
+            await client.close()
+        finally:
+            client.proto.close()
+
+    try:
+        for start in range(0, count, 50):
+            await asyncio.gather(*(open_one() for _ in range(min(50, count - start))))
+        peak = rss_kib(pid)
+    finally:
+        for start in range(0, len(clients), 50):
+            await asyncio.gather(*(close(c) for c in clients[start:start + 50]))
+    return peak
+
+
+def _rss_settled(busd, pid: int) -> int:
+    """RSS once the closed connections are freed and busd gave the memory back (a moment
+    after the last close, docs/design.md §3.12)."""
+    _settled(busd, 0)
+    time.sleep(2)
+    return rss_kib(pid)
+
+
+def test_a_burst_of_connections_gives_its_memory_back_and_a_second_adds_nothing(
+        start_busd, capsys):
+    busd = start_busd()
+    pid = busd.proc.pid
+    asyncio.run(_burst(busd.port, 50, pid))  # first-use caches are not a leak
+    start = _rss_settled(busd, pid)
+    peak1 = asyncio.run(_burst(busd.port, BURST, pid))
+    after1 = _rss_settled(busd, pid)
+    peak2 = asyncio.run(_burst(busd.port, BURST, pid))
+    after2 = _rss_settled(busd, pid)
+    with capsys.disabled():
+        print(f"\nmemory: {BURST} connections open at once, then closed, twice: RSS start "
+              f"{start // 1024} MB, round 1 {peak1 // 1024} -> {after1 // 1024} MB, round 2 "
+              f"{peak2 // 1024} -> {after2 // 1024} MB; connection objects "
+              f"{metric(busd, 'busd_connection_objects'):.0f}")
+    assert metric(busd, "busd_connection_objects") <= OBJECT_SLACK
+    # Most of what the burst took is given back (what stays: Python's object arenas that a
+    # few long-lived objects keep), and a second burst reuses it instead of adding to it.
+    assert after1 - start <= (peak1 - start) // 2, "the burst's memory was not given back"
+    assert after2 - after1 <= RSS_SLACK_KIB // 2, (
+        f"a second burst grew RSS by {(after2 - after1) // 1024} MB")
