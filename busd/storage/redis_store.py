@@ -8,19 +8,13 @@ busd/storage/redis_connection.py; the conversions both ways busd/storage/redis_c
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-
 from busd.errors import BusdError, Condition
 from busd.storage import keys as keyspace
 from busd.storage.api import (
-    CatalogCallback,
-    EntityCounts,
     ForwardDestination,
     ForwardedMessage,
     ForwardResult,
@@ -42,6 +36,7 @@ from busd.storage.api import (
     TopicSpec,
 )
 from busd.storage.call_limiter import CALL_WAIT_S
+from busd.storage.redis_catalog import CatalogCalls
 from busd.storage.redis_codec import (
     ScriptStatus,
     _check,
@@ -55,13 +50,11 @@ from busd.storage.redis_codec import (
     _refused,
     _sid,
     _sid_text,
-    _text,
     _token_string,
 )
 from busd.storage.redis_connection import (
     DEFAULT_MAX_CALLS,
     SWEEP_BUDGET,
-    RedisConnection,
     _cluster_url,
     _sentinel_url,
 )
@@ -76,11 +69,7 @@ LIVENESS_MS = 15_000
 REPAIR_WAKES = 16
 
 
-def catalog_field(kind: str, path: str) -> str:
-    """A record's field in the catalog hash: `<kind>:<path>` (kinds hold no ':')."""
-    return f"{kind}:{path}"
-
-
+# Why a message that cannot be forwarded stays at its source (lua/forwardMessages.lua keeps
 # the same words for a single server's move).
 FORWARD_HOPS_REASON = "MaxTransferHopCountExceeded"
 FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues "
@@ -88,124 +77,13 @@ FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding 
 FORWARD_GONE_REASON = "MessagingEntityNotFound"
 
 
-class RedisStore(RedisConnection):
+class RedisStore(CatalogCalls):
     def __init__(
         self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
     ) -> None:
         super().__init__(url, prefix, max_calls=max_calls, durability=durability,
                          call_wait_s=CALL_WAIT_S)
-
-    # --- the entity catalog ---------------------------------------------------------------
-    # Entity records change rarely and are not messages: each change is one MULTI/EXEC (the
-    # record and its announcement together), not a script.
-    async def catalog_all(self) -> dict[str, dict[str, Any]]:
-        assert self._client is not None
-        raw = await self._client.hgetall(keyspace.catalog_key(self.prefix))
-        return {_text(field) or "": json.loads(value) for field, value in raw.items()}
-
-    async def catalog_get(self, kind: str, path: str) -> dict[str, Any] | None:
-        assert self._client is not None
-        raw = await self._client.hget(keyspace.catalog_key(self.prefix), catalog_field(kind, path))
-        return None if raw is None else json.loads(raw)
-
-    async def catalog_put(
-        self, kind: str, path: str, record: dict[str, Any], *, only_new: bool = False
-    ) -> bool:
-        assert self._client is not None
-        name = catalog_field(kind, path)
-        value = json.dumps(record, separators=(",", ":"), sort_keys=True)
-        key, channel = keyspace.catalog_key(self.prefix), keyspace.catalog_channel(self.prefix)
-        if not self.cross_slot_transactions:
-            # A cluster client refuses PUBLISH in a pipeline: the record first, then its
-            # announcement (a process that misses one reloads all when it subscribes again).
-            if only_new:
-                written = await self._client.hsetnx(key, name, value)
-            else:
-                written = await self._client.hset(key, name, value)
-            await self._client.publish(channel, name)
-            return bool(written) or not only_new
-        async with self._client.pipeline(transaction=True) as pipe:
-            if only_new:
-                pipe.hsetnx(key, name, value)
-            else:
-                pipe.hset(key, name, value)
-            pipe.publish(channel, name)
-            written, _ = await pipe.execute()
-        return bool(written) or not only_new
-
-    async def catalog_delete(self, items: list[tuple[str, str]]) -> int:
-        assert self._client is not None
-        if not items:
-            return 0
-        names = [catalog_field(kind, path) for kind, path in items]
-        if not self.cross_slot_transactions:  # as in catalog_put
-            deleted = await self._client.hdel(keyspace.catalog_key(self.prefix), *names)
-            for name in names:
-                await self._client.publish(keyspace.catalog_channel(self.prefix), name)
-            return int(deleted)
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hdel(keyspace.catalog_key(self.prefix), *names)
-            for name in names:
-                pipe.publish(keyspace.catalog_channel(self.prefix), name)
-            deleted, *_ = await pipe.execute()
-        return int(deleted)
-
-    async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
-        assert self._node is not None
-        pubsub = self._node.pubsub(ignore_subscribe_messages=False)
-        await pubsub.subscribe(keyspace.catalog_channel(self.prefix))
-        self._listeners.append(
-            asyncio.create_task(self._listen_catalog(pubsub, on_change), name="busd-catalog")
-        )
-
-    async def _listen_catalog(self, pubsub: Any, on_change: CatalogCallback) -> None:
-        try:
-            while True:
-                try:
-                    message = await pubsub.get_message(timeout=None)
-                except (RedisConnectionError, OSError) as exc:
-                    # redis-py subscribes again on the next read; its confirmation below
-                    # makes everyone reload what changed meanwhile.
-                    log.warning("catalog subscription interrupted: %s", exc)
-                    await asyncio.sleep(0.5)
-                    continue
-                if message is None:
-                    continue
-                kind = message.get("type")
-                if kind == "subscribe":  # (re)subscribed: changes may have been missed
-                    changed = None
-                elif kind == "message":
-                    changed = message["data"].decode()
-                else:
-                    continue
-                try:
-                    on_change(changed)
-                except Exception:
-                    log.exception("catalog change callback failed")
-        finally:
-            await pubsub.aclose()
-
-    async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
-        if subscriptions:
-            await self._run_topic("openSubscriptions", topic, [], list(subscriptions))
-
-    async def drop_queue(self, queue: QueueSpec) -> int:
-        return await self._run_queue("dropQueue", queue)
-
-    async def start_sequence(self, queue: QueueSpec, first: int) -> None:
-        """Start the queue's sequence counter at `first` (the next number is first + 1) unless
-        it counted already: a partition's numbers carry the partition (docs/wire.md §6.3)."""
-        assert self._client is not None
-        scope = queue.key_scope
-        await self._client.set(keyspace.key(self.prefix, scope[0], "seq"), first, nx=True)
-
-    async def drop_subscriptions(
-        self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
-    ) -> int:
-        return await self._run_topic(
-            "dropSubscriptions", topic, subscriptions, [1 if with_topic else 0]
-        )
 
     # --- send ------------------------------------------------------------------------------
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
@@ -264,11 +142,6 @@ class RedisStore(RedisConnection):
         if seqs:
             _check(await self._run_topic("cancelTopicScheduled", topic.name, subscriptions,
                                          list(seqs)))
-
-    async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
-        assert self._client is not None
-        raw = await self._client.hgetall(keyspace.key(self.prefix, topic.name, "tstats"))
-        return {_text(k) or "": int(v) for k, v in raw.items()}
 
     # --- receive ---------------------------------------------------------------------------
     async def receive(
@@ -604,9 +477,6 @@ class RedisStore(RedisConnection):
             expired_session_locks=[_sid_text(sid) or "" for sid in reply[3:]],
         )
 
-    async def purge(self, entity: QueueSpec) -> int:
-        return await self._run_queue("purgeEntity", entity, _entity(entity))
-
     async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
         if limit <= 0:
             return 0
@@ -618,23 +488,6 @@ class RedisStore(RedisConnection):
             limit,
         )
         return moved
-
-    async def counts(self, entity: QueueSpec) -> EntityCounts:
-        reply = await self._run_queue("countEntity", entity, _entity(entity))
-        active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply[:7]
-        totals = reply[7:]
-        return EntityCounts(
-            active=active,
-            locked=locked,
-            scheduled=scheduled,
-            deferred=deferred,
-            dead_letter=dead_letter,
-            sessions=sessions,
-            locked_sessions=locked_sessions,
-            totals={
-                name.decode(): count for name, count in zip(totals[0::2], totals[1::2])
-            },
-        )
 
     # --- transactions (docs/design.md §3.15) ----------------------------------------------
     async def stage_transaction(
@@ -709,7 +562,6 @@ class RedisStore(RedisConnection):
 
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
         return await self._run("sweepTransactions", queue, [SWEEP_BUDGET])
-
 
 
 def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:
