@@ -18,13 +18,10 @@ from busd.storage.api import (
     ForwardDestination,
     ForwardedMessage,
     ForwardResult,
-    NewMessage,
-    Placement,
     QueueSpec,
     ReceiveMode,
     SessionInfo,
     SessionLock,
-    Settlement,
     StagedCancel,
     StagedOperation,
     StagedPublish,
@@ -47,7 +44,6 @@ from busd.storage.redis_codec import (
     _opt,
     _placement_args,
     _placement_fields,
-    _refused,
     _sid,
     _sid_text,
     _token_string,
@@ -58,6 +54,7 @@ from busd.storage.redis_connection import (
     _cluster_url,
     _sentinel_url,
 )
+from busd.storage.redis_messages import MessageCalls
 
 __all__ = ["RedisStore", "_cluster_url", "_sentinel_url"]
 
@@ -77,96 +74,13 @@ FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding 
 FORWARD_GONE_REASON = "MessagingEntityNotFound"
 
 
-class RedisStore(CatalogCalls):
+class RedisStore(CatalogCalls, MessageCalls):
     def __init__(
         self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
     ) -> None:
         super().__init__(url, prefix, max_calls=max_calls, durability=durability,
                          call_wait_s=CALL_WAIT_S)
-
-    # --- send ------------------------------------------------------------------------------
-    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
-        if not messages:
-            return []
-        if queue.dlq:
-            raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
-        _check_session_ids(m.session_id for m in messages)
-        args: list[Any] = [
-            queue.duplicate_detection_window_ms or 0,
-            1 if queue.requires_session else 0,
-        ]
-        for m in messages:
-            args += [
-                m.blob,
-                _sid(m.session_id),
-                _opt(m.message_id),
-                _opt(_effective_ttl(queue, m)),
-                _opt(m.scheduled_ms),
-            ]
-        return list(await self._run_queue("sendMessages", queue, *args))
-
-    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
-        return await self.send(queue, messages)
-
-    async def publish(
-        self,
-        topic: TopicSpec,
-        subscriptions: list[QueueSpec],
-        messages: list[NewMessage],
-        placements: list[list[Placement]] | None = None,
-    ) -> list[int]:
-        if not messages:
-            return []
-        _check_session_ids(m.session_id for m in messages)
-        args: list[Any] = [topic.duplicate_detection_window_ms or 0]
-        for sub in subscriptions:
-            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
-        for i, m in enumerate(messages):
-            args += [m.blob, _sid(m.session_id), _opt(m.message_id),
-                     _opt(_effective_ttl(topic, m)), _opt(m.scheduled_ms)]
-            if placements is None:
-                args.append(-1)
-                continue
-            copies = placements[i]
-            args.append(len(copies))
-            for c in copies:
-                if c.own_session_id:
-                    _check_session_ids([c.session_id])
-                args += [c.subscription + 1, *_placement_fields(c)]
-        return list(await self._run_topic("publishMessages", topic.name, subscriptions, args))
-
-    async def cancel_topic_scheduled(
-        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
-    ) -> None:
-        if seqs:
-            _check(await self._run_topic("cancelTopicScheduled", topic.name, subscriptions,
-                                         list(seqs)))
-
-    # --- receive ---------------------------------------------------------------------------
-    async def receive(
-        self,
-        entity: QueueSpec,
-        count: int,
-        mode: ReceiveMode,
-        tokens: Sequence[bytes],
-        waiter: str | None = None,
-    ) -> list[StoredMessage]:
-        if count <= 0:
-            return []
-        peek_lock = mode == ReceiveMode.PEEK_LOCK
-        if peek_lock and len(tokens) < count:
-            raise ValueError("peek-lock needs one token per message")
-        rows = await self._run_queue(
-            "receiveMessages",
-            entity,
-            _entity(entity),
-            1 if peek_lock else 0,
-            count,
-            _opt(waiter),
-            *((_token_string(tokens, count),) if peek_lock else ()),
-        )
-        return [_message(r) for r in rows]
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
@@ -259,74 +173,6 @@ class RedisStore(CatalogCalls):
                 "sessionInfos", queue, []
             )
         ]
-
-    # --- settlement and locks ------------------------------------------------------------
-    async def settle(
-        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
-    ) -> list[Condition | None]:
-        if not settlements:
-            return []
-        args: list[Any] = [_entity(entity), _opt(holder)]
-        for s in settlements:
-            args += [
-                s.token,
-                s.outcome.value,
-                _sid(s.session_id),
-                _opt(s.dead_letter_reason),
-                _opt(s.dead_letter_description),
-                _opt(s.properties_patch),
-            ]
-        return [_refused(status)
-                for status in await self._run_queue("settleMessages", entity, *args)]
-
-    async def renew_message_locks(
-        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
-    ) -> list[int]:
-        if not tokens:
-            return []
-        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity),
-                                      _opt(until_ms), *tokens)
-        _check(reply[0])
-        return list(reply[1:])
-
-    # --- lifecycle operations --------------------------------------------------------------
-    async def peek(
-        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
-    ) -> list[StoredMessage]:
-        rows = await self._run_queue(
-            "peekMessages", entity, _entity(entity), from_seq, count, _sid(session_id)
-        )
-        return [_message(r) for r in rows]
-
-    async def receive_deferred(
-        self,
-        entity: QueueSpec,
-        seqs: list[int],
-        mode: ReceiveMode,
-        tokens: Sequence[bytes],
-        session_id: str | None = None,
-        holder: str | None = None,
-    ) -> list[StoredMessage]:
-        peek_lock = mode == ReceiveMode.PEEK_LOCK
-        if peek_lock and len(tokens) < len(seqs):
-            raise ValueError("peek-lock needs one token per message")
-        reply = await self._run_queue(
-            "receiveDeferred",
-            entity,
-            _entity(entity),
-            1 if peek_lock else 0,
-            _sid(session_id),
-            _opt(holder),
-            len(seqs),
-            *seqs,
-            *((_token_string(tokens, len(seqs)),) if peek_lock else ()),
-        )
-        _check(reply[0])
-        return [_message(r) for r in reply[1:]]
-
-    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
-        if seqs:
-            _check(await self._run_queue("cancelScheduled", queue, *seqs))
 
     # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
     async def take_forwarding(
@@ -463,8 +309,6 @@ class RedisStore(CatalogCalls):
         await self._run_topic("forwardPublish", topic.name, subs, args)
 
     # --- housekeeping ---------------------------------------------------------------------
-    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
-        return bool(await self._run_queue("stopWaiting", queue, waiters, waiter))
 
     async def sweep(self, queue: QueueSpec) -> SweepResult:
         reply = await self._run_queue(
@@ -476,18 +320,6 @@ class RedisStore(CatalogCalls):
             activated_scheduled=reply[2],
             expired_session_locks=[_sid_text(sid) or "" for sid in reply[3:]],
         )
-
-    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
-        if limit <= 0:
-            return 0
-        moved, _ = await self._run_queue(
-            "resubmitDeadLetters",
-            queue,
-            1 if queue.requires_session else 0,
-            _opt(queue.default_ttl_ms),
-            limit,
-        )
-        return moved
 
     # --- transactions (docs/design.md §3.15) ----------------------------------------------
     async def stage_transaction(

@@ -1,0 +1,188 @@
+"""The messages of the Redis/Valkey store: send, schedule and publish, receive, settle, renew
+and peek, deferred and scheduled messages, resubmitting dead letters, and a receiver's
+waiting (docs/design.md §3.4, §3.5). Sessions are busd/storage/redis_sessions.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from busd.errors import Condition
+from busd.storage.api import (
+    NewMessage,
+    Placement,
+    QueueSpec,
+    ReceiveMode,
+    Settlement,
+    StoredMessage,
+    TopicSpec,
+)
+from busd.storage.redis_codec import (
+    _check,
+    _check_session_ids,
+    _effective_ttl,
+    _entity,
+    _message,
+    _opt,
+    _placement_args,
+    _refused,
+    _sid,
+    _token_string,
+)
+from busd.storage.redis_connection import RedisConnection
+
+
+class MessageCalls(RedisConnection):
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        if not messages:
+            return []
+        if queue.dlq:
+            raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
+        _check_session_ids(m.session_id for m in messages)
+        args: list[Any] = [
+            queue.duplicate_detection_window_ms or 0,
+            1 if queue.requires_session else 0,
+        ]
+        for m in messages:
+            args += [
+                m.blob,
+                _sid(m.session_id),
+                _opt(m.message_id),
+                _opt(_effective_ttl(queue, m)),
+                _opt(m.scheduled_ms),
+            ]
+        return list(await self._run_queue("sendMessages", queue, *args))
+
+    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        return await self.send(queue, messages)
+
+    async def publish(
+        self,
+        topic: TopicSpec,
+        subscriptions: list[QueueSpec],
+        messages: list[NewMessage],
+        placements: list[list[Placement]] | None = None,
+    ) -> list[int]:
+        if not messages:
+            return []
+        _check_session_ids(m.session_id for m in messages)
+        args: list[Any] = [topic.duplicate_detection_window_ms or 0]
+        for sub in subscriptions:
+            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        for i, m in enumerate(messages):
+            args += [m.blob, _sid(m.session_id), _opt(m.message_id),
+                     _opt(_effective_ttl(topic, m)), _opt(m.scheduled_ms)]
+            args += _placement_args(None if placements is None else placements[i])
+        return list(await self._run_topic("publishMessages", topic.name, subscriptions, args))
+
+    async def cancel_topic_scheduled(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
+    ) -> None:
+        if seqs:
+            _check(await self._run_topic("cancelTopicScheduled", topic.name, subscriptions,
+                                         list(seqs)))
+
+    async def receive(
+        self,
+        entity: QueueSpec,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        waiter: str | None = None,
+    ) -> list[StoredMessage]:
+        if count <= 0:
+            return []
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if peek_lock and len(tokens) < count:
+            raise ValueError("peek-lock needs one token per message")
+        rows = await self._run_queue(
+            "receiveMessages",
+            entity,
+            _entity(entity),
+            1 if peek_lock else 0,
+            count,
+            _opt(waiter),
+            *((_token_string(tokens, count),) if peek_lock else ()),
+        )
+        return [_message(r) for r in rows]
+
+    async def settle(
+        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
+    ) -> list[Condition | None]:
+        if not settlements:
+            return []
+        args: list[Any] = [_entity(entity), _opt(holder)]
+        for s in settlements:
+            args += [
+                s.token,
+                s.outcome.value,
+                _sid(s.session_id),
+                _opt(s.dead_letter_reason),
+                _opt(s.dead_letter_description),
+                _opt(s.properties_patch),
+            ]
+        return [_refused(status)
+                for status in await self._run_queue("settleMessages", entity, *args)]
+
+    async def renew_message_locks(
+        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
+    ) -> list[int]:
+        if not tokens:
+            return []
+        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity),
+                                      _opt(until_ms), *tokens)
+        _check(reply[0])
+        return list(reply[1:])
+
+    async def peek(
+        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        rows = await self._run_queue(
+            "peekMessages", entity, _entity(entity), from_seq, count, _sid(session_id)
+        )
+        return [_message(r) for r in rows]
+
+    async def receive_deferred(
+        self,
+        entity: QueueSpec,
+        seqs: list[int],
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        session_id: str | None = None,
+        holder: str | None = None,
+    ) -> list[StoredMessage]:
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        if peek_lock and len(tokens) < len(seqs):
+            raise ValueError("peek-lock needs one token per message")
+        reply = await self._run_queue(
+            "receiveDeferred",
+            entity,
+            _entity(entity),
+            1 if peek_lock else 0,
+            _sid(session_id),
+            _opt(holder),
+            len(seqs),
+            *seqs,
+            *((_token_string(tokens, len(seqs)),) if peek_lock else ()),
+        )
+        _check(reply[0])
+        return [_message(r) for r in reply[1:]]
+
+    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
+        if seqs:
+            _check(await self._run_queue("cancelScheduled", queue, *seqs))
+
+    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
+        return bool(await self._run_queue("stopWaiting", queue, waiters, waiter))
+
+    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        moved, _ = await self._run_queue(
+            "resubmitDeadLetters",
+            queue,
+            1 if queue.requires_session else 0,
+            _opt(queue.default_ttl_ms),
+            limit,
+        )
+        return moved
