@@ -19,9 +19,6 @@ from busd.storage.api import (
     ForwardedMessage,
     ForwardResult,
     QueueSpec,
-    ReceiveMode,
-    SessionInfo,
-    SessionLock,
     StagedCancel,
     StagedOperation,
     StagedPublish,
@@ -55,6 +52,7 @@ from busd.storage.redis_connection import (
     _sentinel_url,
 )
 from busd.storage.redis_messages import MessageCalls
+from busd.storage.redis_sessions import SessionCalls
 
 __all__ = ["RedisStore", "_cluster_url", "_sentinel_url"]
 
@@ -74,105 +72,13 @@ FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding 
 FORWARD_GONE_REASON = "MessagingEntityNotFound"
 
 
-class RedisStore(CatalogCalls, MessageCalls):
+class RedisStore(CatalogCalls, MessageCalls, SessionCalls):
     def __init__(
         self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
     ) -> None:
         super().__init__(url, prefix, max_calls=max_calls, durability=durability,
                          call_wait_s=CALL_WAIT_S)
-
-    # --- sessions --------------------------------------------------------------------------
-    async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
-        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
-    ) -> SessionLock | None:
-        _check_session_ids([session_id])
-        count = max(count, 0)
-        peek_lock = mode == ReceiveMode.PEEK_LOCK
-        if count and peek_lock and len(tokens) < count:
-            raise ValueError("peek-lock needs one token per message")
-        reply = await self._run_queue(
-            "acceptSession", queue, holder, _sid(session_id), 1 if wait else 0,
-            1 if peek_lock else 0, count,
-            _token_string(tokens, count) if count and peek_lock else "",
-        )
-        if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
-            return None
-        _check(reply[0])
-        return SessionLock(session_id=_sid_text(reply[1]) or "", locked_until_ms=reply[2],
-                           messages=[_message(r) for r in reply[3:]])
-
-    async def receive_session(
-        self,
-        queue: QueueSpec,
-        session_id: str,
-        holder: str,
-        count: int,
-        mode: ReceiveMode,
-        tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
-        peek_lock = mode == ReceiveMode.PEEK_LOCK
-        if peek_lock and len(tokens) < count:
-            raise ValueError("peek-lock needs one token per message")
-        reply = await self._run_queue(
-            "receiveSessionMessages",
-            queue,
-            holder,
-            _sid(session_id),
-            1 if peek_lock else 0,
-            max(count, 0),
-            *((_token_string(tokens, count),) if peek_lock else ()),
-        )
-        _check(reply[0])
-        return [_message(r) for r in reply[1:]]
-
-    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
-        assert self._scripts is not None
-        reply = await self._run(
-            "renewSessionLock", queue, [holder, _sid(session_id), queue.lock_duration_ms]
-        )
-        _check(reply)
-        return reply
-
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self._run_queue("releaseSession", queue, holder, _sid(session_id))
-
-    async def get_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str
-    ) -> bytes | None:
-        reply = await self._run("getSessionState", queue, [holder, _sid(session_id)])
-        _check(reply[0])
-        return reply[1] if len(reply) > 1 else None
-
-    async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
-    ) -> None:
-        args = [holder, _sid(session_id), 0 if state is None else 1,
-                b"" if state is None else state]
-        _check(await self._run("setSessionState", queue, args))
-
-    async def list_sessions(
-        self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
-    ) -> list[str]:
-        reply = await self._run_queue(
-            "listSessions", queue, max(skip, 0), top, _opt(updated_after_ms)
-        )
-        return [_sid_text(sid) or "" for sid in reply]
-
-    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
-        return [
-            SessionInfo(
-                session_id=_sid_text(sid) or "",
-                message_count=count,
-                locked_until_ms=locked_until,
-                state_size=state_size,
-                updated_ms=updated,
-            )
-            for sid, count, locked_until, state_size, updated in await self._run(
-                "sessionInfos", queue, []
-            )
-        ]
 
     # --- auto-forwarding (docs/design.md §3.16) ---------------------------------------------
     async def take_forwarding(
