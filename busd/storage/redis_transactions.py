@@ -1,0 +1,148 @@
+"""The transactions of the Redis/Valkey store: operations staged on the via entity, then
+committed, discarded or swept as one (docs/design.md §3.15)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from busd.errors import BusdError, Condition
+from busd.storage import keys as keyspace
+from busd.storage.api import (
+    QueueSpec,
+    StagedCancel,
+    StagedOperation,
+    StagedPublish,
+    StagedSend,
+    StagedSessionState,
+    StagedSettlement,
+    TopicSpec,
+)
+from busd.storage.redis_codec import (
+    ScriptStatus,
+    _check,
+    _check_session_ids,
+    _effective_ttl,
+    _entity,
+    _opt,
+    _placement_fields,
+    _sid,
+)
+from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
+
+
+def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:
+    ids: list[str | None] = []
+    for op in operations:
+        if isinstance(op, (StagedSend, StagedPublish)):
+            ids.append(op.message.session_id)
+            if isinstance(op, StagedPublish):
+                ids += [c.session_id for c in op.placements if c.own_session_id]
+        elif isinstance(op, StagedSettlement):
+            ids.append(op.settlement.session_id)
+        elif isinstance(op, StagedSessionState):
+            ids.append(op.session_id)
+    return ids
+
+
+def _staged_fields(op: StagedOperation) -> list[Any]:
+    """The record lua/stageTransaction-2.lua keeps per operation (the kinds and fields of
+    lua/commitTransaction.lua)."""
+    if isinstance(op, StagedSend):
+        m = op.message
+        return ["s", op.queue.name, m.blob, _sid(m.session_id), _opt(m.message_id),
+                _opt(_effective_ttl(op.queue, m)), _opt(m.scheduled_ms), _opt(op.seq)]
+    if isinstance(op, StagedPublish):
+        m = op.message
+        fields = ["p", op.topic.name, m.blob, _sid(m.session_id), _opt(m.message_id),
+                  _opt(_effective_ttl(op.topic, m)), _opt(m.scheduled_ms), _opt(op.seq),
+                  len(op.placements)]
+        for c in op.placements:
+            fields += [op.subscriptions[c.subscription], *_placement_fields(c)]
+        return fields
+    if isinstance(op, StagedSettlement):
+        s = op.settlement
+        return ["x", op.entity.name, _entity(op.entity), s.token, s.outcome.value,
+                _sid(s.session_id), _opt(s.dead_letter_reason), _opt(s.dead_letter_description),
+                _opt(s.properties_patch), _opt(op.holder)]
+    if isinstance(op, StagedSessionState):
+        return ["t", op.queue.name, _sid(op.session_id), op.holder, 0 if op.state is None else 1,
+                op.state or b""]
+    if isinstance(op, StagedCancel):
+        return ["c", op.queue.name, op.seq]
+    raise TypeError(f"not a staged operation: {op!r}")
+
+
+class TransactionCalls(RedisConnection):
+    async def stage_transaction(
+        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
+        first: bool, timeout_ms: int, limit: int,
+    ) -> tuple[int, int]:
+        _check_session_ids(_staged_session_ids(operations))
+        args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0, len(operations)]
+        for op in operations:
+            fields = _staged_fields(op)
+            args.append(len(fields))
+            args += fields
+        reply = await self._run("stageTransaction", via, args)
+        if reply[0] == ScriptStatus.TRANSACTION_TIMEOUT:
+            raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
+        if reply[0] == ScriptStatus.RESOURCE_LIMIT:
+            raise BusdError(
+                Condition.RESOURCE_LIMIT,
+                f"A transaction cannot hold more than {limit} operations.",
+            )
+        return reply[0], reply[1]
+
+    async def commit_transaction(
+        self, via: QueueSpec | TopicSpec, others: list[QueueSpec], txn_id: bytes,
+        topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
+    ) -> None:
+        queues = ([via] if isinstance(via, QueueSpec) else []) + list(others)
+        keys = list(self._keys_for("commitTransaction", via))
+        args: list[Any] = [txn_id, len(keyspace.QUEUE_KEYS), len(queues)]
+        for queue in queues:
+            keys += self._keys_for("sendMessages", queue)
+            args += self._queue_args(queue) + [
+                queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0,
+            ]
+        args.append(len(topics))
+        for topic, subscriptions in topics:
+            names = tuple(s.subscription or "" for s in subscriptions)
+            keys += self._topic_keys("publishMessages", topic.name, names)
+            args += [topic.name, len(subscriptions)]
+            for spec, name in zip(subscriptions, names):
+                args += [name] + self._queue_args(spec)[1:]
+            args.append(topic.duplicate_detection_window_ms or 0)
+            for spec in subscriptions:
+                args += [1 if spec.requires_session else 0, _opt(spec.default_ttl_ms)]
+        assert self._scripts is not None
+        await self._acquire()
+        try:
+            reply = await self._scripts.run("commitTransaction", keys, args)
+        finally:
+            self._slots.release()
+        status = reply[0]
+        if status == ScriptStatus.OK:
+            return
+        if status == ScriptStatus.TRANSACTION_TIMEOUT:
+            raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
+        if status == ScriptStatus.UNKNOWN_ENTITY:
+            raise BusdError(Condition.TRANSACTION_ROLLBACK,
+                            "The transaction names an entity it was not committed with.")
+        _check(status)
+
+    async def reserve_sequence_numbers(
+        self, queue: QueueSpec | TopicSpec, count: int
+    ) -> list[int]:
+        if count <= 0:
+            return []
+        last = await self._run("reserveSequenceNumbers", queue, [count])
+        return list(range(last - count + 1, last + 1))
+
+    async def discard_transaction(self, via: QueueSpec | TopicSpec, txn_id: bytes) -> None:
+        await self._run("discardTransaction", via, [txn_id])
+
+    async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
+        return await self._run("sweepTransactions", queue, [SWEEP_BUDGET])
