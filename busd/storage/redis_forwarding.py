@@ -1,0 +1,169 @@
+"""Auto-forwarding in the Redis/Valkey store: a forwarder takes messages from their entity
+and moves them to its destination, in one script on a single server, in steps that a repeat
+cannot double on a Redis Cluster (docs/design.md §3.16)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from busd.storage import keys as keyspace
+from busd.storage.api import (
+    ForwardDestination,
+    ForwardedMessage,
+    ForwardResult,
+    QueueSpec,
+    StoredMessage,
+)
+from busd.storage.redis_codec import (
+    _check_session_ids,
+    _entity,
+    _message,
+    _opt,
+    _placement_args,
+    _sid,
+    _token_string,
+)
+from busd.storage.redis_connection import RedisConnection
+
+# Why a message that cannot be forwarded stays at its source (lua/forwardMessages.lua keeps
+# the same words for a single server's move).
+FORWARD_HOPS_REASON = "MaxTransferHopCountExceeded"
+FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues "
+                            "has been exceeded. This value is set to 4.")
+FORWARD_GONE_REASON = "MessagingEntityNotFound"
+
+
+class ForwardingCalls(RedisConnection):
+    async def take_forwarding(
+        self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
+    ) -> list[StoredMessage] | None:
+        if count <= 0:
+            return []
+        if len(tokens) < count:
+            raise ValueError("a forwarder takes one token per message")
+        reply = await self._run_queue("forwardTake", entity, _entity(entity), forwarder, count,
+                                      _token_string(tokens, count))
+        if reply[0] != 0:
+            return None
+        return [_message(r) for r in reply[1:]]
+
+    async def forward(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], *, hop_limit: int,
+    ) -> list[ForwardResult]:
+        if not messages:
+            return []
+        _check_session_ids(m.session_id for m in messages)
+        if not self.cross_slot_transactions:
+            return await self._forward_in_steps(entity, destination, messages, hop_limit)
+        assert self._scripts is not None
+        keys = list(self._keys_for("forwardMessages", entity))
+        keys.append(keyspace.catalog_key(self.prefix).encode())
+        args: list[Any] = self._queue_args(entity) + [
+            _entity(entity), destination.record, hop_limit]
+        if destination.queue is not None:
+            queue = destination.queue
+            entity_name, subscription = queue.key_scope
+            keys += [k.encode() for k in keyspace.keys(self.prefix, entity_name,
+                                                        keyspace.QUEUE_KEYS, subscription)]
+            args += ["q", *self._queue_args(queue), queue.duplicate_detection_window_ms or 0,
+                     1 if queue.requires_session else 0, _opt(queue.default_ttl_ms)]
+        elif destination.topic is not None:
+            topic, subs = destination.topic, destination.subscriptions
+            names = tuple(sub.subscription or "" for sub in subs)
+            keys += self._topic_keys("publishMessages", topic.name, names)
+            args += ["t", topic.name, len(subs)]
+            for sub, name in zip(subs, names):
+                args += self._queue_args(sub)
+                args[-6] = name  # the subscription's own name: what `subs` holds
+            args.append(topic.duplicate_detection_window_ms or 0)
+            for sub in subs:
+                args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        else:
+            args.append("")
+        for m in messages:
+            args += [m.token, _sid(m.session_id), _opt(m.message_id)]
+            args += _placement_args(m.placements)
+        await self._acquire()
+        try:
+            reply = await self._scripts.run("forwardMessages", keys, args)
+        finally:
+            self._slots.release()
+        return [ForwardResult(r) for r in reply]
+
+    async def _forward_in_steps(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        messages: list[ForwardedMessage], hop_limit: int,
+    ) -> list[ForwardResult]:
+        """A move on a Redis Cluster: enqueue at the destination, recorded there so that a
+        repeat is a no-op (lua/forwardEnqueue.lua, lua/forwardPublish.lua); delete at the
+        source (lua/forwardSettle.lua); then forget the records of what the source deleted.
+        A forwarder that dies in between leaves its messages locked at the source: they come
+        back and move again, and the destination's records keep them from arriving twice."""
+        gone = destination.queue is None and destination.topic is None
+        settle: list[Any] = []
+        moving: list[ForwardedMessage] = []
+        at: list[int] = []  # the index of each moving message among `messages`
+        for i, m in enumerate(messages):
+            if gone:
+                name = destination.record.partition(":")[2]
+                settle += [m.token, FORWARD_GONE_REASON,
+                           f"The forwarding destination '{name}' does not exist."]
+            elif m.hops >= hop_limit:
+                settle += [m.token, FORWARD_HOPS_REASON, FORWARD_HOPS_DESCRIPTION]
+            else:
+                moving.append(m)
+                at.append(i)
+                settle += [m.token, "", ""]
+        records = [self._forward_record(entity, m) for m in moving]
+        if moving:
+            await self._forward_enqueue(entity, destination, moving, records, [])
+        results = [ForwardResult(r) for r in await self._run_queue(
+            "forwardSettle", entity, _entity(entity), *settle)]
+        done = [record for record, i in zip(records, at) if results[i] == ForwardResult.MOVED]
+        if done:
+            await self._forward_enqueue(entity, destination, [], [], done)
+        return results
+
+    @staticmethod
+    def _forward_record(entity: QueueSpec, m: ForwardedMessage) -> str:
+        """What names a forwarded message at its destination: its source, number and
+        enqueued time there (a source deleted and created again reuses numbers)."""
+        taken = m.message
+        assert taken is not None, "on a Redis Cluster a move carries the message it moves"
+        return f"\0fwd:{entity.path}:{taken.seq}:{taken.enqueued_ms}"
+
+    async def _forward_enqueue(
+        self, entity: QueueSpec, destination: ForwardDestination,
+        moving: list[ForwardedMessage], records: list[str], forget: list[str],
+    ) -> None:
+        per_message: list[Any] = []
+        for m, record in zip(moving, records):
+            taken = m.message
+            assert taken is not None
+            ttl = None if taken.expires_ms is None else taken.expires_ms - taken.enqueued_ms
+            dead = entity.dlq
+            per_message += [
+                record, taken.blob, _sid(m.session_id), _opt(m.message_id),
+                taken.enqueue_seq or taken.seq, m.hops + 1, entity.name if dead else "",
+                _opt(taken.dead_letter_reason if dead else None),
+                _opt(taken.dead_letter_description if dead else None),
+                _opt(taken.properties_patch), _opt(ttl),
+            ]
+            if destination.topic is not None:
+                per_message += _placement_args(m.placements)
+        if destination.queue is not None:
+            queue = destination.queue
+            await self._run_queue(
+                "forwardEnqueue", queue, queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0, _opt(queue.default_ttl_ms),
+                len(forget), *forget, *per_message)
+            return
+        assert destination.topic is not None
+        topic, subs = destination.topic, destination.subscriptions
+        args: list[Any] = [topic.duplicate_detection_window_ms or 0]
+        for sub in subs:
+            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+        args += [len(forget), *forget, *per_message]
+        await self._run_topic("forwardPublish", topic.name, subs, args)
