@@ -397,6 +397,8 @@ class ConnectionHandler:
                 except Exception:  # the other links are released all the same
                     log.exception("releasing a link of %s failed", self.proto.peer)
         finally:
+            if self._bound and self.namespaces is not None:
+                self.namespaces.let_go(self.broker)
             self.home.open_connections -= 1
             if self.home.metrics is not None:
                 self.home.metrics.connection_closed()
@@ -419,6 +421,8 @@ class ConnectionHandler:
         self._bound = True
         self.broker = broker
         self.transactions.broker = broker  # none declared yet: that needs a grant
+        if self.namespaces is not None:
+            self.namespaces.hold(broker)
         return True
 
     def grant(self, grant: Grant) -> None:

@@ -14,7 +14,10 @@ A connection serves one namespace for its life, chosen by
 
 Anything else (`localhost`, an address, any other host name, a plain key name) is the default
 namespace. A namespace is made on first use, in each process that serves it, once a token
-signed with its keys shows that the client may use it: a test suite takes one per test.
+signed with its keys shows that the client may use it: a test suite takes one per test. A
+namespace no connection holds and no request used for `IDLE_S` is let go by the process (its
+broker stopped: its store connections and sweep); its data stays, and the next client makes
+it again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
@@ -36,6 +40,7 @@ log = logging.getLogger("busd.broker")
 # As Service Bus names namespaces (letters, digits, hyphens), lower-cased as host names are.
 NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?")
 LOCALHOST = "localhost"
+IDLE_S = 300.0
 
 
 def namespace_of_host(host: str | None) -> str | None:
@@ -58,10 +63,15 @@ def namespace_of_key(key_name: str) -> str | None:
 class Namespaces:
     """The namespaces this process serves: the default one, and those made on first use."""
 
-    def __init__(self, default: Broker, make: Callable[[str], Coroutine[Any, Any, Broker]]) -> None:
+    def __init__(self, default: Broker, make: Callable[[str], Coroutine[Any, Any, Broker]],
+                 idle_s: float = IDLE_S) -> None:  # fmt: skip
         self.default = default
         self._make = make  # a started Broker for a namespace name (busd.server)
         self._made: dict[str, asyncio.Task[Broker]] = {}
+        self.idle_s = idle_s
+        self._holders: dict[object, int] = {}  # connections bound to a namespace's broker
+        self._used: dict[str, float] = {}  # name -> when a request last used it (monotonic)
+        self._reaper: asyncio.Task | None = None
 
     def choose(self, host_namespace: str | None, key_name: str) -> str | None:
         """The namespace of a request whose host chose `host_namespace` and whose token names
@@ -93,6 +103,10 @@ class Namespaces:
             log.info("namespace %s: serving it", name)
             made = self._made[name] = asyncio.create_task(self._make(name),
                                                           name=f"busd-namespace-{name}")
+            if self._reaper is None:
+                self._reaper = asyncio.create_task(self._let_go_idle(),
+                                                   name="busd-namespaces-idle")
+        self._used[name] = time.monotonic()
         return await asyncio.shield(made)
 
     def served(self, name: str | None) -> Broker | None:
@@ -102,7 +116,44 @@ class Namespaces:
         made = self._made.get(name)
         if made is None or not made.done() or made.exception() is not None:
             return None
+        self._used[name] = time.monotonic()
         return made.result()
+
+    def hold(self, broker: object) -> None:
+        """A connection serves `broker`'s namespace: it is not let go while one does."""
+        if broker is not self.default:
+            self._holders[broker] = self._holders.get(broker, 0) + 1
+
+    def let_go(self, broker: object) -> None:
+        """A connection that `hold` counted is gone."""
+        held = self._holders.get(broker, 0) - 1
+        if held > 0:
+            self._holders[broker] = held
+        else:
+            self._holders.pop(broker, None)
+        for name, made in self._made.items():
+            if made.done() and not made.cancelled() and made.exception() is None \
+                    and made.result() is broker:
+                self._used[name] = time.monotonic()  # idle from now
+
+    async def _let_go_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.idle_s, 60.0))
+            now = time.monotonic()
+            for name, made in list(self._made.items()):
+                if not made.done() or made.cancelled() or made.exception() is not None:
+                    continue
+                broker = made.result()
+                if broker in self._holders or now - self._used.get(name, now) < self.idle_s:
+                    continue
+                del self._made[name]
+                self._used.pop(name, None)
+                log.info("namespace %s: unused for %g s, let go (its data stays)", name,
+                         self.idle_s)
+                try:
+                    await broker.stop()
+                except Exception as exc:  # the store, most likely: it is let go all the same
+                    log.warning("stopping namespace %s failed: %s", name, exc)
 
     async def authenticate(self, token: str, host_namespace: str | None
                            ) -> tuple[Broker, rights.Grant]:  # fmt: skip
@@ -114,6 +165,10 @@ class Namespaces:
         return await self.broker(name), grant
 
     async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
         for made in list(self._made.values()):
             made.cancel()
         results = await asyncio.gather(*self._made.values(), return_exceptions=True)

@@ -1,0 +1,49 @@
+"""The namespaces of one process (busd/broker/namespaces.py), each a real Broker over its own
+key prefix of the session's real Valkey: made on first use, isolated, and let go when idle
+while their data stays (docs/design.md §3.17)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from busd.broker.broker import Broker
+from busd.broker.namespaces import Namespaces
+from busd.entities import QueueEntity
+from busd.storage.api import QueueSpec
+from busd.storage.redis_store import RedisStore
+from tests.conftest import delete_prefix
+from tests.protocol.harness import SAS_KEYS
+
+
+async def test_an_idle_namespace_is_let_go_unless_held_and_its_data_stays(redis_url):
+    prefix = f"proto-ns-{uuid.uuid4().hex[:10]}"
+    default = Broker(RedisStore(redis_url, prefix=prefix), sas_keys=dict(SAS_KEYS))
+    await default.start()
+
+    async def make(name: str) -> Broker:
+        broker = Broker(RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
+                        sas_keys=dict(namespaces.keys(name)), sweep_interval_s=0.2)
+        await broker.start()
+        return broker
+
+    namespaces = Namespaces(default, make, idle_s=0.3)
+    try:
+        first = await namespaces.broker("team-a")
+        await first.catalog.create(QueueEntity.from_spec(QueueSpec("orders")))
+        held = await namespaces.broker("team-b")
+        namespaces.hold(held)
+        assert default.catalog.queue("orders") is None  # isolated from the default
+        assert held.catalog.queue("orders") is None  # and from each other
+        await asyncio.sleep(1.0)
+        assert namespaces.served("team-a") is None  # unused: let go
+        assert namespaces.served("team-b") is held  # a connection holds it
+        again = await namespaces.broker("team-a")
+        assert again is not first and again.catalog.queue("orders") is not None
+        namespaces.let_go(held)
+        await asyncio.sleep(1.0)
+        assert namespaces.served("team-b") is None
+    finally:
+        await namespaces.stop()
+        await default.stop()
+        delete_prefix(redis_url, prefix)
