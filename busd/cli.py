@@ -95,11 +95,12 @@ _LIMIT_OPTIONS = [
      "Bytes one link may buffer of an unfinished transfer (0: its queue's max message size "
      "+ 64 KiB); past it the transfer is refused, amqp:link:message-size-exceeded."),
     ("--connection-buffer", "connection_buffer", int,
-     "Bytes of unfinished transfers one connection may buffer (at least the largest queue's "
-     "max message size); past it the link is detached, amqp:resource-limit-exceeded."),
-    ("--process-buffer", "process_buffer", int,
-     "Bytes of unfinished transfers the process may buffer; past it the link is detached, "
+     "Bytes of unfinished transfers one connection may buffer (default 16 MiB, at least the "
+     "largest queue's max message size); past it the link is detached, "
      "amqp:resource-limit-exceeded."),
+    ("--process-buffer", "process_buffer", int,
+     "Bytes of unfinished transfers the process may buffer (default 32 MiB); past it the "
+     "link is detached, amqp:resource-limit-exceeded."),
     ("--cbs-request-size", "cbs_request", int,
      "Largest $cbs request (a put-token is a few KB); past it the link is detached, "
      "amqp:link:message-size-exceeded."),

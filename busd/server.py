@@ -144,6 +144,9 @@ class Server:
             limits=settings.limits,
             transaction_timeout_s=settings.transaction_timeout_s,
         )
+        if metrics is not None:  # every connection's buffers count in the default broker's
+            buffers = self.broker.buffers
+            metrics.set_buffers(lambda: buffers.held)
         await self.broker.start()
 
         async def namespace(name: str) -> Broker:

@@ -263,12 +263,13 @@ class ConnectionHandler:
         if endpoint is not None:
             endpoint.on_delivery(delivery)
         elif delivery.link.is_receiver and delivery.readable:
-            # A link that went (refused, detached) while the client still sends on it: read
-            # and drop, or proton would keep the bytes for as long as the connection lasts.
-            link = delivery.link
-            link.recv(delivery.pending)
-            if not delivery.partial:
-                delivery.settle()
+            # A link that went (refused, detached) while the client still sends on it: drop
+            # the transfer, or proton would keep its bytes for as long as the link lasts.
+            # Read (proton counts unread bytes against the session's window) and settled,
+            # even unfinished, it is freed, and proton reads the rest of its frames without
+            # keeping them.
+            delivery.link.recv(delivery.pending)
+            delivery.settle()
 
     def on_link_remote_close(self, event) -> None:
         self._link_gone(event.link)

@@ -32,8 +32,8 @@ MAX_NAME_LENGTH = 1024
 @dataclass
 class Limits:
     link_buffer: int = 0  # bytes; 0: the entity's max message size + ENVELOPE
-    connection_buffer: int = 64 * MIB  # raised to the largest link ceiling when below it
-    process_buffer: int = 512 * MIB  # raised to connection_buffer when below it
+    connection_buffer: int = 16 * MIB  # raised to the largest link ceiling when below it
+    process_buffer: int = 32 * MIB  # raised to connection_buffer when below it
     cbs_request: int = 64 * KIB  # a put-token is a few KB
     links_per_connection: int = 5000
     connections: int = 10_000  # per process; 0: no cap

@@ -14,6 +14,8 @@ import os
 
 from proton import Delivery, Link
 
+from busd.allocator import trim_soon
+from busd.amqp import engine
 from busd.broker.links import (
     CREDIT_WINDOW,
     ConnectionScope,
@@ -121,9 +123,12 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
 
     def on_detach(self) -> None:
         super().on_detach()
-        for chunks in self._partial.values():
-            self.conn.buffers.give(chunks[1])
-        self._partial.clear()
+        if self._partial:  # dropped: see QueueSenderEndpoint
+            for delivery, chunks in self._partial.items():
+                self.conn.buffers.give(chunks[1])
+                engine.settle(delivery)
+            self._partial.clear()
+            trim_soon()
 
     async def _answer(self, payload: bytes) -> None:
         response, reply_to = await self.handle(payload)

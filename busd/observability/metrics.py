@@ -128,6 +128,10 @@ class Metrics:
             "Links of this process's open connections that proton keeps: attached, or "
             "detached and not yet freed.",
             registry=registry)
+        self.transfer_bytes = Gauge(
+            "busd_unfinished_transfer_bytes",
+            "Bytes of unfinished transfers this process holds (bounded by --process-buffer).",
+            registry=registry)
         self.auth_refusals = Counter(
             "busd_auth_refused", "CBS put-token requests refused (this process).",
             registry=registry)
@@ -167,6 +171,10 @@ class Metrics:
         if endpoints is not None:
             self.session_objects.set_function(lambda: endpoints()[0])
             self.link_objects.set_function(lambda: endpoints()[1])
+
+    def set_buffers(self, held) -> None:
+        """`held()`: bytes of unfinished transfers held now, read at each scrape."""
+        self.transfer_bytes.set_function(held)
 
     # --- events from the broker -------------------------------------------------------------
     def connection_opened(self) -> None:

@@ -4,7 +4,8 @@ Opens and closes many connections, each with the links a client really uses (the
 pair, a sender, a receiver that completes a message, a `$management` pair), with the protocol
 client over TCP and with the official SDK, then checks that busd's count of connection objects
 in memory and its resident memory come back to where they were: a few at a time, and all open
-at once then all closed, twice.
+at once then all closed, twice. Unfinished transfers on many sender links stay within the
+process's buffer limit and are given back when the links close.
 
 Sizes come from the environment: the short defaults keep CI quick; `scripts/faults` runs
 2,000 protocol-client and 300 SDK connections (BUSD_FAULTS_CONNECTIONS, BUSD_FAULTS_SDK).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
@@ -181,3 +183,68 @@ def test_a_burst_of_connections_gives_its_memory_back_and_a_second_adds_nothing(
     assert after1 - start <= (peak1 - start) // 2, "the burst's memory was not given back"
     assert after2 - after1 <= RSS_SLACK_KIB // 2, (
         f"a second burst grew RSS by {(after2 - after1) // 1024} MB")
+
+
+# Unfinished transfers: sender links each holding most of a 1 MB message (more=true, never
+# completed), more than the process may buffer (docs/design.md §3.12).
+PARTIAL_CONNECTIONS = 20
+PARTIAL_LINKS = 10  # per connection
+PARTIAL_SIZE = 1_100_000
+PROCESS_BUFFER_MIB = 32  # the default
+
+
+async def _unfinished(port: int, pid: int, busd) -> tuple[int, int, int, int]:
+    """(RSS with every transfer in, bytes held then, links detached, RSS once the client
+    detached the links it still had)."""
+    clients = []
+    for _ in range(PARTIAL_CONNECTIONS):
+        client = await tcp_client(port)
+        await client.authorize("plain")
+        senders = [await client.attach_sender("plain") for _ in range(PARTIAL_LINKS)]
+        for sender in senders:
+            sender.link.delivery(uuid.uuid4().bytes)
+            sender.link.send(b"\x00" * PARTIAL_SIZE)  # not advanced: never finished
+        await client.wait(lambda c=client: c.transport.pending() <= 0
+                          and c.session.outgoing_bytes == 0, "every frame out", 60)
+        await client.settle_down(0.2)
+        clients.append((client, senders))
+    during = rss_kib(pid)
+    held = int(metric(busd, "busd_unfinished_transfer_bytes"))
+    detached = sum(s.closed_by_broker for _, senders in clients for s in senders)
+    for client, senders in clients:
+        for sender in senders:
+            if not sender.closed_by_broker:
+                sender.link.close()
+        await client.settle_down(0.2)
+    await asyncio.sleep(2)  # the links' memory goes back a moment after (see _rss_settled)
+    after_links = rss_kib(pid)
+    for client, _ in clients:
+        try:
+            await client.close()
+        finally:
+            client.proto.close()
+    return during, held, detached, after_links
+
+
+def test_unfinished_transfers_stay_within_the_buffer_limit_and_are_given_back(
+        start_busd, capsys):
+    busd = start_busd()
+    pid = busd.proc.pid
+    start = rss_kib(pid)
+    during, held, detached, after_links = asyncio.run(_unfinished(busd.port, pid, busd))
+    after = _rss_settled(busd, pid)
+    links = PARTIAL_CONNECTIONS * PARTIAL_LINKS
+    with capsys.disabled():
+        print(f"\nmemory: {links} sender links x {PARTIAL_SIZE // 1000} kB unfinished: RSS "
+              f"{start // 1024} MB -> {during // 1024} MB ({held / 2**20:.1f} MB held, "
+              f"{detached} links detached) -> {after_links // 1024} MB once the links "
+              f"closed -> {after // 1024} MB once the connections closed")
+    assert held <= PROCESS_BUFFER_MIB * 2**20
+    assert detached >= links - PROCESS_BUFFER_MIB  # one link's ~1 MB each fits
+    # On top of what busd holds, proton keeps the frames of each transfer it is reading
+    # (docs/design.md §3.12); 200 links x 1.1 MB once took 290 MB here.
+    assert during - start <= 4 * PROCESS_BUFFER_MIB * 1024, (
+        f"RSS grew by {(during - start) // 1024} MB")
+    assert metric(busd, "busd_unfinished_transfer_bytes") == 0
+    assert during - after_links >= held // 1024 // 2, "closed links kept their bytes"
+    assert after - start <= RSS_SLACK_KIB, f"RSS stayed {(after - start) // 1024} MB up"
