@@ -47,6 +47,7 @@ class QueueEntity:
     max_delivery_count: int = DEFAULT_MAX_DELIVERY_COUNT
     default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")  # None: unbounded
     dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
+    dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
     duplicate_detection_window_ms: int | None = None  # None: off
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     forward_to: str | None = None  # bare entity path
@@ -99,6 +100,7 @@ class SubscriptionEntity:
     max_delivery_count: int = DEFAULT_MAX_DELIVERY_COUNT
     default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")
     dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
+    dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
     dead_letter_on_filter_exceptions: bool = _default("DeadLetteringOnFilterEvaluationExceptions")
     forward_to: str | None = None
     forward_dead_lettered_to: str | None = None

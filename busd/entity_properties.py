@@ -173,6 +173,11 @@ PROPERTIES: tuple[Property, ...] = (
        store=True, flag="dead-letter-on-expiration", help="Dead-letter expired messages."),
     _p("DeadLetteringOnFilterEvaluationExceptions", BOOL, "s", True,
        attr="dead_letter_on_filter_exceptions"),
+    # busd's own (docs/design.md §2.9): Service Bus dead-letters the failing message alone
+    _p("DeadLetterSessionOnMaxDeliveryCount", BOOL, "qs", False,
+       attr="dead_letter_session_on_max_delivery", store=True,
+       flag="dead-letter-session-on-max-delivery",
+       help="A session message reaching MaxDeliveryCount dead-letters its whole session."),
     _p("RequiresDuplicateDetection", BOOL, "qt", False, flag="duplicate-detection",
        help="Drop messages whose id was seen within the window."),
     _p("DuplicateDetectionHistoryTimeWindow", DURATION, "qt", 600_000,
@@ -231,7 +236,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "ForwardTo", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
         "CountDetails", "AutoDeleteOnIdle", "EnablePartitioning", "EntityAvailabilityStatus",
         "ForwardDeadLetteredMessagesTo", "EnableExpress", "MaxMessageSizeInKilobytes",
-        "PartitionCount",
+        "PartitionCount", "DeadLetterSessionOnMaxDeliveryCount",
     ),
     TOPIC: (
         "DefaultMessageTimeToLive", "MaxSizeInMegabytes", "RequiresDuplicateDetection",
@@ -248,6 +253,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "MessageCount", "MaxDeliveryCount", "EnableBatchedOperations", "Status", "ForwardTo",
         "CreatedAt", "UpdatedAt", "AccessedAt", "CountDetails", "ForwardDeadLetteredMessagesTo",
         "AutoDeleteOnIdle", "EntityAvailabilityStatus", "UserMetadata",
+        "DeadLetterSessionOnMaxDeliveryCount",
     ),
 }  # fmt: skip
 

@@ -34,6 +34,7 @@ class Condition(str, enum.Enum):
     SERVER_BUSY = "com.microsoft:server-busy"
     DEAD_LETTER = "com.microsoft:dead-letter"
     ENTITY_ALREADY_EXISTS = "com.microsoft:entity-already-exists"
+    PRECONDITION_FAILED = "com.microsoft:precondition-failed"
     # OASIS AMQP 1.0 Part 4 §4.5.8 transaction-error
     TRANSACTION_UNKNOWN_ID = "amqp:transaction:unknown-id"
     TRANSACTION_ROLLBACK = "amqp:transaction:rollback"
@@ -58,6 +59,7 @@ _STATUS = {
     Condition.ARGUMENT_OUT_OF_RANGE: 400,
     Condition.SERVER_BUSY: 503,
     Condition.ENTITY_ALREADY_EXISTS: 409,
+    Condition.PRECONDITION_FAILED: 412,
     Condition.RESOURCE_LIMIT: 403,
     Condition.TRANSACTION_UNKNOWN_ID: 400,
     Condition.TRANSACTION_ROLLBACK: 400,

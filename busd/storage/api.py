@@ -75,6 +75,7 @@ class QueueSpec:
     max_delivery_count: int = 10
     default_ttl_ms: int | None = None  # None: unbounded; else also the ceiling of a message's ttl
     dead_letter_on_expiration: bool = False
+    dead_letter_session_on_max_delivery: bool = False  # docs/design.md §2.9
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024
     dlq: bool = False
@@ -495,10 +496,32 @@ class Store(Protocol):
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None: ...
 
+    async def read_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> tuple[bytes | None, str | None]:
+        """(state, its etag); (None, None) when the session has none. `holder` "" is an
+        operator's read (no lock needed); else SESSION_LOCK_LOST without a live lock."""
+
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
-    ) -> None:
-        """None clears the state."""
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
+        if_match: str | None = None, if_absent: bool = False,
+    ) -> str | None:
+        """None clears the state. Returns the etag of the state written (None when cleared).
+        `holder` "" is an operator's write (no lock needed). `if_match` (an etag, or "*" for
+        any) writes only when the session has a state with that etag, `if_absent` only when
+        it has none: else PRECONDITION_FAILED, nothing changed (docs/design.md §2.7)."""
+
+    async def dead_letter_session(
+        self, queue: QueueSpec, session_id: str, reason: str, description: str | None
+    ) -> int:
+        """Move every message of the session (available, locked, deferred, scheduled) and its
+        state to the dead-letter sub-queue at once, in sequence order (docs/design.md §2.9).
+        Returns how many messages moved (0: it had none)."""
+
+    async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
+        """Move the session's dead letters (not those a dead-letter receiver holds locked)
+        back into it under their own sequence numbers, and its dead-lettered state unless it
+        has one by now. Returns (moved, left locked in the sub-queue)."""
 
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None

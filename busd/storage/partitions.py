@@ -272,11 +272,31 @@ class PartitionedStore:
         return await self.inner.get_session_state(
             self._session_part(queue, session_id), session_id, holder)
 
+    async def read_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> tuple[bytes | None, str | None]:
+        state, etag = await self.inner.read_session_state(
+            self._session_part(queue, session_id), session_id, holder)
+        return state, etag
+
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
-    ) -> None:
-        await self.inner.set_session_state(self._session_part(queue, session_id), session_id,
-                                           holder, state)
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
+        if_match: str | None = None, if_absent: bool = False,
+    ) -> str | None:
+        return await self.inner.set_session_state(
+            self._session_part(queue, session_id), session_id, holder, state,
+            if_match=if_match, if_absent=if_absent)
+
+    async def dead_letter_session(
+        self, queue: QueueSpec, session_id: str, reason: str, description: str | None
+    ) -> int:
+        return int(await self.inner.dead_letter_session(
+            self._session_part(queue, session_id), session_id, reason, description))
+
+    async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
+        moved, left = await self.inner.resubmit_session(
+            self._session_part(queue, session_id), session_id)
+        return moved, left
 
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None

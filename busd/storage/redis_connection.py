@@ -272,7 +272,9 @@ class RedisConnection:
             self._channel,
             queue.lock_duration_ms,
             queue.max_delivery_count,
-            1 if queue.dead_letter_on_expiration else 0,
+            # policy flags (lua/includes/queueContext.lua)
+            (1 if queue.dead_letter_on_expiration else 0)
+            + (2 if queue.dead_letter_session_on_max_delivery else 0),
             budget,
         ]
 

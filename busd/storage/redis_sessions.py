@@ -1,5 +1,6 @@
 """The sessions of the Redis/Valkey store: accept (a named or the next available session),
-receive from, renew, release, their state, and listing them (docs/design.md §3.4)."""
+receive from, renew, release, their state, listing them, and dead-lettering and resubmitting
+one whole (docs/design.md §3.4, §2.9)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from busd.storage.redis_codec import (
     _opt,
     _sid,
     _sid_text,
+    _text,
     _token_string,
 )
 from busd.storage.redis_connection import RedisConnection
@@ -84,16 +86,39 @@ class SessionCalls(RedisConnection):
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:
+        return (await self.read_session_state(queue, session_id, holder))[0]
+
+    async def read_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> tuple[bytes | None, str | None]:
         reply = await self._run("getSessionState", queue, [holder, _sid(session_id)])
         _check(reply[0])
-        return reply[1] if len(reply) > 1 else None
+        state = reply[1] if len(reply) > 1 else None
+        etag = reply[2] if len(reply) > 2 else None
+        return state, _text(etag)
 
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None
-    ) -> None:
+        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
+        if_match: str | None = None, if_absent: bool = False,
+    ) -> str | None:
+        condition, etag = ("absent", "") if if_absent else (
+            ("match", if_match) if if_match is not None else ("", ""))
         args = [holder, _sid(session_id), 0 if state is None else 1,
-                b"" if state is None else state]
-        _check(await self._run("setSessionState", queue, args))
+                b"" if state is None else state, condition, etag]
+        reply = await self._run("setSessionState", queue, args)
+        _check(reply[0])
+        return _text(reply[1]) if len(reply) > 1 else None
+
+    async def dead_letter_session(
+        self, queue: QueueSpec, session_id: str, reason: str, description: str | None
+    ) -> int:
+        return int(await self._run_queue(
+            "deadLetterSession", queue, _sid(session_id), reason, description or ""))
+
+    async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
+        moved, left = await self._run_queue(
+            "resubmitSession", queue, _sid(session_id), _opt(queue.default_ttl_ms))
+        return moved, left
 
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None

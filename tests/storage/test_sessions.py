@@ -1,4 +1,5 @@
-"""Session locks, in-order delivery inside a session, and session settlement."""
+"""Session locks, in-order delivery inside a session, session settlement, a session
+dead-lettered whole, and session state."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
 OK = None  # settle: applied
 PL = ReceiveMode.PEEK_LOCK
@@ -483,3 +484,94 @@ async def test_the_empty_session_id_is_a_session_of_its_own(store, sq, tokens):
     assert refused == [OK, OK]
     assert (await store.accept_session(sq, None, "h2")).session_id == "\x01"
     await store.release_session(sq, "", "h1")
+
+
+# --- a session dead-lettered whole and resubmitted in order; its state's etag
+# (docs/design.md §2.7, §2.9)
+async def test_dead_letter_session_moves_every_state_in_order_with_its_state(
+    store, sq, tokens, server_now
+):
+    await store.send(sq, msgs("s1", b"1", b"2", b"3", b"4"))
+    await store.send(sq, msgs("other", b"x"))
+    await store.schedule(sq, [NewMessage(b"later", session_id="s1",
+                                         scheduled_ms=server_now() + 600_000)])
+    await store.accept_session(sq, "s1", "h1")
+    await store.set_session_state(sq, "s1", "h1", b"step 2")
+    got = await store.receive_session(sq, "s1", "h1", 2, PL, tokens(2))
+    await store.settle(sq, [Settlement(got[1].lock_token, Outcome.DEFER)], "h1")
+
+    assert await store.dead_letter_session(sq, "s1", "Poison", "by hand") == 5
+    dead = await store.peek(sq.dead_letter_queue, 0, 10)
+    assert [m.blob for m in dead] == [b"1", b"2", b"3", b"4", b"later"]
+    assert {(m.dead_letter_reason, m.dead_letter_description) for m in dead} == {
+        ("Poison", "by hand")}
+    assert await store.peek(sq, 0, 10, "s1") == []
+    assert await store.get_session_state(sq, "s1", "h1") is None
+    # the lock stays; the message it had in flight is gone from under it
+    assert await store.settle(sq, [Settlement(got[0].lock_token, Outcome.COMPLETE)], "h1") \
+        != [None]
+    assert [m.blob for m in await store.peek(sq, 0, 10, "other")] == [b"x"]
+
+    # a message sent afterwards forms the session anew; the resubmitted ones come before it
+    await store.send(sq, msgs("s1", b"5"))
+    assert await store.resubmit_session(sq, "s1") == (5, 0)
+    back = await store.peek(sq, 0, 10, "s1")
+    assert [m.blob for m in back] == [b"1", b"2", b"3", b"4", b"later", b"5"]
+    assert [m.seq for m in back[:5]] == [m.seq for m in dead]
+    assert all(m.delivery_count == 0 and m.dead_letter_reason is None for m in back)
+    assert all(m.state == MessageState.ACTIVE for m in back)
+    assert await store.get_session_state(sq, "s1", "h1") == b"step 2"
+    assert await store.peek(sq.dead_letter_queue, 0, 10) == []
+
+
+async def test_policy_dead_letters_the_session_at_max_delivery_count(store, make_queue, tokens):
+    q = make_queue(requires_session=True, max_delivery_count=2,
+                   dead_letter_session_on_max_delivery=True)
+    await store.send(q, msgs("s1", b"1", b"2", b"3"))
+    await store.send(q, msgs("s2", b"y"))
+    await store.accept_session(q, "s1", "h1")
+    for _ in range(2):
+        (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+        assert m.blob == b"1"
+        assert await store.settle(q, [Settlement(m.lock_token, Outcome.ABANDON)], "h1") == [None]
+    dead = await store.peek(q.dead_letter_queue, 0, 10)
+    assert [m.blob for m in dead] == [b"1", b"2", b"3"]
+    assert {m.dead_letter_reason for m in dead} == {"MaxDeliveryCountExceeded"}
+    assert f"message {dead[0].seq}" in (dead[1].dead_letter_description or "")
+    assert await store.peek(q, 0, 10, "s1") == []
+    assert [m.blob for m in await store.peek(q, 0, 10, "s2")] == [b"y"]
+
+
+async def test_without_the_policy_only_the_poison_message_goes(store, make_queue, tokens):
+    q = make_queue(requires_session=True, max_delivery_count=1)
+    await store.send(q, msgs("s1", b"1", b"2"))
+    await store.accept_session(q, "s1", "h1")
+    (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    await store.settle(q, [Settlement(m.lock_token, Outcome.ABANDON)], "h1")
+    assert [m.blob for m in await store.peek(q.dead_letter_queue, 0, 10)] == [b"1"]
+    assert [m.blob for m in await store.peek(q, 0, 10, "s1")] == [b"2"]
+
+
+async def test_state_etag_changes_on_every_write_and_guards_writes(store, sq):
+    await store.accept_session(sq, "s1", "h1")
+    assert await store.read_session_state(sq, "s1", "") == (None, None)
+    with pytest.raises(BusdError) as err:
+        await store.set_session_state(sq, "s1", "", b"a", if_match="*")
+    assert err.value.condition == Condition.PRECONDITION_FAILED
+    first = await store.set_session_state(sq, "s1", "", b"a", if_absent=True)
+    assert await store.read_session_state(sq, "s1", "h1") == (b"a", first)
+    with pytest.raises(BusdError):
+        await store.set_session_state(sq, "s1", "", b"b", if_absent=True)
+    second = await store.set_session_state(sq, "s1", "h1", b"a")  # same bytes, new etag
+    assert second != first
+    with pytest.raises(BusdError) as err:
+        await store.set_session_state(sq, "s1", "h1", b"c", if_match=first)
+    assert err.value.condition == Condition.PRECONDITION_FAILED
+    assert await store.get_session_state(sq, "s1", "h1") == b"a"
+    third = await store.set_session_state(sq, "s1", "h1", b"c", if_match=second)
+    assert third not in (first, second)
+    assert await store.set_session_state(sq, "s1", "", None, if_match=third) is None
+    assert await store.read_session_state(sq, "s1", "") == (None, None)
+    with pytest.raises(BusdError) as err:
+        await store.set_session_state(sq, "s1", "h2", b"x")
+    assert err.value.condition == Condition.SESSION_LOCK_LOST

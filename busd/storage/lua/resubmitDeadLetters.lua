@@ -3,6 +3,8 @@
   messages, oldest first: each gets a new sequence number, is enqueued now with delivery
   count 0 and no dead-letter reason, keeps its body, session id and properties patch, and
   lives for the queue's default time to live from now (its own may be what expired it).
+  A session state dead-lettered with the message (lua/deadLetterSession.lua) comes back
+  unless the session has one by now.
   Messages a dead-letter receiver holds locked stay where they are.
 
   Invariant: a message is in exactly one of the two entities before and after; on a session
@@ -27,6 +29,7 @@
 --- @include "readMeta"
 --- @include "deleteMessage"
 --- @include "enqueueMessage"
+--- @include "writeSessionState"
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
@@ -53,6 +56,9 @@ for _, seq in ipairs(candidates) do
       local body = redis.call('HGET', Q.d.body, seq)
       deleteMessage(Q, Q.d, seq, m)
       enqueueMessage(Q, body, m.sid, ttl, nil, sessionQueue, m.pp)
+      if m.sst and redis.call('HEXISTS', Q.sstate, m.sid) == 0 then
+        writeSessionState(Q, m.sid, m.sst)
+      end
       moved = moved + 1
     end
   end

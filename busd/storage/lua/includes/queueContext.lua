@@ -7,7 +7,9 @@
 --   ARGV[ab+2]  wake-up channel prefix: a process's channel is this + its process id
 --   ARGV[ab+3]  lock duration ms
 --   ARGV[ab+4]  max delivery count
---   ARGV[ab+5]  '1' to dead-letter expired messages, '0' to drop them
+--   ARGV[ab+5]  policy flags, a sum: 1 dead-letter expired messages (else drop them), 2 a
+--               session message reaching MaxDeliveryCount dead-letters its whole session
+--               (includes/deadLetterSession.lua)
 --   ARGV[ab+6]  housekeeping budget (items per kind of lazy work)
 -- `woken` makes a script wake each waiter or holder at most once; the counters feed sweep's
 -- result.
@@ -26,7 +28,8 @@ local function queueContext(kb, ab)
           deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
     stats = KEYS[kb + 33], fwd = KEYS[kb + 34],
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
-    maxDc = tonumber(ARGV[ab + 4]), dlOnExp = ARGV[ab + 5] == '1',
+    maxDc = tonumber(ARGV[ab + 4]), dlOnExp = tonumber(ARGV[ab + 5]) % 2 == 1,
+    dlSession = tonumber(ARGV[ab + 5]) >= 2,
     budget = tonumber(ARGV[ab + 6]),
     now = nowMs(), woken = {}, caller = false,
     expiredLocks = 0, expiredMessages = 0, activated = 0,

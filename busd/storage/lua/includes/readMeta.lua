@@ -6,6 +6,7 @@
 --   tok lock token   lu locked-until ms (non-session locks; a session message's lock is its
 --   session's)   wd 1 when locked out of the deferred state (it goes back there)
 --   dlr / dld dead-letter reason / description   pp properties patch (opaque)
+--   sst the state of the session dead-lettered with it (lua/deadLetterSession.lua)
 --   forwarded messages (docs/design.md §3.16): fs the sequence number first given to it, at its
 --   original entity   hop how many times it was forwarded   dls the entity whose dead-letter
 --   sub-queue it was forwarded from

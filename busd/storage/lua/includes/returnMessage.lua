@@ -1,9 +1,11 @@
 --- @include "unindexMessage"
 --- @include "deadLetter"
+--- @include "deadLetterSession"
 --- @include "fileMessage"
 --- @include "expireIfDue"
 -- Unlock a locked message. `failed` (abandon, lock expiry) counts a delivery attempt and
--- dead-letters at MaxDeliveryCount (never in the DLQ itself). It becomes available again
+-- dead-letters at MaxDeliveryCount (never in the DLQ itself), with its whole session when the
+-- queue says so (docs/design.md §2.9). It becomes available again
 -- (deferred again when it was fetched out of the deferred state) and may expire right away.
 local function returnMessage(Q, E, seq, m, failed, patch)
   unindexMessage(Q, E, seq, m)
@@ -11,8 +13,12 @@ local function returnMessage(Q, E, seq, m, failed, patch)
   if failed then
     m.dc = m.dc + 1
     if not E.dlq and m.dc >= Q.maxDc then
-      deadLetter(Q, seq, m, 'MaxDeliveryCountExceeded',
-        'Message could not be consumed after ' .. Q.maxDc .. ' delivery attempts.')
+      local why = ' could not be consumed after ' .. Q.maxDc .. ' delivery attempts.'
+      deadLetter(Q, seq, m, 'MaxDeliveryCountExceeded', 'Message' .. why)
+      if Q.dlSession and m.ss then
+        deadLetterSession(Q, m.sid, 'MaxDeliveryCountExceeded',
+          'Dead-lettered with its session: message ' .. seq .. why, seq)
+      end
       return
     end
   end

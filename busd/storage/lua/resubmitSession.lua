@@ -1,0 +1,55 @@
+--[[
+  resubmitSession: move one session's dead letters back into the session, each under the
+  sequence number it had, so that they come back in their original order and before any
+  message the session got since; with delivery count 0, no dead-letter reason, enqueued now
+  and living for the queue's default time to live from now. The state dead-lettered with the
+  session comes back with it, unless the session has a state of its own by now (the newer
+  one stays). Dead letters a dead-letter receiver holds locked stay where they are.
+
+  Invariant: a message is in exactly one of the two entities before and after.
+
+  Context: queue
+
+  Input:
+    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    ARGV[7]   session id
+    ARGV[8]   the queue's default time to live ms ('' unbounded)
+
+  Output:
+    { moved, dead letters of the session left (locked) }
+
+  Events:
+    wake-ups (includes/wakeWaiters.lua): the session's holder, or a waiting next-available
+    receiver
+]]
+--- @include "queueContext"
+--- @include "sessionRange"
+--- @include "memberSeq"
+--- @include "readMeta"
+--- @include "deleteMessage"
+--- @include "placeMessage"
+--- @include "writeSessionState"
+--- @include "countEvent"
+
+local Q = queueContext(0, 0)
+local sid = ARGV[7]
+local ttl = tonumber(ARGV[8])
+local lo, hi = sessionRange(sid)
+local moved, left = 0, 0
+for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.d.sall, lo, hi)) do
+  local seq = memberSeq(member)
+  local m = readMeta(Q.d, seq)
+  if m and (m.st == 'a' or m.st == 'd') then
+    local body = redis.call('HGET', Q.d.body, seq)
+    deleteMessage(Q, Q.d, seq, m)
+    placeMessage(Q, seq, body, sid, ttl, nil, true, m.pp)
+    if m.sst and redis.call('HEXISTS', Q.sstate, sid) == 0 then
+      writeSessionState(Q, sid, m.sst)
+    end
+    moved = moved + 1
+  elseif m then
+    left = left + 1
+  end
+end
+countEvent(Q, Q.q, 'resubmitted', moved)
+return { moved, left }
