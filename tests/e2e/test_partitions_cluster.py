@@ -88,7 +88,7 @@ def run_the_load(procs, prefix, ranges) -> None:
             (SESSIONS * PER_SESSION, SESSIONS * PER_SESSION)
 
         # every shard holds keys of the queue's partitions
-        for first, last, port in ranges:
+        for _, _, port in ranges:
             node = redis.Redis(host="127.0.0.1", port=port)
             try:
                 keys = list(node.scan_iter(match=f"{{{prefix}:orders:*".encode(), count=1000))
