@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from busd import access_rules
 from busd import entity_properties as ep
 from busd.auth.rights import SasKey, parse_rights
 from busd.broker.limits import Limits
@@ -338,7 +339,9 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
         if value is None or (value == "" and prop.type in (ep.DURATION, ep.ENTITY)):
             continue
         try:
-            values[key] = prop.from_json(value)
+            # keys a rule leaves out are kept in the store from start to start (server seeding)
+            values[key] = (access_rules.normalize(value, fill=False)
+                           if prop.type == ep.ACCESS_RULES else prop.from_json(value))
             prop.check(values[key])
         except ConfigError as e:
             raise ConfigError(f"{label}: {e}") from None

@@ -200,8 +200,9 @@ PROPERTIES: tuple[Property, ...] = (
     _p("PartitionCount", INT, "qt", 16, attr="partitions", minimum=1, maximum=MAX_PARTITIONS,
        bounds=f"1..{MAX_PARTITIONS}", enabled_by="EnablePartitioning", store=True,
        immutable=True, flag="partitions", help="Partitions of a partitioned entity (16)."),
+    # kept in `extra`: tokens signed with its keys are accepted (busd.auth.rights)
+    _p("AuthorizationRules", ACCESS_RULES, "qt", ()),
     # stored and answered back, not acted on
-    _p("AuthorizationRules", ACCESS_RULES, "qt", ()),  # not yet checked against tokens
     _p("MaxSizeInMegabytes", INT, "qt", 1024, minimum=1, bounds="at least 1"),
     _p("EnableBatchedOperations", BOOL, "qts", True),
     _p("IsAnonymousAccessible", BOOL, "qt", False),
@@ -223,7 +224,8 @@ STORE: dict[str, tuple[Property, ...]] = {
 # flags that only switch another property's field on (RequiresDuplicateDetection)
 _SWITCHES = {p.enabled_by for p in PROPERTIES if p.enabled_by}
 # what busd keeps and answers back without acting on it
-KEPT_ONLY = frozenset(p.name for p in PROPERTIES if p.attr is None and p.name not in _SWITCHES)
+KEPT_ONLY = frozenset(p.name for p in PROPERTIES if p.attr is None and p.name not in _SWITCHES
+                      and p.type != ACCESS_RULES)
 
 # The management API's elements in the service's order; the names that are no property are
 # read-only, filled from the store (busd.http.atom_xml).

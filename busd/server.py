@@ -9,12 +9,13 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__, ports
+from busd import __version__, access_rules, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
@@ -315,13 +316,23 @@ def entities_file(settings: Settings) -> str | None:
 async def seed_catalog(catalog, entities: EntitiesFile) -> None:
     """Write the entities file into the store's catalog (docs/design.md §2.1): the file wins
     for the entities it names (their properties, and a subscription's rules, become the
-    file's); entities created at run time and absent from the file are left alone."""
+    file's); entities created at run time and absent from the file are left alone. Keys and
+    times of shared access rules the file leaves out are the stored ones (busd.access_rules)."""
     for queue in entities.queues:
-        await catalog.put(queue)
+        await catalog.put(_kept_keys(queue, catalog.queue(queue.name)))
     for topic in entities.topics:
-        await catalog.put(topic)
+        await catalog.put(_kept_keys(topic, catalog.topic(topic.name)))
     for sub in entities.subscriptions:
         await catalog.put(sub, rules=entities.rules_of(sub))
+
+
+def _kept_keys(entity, stored):
+    rules = entity.extra.get("AuthorizationRules")
+    if not rules:
+        return entity
+    before = None if stored is None else stored.extra.get("AuthorizationRules")
+    return replace(entity, extra={**entity.extra,
+                                  "AuthorizationRules": access_rules.kept(rules, before)})
 
 
 async def serve(settings: Settings, role: WorkerRole | None = None) -> int:

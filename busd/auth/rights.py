@@ -9,15 +9,28 @@ and the HTTP APIs alike.
 
 A key is kept as a `SasKey`: the key text itself (a `str`, so everything that signs or verifies
 with it is unchanged) that also carries its claims.
+
+Besides the namespace's keys, a queue or topic may have its own shared access rules
+(`AuthorizationRules`, docs/design.md §2.10): a token signed with one of a rule's two keys, under
+the rule's KeyName, is accepted for an audience on that entity (or under it) only, with the
+rule's rights. `EntityKeys` looks an entity's rules up (the catalog's in-process view: no store
+call), so a rule removed or a key regenerated refuses the next token signed with it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from busd.auth.sas import SasError, audience_covers, entity_path_of, verify_sas_token
+from busd.auth.sas import (
+    SasError,
+    audience_covers,
+    entity_path_of,
+    parse_sas_token,
+    verify_sas_token,
+)
 
 SEND = "Send"
 LISTEN = "Listen"
@@ -112,10 +125,58 @@ def _path(audience: str) -> str:
     return entity_path_of(audience.partition("?")[0])
 
 
-def grant_of(token: str, keys: Mapping[str, str], now: float | None = None) -> Grant:
-    """Verify `token` (busd.auth.sas) and return what it grants; SasError when it is refused."""
-    parsed = verify_sas_token(token, keys, now)
+# An entity's own keys (queue or topic name, any case) -> its rules' keys: the primary keys by
+# KeyName, then the secondary keys by KeyName; () when it has no rules (or does not exist).
+EntityKeys = Callable[[str], tuple[Mapping[str, str], ...]]
+
+
+def rule_keys(rules: Iterable[Mapping[str, Any]]) -> tuple[dict[str, SasKey], dict[str, SasKey]]:
+    """The keys of an entity's `AuthorizationRules` (busd.access_rules' dicts), as `EntityKeys`
+    answers them: (primary keys by KeyName, secondary keys by KeyName), each with its rights."""
+    primary: dict[str, SasKey] = {}
+    secondary: dict[str, SasKey] = {}
+    for rule in rules:
+        claims = frozenset(rule.get("Rights") or ())
+        for keys, field_name in ((primary, "PrimaryKey"), (secondary, "SecondaryKey")):
+            if rule.get(field_name):
+                keys[rule["KeyName"]] = SasKey(rule[field_name], claims)
+    return primary, secondary
+
+
+def grant_of(token: str, keys: Mapping[str, str], now: float | None = None,
+             entity_keys: EntityKeys | None = None) -> Grant:  # fmt: skip
+    """Verify `token` (busd.auth.sas) with the namespace's `keys`, else with the own keys of the
+    entity its audience names (`entity_keys`), and return what it grants; SasError when it is
+    refused."""
+    try:
+        parsed = verify_sas_token(token, keys, now)
+    except SasError:
+        grant = None if entity_keys is None else _entity_grant(token, entity_keys, now)
+        if grant is None:
+            raise
+        return grant
     return Grant(parsed.audience, parsed.expiry, claims_of(keys, parsed.key_name))
+
+
+def _entity_grant(token: str, entity_keys: EntityKeys, now: float | None) -> Grant | None:
+    """The grant of a token signed with a key of the entity its audience names; None when that
+    entity has no rule of the token's key name (the namespace's refusal then stands), SasError
+    when it has one and neither of its keys signed the token."""
+    parsed = parse_sas_token(token)
+    entity = _path(parsed.audience).partition("/")[0]
+    if not entity:  # a namespace-wide audience: only the namespace's keys sign those
+        return None
+    refusal: SasError | None = None
+    for keys in entity_keys(entity):
+        try:
+            verified = verify_sas_token(token, keys, now)
+        except SasError as exc:
+            refusal = refusal if exc.reason.startswith("unknown") else exc
+            continue
+        return Grant(verified.audience, verified.expiry, claims_of(keys, verified.key_name))
+    if refusal is not None:
+        raise refusal
+    return None
 
 
 def authorize(grant: Grant, entity_path: str, right: str | None,
@@ -140,11 +201,13 @@ def missing_claim(right: str | None) -> str:
 
 
 def authorize_header(authorization: str, keys: Mapping[str, str], entity_path: str,
-                     right: str | None) -> Grant:  # fmt: skip
-    """The check of an HTTP request: the `Authorization` header's SAS token verified, covering
-    `entity_path` with `right`. Raises Unauthorized (answer 401, as Service Bus does)."""
+                     right: str | None,
+                     entity_keys: EntityKeys | None = None) -> Grant:  # fmt: skip
+    """The check of an HTTP request: the `Authorization` header's SAS token verified (with the
+    namespace's keys or those of the entity it names), covering `entity_path` with `right`.
+    Raises Unauthorized (answer 401, as Service Bus does)."""
     try:
-        grant = grant_of(authorization, keys)
+        grant = grant_of(authorization, keys, entity_keys=entity_keys)
     except SasError as exc:
         raise Unauthorized(exc.reason) from None
     authorize(grant, entity_path, right)

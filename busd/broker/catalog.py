@@ -20,9 +20,10 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 
+from busd.auth.rights import rule_keys
 from busd.entities import (
     DEFAULT_RULE_NAME,
     KINDS,
@@ -57,6 +58,9 @@ class Catalog:
         self._specs: dict[str, QueueSpec] = {}  # queue-like path -> store handle
         self._subs_of: dict[str, list[SubscriptionEntity]] = {}  # topic -> subscriptions
         self._rules_of: dict[str, list[RuleEntity]] = {}  # subscription path -> rules
+        # queue or topic -> its AuthorizationRules' keys (busd.auth.rights.EntityKeys), read at
+        # each put-token: kept here so that needs no store call and follows every change
+        self._access_keys: dict[str, tuple[Mapping[str, str], ...]] = {}
         self._listeners: list[Listener] = []
         self._dirty: set[str | None] = set()  # catalog fields to read again; None: all
         self._worker: asyncio.Task[None] | None = None
@@ -129,6 +133,11 @@ class Catalog:
         """A subscription's rules in creation order, `$Default` first."""
         return list(self._rules_of.get(subscription_path(topic.lower(), subscription.lower()),
                                        ()))
+
+    def access_keys(self, name: str) -> tuple[Mapping[str, str], ...]:
+        """The keys of a queue's or topic's own shared access rules (busd.auth.rights.EntityKeys:
+        primary keys by KeyName, then secondary ones); () when it has none."""
+        return self._access_keys.get(name.lower(), ())
 
     def spec(self, path: str) -> QueueSpec | None:
         """The store handle of a queue or subscription by its path (`t/subscriptions/s`)."""
@@ -364,7 +373,11 @@ class Catalog:
         specs: dict[str, QueueSpec] = {}
         subs_of: dict[str, list[SubscriptionEntity]] = {}
         rules_of: dict[str, list[RuleEntity]] = {}
+        access_keys: dict[str, tuple[Mapping[str, str], ...]] = {}
         for entity in self._entities.values():
+            if isinstance(entity, (QueueEntity, TopicEntity)) and entity.extra.get(
+                    "AuthorizationRules"):
+                access_keys[entity.path] = rule_keys(entity.extra["AuthorizationRules"])
             if isinstance(entity, QueueEntity):
                 specs[entity.path] = entity.spec
             elif isinstance(entity, SubscriptionEntity):
@@ -380,6 +393,7 @@ class Catalog:
             rules.sort(key=lambda r: (r.name.lower() != DEFAULT_RULE_NAME.lower(),
                                       r.created_ms or 0, r.name.lower()))
         self._specs, self._subs_of, self._rules_of = specs, subs_of, rules_of
+        self._access_keys = access_keys
 
 
 def _exists(entity: Entity) -> BusdError:

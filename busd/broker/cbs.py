@@ -1,6 +1,7 @@
 """`$cbs`: claims-based security. The client puts a SAS token for an audience; busd verifies it
-(HMAC-SHA256, key name, expiry) and records the grant, with its key's rights, on the connection
-(docs/wire.md §3).
+(HMAC-SHA256, key name, expiry) with the namespace's keys, or with those of the entity the
+audience names (its own shared access rules), and records the grant, with its key's rights, on
+the connection (docs/wire.md §3).
 
 A token for an entity that does not exist is answered 404, as Service Bus does; only a validly
 signed token learns that, so names cannot be enumerated without a key. When a token expires,
@@ -46,7 +47,8 @@ class CbsEndpoint(RequestEndpoint):
         try:
             if namespaces is None:
                 broker: BrokerScope = self.broker
-                grant = rights.grant_of(token or "", broker.sas_keys)
+                grant = rights.grant_of(token or "", broker.sas_keys,
+                                        entity_keys=broker.catalog.access_keys)
             else:  # the namespace the host or the key name chose (docs/design.md §3.17)
                 broker, grant = await namespaces.authenticate(token or "",
                                                               self.conn.host_namespace)

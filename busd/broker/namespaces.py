@@ -161,8 +161,26 @@ class Namespaces:
         The token is verified before the namespace is made: only a client holding its keys
         makes one. Raises SasError."""
         name = self.choose(host_namespace, sas.parse_sas_token(token).key_name)
-        grant = rights.grant_of(token, self.keys(name))
+        grant = rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
         return await self.broker(name), grant
+
+    def entity_keys(self, name: str | None) -> rights.EntityKeys | None:
+        """The keys of the entities' own rules in a namespace (docs/design.md §2.10), under
+        their names and as `<name>/<key name>`, as the namespace's keys are. None while this
+        process does not serve the namespace yet: its catalog is not read, so a token signed
+        with an entity's key is refused until a namespace key has made it served."""
+        broker = self.served(name)
+        if broker is None:
+            return None
+        access_keys = broker.catalog.access_keys
+        if name is None:
+            return access_keys
+
+        def prefixed(entity: str) -> tuple[Mapping[str, str], ...]:
+            return tuple({**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
+                         for keys in access_keys(entity))
+
+        return prefixed
 
     async def stop(self) -> None:
         if self._reaper is not None:

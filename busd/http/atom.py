@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from busd import entity_properties as ep
-from busd.auth.rights import MANAGE, Unauthorized, authorize_header
+from busd.auth.rights import MANAGE, EntityKeys, Unauthorized, authorize_header
 from busd.entity_values import check_rule_name, normalize_entity_name
 from busd.errors import ConfigError
 from busd.http import atom_xml as ax
@@ -48,9 +48,12 @@ def error_response(status: int, detail: str) -> Response:
 
 class AtomApi:
     def __init__(self, entities: Entities, sas_keys: Mapping[str, str],
-                 name: str = ax.NAMESPACE_NAME) -> None:  # fmt: skip
+                 name: str = ax.NAMESPACE_NAME,
+                 entity_keys: EntityKeys | None = None) -> None:  # fmt: skip
         self.entities = entities
         self.sas_keys = sas_keys
+        # the keys of the entities' own rules: a token signed with one covers its entity only
+        self.entity_keys = entity_keys
         self.name = name  # the namespace's, as $namespaceinfo answers it
         self.started_ms = int(time.time() * 1000)
 
@@ -71,7 +74,7 @@ class AtomApi:
         is not ours."""
         try:
             authorize_header(request.headers.get("authorization", ""), self.sas_keys,
-                             entity_path, MANAGE)
+                             entity_path, MANAGE, self.entity_keys)
         except Unauthorized as exc:
             raise ax.AtomError(401, f"Unauthorized: {exc.reason}") from None
 

@@ -55,7 +55,8 @@ def handler(server) -> Handler:
         known = apis.get(name)
         if known is None or known[0] is not broker:
             known = apis[name] = (broker, AtomApi(CatalogEntities(broker), broker.sas_keys,
-                                                  name or atom_xml.NAMESPACE_NAME))
+                                                  name or atom_xml.NAMESPACE_NAME,
+                                                  server.namespaces.entity_keys(name)))
         return known[1]
 
     async def handle(request: Request) -> Response:

@@ -43,7 +43,8 @@ async def route(
         # a key holding the Manage right, as Service Bus's management operations (reads too).
         # Health and metrics stay open.
         try:
-            authorize_header(authorization, broker.sas_keys, entity_of(path), MANAGE)
+            authorize_header(authorization, broker.sas_keys, entity_of(path), MANAGE,
+                             broker.catalog.access_keys)
         except Unauthorized as exc:
             return _json(401, {"error": f"admin requests need a valid SAS token with the "
                                         f"Manage right covering the queue: {exc.reason}"})

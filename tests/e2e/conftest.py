@@ -192,6 +192,16 @@ def busd_factory(redis_url, tmp_path_factory):
         proc.stop()
 
 
+def cbs_refusal(error) -> tuple[int, str]:
+    """The put-token answer behind the SDK's ServiceBusAuthenticationError (its own message is
+    generic)."""
+    inner = error.inner_exception
+    description = inner.status_description
+    if isinstance(description, bytes):
+        description = description.decode()
+    return inner.status_code, description
+
+
 def receive(receiver, count: int, wait: float = 3, patience: float = 15) -> list:
     """Up to `count` messages from an SDK receiver, asking again until `patience` runs out
     (one receive_messages call may return fewer than are on their way)."""

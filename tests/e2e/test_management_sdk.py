@@ -145,8 +145,9 @@ def test_names_with_a_tilde_serve_as_masstransit_makes_them(busd, admin):
 
 
 def test_authorization_rules_are_kept_and_answered_as_service_bus_does(admin):
-    """Sent with a queue or topic, the rules came back as nothing; they are kept (not yet
-    checked against tokens) and answered with the keys busd made for a rule that had none."""
+    """Sent with a queue or topic, the rules came back as nothing; they are kept and answered
+    with the keys busd made for a rule that had none (tokens signed with them:
+    tests/e2e/test_entity_keys.py)."""
     created = dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
     given = AuthorizationRule(type="SharedAccessAuthorizationRule", claim_type="SharedAccessKey",
                               claim_value="None", rights=[AccessRights.LISTEN, AccessRights.SEND],

@@ -26,7 +26,7 @@ from proton.utils import LinkDetached
 from busd.auth.sas import generate_sas_token
 from busd.cli import cli
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import launch_busd, queue, receive, write_config
+from tests.e2e.conftest import cbs_refusal, launch_busd, queue, receive, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,15 +108,6 @@ def test_a_send_only_key_cannot_receive(busd):
             (message,) = receive(receiver, 1)
             assert str(message) == "sent by the writer"
             receiver.complete_message(message)
-
-
-def cbs_refusal(error: ServiceBusAuthenticationError) -> tuple[int, str]:
-    """The put-token answer behind the SDK's exception (its own message is generic)."""
-    inner = error.inner_exception
-    description = inner.status_description
-    if isinstance(description, bytes):
-        description = description.decode()
-    return inner.status_code, description
 
 
 def test_a_token_for_a_missing_entity_fails_authentication(busd):
