@@ -228,15 +228,22 @@ class Verdict:
                 f"{self.duplicated_after_complete}, order {self.order}, overlap {self.overlap}")
 
 
-def stored(url: str, prefix: str) -> set[tuple[str, int]]:
-    """The messages (by body) still in ENTITY's store when the run ends."""
+def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[str, int]]:
+    """The messages (by body) still in ENTITY's store when the run ends (in each of its
+    `partitions`, when it has them; `url` may name a cluster: redis+cluster://)."""
     import redis
 
-    from busd.storage.keys import key
+    from busd.storage.keys import key, partition_scope
 
-    client = redis.Redis.from_url(url)
+    scopes = [ENTITY] if partitions is None else [partition_scope(ENTITY, p)
+                                                  for p in range(partitions)]
+    client: redis.Redis | redis.RedisCluster
+    if "+cluster://" in url:
+        client = redis.RedisCluster.from_url(url.replace("+cluster://", "://", 1))
+    else:
+        client = redis.Redis.from_url(url)
     try:
-        blobs = client.hvals(key(prefix, ENTITY, "q.body"))
+        blobs = [blob for scope in scopes for blob in client.hvals(key(prefix, scope, "q.body"))]
     finally:
         client.close()
     found = set()
@@ -298,6 +305,30 @@ def check(record: Record, left: set[tuple[str, int]]) -> Verdict:
             held_until = max(held_until, end)
     v.examples = v.examples[:8]
     return v
+
+
+def recovered(name: str, record: Record, verdict: Verdict, since: float, seconds: float,
+              sessions: set[str] | None = None) -> tuple[float | None, float | None]:
+    """After a fault at `since`: seconds to the first send acknowledged after it (to one of
+    `sessions`, when given) and to the first delivery of such a message (None: never); and a
+    line of what the run saw, printed under `name`."""
+    after = {k: t for k, t in record.acked_at.items()
+             if t > since and (sessions is None or k[0] in sessions)}
+    sent = min(after.values(), default=None)
+    received = min((t for t, _link, sid, index in record.deliveries if (sid, index) in after),
+                   default=None)
+    sent_s = None if sent is None else sent - since
+    received_s = None if received is None else received - since
+
+    def text(s: float | None) -> str:
+        return "never" if s is None else f"{s:.1f} s"
+
+    print(f"\n{name}: {seconds:.1f} s; sends acknowledged again after {text(sent_s)}, such a "
+          f"message received after {text(received_s)}; {verdict.summary()}; refusals "
+          f"{dict(record.refusals)}; send failures {record.send_failures}")
+    for example in verdict.examples:
+        print("  ", example)
+    return sent_s, received_s
 
 
 def plan(sessions: int, per_session: int) -> dict[str, int]:

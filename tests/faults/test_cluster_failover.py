@@ -1,0 +1,83 @@
+"""A Cluster shard's primary is killed with SIGKILL under session load on a partitioned
+session queue, and its replica takes the shard over (docs/design.md §3.9, §3.18): busd keeps
+its connections, refuses what cannot complete meanwhile and serves again by itself, without a
+restart, once the cluster names the new primary. Afterwards every acknowledged send was
+delivered, no message was delivered after its complete was confirmed, each session kept its
+order and no session had two holders (tests/faults/load.py counts all of these).
+
+A Cluster replicates asynchronously and busd cannot wait for its replicas (`--durability` is
+refused with a Cluster URL): what is guaranteed across a shard's failover is what reached
+the replica. Here the replica keeps up with its primary (loopback, not paused), so nothing
+acknowledged is lost; a replica lagging when its primary dies would lose the writes of its
+lag, acknowledged ones included (docs/design.md §3.9).
+
+Three primaries, each with a replica, of the test's own on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from busd.storage.keys import key, partition_scope
+from busd.storage.partitions import partition_of_key
+from tests.e2e.conftest import queue
+from tests.faults import load
+from tests.faults.replicas import Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "12"))
+PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "30"))
+PRIMARIES = 3
+PARTITIONS = 6
+KILL_AFTER_S = 1.5
+RESUME_WITHIN_S = 10.0
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    nodes = Cluster(tmp_path, primaries=PRIMARIES, replicas=1)
+    yield nodes
+    nodes.stop()
+
+
+def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, start_busd,
+                                                                    capsys):
+    sessions = queue(load.ENTITY, RequiresSession=True, LockDuration="PT2S",
+                     EnablePartitioning=True, PartitionCount=PARTITIONS)
+    busd = start_busd([sessions], url=cluster.url)
+    owners = [cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p), "q.body"))
+              for p in range(PARTITIONS)]
+    assert len(set(owners)) > 1, "the partitions are all on one shard"
+    old = owners[0]  # the shard of partition 0
+    killed: list[float] = []
+
+    async def chaos() -> None:
+        await asyncio.sleep(KILL_AFTER_S)
+        await asyncio.to_thread(cluster.kill, old)
+        killed.append(time.monotonic())
+
+    record, seconds = asyncio.run(load.run(
+        load.plan(SESSIONS, PER_SESSION), busd.port, [busd.port], consumers=6,
+        deadline_s=45, chaos=chaos, rate_per_s=120))
+    primaries = cluster.primaries()
+    assert killed and old not in primaries and len(primaries) == PRIMARIES
+    verdict = load.check(record, load.stored(
+        f"redis+cluster://127.0.0.1:{primaries[0]}", busd.prefix, PARTITIONS))
+    # Served again: the first send acknowledged after the kill to a session of the killed
+    # shard, and the first delivery of such a message (the other shards never stopped).
+    on_shard = {sid for sid in load.plan(SESSIONS, PER_SESSION)
+                if owners[partition_of_key(sid, PARTITIONS)] == old}
+    with capsys.disabled():
+        sent_again, received_again = load.recovered("cluster failover (the killed shard's "
+                                                    "sessions)", record, verdict, killed[0],
+                                                    seconds, on_shard)
+    assert busd.proc.poll() is None  # the same busd process throughout
+    assert sent_again is not None and sent_again < RESUME_WITHIN_S
+    assert received_again is not None and received_again < RESUME_WITHIN_S
+    assert verdict.sent >= SESSIONS * PER_SESSION * 0.8
+    assert verdict.violations == 0, verdict.summary()
