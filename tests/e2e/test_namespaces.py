@@ -6,6 +6,7 @@ hostname, the HTTP Host header). Each sees only its own entities and messages.""
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import ssl
 import time
@@ -15,10 +16,12 @@ import pytest
 from azure.core.exceptions import ClientAuthenticationError
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ServiceBusAdministrationClient
+from click.testing import CliRunner
 from proton import Message
 from proton.utils import LinkDetached
 
 from busd.auth.sas import generate_sas_token
+from busd.cli import cli
 from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import queue, receive, run_node
 
@@ -204,3 +207,23 @@ def test_a_namespace_host_gets_a_certificate_for_exactly_that_name(busd):
     with socket.create_connection(("127.0.0.1", busd.port), timeout=5) as raw:
         with pytest.raises(ssl.SSLCertVerificationError):  # two labels: not a namespace host
             context.wrap_socket(raw, server_hostname="a.b.localhost")
+
+
+def test_the_dashboard_and_the_tools_act_on_the_namespace_of_their_key(busd):
+    namespace = fresh()[0]
+    with admin(busd, namespace) as client:
+        client.create_queue("ns-only")
+    conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    login = json.dumps({"key_name": f"{namespace}/{ROOT}", "key": "SAS_KEY_VALUE"})
+    conn.request("POST", "/dashboard/login", body=login.encode())
+    response = conn.getresponse()
+    token = json.loads(response.read())["token"]
+    assert response.status == 200
+    conn.request("GET", "/admin/queues", headers={"Authorization": token})
+    response = conn.getresponse()
+    assert [q["name"] for q in json.loads(response.read())] == ["ns-only"]
+    result = CliRunner().invoke(
+        cli, ["queues", "--json", "--url", busd.http_url], prog_name="busd",
+        env={"BUSD_SAS_KEY": f"{namespace}/{ROOT}=SAS_KEY_VALUE"})
+    assert result.exit_code == 0, result.output
+    assert [q["name"] for q in json.loads(result.stdout)] == ["ns-only"]
