@@ -19,6 +19,7 @@ from proton import Delivery, Described, ulong
 from busd.amqp import engine
 from busd.broker import messages, outcomes
 from busd.broker.links import ConnectionScope, amqp_condition
+from busd.broker.transactions import NOT_CROSS_PARTITION
 from busd.errors import BusdError, Condition
 from busd.storage.api import (
     NewMessage,
@@ -175,6 +176,12 @@ async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
     """`schedule-message` in a transaction: the messages' numbers now (a topic's), the
     messages at the commit (never, after a rollback: the numbers stay unused)."""
     txn = conn.transactions.get(REQUEST_TXN.get())
+    if isinstance(target, QueueSpec) and target.partitions:
+        # numbered by the partition the messages go to: one, as the transaction's
+        parts = {txn.partition_of(target, StagedSend(target, m)) for m in new}
+        if len(parts) > 1:
+            raise BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
+        (target,) = parts
     seqs = await conn.broker.store.reserve_sequence_numbers(target, len(new))
     for message, seq in zip(new, seqs):
         await _staged(txn.stage(_send_op(conn, target, message, seq)))

@@ -31,6 +31,7 @@ from busd.storage.api import (
     Store,
     TopicSpec,
 )
+from busd.storage.partitions import operation_partition
 
 if TYPE_CHECKING:
     from busd.broker.links import BrokerScope
@@ -46,6 +47,10 @@ MAX_STAGE_BATCH = 100
 
 NOT_CROSS_ENTITY = (
     "Local transactions cannot span multiple top-level entities such as queue or topic."
+)
+NOT_CROSS_PARTITION = (
+    "A transaction on a partitioned entity stays within one partition: this operation's "
+    "session id, partition key or message is in another partition, or another entity."
 )
 
 
@@ -111,8 +116,15 @@ class Transaction:
                 f"A transaction cannot hold more than {MAX_OPERATIONS} operations.",
             )
         entity = _entity_of(op)
+        if isinstance(entity, QueueSpec) and entity.partitions:
+            entity = self.partition_of(entity, op)
+            _set_entity(op, entity)
         if self.via is None:
             self.via = entity
+        elif _in_partition(entity) or _in_partition(self.via):
+            # one partition of one entity (docs/design.md §3.18), as Service Bus asks
+            if entity.key_scope != self.via.key_scope:
+                return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
         elif (not self.store.cross_slot_transactions
               and entity.key_scope[0] != self.via.key_scope[0]):
             # one script reaches one cluster slot: one queue, or one topic with its
@@ -123,6 +135,15 @@ class Transaction:
         elif not (isinstance(self.via, QueueSpec) and entity.name == self.via.name):
             self.others.setdefault(entity.name, entity)
         return None
+
+    def partition_of(self, entity: QueueSpec, op: StagedOperation) -> QueueSpec:
+        """The partition of a partitioned queue `op` works in: a send without a key goes
+        to the one the transaction already works in."""
+        assert entity.partitions
+        via = self.via
+        current = via.partition if (isinstance(via, QueueSpec) and via.name == entity.name) \
+            else None
+        return entity.partition_specs[operation_partition(op, entity.partitions, current)]
 
     async def _stage_pending(self) -> None:
         try:
@@ -244,6 +265,17 @@ class Transaction:
             raise BusdError(Condition.INTERNAL,
                             "The store did not answer the commit: its outcome is unknown.")\
                 from None
+
+
+def _in_partition(entity: QueueSpec | TopicSpec) -> bool:
+    return isinstance(entity, QueueSpec) and entity.partition is not None
+
+
+def _set_entity(op: StagedOperation, entity: QueueSpec) -> None:
+    if isinstance(op, StagedSettlement):
+        op.entity = entity
+    elif not isinstance(op, StagedPublish):
+        op.queue = entity
 
 
 def _entity_of(op: StagedOperation) -> QueueSpec | TopicSpec:

@@ -81,14 +81,16 @@ class QueueSpec:
     dlq: bool = False
     topic: str | None = None  # a subscription's topic; None for a queue
     partitions: int | None = None  # a partitioned entity's partition count; None: not one
-    partition: int | None = None  # the one partition of it this handle reaches, if set
+    partition: int | None = None  # the one partition of one this handle reaches, if set
 
     @property
     def partition_specs(self) -> tuple[QueueSpec, ...]:
-        """A handle of each partition (the entity's own keys when not partitioned)."""
+        """A handle of each partition, itself when not partitioned. A partition's handle is
+        one queue to the store: its keys are the partition's, its `partitions` None."""
         if not self.partitions:
             return (self,)
-        return tuple(dataclasses.replace(self, partition=i) for i in range(self.partitions))
+        return tuple(dataclasses.replace(self, partitions=None, partition=i)
+                     for i in range(self.partitions))
 
     @property
     def dead_letter_queue(self) -> QueueSpec:

@@ -47,7 +47,11 @@ from busd.storage.api import (
     SessionInfo,
     SessionLock,
     Settlement,
+    StagedCancel,
     StagedOperation,
+    StagedSend,
+    StagedSessionState,
+    StagedSettlement,
     Store,
     StoredMessage,
     SweepResult,
@@ -75,6 +79,34 @@ def partition_of_token(token: bytes, partitions: int) -> int:
 def first_seq(partition: int) -> int:
     """What a partition's counter starts at: its numbers are `partition << 48` + 1, + 2, ..."""
     return partition << PARTITION_SHIFT
+
+
+def message_key(message: NewMessage) -> str | None:
+    """What places a message: its session id, else partition key, else message id."""
+    if message.session_id is not None:
+        return message.session_id
+    return message.partition_key if message.partition_key is not None else message.message_id
+
+
+def operation_partition(op: StagedOperation, partitions: int, current: int | None) -> int:
+    """The partition a transaction's operation on a partitioned queue works in. A send
+    without session id or partition key goes to the transaction's partition (`current`, once
+    it has one), as in Service Bus: a transaction stays in one partition."""
+    if isinstance(op, StagedSettlement):
+        return partition_of_token(op.settlement.token, partitions)
+    if isinstance(op, StagedSessionState):
+        return partition_of_key(op.session_id, partitions)
+    if isinstance(op, (StagedCancel, StagedSend)) and op.seq is not None:
+        return partition_of_seq(op.seq, partitions)
+    if isinstance(op, StagedSend):
+        m = op.message
+        key = m.session_id if m.session_id is not None else m.partition_key
+        if key is not None:
+            return partition_of_key(key, partitions)
+        if current is not None:
+            return current
+        return partition_of_key(m.message_id, partitions) if m.message_id is not None else 0
+    return current or 0
 
 
 def stamped(tokens: Sequence[bytes], partition: int, start: int, count: int) -> LockTokens:
@@ -118,10 +150,7 @@ class PartitionedStore:
 
     def part_of_message(self, spec: QueueSpec, message: NewMessage) -> int:
         assert spec.partitions
-        key = message.session_id
-        if key is None:
-            key = message.partition_key if message.partition_key is not None else \
-                message.message_id
+        key = message_key(message)
         if key is None:
             return next(self._turn) % spec.partitions
         return partition_of_key(key, spec.partitions)
@@ -458,6 +487,19 @@ class PartitionedStore:
                                              hop_limit=hop_limit))
 
     # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
+    async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
+        if isinstance(queue, TopicSpec) or not queue.partitions:
+            return int(await self.inner.sweep_transactions(queue))
+        return sum(await asyncio.gather(*(self.inner.sweep_transactions(p)
+                                          for p in self.parts(queue))))
+
+    async def reserve_sequence_numbers(
+        self, queue: QueueSpec | TopicSpec, count: int
+    ) -> list[int]:
+        # a partitioned queue's: its partition's (busd.broker.staging picks it)
+        assert isinstance(queue, TopicSpec) or not queue.partitions
+        return list(await self.inner.reserve_sequence_numbers(queue, count))
+
     async def stage_transaction(
         self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
         first: bool, timeout_ms: int, limit: int,

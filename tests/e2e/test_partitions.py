@@ -17,9 +17,12 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import SessionCannotBeLockedError
 from azure.servicebus.management import ServiceBusAdministrationClient
+from proton import Message
 
 from busd.storage.partitions import PARTITION_SHIFT, partition_of_key
+from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import queue, receive
+from tests.e2e.txn_client import Refused, Transactions, peek_all, send, settle, take
 
 pytestmark = pytest.mark.timeout(120)
 PARTITIONS = 4
@@ -31,6 +34,7 @@ def busd(busd_factory):
         queue("orders", RequiresSession=True, EnablePartitioning=True,
               PartitionCount=PARTITIONS, LockDuration="PT10S"),
         queue("spread", EnablePartitioning=True, PartitionCount=PARTITIONS),
+        queue("other"),
     ])
 
 
@@ -210,3 +214,42 @@ def test_the_management_api_creates_a_partitioned_queue(busd, client, admin):
         admin.update_queue(changed)
     assert admin.get_queue("made-partitioned").enable_partitioning
     admin.delete_queue("made-partitioned")
+
+
+def test_a_transaction_stays_in_one_partition(busd):
+    """Work in the partition of the session received from commits together; work in another
+    partition, or on another entity, is refused and the rest still commits."""
+    sids = sessions_in_every_partition(2)
+    here, same, elsewhere = sids[0], sids[1], sids[-1]
+    assert partition_of_key(here, PARTITIONS) == partition_of_key(same, PARTITIONS) \
+        != partition_of_key(elsewhere, PARTITIONS)
+    with ProtonCbsClient(busd.port) as c:
+        for entity in ("orders", "other"):
+            c.authorize(entity)
+        sender = c.sender("orders")
+        sender.send(Message(body="in", group_id=here))
+        receiver = c.receiver("orders", session=here)
+        _, delivery = take(receiver)
+        txns = Transactions(c)
+        txn = txns.declare()
+        settle(c, delivery, txn)
+        send(c, sender, txn, Message(body="out", group_id=same))
+        for refused_send in (lambda: send(c, sender, txn, Message(body="x", group_id=elsewhere)),
+                             lambda: send(c, c.sender("other"), txn, Message(body="y"))):
+            with pytest.raises(Refused) as err:
+                refused_send()
+            assert err.value.condition == "amqp:not-allowed"
+            assert "one partition" in str(err.value)
+        assert sorted(m.body for m in peek_all(c, "orders")) == ["in"]
+        txns.commit(txn)
+        receiver.close()
+        bodies = {m.body: m.annotations["x-opt-sequence-number"] for m in peek_all(c, "orders")}
+        assert sorted(bodies) == ["out"]
+        assert {n >> PARTITION_SHIFT for n in bodies.values()} == \
+            {partition_of_key(here, PARTITIONS)}
+        assert peek_all(c, "other") == []
+    for sid in (same,):
+        with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+            with sb.get_queue_receiver("orders", session_id=sid, max_wait_time=5) as r:
+                for m in receive(r, 1):
+                    r.complete_message(m)
