@@ -22,7 +22,7 @@ from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, QueueSpec, StoreUnavailable, TopicSpec, WakeCallback
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
 from busd.storage.redis_codec import _text
-from busd.storage.scripts import DURABILITY, Scripts
+from busd.storage.scripts import DURABILITY, QUEUE_ARGC, ScriptError, Scripts
 
 log = logging.getLogger("busd.storage")
 
@@ -37,6 +37,27 @@ SWEEP_BUDGET = 1000
 DEFAULT_MAX_CALLS = 64
 # Key lists of topic scripts kept encoded (by script, topic and subscription set).
 TOPIC_KEY_CACHE = 1024
+
+
+def queue_context_args(
+    queue: QueueSpec, channel: str, budget: int, name: str | None = None
+) -> list[Any]:
+    """The QUEUE_ARGC parameters of lua/includes/queueContext.lua, in its order."""
+    return [
+        queue.name if name is None else name,
+        channel,
+        queue.lock_duration_ms,
+        queue.max_delivery_count,
+        # policy flags (lua/includes/queueContext.lua)
+        (1 if queue.dead_letter_on_expiration else 0)
+        + (2 if queue.dead_letter_session_on_max_delivery else 0),
+        budget,
+    ]
+
+
+if len(queue_context_args(QueueSpec(""), "", 0)) != QUEUE_ARGC:
+    raise ScriptError("queue_context_args does not build the QUEUE_ARGC parameters of "
+                      "lua/includes/queueContext.lua")
 
 
 def _cluster_url(url: str) -> str | None:
@@ -266,17 +287,20 @@ class RedisConnection:
             ]
         return cached
 
-    def _queue_args(self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET) -> list[Any]:
-        return [
-            queue.name,
-            self._channel,
-            queue.lock_duration_ms,
-            queue.max_delivery_count,
-            # policy flags (lua/includes/queueContext.lua)
-            (1 if queue.dead_letter_on_expiration else 0)
-            + (2 if queue.dead_letter_session_on_max_delivery else 0),
-            budget,
-        ]
+    def _queue_args(self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET,
+                    name: str | None = None) -> list[Any]:
+        """A queue context's parameters; `name` for a subscription in a topic context."""
+        return queue_context_args(queue, self._channel, budget, name)
+
+    def _topic_args(self, topic: str, subscriptions: list[QueueSpec], names: tuple[str, ...],
+                    budget: int = HOUSEKEEPING_BUDGET) -> list[Any]:
+        """A topic context's parameters (lua/includes/topicContext.lua): its name, the number
+        of subscriptions, then each subscription's queue context under its own name (what the
+        topic's `subs` holds)."""
+        args: list[Any] = [topic, len(subscriptions)]
+        for spec, name in zip(subscriptions, names):
+            args += queue_context_args(spec, self._channel, budget, name)
+        return args
 
     async def _run(self, script: str, queue: QueueSpec | TopicSpec, args: list[Any]) -> Any:
         scripts = self._connected()
@@ -328,13 +352,9 @@ class RedisConnection:
         *, budget: int = HOUSEKEEPING_BUDGET,
     ) -> Any:  # fmt: skip
         """A `Context: topic` script: ARGV is the topic's name, the number of subscriptions,
-        the six queue-context parameters of each subscription, then `args`."""
+        the queue-context parameters of each subscription, then `args`."""
         scripts = self._connected()
         names = tuple(s.subscription or "" for s in subscriptions)
         keys = self._topic_keys(script, topic, names)
-        argv: list[Any] = [topic, len(subscriptions)]
-        for spec, name in zip(subscriptions, names):
-            argv += self._queue_args(spec, budget)
-            argv[-6] = name  # the subscription's own name: what `subs` holds
-        argv += args
+        argv = self._topic_args(topic, subscriptions, names, budget) + args
         return await self._call(scripts, script, keys, argv)

@@ -73,10 +73,7 @@ class ForwardingCalls(RedisConnection):
             topic, subs = destination.topic, destination.subscriptions
             names = tuple(sub.subscription or "" for sub in subs)
             keys += self._topic_keys("publishMessages", topic.name, names)
-            args += ["t", topic.name, len(subs)]
-            for sub, name in zip(subs, names):
-                args += self._queue_args(sub)
-                args[-6] = name  # the subscription's own name: what `subs` holds
+            args += ["t", *self._topic_args(topic.name, subs, names)]
             args.append(topic.duplicate_detection_window_ms or 0)
             for sub in subs:
                 args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]

@@ -111,9 +111,7 @@ class TransactionCalls(RedisConnection):
         for topic, subscriptions in topics:
             names = tuple(s.subscription or "" for s in subscriptions)
             keys += self._topic_keys("publishMessages", topic.name, names)
-            args += [topic.name, len(subscriptions)]
-            for spec, name in zip(subscriptions, names):
-                args += [name] + self._queue_args(spec)[1:]
+            args += self._topic_args(topic.name, subscriptions, names)
             args.append(topic.duplicate_detection_window_ms or 0)
             for spec in subscriptions:
                 args += [1 if spec.requires_session else 0, _opt(spec.default_ttl_ms)]

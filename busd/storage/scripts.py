@@ -1,16 +1,18 @@
 """Loads the Lua scripts: one file per atomic state transition.
 
 A script that works on a queue says so once in its header, `Context: queue`: it takes the
-queue's whole key set (`busd.storage.keys.QUEUE_KEYS`, in that order) and the six parameters
-of `lua/includes/queueContext.lua` first, and its file is `lua/<verbNoun>.lua`. A script that
-works on a topic says `Context: topic`: it takes the topic's keys (`TOPIC_KEYS`,
-`lua/includes/topicContext.lua`) and then, for each subscription the call names, that
-subscription's whole queue key set, in the call's order (the number varies by call). The few scripts
-that list their own keys are `lua/<verbNoun>-<N>.lua`, N being the number of KEYS, and their
-header lists each key as `KEYS[i]  <name>` with the logical names of `busd.storage.keys`. Either
-way the loader builds each call's KEYS from the header, so the Python side cannot drift from
-what the script declares. `--- @include "<name>"` lines pull in `lua/includes/<name>.lua` (one
-small local function each) before the line's place, dependencies first, each include once.
+queue's whole key set (`busd.storage.keys.QUEUE_KEYS`, in that order) and the QUEUE_ARGC
+parameters of `lua/includes/queueContext.lua` first (`QUEUE_ARGC` below is read from there;
+a header writes it `c`, the script's own arguments starting at `ARGV[c+1]`), and its file is
+`lua/<verbNoun>.lua`. A script that works on a topic says `Context: topic`: it takes the
+topic's keys (`TOPIC_KEYS`, `lua/includes/topicContext.lua`) and then, for each subscription
+the call names, that subscription's whole queue key set, in the call's order (the number
+varies by call). The few scripts that list their own keys are `lua/<verbNoun>-<N>.lua`, N
+being the number of KEYS, and their header lists each key as `KEYS[i]  <name>` with the
+logical names of `busd.storage.keys`. Either way the loader builds each call's KEYS from the
+header, so the Python side cannot drift from what the script declares. `--- @include
+"<name>"` lines pull in `lua/includes/<name>.lua` (one small local function each) before the
+line's place, dependencies first, each include once.
 
 The loaded text starts with a `#!lua` shebang: a script with one (even without flags) is
 checked by the server, in cluster mode, to touch only keys of the slot its KEYS hash to, so
@@ -69,6 +71,8 @@ PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
+_QUEUE_ARGC = re.compile(r"^local QUEUE_ARGC = (?P<argc>\d+)$", re.M)
+_CONTEXT_ARG = re.compile(r"ARGV\[ab \+ (?P<index>\d+)\]")
 
 # How long the server waits for the fsync or the replica before the batch is refused.
 DURABILITY_WAIT_MS = 1000
@@ -87,6 +91,26 @@ DURABILITY: dict[str, tuple[tuple[bytes, ...], ...]] = {
 
 class ScriptError(Exception):
     """A script file that breaks the conventions above."""
+
+
+def read_queue_argc(path: Path = INCLUDE_DIR / "queueContext.lua") -> int:
+    """The number of a queue context's parameters, as lua/includes/queueContext.lua declares
+    it (`local QUEUE_ARGC = <n>`) and its function reads them (ARGV[ab+1 .. ab+n])."""
+    text = path.read_text()
+    declared = _QUEUE_ARGC.search(text)
+    if declared is None:
+        raise ScriptError(f"{path.name}: no `local QUEUE_ARGC = <n>` line")
+    argc = int(declared["argc"])
+    read = {int(i) for i in _CONTEXT_ARG.findall(text)}
+    if read != set(range(1, argc + 1)):
+        raise ScriptError(f"{path.name}: QUEUE_ARGC is {argc}, the context reads ARGV[ab+i] "
+                          f"for i in {sorted(read)}")
+    return argc
+
+
+# What a `Context: queue` script takes after the queue's keys, before its own arguments; the
+# store's queue_context_args (busd/storage/redis_codec.py) builds them.
+QUEUE_ARGC = read_queue_argc()
 
 
 @dataclass(frozen=True, slots=True)

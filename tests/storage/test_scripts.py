@@ -156,3 +156,30 @@ def test_all_keys_of_a_queue_share_one_hash_tag():
     tags = {re.match(r"^\{([^}]*)\}", k).group(1) for k in ks}
     assert tags == {"busd:orders/eu"}
     assert len(set(ks)) == len(ks)
+
+
+def test_the_queue_context_width_is_declared_once():
+    from busd.storage.api import QueueSpec
+    from busd.storage.redis_connection import queue_context_args
+    from busd.storage.scripts import QUEUE_ARGC, read_queue_argc
+
+    assert QUEUE_ARGC == read_queue_argc()
+    assert len(queue_context_args(QueueSpec("q"), "ch", 1)) == QUEUE_ARGC
+    for name, src in SOURCES.items():
+        if src.context == "queue":
+            # its own arguments are counted from the context's end, never by number
+            body = re.sub(r"--.*", "", src.path.read_text().split("]]", 1)[1])
+            assert not re.search(r"ARGV\[\d", body), name
+
+
+def test_a_queue_context_whose_width_disagrees_with_what_it_reads_is_refused(tmp_path):
+    from busd.storage.scripts import ScriptError, read_queue_argc
+
+    text = (INCLUDE_DIR / "queueContext.lua").read_text()
+    bad = tmp_path / "queueContext.lua"
+    bad.write_text(re.sub(r"local QUEUE_ARGC = \d+", "local QUEUE_ARGC = 5", text))
+    with pytest.raises(ScriptError):
+        read_queue_argc(bad)
+    bad.write_text(re.sub(r"local QUEUE_ARGC = \d+\n", "", text))
+    with pytest.raises(ScriptError):
+        read_queue_argc(bad)

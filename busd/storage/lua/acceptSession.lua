@@ -20,14 +20,14 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   holder
-    ARGV[8]   session id ('' next available)
-    ARGV[9]   next available: '1' to wait (register the holder as a waiter when none is
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] holder
+    ARGV[c+2] session id ('' next available)
+    ARGV[c+3] next available: '1' to wait (register the holder as a waiter when none is
               free), '0' not to
-    ARGV[10]  receive mode of the first messages: '1' peek-lock, '0' receive-and-delete
-    ARGV[11]  how many messages to take once locked (0: none)
-    ARGV[12]  peek-lock: the lock tokens, 16 bytes each, one per message (at least ARGV[11]),
+    ARGV[c+4] receive mode of the first messages: '1' peek-lock, '0' receive-and-delete
+    ARGV[c+5] how many messages to take once locked (0: none)
+    ARGV[c+6] peek-lock: the lock tokens, 16 bytes each, one per message (at least ARGV[c+5]),
               as one string
 
   Output:
@@ -45,8 +45,8 @@
 --- @include "takeSessionMessages"
 
 local Q = queueContext(0, 0)
-local holder = ARGV[7]
-local sid = ARGV[8]
+local holder = ARGV[QUEUE_ARGC + 1]
+local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
 housekeeping(Q, Q.q)
 
@@ -63,7 +63,7 @@ if sid ~= '' then
 else
   sid = redis.call('ZRANGE', Q.sfree, 0, 0)[1]
   if not sid then
-    if ARGV[9] == '1' then redis.call('ZADD', Q.swaiters, Q.now, holder) end
+    if ARGV[QUEUE_ARGC + 3] == '1' then redis.call('ZADD', Q.swaiters, Q.now, holder) end
     return { -5 }
   end
   redis.call('ZREM', Q.swaiters, holder)
@@ -74,10 +74,10 @@ redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
 redis.call('ZREM', Q.sfree, sid)
 local out = { 0, sid, lockedUntil }
-local count = tonumber(ARGV[11])
+local count = tonumber(ARGV[QUEUE_ARGC + 5])
 if count > 0 then
   local tokens = false
-  if ARGV[10] == '1' then tokens = ARGV[12] end
+  if ARGV[QUEUE_ARGC + 4] == '1' then tokens = ARGV[QUEUE_ARGC + 6] end
   takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
 end
 return out

@@ -7,8 +7,8 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7..] sequence numbers
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1..] sequence numbers
 
   Output:
     0 OK
@@ -23,7 +23,7 @@
 
 local Q = queueContext(0, 0)
 local found, seen = {}, {}
-for i = 7, #ARGV do
+for i = QUEUE_ARGC + 1, #ARGV do
   local seq = tonumber(ARGV[i])
   local m = readMeta(Q.q, seq)
   if not m or m.st ~= 's' then return -4 end

@@ -12,8 +12,8 @@
     KEYS      the topic context, then one queue context per subscription
     ARGV[1]   topic name
     ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+6n]  six per subscription, its queue context parameters
-    ARGV[3+6n..]  sequence numbers
+    ARGV[3..2+cn]  c per subscription, its queue context parameters
+    ARGV[3+cn..]  sequence numbers
 
   Output:
     0, or -4 (MESSAGE_NOT_FOUND) when a number has no scheduled copy
@@ -30,9 +30,11 @@ local T = topicContext()
 local perSub = 0
 if T.n > 0 then perSub = (#KEYS - 4) / T.n end
 local subs = {}
-for s = 1, T.n do subs[s] = queueContext(4 + (s - 1) * perSub, 2 + (s - 1) * 6) end
+for s = 1, T.n do
+  subs[s] = queueContext(4 + (s - 1) * perSub, 2 + (s - 1) * QUEUE_ARGC)
+end
 local found, seen = {}, {}
-for i = 3 + 6 * T.n, #ARGV do
+for i = 3 + QUEUE_ARGC * T.n, #ARGV do
   local seq = tonumber(ARGV[i])
   if not seen[seq] then
     seen[seq] = true

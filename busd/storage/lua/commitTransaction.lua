@@ -36,10 +36,10 @@
     ARGV[1]   transaction id
     ARGV[2]   keys per queue context
     ARGV[3]   number of queue-like entities (queues, subscriptions) the transaction names
-    then eight per such entity: its six queue context parameters (includes/queueContext.lua),
+    then c+2 per such entity: its c queue context parameters (includes/queueContext.lua),
               its duplicate detection window ms (0: off), '1' when it requires sessions
     then      the number of topics it sends to or cancels on; per topic, as publishMessages
-              takes them: its name, its number of subscriptions m, six queue context
+              takes them: its name, its number of subscriptions m, c queue context
               parameters per subscription (its own name first), the topic's duplicate
               detection window ms (0: off), then two per subscription: '1' when it requires
               sessions, its default time to live ms ('' unbounded)
@@ -81,9 +81,9 @@ local kb, ab = 2, 3
 for _ = 1, tonumber(ARGV[3]) do
   local Q = queueContext(kb, ab)
   Q.woken = woken
-  entities[Q.queue] = { Q = Q, window = tonumber(ARGV[ab + 7]),
-                        sessionQueue = ARGV[ab + 8] == '1' }
-  kb, ab = kb + ctx, ab + 8
+  entities[Q.queue] = { Q = Q, window = tonumber(ARGV[ab + QUEUE_ARGC + 1]),
+                        sessionQueue = ARGV[ab + QUEUE_ARGC + 2] == '1' }
+  kb, ab = kb + ctx, ab + QUEUE_ARGC + 2
 end
 -- topic name -> { T = its context, subs = its subscriptions' contexts, window, by name, ... }
 local topics = {}
@@ -91,7 +91,7 @@ local nt = tonumber(ARGV[ab + 1])
 ab = ab + 1
 for _ = 1, nt do
   local tc = topicContext(kb, ab)
-  local b = ab + 3 + 6 * tc.n
+  local b = ab + 3 + QUEUE_ARGC * tc.n
   local t = { T = tc, subs = topicSubscriptions(tc, kb, ab, b, ctx), byName = {},
               window = tonumber(ARGV[b]), accepted = 0, duplicates = 0, dropped = 0 }
   for s, Q in ipairs(t.subs) do

@@ -6,8 +6,8 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
 
   Output:
     { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions,
@@ -21,7 +21,7 @@
 --- @include "queueContext"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
 local function card(key) return redis.call('ZCARD', key) end
 local out
 if E.dlq then
@@ -37,7 +37,7 @@ else
     redis.call('ZCOUNT', Q.slocks, '(' .. Q.now, '+inf'),
   }
 end
-local prefix = ARGV[7] .. '.'
+local prefix = ARGV[QUEUE_ARGC + 1] .. '.'
 local stats = redis.call('HGETALL', Q.stats)
 for i = 1, #stats, 2 do
   if string.sub(stats[i], 1, 2) == prefix then

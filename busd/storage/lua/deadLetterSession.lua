@@ -12,10 +12,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   session id
-    ARGV[8]   dead-letter reason
-    ARGV[9]   dead-letter description ('' none)
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] session id
+    ARGV[c+2] dead-letter reason
+    ARGV[c+3] dead-letter description ('' none)
 
   Output:
     the number of messages moved (0: the session has none)
@@ -27,6 +27,6 @@
 --- @include "deadLetterSession"
 
 local Q = queueContext(0, 0)
-local description = ARGV[9]
+local description = ARGV[QUEUE_ARGC + 3]
 if description == '' then description = nil end
-return deadLetterSession(Q, ARGV[7], ARGV[8], description, nil)
+return deadLetterSession(Q, ARGV[QUEUE_ARGC + 1], ARGV[QUEUE_ARGC + 2], description, nil)

@@ -10,7 +10,7 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
 
   Output:
     the number of messages deleted (queue and dead-letter sub-queue)

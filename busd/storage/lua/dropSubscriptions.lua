@@ -14,9 +14,9 @@
               (includes/topicContext.lua)
     ARGV[1]   topic name
     ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+6n]  six per subscription, its queue context parameters
+    ARGV[3..2+cn]  c per subscription, its queue context parameters
               (includes/queueContext.lua; the name is the subscription's own name)
-    ARGV[3+6n]  '1' to delete the topic's own keys as well
+    ARGV[3+cn]  '1' to delete the topic's own keys as well
 
   Output:
     the number of messages deleted
@@ -32,7 +32,7 @@ local perSub = 0
 if T.n > 0 then perSub = (#KEYS - 4) / T.n end
 local n = 0
 for i = 1, T.n do
-  local Q = queueContext(4 + (i - 1) * perSub, 2 + (i - 1) * 6)
+  local Q = queueContext(4 + (i - 1) * perSub, 2 + (i - 1) * QUEUE_ARGC)
   n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
   for name, key in pairs(Q) do
     if type(key) == 'table' then
@@ -46,7 +46,7 @@ for i = 1, T.n do
   end
   redis.call('SREM', T.subs, Q.queue)
 end
-if ARGV[3 + 6 * T.n] == '1' then
+if ARGV[3 + QUEUE_ARGC * T.n] == '1' then
   redis.call('UNLINK', T.seq, T.dedup, T.subs, T.tstats)
 end
 return n

@@ -11,11 +11,11 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the destination's queue context (includes/queueContext.lua)
-    ARGV[7]   duplicate detection window ms (0: off)
-    ARGV[8]   '1' when the queue requires sessions
-    ARGV[9]   its default time to live ms ('' unbounded)
-    ARGV[10]  k, the number of records to forget, then the k records
+    KEYS, ARGV[1..c]  the destination's queue context (includes/queueContext.lua)
+    ARGV[c+1] duplicate detection window ms (0: off)
+    ARGV[c+2] '1' when the queue requires sessions
+    ARGV[c+3] its default time to live ms ('' unbounded)
+    ARGV[c+4] k, the number of records to forget, then the k records
     then eleven per message: record, blob, session id ('' none), message id ('' none), and
               the seven of includes/forwardedExtra.lua
 
@@ -33,9 +33,10 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local window = tonumber(ARGV[7])
-Q.live, Q.sessionQueue, Q.maxTtl, Q.sent = true, ARGV[8] == '1', tonumber(ARGV[9]), 0
-local i = forwardRecords(Q.dedup, Q.now, window, 11, tonumber(ARGV[10]))
+local window = tonumber(ARGV[QUEUE_ARGC + 1])
+Q.live, Q.sessionQueue, Q.sent = true, ARGV[QUEUE_ARGC + 2] == '1', 0
+Q.maxTtl = tonumber(ARGV[QUEUE_ARGC + 3])
+local i = forwardRecords(Q.dedup, Q.now, window, QUEUE_ARGC + 5, tonumber(ARGV[QUEUE_ARGC + 4]))
 local keep = Q.now + 86400000
 local out = {}
 local duplicates = 0

@@ -23,30 +23,30 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the source's queue context (includes/queueContext.lua); after it
+    KEYS, ARGV[1..c]  the source's queue context (includes/queueContext.lua); after it
               (from KEYS 35) the catalog hash (busd.storage.keys.catalog_key, outside every
               hash tag), then the destination's keys: a queue context, or a topic context
               with one queue context per subscription (includes/topicContext.lua); none when
               it is gone
-    ARGV[7]   source entity: 'q' the queue, 'd' its dead-letter sub-queue
-    ARGV[8]   the destination's catalog field (`<kind>:<path>`): must exist (a gone one
+    ARGV[c+1] source entity: 'q' the queue, 'd' its dead-letter sub-queue
+    ARGV[c+2] the destination's catalog field (`<kind>:<path>`): must exist (a gone one
               is named `gone:<path>`)
-    ARGV[9]   hop limit
-    ARGV[10]  destination kind: 'q' queue, 't' topic, '' none
+    ARGV[c+3] hop limit
+    ARGV[c+4] destination kind: 'q' queue, 't' topic, '' none
     destination 'q':
-    ARGV[11..16]  its queue context parameters
-    ARGV[17]  its duplicate detection window ms (0: off)
-    ARGV[18]  '1' when it requires sessions
-    ARGV[19]  its default time to live ms ('' unbounded)
-    then, from ARGV[20]: the messages
+    ARGV[c+5 .. 2c+4]  its queue context parameters
+    ARGV[2c+5]  its duplicate detection window ms (0: off)
+    ARGV[2c+6]  '1' when it requires sessions
+    ARGV[2c+7]  its default time to live ms ('' unbounded)
+    then, from ARGV[2c+8]: the messages
     destination 't':
-    ARGV[11]  topic name
-    ARGV[12]  n: the number of subscriptions
-    ARGV[13 .. 12+6n]  six per subscription, its queue context parameters
-    ARGV[13+6n]  the topic's duplicate detection window ms (0: off)
+    ARGV[c+5] topic name
+    ARGV[c+6] n: the number of subscriptions
+    ARGV[c+7 .. c+6+cn]  c per subscription, its queue context parameters
+    ARGV[c+7+cn]  the topic's duplicate detection window ms (0: off)
     then two per subscription: '1' when it requires sessions, its default time to live ms;
     then the messages
-    destination '': from ARGV[11], the messages
+    destination '': from ARGV[c+5], the messages
     per message: lock token, session id ('' none), message id ('' none), the number of
               placements p (-1: every subscription, unchanged; 0 for a queue), then p
               placements of seven (includes/fanOutMessage.lua)
@@ -77,30 +77,32 @@ local HOPS_DESCRIPTION = 'The maximum number of allowed hops when forwarding bet
 local GONE_REASON = 'MessagingEntityNotFound'
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
-local limit = tonumber(ARGV[9])
-local kind = ARGV[10]
-local exists = redis.call('HEXISTS', catalogKey(34), ARGV[8]) == 1
+local E = Q[ARGV[QUEUE_ARGC + 1]]
+local limit = tonumber(ARGV[QUEUE_ARGC + 3])
+local kind = ARGV[QUEUE_ARGC + 4]
+local exists = redis.call('HEXISTS', catalogKey(34), ARGV[QUEUE_ARGC + 2]) == 1
+local at = QUEUE_ARGC + 4 -- the destination's arguments start at ARGV[at + 1]
 local D, T, subs, dedup
 local window = 0
-local i = 11
+local i = at + 1
 if kind == 'q' then
-  D = queueContext(35, 10)
+  D = queueContext(35, at)
+  local b = at + QUEUE_ARGC
   D.now = Q.now
-  D.live, D.sessionQueue, D.maxTtl, D.sent = true, ARGV[18] == '1', tonumber(ARGV[19]), 0
+  D.live, D.sessionQueue, D.maxTtl, D.sent = true, ARGV[b + 2] == '1', tonumber(ARGV[b + 3]), 0
   dedup = D.dedup
-  window = tonumber(ARGV[17])
-  i = 20
+  window = tonumber(ARGV[b + 1])
+  i = b + 4
 elseif kind == 't' then
-  T = topicContext(35, 10)
+  T = topicContext(35, at)
   T.now = Q.now
   dedup = T.dedup
   local n = T.n
   local perSub = 0
   if n > 0 then perSub = (#KEYS - 39) / n end
-  local b = 13 + 6 * n
+  local b = at + 3 + QUEUE_ARGC * n
   window = tonumber(ARGV[b])
-  subs = topicSubscriptions(T, 35, 10, b, perSub)
+  subs = topicSubscriptions(T, 35, at, b, perSub)
   i = b + 2 * n + 1
 end
 if not exists then kind = '' end
@@ -124,7 +126,7 @@ while i <= #ARGV do
     local reason, description
     if kind == '' then
       reason = GONE_REASON
-      description = "The forwarding destination '" .. string.match(ARGV[8], ':(.*)$')
+      description = "The forwarding destination '" .. string.match(ARGV[QUEUE_ARGC + 2], ':(.*)$')
         .. "' does not exist."
     elseif hop >= limit then
       reason, description = HOPS_REASON, HOPS_DESCRIPTION

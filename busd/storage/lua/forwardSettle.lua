@@ -11,9 +11,9 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the source's queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' the queue, 'd' its dead-letter sub-queue
-    ARGV[8..] three per message: lock token, dead-letter reason ('' when it moved),
+    KEYS, ARGV[1..c]  the source's queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' the queue, 'd' its dead-letter sub-queue
+    ARGV[c+2..] three per message: lock token, dead-letter reason ('' when it moved),
               dead-letter description
 
   Output:
@@ -30,10 +30,10 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
 local out = {}
 local moved = 0
-for i = 8, #ARGV, 3 do
+for i = QUEUE_ARGC + 2, #ARGV, 3 do
   local token, reason = ARGV[i], ARGV[i + 1]
   local seq = redis.call('HGET', E.tokens, token)
   local m = seq and readMeta(E, seq)

@@ -28,12 +28,12 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua); its lock duration is the
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua); its lock duration is the
               forwarder's lock (and lease) duration
-    ARGV[7]   entity: 'q' the queue, 'd' its dead-letter sub-queue
-    ARGV[8]   forwarder id (a waiter id: `<process id>:<n>`)
-    ARGV[9]   count
-    ARGV[10]  the lock tokens, 16 bytes each, one per message (at least `count`), as one string
+    ARGV[c+1] entity: 'q' the queue, 'd' its dead-letter sub-queue
+    ARGV[c+2] forwarder id (a waiter id: `<process id>:<n>`)
+    ARGV[c+3] count
+    ARGV[c+4] the lock tokens, 16 bytes each, one per message (at least `count`), as one string
 
   Output:
     array: 0, then a delivery row (includes/deliveryRow.lua) per message taken, each
@@ -54,10 +54,10 @@
 --- @include "tokenAt"
 
 local Q = queueContext(0, 0)
-local e = ARGV[7]
+local e = ARGV[QUEUE_ARGC + 1]
 local E = Q[e]
-local me = ARGV[8]
-local count = tonumber(ARGV[9])
+local me = ARGV[QUEUE_ARGC + 2]
+local count = tonumber(ARGV[QUEUE_ARGC + 3])
 housekeeping(Q, E)
 
 local holder = redis.call('HGET', Q.fwd, e)
@@ -75,7 +75,7 @@ local taken = 0
 
 local function take(seq, m)
   taken = taken + 1
-  local token = tokenAt(ARGV[10], taken)
+  local token = tokenAt(ARGV[QUEUE_ARGC + 4], taken)
   local row
   if m.ss then
     unindexMessage(Q, E, seq, m)

@@ -12,10 +12,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   skip
-    ARGV[8]   top
-    ARGV[9]   updated after ms ('' any)
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] skip
+    ARGV[c+2] top
+    ARGV[c+3] updated after ms ('' any)
 
   Output:
     array of session ids
@@ -27,12 +27,13 @@
 --- @include "housekeeping"
 
 local Q = queueContext(0, 0)
-local skip = tonumber(ARGV[7])
-local top = tonumber(ARGV[8])
+local skip = tonumber(ARGV[QUEUE_ARGC + 1])
+local top = tonumber(ARGV[QUEUE_ARGC + 2])
 housekeeping(Q, Q.q)
 if top <= 0 then return {} end
 
-if ARGV[9] == '' then
+local after = ARGV[QUEUE_ARGC + 3]
+if after == '' then
   return redis.call('ZRANGE', Q.sessions, skip, skip + top - 1)
 end
-return redis.call('ZRANGEBYSCORE', Q.supdated, '(' .. ARGV[9], '+inf', 'LIMIT', skip, top)
+return redis.call('ZRANGEBYSCORE', Q.supdated, '(' .. after, '+inf', 'LIMIT', skip, top)

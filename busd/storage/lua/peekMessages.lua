@@ -11,11 +11,11 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
-    ARGV[8]   from sequence number
-    ARGV[9]   count
-    ARGV[10]  session id ('' all)
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
+    ARGV[c+2] from sequence number
+    ARGV[c+3] count
+    ARGV[c+4] session id ('' all)
 
   Output:
     array of delivery rows (includes/deliveryRow.lua; no lock token; locked-until of a
@@ -32,10 +32,10 @@
 --- @include "deliveryRow"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
-local from = math.max(tonumber(ARGV[8]), 0)
-local count = tonumber(ARGV[9])
-local sid = ARGV[10]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
+local from = math.max(tonumber(ARGV[QUEUE_ARGC + 2]), 0)
+local count = tonumber(ARGV[QUEUE_ARGC + 3])
+local sid = ARGV[QUEUE_ARGC + 4]
 housekeeping(Q, E)
 if count <= 0 then return {} end
 

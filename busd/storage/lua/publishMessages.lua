@@ -25,8 +25,8 @@
               (includes/topicContext.lua)
     ARGV[1]   topic name
     ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+6n]  six per subscription, its queue context parameters
-    then (b = 3+6n):
+    ARGV[3..2+cn]  c per subscription, its queue context parameters
+    then (b = 3+cn):
     ARGV[b]   duplicate detection window ms (0: off)
     ARGV[b+1 .. b+2n]  two per subscription: '1' when it requires sessions, its default time
               to live ms ('' unbounded)
@@ -52,7 +52,7 @@ local T = topicContext()
 local n = T.n
 local perSub = 0
 if n > 0 then perSub = (#KEYS - 4) / n end
-local b = 3 + 6 * n
+local b = 3 + QUEUE_ARGC * n
 local window = tonumber(ARGV[b])
 local subs = topicSubscriptions(T, 0, 0, b, perSub)
 

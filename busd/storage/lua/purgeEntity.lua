@@ -9,8 +9,8 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
 
   Output:
     the number of messages deleted
@@ -22,7 +22,7 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
 local n = redis.call('ZCARD', E.all)
 for name, key in pairs(E) do
   if name ~= 'dlq' then redis.call('UNLINK', key) end

@@ -10,14 +10,14 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
-    ARGV[8]   receive mode: '1' peek-lock, '0' receive-and-delete
-    ARGV[9]   session id ('' none)
-    ARGV[10]  holder ('' any)
-    ARGV[11]  n, the number of sequence numbers
-    ARGV[12..11+n]  sequence numbers
-    ARGV[12+n]      peek-lock: the lock tokens, 16 bytes each, one per sequence number, as
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
+    ARGV[c+2] receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[c+3] session id ('' none)
+    ARGV[c+4] holder ('' any)
+    ARGV[c+5] n, the number of sequence numbers
+    ARGV[c+6..c+5+n] sequence numbers
+    ARGV[c+6+n]     peek-lock: the lock tokens, 16 bytes each, one per sequence number, as
                     one string
 
   Output:
@@ -36,12 +36,12 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
-local peekLock = ARGV[8] == '1'
-local sid = ARGV[9]
-local holder = ARGV[10]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
+local peekLock = ARGV[QUEUE_ARGC + 2] == '1'
+local sid = ARGV[QUEUE_ARGC + 3]
+local holder = ARGV[QUEUE_ARGC + 4]
 if holder == '' then holder = false end
-local n = tonumber(ARGV[11])
+local n = tonumber(ARGV[QUEUE_ARGC + 5])
 
 local lockedUntil = false
 if sid ~= '' then
@@ -53,7 +53,7 @@ end
 
 local found, seen = {}, {}
 for i = 1, n do
-  local seq = tonumber(ARGV[11 + i])
+  local seq = tonumber(ARGV[QUEUE_ARGC + 5 + i])
   local m = readMeta(E, seq)
   if not m or m.st ~= 'd' then return { -4 } end
   if sid ~= '' and m.sid ~= sid then return { -4 } end
@@ -67,7 +67,7 @@ end
 local out = { 0 }
 for _, f in ipairs(found) do
   local token = false
-  if peekLock then token = tokenAt(ARGV[12 + n], f[3]) end
+  if peekLock then token = tokenAt(ARGV[QUEUE_ARGC + 6 + n], f[3]) end
   if not peekLock then lockedUntil = false end
   out[#out + 1] = takeMessage(Q, E, f[1], f[2], token, lockedUntil)
 end

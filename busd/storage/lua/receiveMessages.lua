@@ -17,12 +17,12 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' the queue, 'd' its dead-letter sub-queue
-    ARGV[8]   receive mode: '1' peek-lock, '0' receive-and-delete
-    ARGV[9]   count
-    ARGV[10]  waiter id ('' none: do not register)
-    ARGV[11]  peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' the queue, 'd' its dead-letter sub-queue
+    ARGV[c+2] receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[c+3] count
+    ARGV[c+4] waiter id ('' none: do not register)
+    ARGV[c+5] peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
               as one string
 
   Output:
@@ -40,9 +40,9 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
-local peekLock = ARGV[8] == '1'
-local count = tonumber(ARGV[9])
+local E = Q[ARGV[QUEUE_ARGC + 1]]
+local peekLock = ARGV[QUEUE_ARGC + 2] == '1'
+local count = tonumber(ARGV[QUEUE_ARGC + 3])
 housekeeping(Q, E)
 
 local lockedUntil = false
@@ -58,7 +58,7 @@ while #out < count do
       redis.call('ZREM', E.ready, s) -- not available (cannot happen; never loop on it)
     elseif E.dlq or not expireIfDue(Q, seq, m) then
       local token = false
-      if peekLock then token = tokenAt(ARGV[11], #out + 1) end
+      if peekLock then token = tokenAt(ARGV[QUEUE_ARGC + 5], #out + 1) end
       out[#out + 1] = takeMessage(Q, E, seq, m, token, lockedUntil)
     end
   end
@@ -66,7 +66,7 @@ while #out < count do
   if #seqs < wanted then break end
 end
 countEvent(Q, E, 'received', #out)
-local waiter = ARGV[10]
+local waiter = ARGV[QUEUE_ARGC + 4]
 if waiter ~= '' then
   if #out < count then
     redis.call('ZADD', E.waiters, Q.now, waiter)

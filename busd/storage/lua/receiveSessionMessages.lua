@@ -11,12 +11,12 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   holder
-    ARGV[8]   session id
-    ARGV[9]   receive mode: '1' peek-lock, '0' receive-and-delete
-    ARGV[10]  count
-    ARGV[11]  peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] holder
+    ARGV[c+2] session id
+    ARGV[c+3] receive mode: '1' peek-lock, '0' receive-and-delete
+    ARGV[c+4] count
+    ARGV[c+5] peek-lock: the lock tokens, 16 bytes each, one per message (at least `count`),
               as one string
 
   Output:
@@ -32,16 +32,16 @@
 --- @include "takeSessionMessages"
 
 local Q = queueContext(0, 0)
-local holder = ARGV[7]
-local sid = ARGV[8]
+local holder = ARGV[QUEUE_ARGC + 1]
+local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
 local tokens = false
-if ARGV[9] == '1' then tokens = ARGV[11] end
+if ARGV[QUEUE_ARGC + 3] == '1' then tokens = ARGV[QUEUE_ARGC + 5] end
 housekeeping(Q, Q.q)
 
 local lockedUntil = sessionLockedUntil(Q, sid, holder)
 if not lockedUntil then return { -2 } end
 
 local out = { 0 }
-takeSessionMessages(Q, sid, tonumber(ARGV[10]), tokens, lockedUntil, out)
+takeSessionMessages(Q, sid, tonumber(ARGV[QUEUE_ARGC + 4]), tokens, lockedUntil, out)
 return out

@@ -8,9 +8,9 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   holder
-    ARGV[8]   session id
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] holder
+    ARGV[c+2] session id
 
   Output:
     1 released, 0 not held by this holder (nothing changed)
@@ -22,8 +22,8 @@
 --- @include "unlockSession"
 
 local Q = queueContext(0, 0)
-local holder = ARGV[7]
-local sid = ARGV[8]
+local holder = ARGV[QUEUE_ARGC + 1]
+local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
 if redis.call('HGET', Q.sholder, sid) ~= holder then return 0 end
 local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))

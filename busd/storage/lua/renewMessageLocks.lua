@@ -9,10 +9,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
-    ARGV[8]   ms to hold the locks to ('': LockDuration from now)
-    ARGV[9..] lock tokens
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
+    ARGV[c+2] ms to hold the locks to ('': LockDuration from now)
+    ARGV[c+3..] lock tokens
 
   Output:
     { 0, locked-until ms per token }
@@ -27,9 +27,9 @@
 --- @include "sessionLockedUntil"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
 local found = {}
-for i = 9, #ARGV do
+for i = QUEUE_ARGC + 3, #ARGV do
   local seq = redis.call('HGET', E.tokens, ARGV[i])
   local m = seq and readMeta(E, tonumber(seq))
   if not m or m.st ~= 'l' or m.tok ~= ARGV[i] then return { -1 } end
@@ -42,7 +42,7 @@ for i = 9, #ARGV do
 end
 
 local out = { 0 }
-local hold = tonumber(ARGV[8])
+local hold = tonumber(ARGV[QUEUE_ARGC + 2])
 for _, f in ipairs(found) do
   local seq, m = f[1], f[2]
   if m.ss then

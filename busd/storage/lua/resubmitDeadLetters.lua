@@ -14,10 +14,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   '1' when the queue requires sessions
-    ARGV[8]   the queue's default time to live ms ('' unbounded)
-    ARGV[9]   at most this many messages
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] '1' when the queue requires sessions
+    ARGV[c+2] the queue's default time to live ms ('' unbounded)
+    ARGV[c+3] at most this many messages
 
   Output:
     { moved, dead-lettered messages still available or deferred afterwards }
@@ -33,9 +33,9 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local sessionQueue = ARGV[7] == '1'
-local ttl = tonumber(ARGV[8])
-local limit = tonumber(ARGV[9])
+local sessionQueue = ARGV[QUEUE_ARGC + 1] == '1'
+local ttl = tonumber(ARGV[QUEUE_ARGC + 2])
+local limit = tonumber(ARGV[QUEUE_ARGC + 3])
 
 -- The oldest available or deferred dead-letter messages (locked ones are being handled).
 local candidates = {}

@@ -11,9 +11,9 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   session id
-    ARGV[8]   the queue's default time to live ms ('' unbounded)
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] session id
+    ARGV[c+2] the queue's default time to live ms ('' unbounded)
 
   Output:
     { moved, dead letters of the session left (locked) }
@@ -32,8 +32,8 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local sid = ARGV[7]
-local ttl = tonumber(ARGV[8])
+local sid = ARGV[QUEUE_ARGC + 1]
+local ttl = tonumber(ARGV[QUEUE_ARGC + 2])
 local lo, hi = sessionRange(sid)
 local moved, left = 0, 0
 for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.d.sall, lo, hi)) do

@@ -12,10 +12,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   duplicate detection window ms (0: off)
-    ARGV[8]   '1' when the queue requires sessions
-    ARGV[9..] five per message: blob, session id ('' none), message id ('' none),
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] duplicate detection window ms (0: off)
+    ARGV[c+2] '1' when the queue requires sessions
+    ARGV[c+3..] five per message: blob, session id ('' none), message id ('' none),
               time to live ms ('' unbounded; already capped by the queue's default),
               scheduled enqueue time ms ('' none)
 
@@ -30,8 +30,8 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local window = tonumber(ARGV[7])
-local sessionQueue = ARGV[8] == '1'
+local window = tonumber(ARGV[QUEUE_ARGC + 1])
+local sessionQueue = ARGV[QUEUE_ARGC + 2] == '1'
 
 if window > 0 then
   -- ids older than the window no longer count (amortised: each id is removed once)
@@ -40,7 +40,7 @@ end
 
 local out = {}
 local duplicates = 0
-for i = 9, #ARGV, 5 do
+for i = QUEUE_ARGC + 3, #ARGV, 5 do
   local mid = ARGV[i + 2]
   local duplicate = false
   if window > 0 and mid ~= '' then

@@ -15,10 +15,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   entity: 'q' or 'd'
-    ARGV[8]   holder of the session lock ('' any)
-    ARGV[9..] six per settlement: lock token, outcome ('complete', 'abandon', 'defer',
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] entity: 'q' or 'd'
+    ARGV[c+2] holder of the session lock ('' any)
+    ARGV[c+3..] six per settlement: lock token, outcome ('complete', 'abandon', 'defer',
               'dead-letter', 'release'), session id ('' none), dead-letter reason ('' none),
               dead-letter description ('' none), properties patch ('' none)
 
@@ -34,8 +34,8 @@
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
-local E = Q[ARGV[7]]
-local holder = ARGV[8]
+local E = Q[ARGV[QUEUE_ARGC + 1]]
+local holder = ARGV[QUEUE_ARGC + 2]
 if holder == '' then holder = false end
 Q.caller = holder
 Q.emptied = {} -- sessions that may have lost their last message, looked at once at the end
@@ -47,14 +47,14 @@ end
 
 local outcomes = { complete = true, abandon = true, release = true, defer = true }
 outcomes['dead-letter'] = true
-for i = 10, #ARGV, 6 do
+for i = QUEUE_ARGC + 4, #ARGV, 6 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
 end
 
 local out = {}
 local counts = {}
 local locks = {}
-for i = 9, #ARGV, 6 do
+for i = QUEUE_ARGC + 3, #ARGV, 6 do
   local sid = orNil(ARGV[i + 2]) or false
   local status, seq, m = checkSettlement(Q, E, locks, holder, ARGV[i], sid)
   if status == 0 then

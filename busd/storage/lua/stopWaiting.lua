@@ -9,10 +9,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   waiters: 's' next-available session receivers, 'q' the queue's, 'd' the
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] waiters: 's' next-available session receivers, 'q' the queue's, 'd' the
               dead-letter sub-queue's
-    ARGV[8]   waiter id
+    ARGV[c+2] waiter id
 
   Output:
     1 when it was waiting, 0 when not (a wake-up was passed on if there was work)
@@ -25,11 +25,11 @@
 
 local Q = queueContext(0, 0)
 local waiters, work
-if ARGV[7] == 's' then
+if ARGV[QUEUE_ARGC + 1] == 's' then
   waiters, work = Q.swaiters, Q.sfree
 else
-  waiters, work = Q[ARGV[7]].waiters, Q[ARGV[7]].ready
+  waiters, work = Q[ARGV[QUEUE_ARGC + 1]].waiters, Q[ARGV[QUEUE_ARGC + 1]].ready
 end
-if redis.call('ZREM', waiters, ARGV[8]) == 1 then return 1 end
+if redis.call('ZREM', waiters, ARGV[QUEUE_ARGC + 2]) == 1 then return 1 end
 if redis.call('EXISTS', work) == 1 then wakeWaiters(Q, waiters, 1) end
 return 0

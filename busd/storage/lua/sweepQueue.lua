@@ -18,10 +18,10 @@
   Context: queue
 
   Input:
-    KEYS, ARGV[1..6]  the queue context (includes/queueContext.lua)
-    ARGV[7]   the calling process's id
-    ARGV[8]   liveness ms: how long the process counts as live without another sweep
-    ARGV[9]   repair: most waiters to wake per kind of waiter
+    KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
+    ARGV[c+1] the calling process's id
+    ARGV[c+2] liveness ms: how long the process counts as live without another sweep
+    ARGV[c+3] repair: most waiters to wake per kind of waiter
 
   Output:
     { expired message locks, expired messages, activated scheduled messages,
@@ -40,7 +40,7 @@ local sids = housekeeping(Q, Q.q)
 expireMessageLocks(Q, Q.d, Q.budget)
 
 local kinds = { { Q.sfree, Q.swaiters }, { Q.q.ready, Q.q.waiters }, { Q.d.ready, Q.d.waiters } }
-redis.call('ZADD', Q.procs, Q.now + tonumber(ARGV[8]), ARGV[7])
+redis.call('ZADD', Q.procs, Q.now + tonumber(ARGV[QUEUE_ARGC + 2]), ARGV[QUEUE_ARGC + 1])
 for _, proc in ipairs(redis.call('ZRANGEBYSCORE', Q.procs, '-inf', Q.now)) do
   redis.call('ZREM', Q.procs, proc)
   local prefix = proc .. ':'
@@ -50,7 +50,7 @@ for _, proc in ipairs(redis.call('ZRANGEBYSCORE', Q.procs, '-inf', Q.now)) do
     end
   end
 end
-local repair = tonumber(ARGV[9])
+local repair = tonumber(ARGV[QUEUE_ARGC + 3])
 for _, kind in ipairs(kinds) do
   if redis.call('EXISTS', kind[2]) == 1 then
     wakeWaiters(Q, kind[2], math.min(redis.call('ZCARD', kind[1]), repair))

@@ -1,8 +1,12 @@
 --- @include "nowMs"
+-- The number of a queue context's parameters below: a script's own arguments start at
+-- ARGV[QUEUE_ARGC + 1] (`ARGV[c+1]` in the headers), and a script holding several contexts
+-- steps by it. busd/storage/scripts.py reads it from this line for the Python side.
+local QUEUE_ARGC = 6
 -- One queue's context: its keys (KEYS[kb+1 .. kb+34], the order of busd/storage/keys.py
 -- QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
--- parameters every state-moving script takes first (ARGV[ab+1 .. ab+6]). The offsets let one
--- script hold several queue contexts side by side; a script with one passes 0, 0.
+-- parameters every state-moving script takes first (ARGV[ab+1 .. ab+QUEUE_ARGC]). The offsets
+-- let one script hold several queue contexts side by side; a script with one passes 0, 0.
 --   ARGV[ab+1]  queue name
 --   ARGV[ab+2]  wake-up channel prefix: a process's channel is this + its process id
 --   ARGV[ab+3]  lock duration ms

@@ -6,7 +6,7 @@
 local function topicSubscriptions(T, kb, ab, b, perSub)
   local subs = {}
   for i = 1, T.n do
-    local Q = queueContext(kb + 4 + (i - 1) * perSub, ab + 2 + (i - 1) * 6)
+    local Q = queueContext(kb + 4 + (i - 1) * perSub, ab + 2 + (i - 1) * QUEUE_ARGC)
     Q.now = T.now  -- one clock for every copy
     Q.live = redis.call('SISMEMBER', T.subs, Q.queue) == 1
     Q.sessionQueue = ARGV[b + 2 * i - 1] == '1'
