@@ -1,7 +1,7 @@
 """The connection layer of the Redis/Valkey store: opening the server a URL names (one server,
 a Redis Cluster `redis+cluster://`, Sentinels `redis+sentinel://`), checking it, the wake-up
 subscription, and one script call as KEYS and ARGV under the call limiter
-(busd/storage/call_limiter.py), pipelined by busd/storage/scripts.py. The Store's methods
+(busd/storage/call_limiter.py), pipelined by busd/storage/pipeline.py. The Store's methods
 are built on `RedisConnection` in the modules of their concern (docs/design.md §3.4)."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, QueueSpec, StoreUnavailable, TopicSpec, WakeCallback
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
+from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import _text
-from busd.storage.scripts import DURABILITY, QUEUE_ARGC, ScriptError, Scripts
+from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
 
 log = logging.getLogger("busd.storage")
 

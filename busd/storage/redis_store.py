@@ -6,7 +6,7 @@ processes can share one server. `RedisStore` composes one module per concern, ea
 the connection layer (docs/design.md §3.4):
 
 - redis_connection.py: opening the URL, the server checks, wake-ups, one script call
-  (with call_limiter.py and the pipelined connection of scripts.py);
+  (with call_limiter.py and the pipelined connection of pipeline.py);
 - redis_codec.py: api types to script arguments and replies (and status codes) back;
 - redis_catalog.py: entity records and whole-entity calls;
 - redis_messages.py, redis_sessions.py, redis_transactions.py, redis_forwarding.py.
