@@ -227,3 +227,12 @@ def test_the_dashboard_and_the_tools_act_on_the_namespace_of_their_key(busd):
         env={"BUSD_SAS_KEY": f"{namespace}/{ROOT}=SAS_KEY_VALUE"})
     assert result.exit_code == 0, result.output
     assert [q["name"] for q in json.loads(result.stdout)] == ["ns-only"]
+
+
+def test_the_javascript_sdk_names_a_namespace_by_host(busd, node_modules):
+    namespace = fresh()[0]
+    conn = (f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
+            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    steps = run_node("namespace_host.mjs", conn, cert_path=busd.cert_path)
+    assert steps == {"queues": ["orders"], "namespace": namespace, "received": ["by host"],
+                     "done": True}
