@@ -1,5 +1,5 @@
-"""Operator commands: `busd queues`, `topics`, `peek`, `sessions`, `send`, `purge`,
-`dlq resubmit`.
+"""Operator commands: `busd queues`, `topics`, `peek`, `sessions` (and `sessions dead-letter`,
+`sessions resubmit`), `send`, `purge`, `dlq resubmit`.
 
 They talk to a running busd over its admin HTTP API (`--url`, or BUSD_URL; default
 http://127.0.0.1:5300), so they need nothing but the standard library and work against busd in
@@ -268,10 +268,58 @@ def peek(queue: str, dlq: bool, session_id: str | None, count: int, from_seq: in
     _emit(as_json, found, text)
 
 
-@click.command()
+class _SessionsGroup(click.Group):
+    """`busd sessions QUEUE` lists; `busd sessions dead-letter|resubmit ...` act on one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_SessionsGroup)
+def sessions() -> None:
+    """Sessions: `busd sessions QUEUE` lists them; `dead-letter` and `resubmit` act on one."""
+
+
+def _session_path(client: AdminClient, queue: str, session_id: str, action: str) -> str:
+    return client.queue_path(queue, f"/sessions/{quote(session_id, safe='')}/{action}")
+
+
+@sessions.command("dead-letter")
+@click.argument("queue")
+@click.argument("session_id", metavar="SESSION")
+@click.option("--reason", required=True, help="The DeadLetterReason each message gets.")
+@click.option("--description", default=None, help="Its DeadLetterErrorDescription.")
+@client_options
+def dead_letter_session(queue: str, session_id: str, reason: str, description: str | None,
+                        url: str, cacert: str | None, as_json: bool) -> None:
+    """Move every message of SESSION (available, locked, deferred, scheduled) and its state
+    to QUEUE's dead-letter sub-queue at once, in order."""
+    client = AdminClient(url, cacert)
+    done = client.call("POST", _session_path(client, queue, session_id, "dead-letter"),
+                       body={"reason": reason, "description": description})
+    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: dead-lettered "
+          f"{done['dead_lettered']} message(s)")
+
+
+@sessions.command("resubmit")
+@click.argument("queue")
+@click.argument("session_id", metavar="SESSION")
+@client_options
+def resubmit_session(queue: str, session_id: str, url: str, cacert: str | None,
+                     as_json: bool) -> None:
+    """Put SESSION's dead letters back into it, in their original order, with its state."""
+    client = AdminClient(url, cacert)
+    done = client.call("POST", _session_path(client, queue, session_id, "resubmit"))
+    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: resubmitted "
+          f"{done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)")
+
+
+@sessions.command("list")
 @click.argument("queue")
 @client_options
-def sessions(queue: str, url: str, cacert: str | None, as_json: bool) -> None:
+def list_sessions(queue: str, url: str, cacert: str | None, as_json: bool) -> None:
     """List the sessions of QUEUE: lock, locked-until, messages, state size."""
     client = AdminClient(url, cacert)
     found = client.call("GET", client.queue_path(queue, "/sessions"))

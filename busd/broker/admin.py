@@ -1,4 +1,5 @@
-"""Operator tools: list queues, peek, list sessions, send, purge, resubmit dead letters.
+"""Operator tools: list queues, peek, list sessions, send, purge, resubmit dead letters; one
+session's dead-lettering, resubmission and state (busd.broker.session_tools).
 
 Each operation returns plain JSON-ready values, so the HTTP front (busd.observability.admin)
 only routes. A message sent here takes the path of an AMQP send: it is encoded as an AMQP
@@ -12,10 +13,11 @@ import base64
 import dataclasses
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from busd.amqp import codec
-from busd.broker import messages
+from busd.broker import messages, session_tools
 from busd.errors import BusdError, Condition
 from busd.rules import RuleError, rule_from_record, rule_to_dict
 from busd.storage.api import MessageState, QueueSpec, StoredMessage, TopicSpec
@@ -23,6 +25,7 @@ from busd.storage.api import MessageState, QueueSpec, StoredMessage, TopicSpec
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
 MAX_PEEK = 1000
+T = TypeVar("T")
 
 
 class AdminError(Exception):
@@ -126,6 +129,19 @@ def _rule_view(name: str, record: Any) -> dict[str, Any]:
             "action": action["expression"] if action else None}
 
 
+# The HTTP status of a store's or a check's refusal.
+_HTTP_STATUS = {Condition.PRECONDITION_FAILED: 412, Condition.MESSAGE_SIZE_EXCEEDED: 413,
+                Condition.NOT_ALLOWED: 400, Condition.ARGUMENT_ERROR: 400}
+
+
+async def _refused_as_http(call: Awaitable[T]) -> T:
+    """`call`'s result; its refusal (BusdError) as the AdminError of the matching status."""
+    try:
+        return await call
+    except BusdError as error:
+        raise AdminError(_HTTP_STATUS.get(error.condition, 409), error.description) from None
+
+
 class Admin:
     """The operations, over one broker's entities and store."""
 
@@ -208,6 +224,41 @@ class Admin:
             }
             for info in await self.broker.store.session_infos(spec)
         ]
+
+    async def dead_letter_session(self, name: str, session_id: str, reason: Any,
+                                  description: Any) -> dict[str, Any]:
+        spec = self.queue(name)
+        moved = await _refused_as_http(session_tools.dead_letter(
+            self.broker.store, spec, session_id, reason, description))
+        return {"dead_lettered": moved}
+
+    async def resubmit_session(self, name: str, session_id: str) -> dict[str, Any]:
+        spec = self.queue(name)
+        moved, left = await _refused_as_http(
+            session_tools.resubmit(self.broker.store, spec, session_id))
+        return {"resubmitted": moved, "left": left}
+
+    async def session_state(self, name: str, session_id: str) -> tuple[bytes | None, str | None]:
+        """(state, etag) of a session, whoever holds it."""
+        spec = self.queue(name)
+        return await _refused_as_http(
+            self.broker.store.read_session_state(spec, session_id, ""))
+
+    async def set_session_state(
+        self, name: str, session_id: str, state: bytes | None, *, if_match: str | None,
+        if_absent: bool,
+    ) -> str | None:
+        """Write (None: clear) a session's state, whoever holds it, on the condition given;
+        the new etag (None when cleared)."""
+        spec = self.queue(name)
+        return await _refused_as_http(self._write_state(spec, session_id, state, if_match,
+                                                        if_absent))
+
+    async def _write_state(self, spec: QueueSpec, session_id: str, state: bytes | None,
+                           if_match: str | None, if_absent: bool) -> str | None:
+        session_tools.check_state_size(spec, state)
+        return await self.broker.store.set_session_state(
+            spec, session_id, "", state, if_match=if_match, if_absent=if_absent)
 
     async def send(
         self, name: str, body: bytes, *, session_id: str | None = None,

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from busd.amqp import codec
-from busd.auth.rights import LISTEN, SEND
-from busd.broker import messages, rule_management, staging
+from busd.auth.rights import LISTEN, MANAGE, SEND
+from busd.broker import messages, rule_management, session_tools, staging
 from busd.broker.lease import SessionLease
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
@@ -180,8 +180,11 @@ async def renew_session_lock(ep: ManagementEndpoint, body: dict, app: dict):
 async def get_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     session_id = _session_id(body) or ""
     holder = ep.session_lease(app, session_id).holder
-    state = await ep.broker.store.get_session_state(ep.queue, session_id, holder)
-    return 200, {"session-state": state}
+    state, etag = await ep.broker.store.read_session_state(ep.queue, session_id, holder)
+    # `etag` is busd's own (docs/wire.md §8.4.3), when there is a state: the SDKs read only
+    # `session-state`
+    return 200, {"session-state": state} if etag is None else {"session-state": state,
+                                                                 "etag": etag}
 
 
 async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
@@ -189,19 +192,37 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     state = body.get("session-state")
     if isinstance(state, str):
         state = state.encode("utf-8")
-    if state is not None and len(state) > ep.queue.max_message_size:
-        raise BusdError(
-            Condition.MESSAGE_SIZE_EXCEEDED,
-            f"The session state of {len(state)} bytes exceeds the limit of "
-            f"{ep.queue.max_message_size} bytes.",
-        )
+    session_tools.check_state_size(ep.queue, state)
+    if_match = body.get("if-match")  # busd's own (docs/wire.md §8.4.4)
+    if if_match is not None and not isinstance(if_match, str):
+        raise BusdError(Condition.ARGUMENT_ERROR, "if-match must be a string: an etag or *.")
     holder = ep.session_lease(app, session_id).holder
-    if await staging.stage_request(
+    if if_match is None and await staging.stage_request(
         ep.conn, StagedSessionState(ep.queue, session_id, holder, state)
     ):
         return 200, None
-    await ep.broker.store.set_session_state(ep.queue, session_id, holder, state)
-    return 200, None
+    if if_match is not None and staging.REQUEST_TXN.get() is not None:
+        raise BusdError(Condition.NOT_IMPLEMENTED,
+                        "A conditional set-session-state cannot be part of a transaction.")
+    etag = await ep.broker.store.set_session_state(ep.queue, session_id, holder, state,
+                                                   if_match=if_match)
+    return 200, None if if_match is None else {"etag": etag}
+
+
+async def dead_letter_session(ep: ManagementEndpoint, body: dict, app: dict):
+    """busd's own (docs/wire.md §8.4.12): every message of a session and its state to the
+    dead-letter sub-queue, whoever holds the session."""
+    moved = await session_tools.dead_letter(
+        ep.broker.store, ep.entity, _session_id(body) or "", body.get("deadletter-reason"),
+        body.get("deadletter-description"))
+    return 200, {"message-count": codec.Int(moved)}
+
+
+async def resubmit_session(ep: ManagementEndpoint, body: dict, app: dict):
+    """busd's own (docs/wire.md §8.4.12): a dead-lettered session's messages back, in order."""
+    moved, left = await session_tools.resubmit(ep.broker.store, ep.entity,
+                                               _session_id(body) or "")
+    return 200, {"message-count": codec.Int(moved), "left-count": codec.Int(left)}
 
 
 async def peek_message(ep: ManagementEndpoint, body: dict, app: dict):
@@ -320,6 +341,9 @@ OPERATION_RIGHTS = {
     "schedule-message": SEND,
     "cancel-scheduled-message": SEND,
     "get-message-sessions": LISTEN,
+    # busd's own: an operator's acts on a session, whoever holds it
+    "com.busd:dead-letter-session": MANAGE,
+    "com.busd:resubmit-session": MANAGE,
     **rule_management.OPERATION_RIGHTS,
 }
 
@@ -338,5 +362,7 @@ OPERATIONS: dict[str, Operation] = {
     "schedule-message": schedule_message,
     "cancel-scheduled-message": cancel_scheduled_message,
     "get-message-sessions": get_message_sessions,
+    "com.busd:dead-letter-session": dead_letter_session,
+    "com.busd:resubmit-session": resubmit_session,
     **rule_management.OPERATIONS,
 }

@@ -20,7 +20,7 @@ from busd.http import atom_xml, dashboard
 from busd.http.atom import AtomApi, error_response, is_atom
 from busd.http.entities import CatalogEntities
 from busd.http.server import Handler, Request, Response
-from busd.observability.http import route
+from busd.observability.http import admin_request, route
 
 
 def handler(server) -> Handler:
@@ -76,10 +76,9 @@ def handler(server) -> Handler:
                 return error_response(401, refusal)
             if management:
                 return await atom_of(name, broker).handle(request)
-            status, content_type, body = await route(
-                server, request.method, path, request.query, request.body,
-                request.headers.get("authorization", ""), broker=broker)
-            return Response(int(status.split(" ", 1)[0]), content_type, body)
+            code, content_type, body, headers = await admin_request(
+                broker, request.method, path, request.query, request.body, request.headers)
+            return Response(code, content_type, body, headers)
         if path in ("/health", "/health/detail", "/metrics"):
             status, content_type, body = await route(server, request.method, path)
             return Response(int(status.split(" ", 1)[0]), content_type, body)

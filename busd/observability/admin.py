@@ -10,13 +10,20 @@
     GET  /admin/queues/{q}/sessions             sessions: id, lock, message count, state size
     POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
     POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
+    POST /admin/queues/{q}/sessions/{s}/dead-letter   the whole session and its state to the
+                                                DLQ: JSON {reason, description}
+    POST /admin/queues/{q}/sessions/{s}/resubmit      its dead letters back, in order
+    GET|PUT|DELETE /admin/queues/{q}/sessions/{s}/state   its state, raw bytes, with an ETag;
+                                                PUT and DELETE take If-Match (an etag or *)
+                                                and If-None-Match: * (create only)
 
 Every request needs a SAS token signed with a key holding the Manage right whose audience covers
 the queue (the namespace, for the list), as Service Bus's management operations, reads included
-(busd.auth.rights). A queue name may hold `/`: clients send it percent-encoded (`orders%2Feu`).
-Answers are JSON; a failure is `{"error": "..."}` with 400 (bad request), 401 (no valid token,
-audience or right), 404 (unknown queue or route), 405, 413 (message too large), or 503 (the
-store does not answer).
+(busd.auth.rights). A queue name may hold `/`: clients send it percent-encoded (`orders%2Feu`);
+a session id is always percent-encoded. Answers are JSON (but a session's state); a failure is
+`{"error": "..."}` with 400 (bad request), 401 (no valid token, audience or right), 404
+(unknown queue or route, no state), 405, 412 (a condition on the state failed), 413 (message
+or state too large), or 503 (the store does not answer).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import base64
 import binascii
 import json
 import logging
+import re
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -37,7 +46,21 @@ log = logging.getLogger("busd.http")
 OPERATION_TIMEOUT_S = 30.0
 _ACTIONS = ("/dlq/resubmit", "/messages", "/sessions", "/purge")
 
+
+
+@dataclass
+class Raw:
+    """An answer that is not a JSON document, or that has headers of its own."""
+
+    body: bytes
+    content_type: str = "application/octet-stream"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
 Response = tuple[int, Any]
+# /admin/queues/<queue>/sessions/<session>/<operation>: the session's own routes
+_SESSION_ROUTE = re.compile(r"^(?P<queue>.+)/sessions/(?P<session>[^/]+)"
+                            r"/(?P<operation>state|dead-letter|resubmit)$")
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -87,8 +110,12 @@ _PREFIX = "/admin/queues/"
 
 
 def _split(path: str) -> tuple[str, str]:
-    """(queue name, action) of a path under /admin/queues/."""
+    """(queue name, action) of a path under /admin/queues/; a session's route is the action
+    `/session`."""
     rest = path[len(_PREFIX):]
+    session = _SESSION_ROUTE.match(rest)
+    if session:
+        return unquote(session["queue"]), "/session"
     action = next((a for a in _ACTIONS if rest.endswith(a)), "")
     return unquote(rest[: len(rest) - len(action)]), action
 
@@ -99,7 +126,8 @@ def entity_of(path: str) -> str:
     return _split(path)[0] if path.startswith(_PREFIX) else ""
 
 
-async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: bytes) -> Response:
+async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: bytes,
+                    headers: dict[str, str]) -> Response:
     if path in ("/admin/queues", "/admin/queues/"):
         if method != "GET":
             raise AdminError(405, "use GET")
@@ -111,6 +139,9 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
     if not path.startswith(_PREFIX):
         raise AdminError(404, f"no route {path}")
     name, action = _split(path)
+    if action == "/session":
+        return await _session(admin, name, _SESSION_ROUTE.match(path[len(_PREFIX):]), method,
+                              body, headers)
     allowed = {"": ("GET",), "/sessions": ("GET",), "/purge": ("POST",),
                "/dlq/resubmit": ("POST",), "/messages": ("GET", "POST")}[action]
     if method not in allowed:
@@ -146,12 +177,57 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
     )
 
 
-async def route_admin(broker, method: str, path: str, query: str, body: bytes) -> Response:
-    """(HTTP status, JSON-ready answer) of one admin request."""
+def _etag_header(etag: str) -> dict[str, str]:
+    return {"ETag": f'"{etag}"'}
+
+
+def _condition(headers: dict[str, str]) -> tuple[str | None, bool]:
+    """(If-Match's etag or "*", If-None-Match: *) of a write of a session's state."""
+    if_match = headers.get("if-match")
+    if_none_match = headers.get("if-none-match")
+    if if_none_match is not None and if_none_match.strip() != "*":
+        raise AdminError(400, "If-None-Match takes only * (create the state only if it has none)")
+    if if_match is not None:
+        if_match = if_match.strip()
+        if if_match != "*":
+            if_match = if_match.removeprefix("W/").strip('"')
+    return if_match, if_none_match is not None
+
+
+async def _session(admin: Admin, name: str, route: Any, method: str, body: bytes,
+                   headers: dict[str, str]) -> Response:
+    session_id, operation = unquote(route["session"]), route["operation"]
+    allowed = ("GET", "PUT", "DELETE") if operation == "state" else ("POST",)
+    if method not in allowed:
+        raise AdminError(405, f"use {' or '.join(allowed)}")
+    if operation == "dead-letter":
+        document = _json_body(body)
+        return 200, await admin.dead_letter_session(
+            name, session_id, document.get("reason"), document.get("description"))
+    if operation == "resubmit":
+        return 200, await admin.resubmit_session(name, session_id)
+    if method == "GET":
+        state, etag = await admin.session_state(name, session_id)
+        if state is None or etag is None:
+            raise AdminError(404, f"session {session_id!r} has no state")
+        return 200, Raw(state, headers=_etag_header(etag))
+    if_match, if_absent = _condition(headers)
+    written = await admin.set_session_state(
+        name, session_id, body if method == "PUT" else None, if_match=if_match,
+        if_absent=if_absent)
+    if written is None:
+        return 200, {"etag": None}
+    return 200, Raw(json.dumps({"etag": written}).encode(), "application/json",
+                    _etag_header(written))
+
+
+async def route_admin(broker, method: str, path: str, query: str, body: bytes,
+                      headers: dict[str, str] | None = None) -> Response:
+    """(HTTP status, JSON-ready answer or Raw) of one admin request."""
     try:
         return await asyncio.wait_for(
-            _dispatch(Admin(broker), method, path, parse_qs(query), body), OPERATION_TIMEOUT_S
-        )
+            _dispatch(Admin(broker), method, path, parse_qs(query), body, headers or {}),
+            OPERATION_TIMEOUT_S)
     except AdminError as error:
         return error.status, {"error": error.message}
     except Exception as exc:  # the store, most likely: say which

@@ -29,26 +29,32 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
     return _status(code), "application/json", json.dumps(document).encode()
 
 
-async def route(
-    server, method: str, path: str, query: str = "", body: bytes = b"", authorization: str = "",
-    broker=None,
-) -> tuple[str, str, bytes]:
-    """One request; `broker`: the namespace an admin request is for (the default one's when
-    None). Health and metrics are the process's (the default namespace's entities)."""
-    broker = broker or server.broker
-    if path.startswith("/admin/"):
-        from busd.observability.admin import entity_of, route_admin
+async def admin_request(
+    broker, method: str, path: str, query: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str, bytes, dict[str, str]]:
+    """One admin request (`headers`: the request's, names lower-cased) for the namespace of
+    `broker`: (status, content type, body, response headers)."""
+    from busd.observability.admin import Raw, entity_of, route_admin
 
-        # The admin API can purge queues: it takes a SAS token covering the queue, signed with
-        # a key holding the Manage right, as Service Bus's management operations (reads too).
-        # Health and metrics stay open.
-        try:
-            authorize_header(authorization, broker.sas_keys, entity_of(path), MANAGE,
-                             broker.catalog.access_keys)
-        except Unauthorized as exc:
-            return _json(401, {"error": f"admin requests need a valid SAS token with the "
-                                        f"Manage right covering the queue: {exc.reason}"})
-        return _json(*await route_admin(broker, method, path, query, body))
+    # The admin API can purge queues: it takes a SAS token covering the queue, signed with
+    # a key holding the Manage right, as Service Bus's management operations (reads too).
+    # Health and metrics stay open.
+    try:
+        authorize_header(headers.get("authorization", ""), broker.sas_keys, entity_of(path),
+                         MANAGE, broker.catalog.access_keys)
+    except Unauthorized as exc:
+        return 401, "application/json", json.dumps(
+            {"error": f"admin requests need a valid SAS token with the Manage right covering "
+                      f"the queue: {exc.reason}"}).encode(), {}
+    status, answer = await route_admin(broker, method, path, query, body, headers)
+    if isinstance(answer, Raw):
+        return status, answer.content_type, answer.body, answer.headers
+    return status, "application/json", json.dumps(answer).encode(), {}
+
+
+async def route(server, method: str, path: str) -> tuple[str, str, bytes]:
+    """Health and metrics: the process's (the default namespace's entities)."""
+    broker = server.broker
     if method != "GET":
         return _status(405), "text/plain", b"only GET\n"
     if path in ("/health", "/health/detail"):

@@ -100,3 +100,25 @@ class ProtonCbsClient:
         return self.conn.create_receiver(
             entity, credit=credit, name=f"receiver-{uuid.uuid4()}", options=options or None
         )
+
+
+class Management:
+    """Requests on one `$management` node with a proton client. An operation without a
+    namespace is Service Bus's (`com.microsoft:`)."""
+
+    def __init__(self, client: ProtonCbsClient, entity: str) -> None:
+        client.authorize(entity)
+        self.reply_to = node = f"{entity}/$management"
+        self.sender = client.conn.create_sender(node, name=f"mgmt-{uuid.uuid4()}")
+        self.receiver = client.conn.create_receiver(node, credit=10, name=f"r-{uuid.uuid4()}")
+
+    def request(self, operation: str, body: dict) -> Message:
+        if ":" not in operation:
+            operation = f"com.microsoft:{operation}"
+        message_id = str(uuid.uuid4())
+        self.sender.send(Message(id=message_id, reply_to=self.reply_to, body=body,
+                                 properties={"operation": operation}))
+        answer = self.receiver.receive(timeout=10)
+        assert answer.correlation_id == message_id
+        return answer
+

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import time
-import uuid
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -24,7 +23,7 @@ from busd.rules.amqp import (
     SQL_RULE_ACTION,
     TRUE_FILTER,
 )
-from tests.e2e.amqp_client import ProtonCbsClient
+from tests.e2e.amqp_client import Management, ProtonCbsClient
 from tests.e2e.conftest import JS_DIR, launch_busd, queue
 
 
@@ -69,24 +68,6 @@ def busd(redis_url, tmp_path_factory):
     yield proc
     other.stop()
     proc.stop()
-
-
-class Management:
-    """Requests on one `$management` node with a proton client."""
-
-    def __init__(self, client: ProtonCbsClient, entity: str) -> None:
-        client.authorize(entity)
-        self.reply_to = node = f"{entity}/$management"
-        self.sender = client.conn.create_sender(node, name=f"mgmt-{uuid.uuid4()}")
-        self.receiver = client.conn.create_receiver(node, credit=10, name=f"r-{uuid.uuid4()}")
-
-    def request(self, operation: str, body: dict) -> Message:
-        message_id = str(uuid.uuid4())
-        self.sender.send(Message(id=message_id, reply_to=self.reply_to, body=body,
-                                 properties={"operation": f"com.microsoft:{operation}"}))
-        answer = self.receiver.receive(timeout=10)
-        assert answer.correlation_id == message_id
-        return answer
 
 
 @pytest.fixture
