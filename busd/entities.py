@@ -118,7 +118,8 @@ class SubscriptionEntity:
         ttls = [t for t in (topic.default_ttl_ms, self.default_ttl_ms) if t is not None]
         fields = {**ep.store_fields(self.kind, self),
                   "default_ttl_ms": min(ttls) if ttls else None,
-                  "max_message_size": topic.max_message_size}
+                  "max_message_size": topic.max_message_size,
+                  "partitions": topic.partitions}  # a topic's partitions are its subscriptions'
         return QueueSpec(name=self.path, topic=self.topic, **fields)
 
 

@@ -39,6 +39,7 @@ from busd.entities import (
 )
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, Store, subscription_path
+from busd.storage.keys import partition_scope
 
 log = logging.getLogger("busd.broker")
 
@@ -168,7 +169,7 @@ class Catalog:
                     other, entity.path) is not None:
                 raise _exists(entity)
         if isinstance(entity, SubscriptionEntity):
-            await self.store.open_subscriptions(entity.topic, [entity.name])
+            await self._open_subscription(entity)
         if not await self.store.catalog_put(entity.kind, entity.path, to_record(entity),
                                             only_new=True):
             raise _exists(entity)
@@ -210,7 +211,7 @@ class Catalog:
                 entity, created_ms=None):
             entity = await self.update(entity, check=False)
         if isinstance(entity, SubscriptionEntity) and rules is not None:
-            await self.store.open_subscriptions(entity.topic, [entity.name])
+            await self._open_subscription(entity)
             wanted = {r.path: r for r in rules}
             stale = [("rule", r.path) for r in self.rules(entity.topic, entity.name)
                      if r.path not in wanted]
@@ -257,9 +258,16 @@ class Catalog:
         if isinstance(entity, TopicEntity):
             records.append(("topic", path))
         await self._delete_records(records)
-        await self.store.drop_subscriptions(topic.name, [s.spec(topic) for s in subs],
-                                            with_topic=isinstance(entity, TopicEntity))
+        specs = [s.spec(topic) for s in subs]
+        for i, scope in enumerate(_scopes(topic)):  # each partition's keys (§3.18)
+            await self.store.drop_subscriptions(scope, [s.partition_specs[i] for s in specs],
+                                                with_topic=isinstance(entity, TopicEntity))
         return True
+
+    async def _open_subscription(self, entity: SubscriptionEntity) -> None:
+        """Mark the subscription live in its topic (in each of its partitions)."""
+        for scope in _scopes(self.topic(entity.topic) or TopicEntity(entity.topic)):
+            await self.store.open_subscriptions(scope, [entity.name])
 
     async def _delete_records(self, records: list[tuple[str, str]]) -> None:
         if not records:
@@ -275,7 +283,8 @@ class Catalog:
         if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
             return
         # not built: a forwarder takes from and moves to one queue's keys (§3.16)
-        if getattr(entity, "partitions", None) and (entity.forward_to
+        source = self.topic(entity.topic) if isinstance(entity, SubscriptionEntity) else entity
+        if getattr(source, "partitions", None) and (entity.forward_to
                                                     or entity.forward_dead_lettered_to):
             raise BusdError(Condition.ARGUMENT_ERROR, f"'{entity.path}' is partitioned: "
                             "auto-forwarding from a partitioned entity is not supported.")
@@ -394,6 +403,13 @@ class Catalog:
                                       r.created_ms or 0, r.name.lower()))
         self._specs, self._subs_of, self._rules_of = specs, subs_of, rules_of
         self._access_keys = access_keys
+
+
+def _scopes(topic: TopicEntity) -> list[str]:
+    """What stands for the topic in its keys: its name, or each partition's scope."""
+    if not topic.partitions:
+        return [topic.name]
+    return [partition_scope(topic.name, p) for p in range(topic.partitions)]
 
 
 def _exists(entity: Entity) -> BusdError:

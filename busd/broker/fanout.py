@@ -37,6 +37,7 @@ def topic_spec(topic: TopicEntity) -> TopicSpec:
         default_ttl_ms=topic.default_ttl_ms,
         duplicate_detection_window_ms=topic.duplicate_detection_window_ms,
         max_message_size=topic.max_message_size,
+        partitions=topic.partitions,
     )
 
 

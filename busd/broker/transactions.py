@@ -48,6 +48,7 @@ MAX_STAGE_BATCH = 100
 NOT_CROSS_ENTITY = (
     "Local transactions cannot span multiple top-level entities such as queue or topic."
 )
+NOT_PARTITIONED_TOPIC = "Sending to a partitioned topic in a transaction is not supported."
 NOT_CROSS_PARTITION = (
     "A transaction on a partitioned entity stays within one partition: this operation's "
     "session id, partition key or message is in another partition, or another entity."
@@ -116,6 +117,8 @@ class Transaction:
                 f"A transaction cannot hold more than {MAX_OPERATIONS} operations.",
             )
         entity = _entity_of(op)
+        if isinstance(entity, TopicSpec) and entity.partitions:
+            return BusdError(Condition.NOT_ALLOWED, NOT_PARTITIONED_TOPIC)
         if isinstance(entity, QueueSpec) and entity.partitions:
             entity = self.partition_of(entity, op)
             _set_entity(op, entity)

@@ -128,11 +128,24 @@ class TopicSpec:
     default_ttl_ms: int | None = None  # the ceiling of a message's ttl at the topic
     duplicate_detection_window_ms: int | None = None
     max_message_size: int = 1024 * 1024
+    partitions: int | None = None  # as QueueSpec's: its subscriptions share them
+    partition: int | None = None
 
     @property
     def key_scope(self) -> tuple[str, None]:
-        """(topic, None): what busd.storage.keys builds the topic's own keys from."""
-        return (self.name, None)
+        """(topic, None): what busd.storage.keys builds the topic's own keys from (a
+        partition's, for a partition's handle)."""
+        if self.partition is None:
+            return (self.name, None)
+        return (partition_scope(self.name, self.partition), None)
+
+    @property
+    def partition_specs(self) -> tuple[TopicSpec, ...]:
+        """As QueueSpec.partition_specs."""
+        if not self.partitions:
+            return (self,)
+        return tuple(dataclasses.replace(self, partitions=None, partition=i)
+                     for i in range(self.partitions))
 
 
 @dataclass(slots=True)

@@ -127,6 +127,7 @@ class PartitionedStore:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
+        self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
         self._turn = itertools.count()
         # next-available acceptors (holder ids) -> partitions where they may be registered
         self._session_waits: dict[str, set[int]] = {}
@@ -144,11 +145,19 @@ class PartitionedStore:
             parts = self._parts[spec] = spec.partition_specs
         return parts
 
+    def topic_parts(self, topic: TopicSpec) -> tuple[TopicSpec, ...]:
+        parts = self._topic_parts.get(topic)
+        if parts is None:
+            if len(self._topic_parts) > 10_000:
+                self._topic_parts.clear()
+            parts = self._topic_parts[topic] = topic.partition_specs
+        return parts
+
     def part_of_session(self, spec: QueueSpec, session_id: str) -> QueueSpec:
         parts = self.parts(spec)
         return parts[partition_of_key(session_id, len(parts))]
 
-    def part_of_message(self, spec: QueueSpec, message: NewMessage) -> int:
+    def part_of_message(self, spec: QueueSpec | TopicSpec, message: NewMessage) -> int:
         assert spec.partitions
         key = message_key(message)
         if key is None:
@@ -186,11 +195,12 @@ class PartitionedStore:
         self, kind: str, path: str, record: dict, *, only_new: bool = False
     ) -> bool:
         partitions = record.get("partitions")
-        if partitions and kind == "queue":
+        if partitions and kind in ("queue", "topic"):
             # before the record: no message may be numbered from a counter not yet started
-            spec = QueueSpec(name=path, partitions=partitions)
+            spec = QueueSpec(name=path, partitions=partitions) if kind == "queue" else \
+                TopicSpec(name=path, partitions=partitions)
             await asyncio.gather(*(self.inner.start_sequence(part, first_seq(part.partition or 0))
-                                   for part in self.parts(spec)[1:]))
+                                   for part in spec.partition_specs[1:]))
         return bool(await self.inner.catalog_put(kind, path, record, only_new=only_new))
 
     async def catalog_all(self) -> dict[str, dict]:
@@ -228,7 +238,49 @@ class PartitionedStore:
         self, topic: TopicSpec, subscriptions: list[QueueSpec], messages: list[NewMessage],
         placements: list[list[Placement]] | None = None,
     ) -> list[int]:
-        return list(await self.inner.publish(topic, subscriptions, messages, placements))
+        if not topic.partitions:
+            return list(await self.inner.publish(topic, subscriptions, messages, placements))
+        # A partitioned topic's partition p holds partition p of each of its subscriptions.
+        groups: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(self.part_of_message(topic, m), []).append(i)
+        tparts = self.topic_parts(topic)
+        sparts = [self.parts(s) for s in subscriptions]
+
+        async def publish(p: int, idx: list[int]) -> list[int]:
+            return list(await self.inner.publish(
+                tparts[p], [s[p] for s in sparts], [messages[i] for i in idx],
+                None if placements is None else [placements[i] for i in idx]))
+
+        answers = await asyncio.gather(*(publish(p, idx) for p, idx in groups.items()))
+        out = [0] * len(messages)
+        for idx, answer in zip(groups.values(), answers):
+            for i, seq in zip(idx, answer):
+                out[i] = seq
+        return out
+
+    async def cancel_topic_scheduled(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
+    ) -> None:
+        if not topic.partitions:
+            return await self.inner.cancel_topic_scheduled(topic, subscriptions, seqs)
+        groups: dict[int, list[int]] = {}
+        for seq in seqs:
+            groups.setdefault(partition_of_seq(seq, topic.partitions), []).append(seq)
+        tparts = self.topic_parts(topic)
+        for p, group in groups.items():
+            await self.inner.cancel_topic_scheduled(
+                tparts[p], [self.parts(s)[p] for s in subscriptions], group)
+
+    async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
+        if not topic.partitions:
+            return dict(await self.inner.topic_totals(topic))
+        total: dict[str, int] = {}
+        for totals in await asyncio.gather(*(self.inner.topic_totals(t)
+                                             for t in self.topic_parts(topic))):
+            for name, n in totals.items():
+                total[name] = total.get(name, 0) + n
+        return total
 
     # --- receive -----------------------------------------------------------------------------
     async def receive(
@@ -488,10 +540,10 @@ class PartitionedStore:
 
     # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
-        if isinstance(queue, TopicSpec) or not queue.partitions:
+        if not queue.partitions:
             return int(await self.inner.sweep_transactions(queue))
-        return sum(await asyncio.gather(*(self.inner.sweep_transactions(p)
-                                          for p in self.parts(queue))))
+        parts = self.topic_parts(queue) if isinstance(queue, TopicSpec) else self.parts(queue)
+        return sum(await asyncio.gather(*(self.inner.sweep_transactions(p) for p in parts)))
 
     async def reserve_sequence_numbers(
         self, queue: QueueSpec | TopicSpec, count: int

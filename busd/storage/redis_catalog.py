@@ -121,7 +121,7 @@ class CatalogCalls(RedisConnection):
     async def drop_queue(self, queue: QueueSpec) -> int:
         return await self._run_queue("dropQueue", queue)
 
-    async def start_sequence(self, queue: QueueSpec, first: int) -> None:
+    async def start_sequence(self, queue: QueueSpec | TopicSpec, first: int) -> None:
         """Start the queue's sequence counter at `first` (the next number is first + 1) unless
         it counted already: a partition's numbers carry the partition (docs/wire.md §6.3)."""
         assert self._client is not None
@@ -137,7 +137,7 @@ class CatalogCalls(RedisConnection):
 
     async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
         assert self._client is not None
-        raw = await self._client.hgetall(keyspace.key(self.prefix, topic.name, "tstats"))
+        raw = await self._client.hgetall(keyspace.key(self.prefix, topic.key_scope[0], "tstats"))
         return {_text(k) or "": int(v) for k, v in raw.items()}
 
     async def purge(self, entity: QueueSpec) -> int:

@@ -73,13 +73,14 @@ class MessageCalls(RedisConnection):
             args += [m.blob, _sid(m.session_id), _opt(m.message_id),
                      _opt(_effective_ttl(topic, m)), _opt(m.scheduled_ms)]
             args += _placement_args(None if placements is None else placements[i])
-        return list(await self._run_topic("publishMessages", topic.name, subscriptions, args))
+        return list(await self._run_topic("publishMessages", topic.key_scope[0], subscriptions,
+                                          args))
 
     async def cancel_topic_scheduled(
         self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
     ) -> None:
         if seqs:
-            _check(await self._run_topic("cancelTopicScheduled", topic.name, subscriptions,
+            _check(await self._run_topic("cancelTopicScheduled", topic.key_scope[0], subscriptions,
                                          list(seqs)))
 
     async def receive(

@@ -3,6 +3,7 @@ queue spread over 4 partitions is one queue to its clients (docs/design.md §3.1
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -17,11 +18,13 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import SessionCannotBeLockedError
 from azure.servicebus.management import ServiceBusAdministrationClient
+from click.testing import CliRunner
 from proton import Message
 
+from busd.cli import cli
 from busd.storage.partitions import PARTITION_SHIFT, partition_of_key
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import queue, receive
+from tests.e2e.conftest import queue, receive, subscription, topic
 from tests.e2e.txn_client import Refused, Transactions, peek_all, send, settle, take
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,7 +38,9 @@ def busd(busd_factory):
               PartitionCount=PARTITIONS, LockDuration="PT10S"),
         queue("spread", EnablePartitioning=True, PartitionCount=PARTITIONS),
         queue("other"),
-    ])
+    ], topics=[topic("events", [subscription("by-session", RequiresSession=True),
+                                subscription("all")],
+                     EnablePartitioning=True, PartitionCount=PARTITIONS)])
 
 
 @pytest.fixture
@@ -224,7 +229,7 @@ def test_a_transaction_stays_in_one_partition(busd):
     assert partition_of_key(here, PARTITIONS) == partition_of_key(same, PARTITIONS) \
         != partition_of_key(elsewhere, PARTITIONS)
     with ProtonCbsClient(busd.port) as c:
-        for entity in ("orders", "other"):
+        for entity in ("orders", "other", "events"):
             c.authorize(entity)
         sender = c.sender("orders")
         sender.send(Message(body="in", group_id=here))
@@ -235,11 +240,12 @@ def test_a_transaction_stays_in_one_partition(busd):
         settle(c, delivery, txn)
         send(c, sender, txn, Message(body="out", group_id=same))
         for refused_send in (lambda: send(c, sender, txn, Message(body="x", group_id=elsewhere)),
-                             lambda: send(c, c.sender("other"), txn, Message(body="y"))):
+                             lambda: send(c, c.sender("other"), txn, Message(body="y")),
+                             lambda: send(c, c.sender("events"), txn, Message(body="z"))):
             with pytest.raises(Refused) as err:
                 refused_send()
             assert err.value.condition == "amqp:not-allowed"
-            assert "one partition" in str(err.value)
+            assert "partition" in str(err.value)
         assert sorted(m.body for m in peek_all(c, "orders")) == ["in"]
         txns.commit(txn)
         receiver.close()
@@ -253,3 +259,78 @@ def test_a_transaction_stays_in_one_partition(busd):
             with sb.get_queue_receiver("orders", session_id=sid, max_wait_time=5) as r:
                 for m in receive(r, 1):
                     r.complete_message(m)
+
+
+def test_a_partitioned_topic_spreads_its_subscriptions(busd, client, admin, redis_url):
+    sids = sessions_in_every_partition(1)
+    with client.get_topic_sender("events") as sender:
+        sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid)
+                              for n in range(3) for sid in sids])
+        later = datetime.now(UTC) + timedelta(hours=1)
+        (scheduled,) = sender.schedule_messages(
+            ServiceBusMessage("later", session_id=sids[-1]), later)
+        assert scheduled >> PARTITION_SHIFT == partition_of_key(sids[-1], PARTITIONS)
+        props = admin.get_subscription_runtime_properties("events", "all")
+        assert (props.active_message_count, props.total_message_count) == \
+            (3 * len(sids), 3 * len(sids) + 1)  # and the scheduled one
+        sender.cancel_scheduled_messages(scheduled)
+    assert admin.get_subscription_runtime_properties(
+        "events", "by-session").total_message_count == 3 * len(sids)
+    for _ in sids:
+        with client.get_subscription_receiver("events", "by-session",
+                                              session_id=NEXT_AVAILABLE_SESSION,
+                                              max_wait_time=5) as receiver:
+            sid = receiver.session.session_id
+            got = receive(receiver, 3)
+            assert [str(m) for m in got] == [f"{sid}:{n}" for n in range(3)]
+            assert {m.sequence_number >> PARTITION_SHIFT for m in got} == \
+                {partition_of_key(sid, PARTITIONS)}
+            for m in got:
+                receiver.complete_message(m)
+    with client.get_subscription_receiver("events", "all", max_wait_time=3) as receiver:
+        got = receive(receiver, 3 * len(sids))
+        assert len(got) == 3 * len(sids)
+        for m in got:
+            receiver.complete_message(m)
+    for name in ("all", "by-session"):
+        assert admin.get_subscription_runtime_properties("events", name).total_message_count \
+            == 0
+    r = redis.Redis.from_url(redis_url)
+    tags = {k.split(b"}")[0] for k in r.scan_iter(match=f"{{{busd.prefix}:events:*".encode())}
+    assert tags == {f"{{{busd.prefix}:events:{p}".encode() for p in range(PARTITIONS)}
+
+
+def test_a_partitioned_topic_is_deleted_with_every_partition(busd, admin, redis_url):
+    admin.create_topic("gone", enable_partitioning=True)
+    admin.create_subscription("gone", "s")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_topic_sender("gone") as sender:
+            sender.send_messages([ServiceBusMessage(str(n)) for n in range(20)])
+    assert admin.get_subscription_runtime_properties("gone", "s").active_message_count == 20
+    r = redis.Redis.from_url(redis_url)
+    assert list(r.scan_iter(match=f"{{{busd.prefix}:gone:*".encode()))
+    admin.delete_topic("gone")
+    assert list(r.scan_iter(match=f"{{{busd.prefix}:gone:*:s:*".encode())) == []
+
+
+def cli_tool(busd, *args: str):
+    result = CliRunner().invoke(cli, [*args, "--url", busd.http_url], prog_name="busd")
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_the_tools_create_a_partitioned_queue_and_show_it_as_one(busd):
+    cli_tool(busd, "queue", "create", "by-cli", "--partitioning", "--partitions", "4",
+             "--requires-session")
+    sids = sessions_in_every_partition(1)
+    for sid in sids:
+        cli_tool(busd, "send", "by-cli", "--session", sid, f"from {sid}")
+    found = {q["name"]: q for q in json.loads(cli_tool(busd, "queues", "--json").stdout)}
+    assert found["by-cli"]["counts"]["active"] == len(sids)
+    listed = json.loads(cli_tool(busd, "sessions", "by-cli", "--json").stdout)
+    assert sorted(s["session_id"] for s in listed) == sorted(sids)
+    peeked = json.loads(cli_tool(busd, "peek", "by-cli", "--json").stdout)
+    assert sorted(m["body"] for m in peeked) == sorted(f"from {sid}" for sid in sids)
+    assert cli_tool(busd, "purge", "by-cli").exit_code == 0
+    found = {q["name"]: q for q in json.loads(cli_tool(busd, "queues", "--json").stdout)}
+    assert found["by-cli"]["counts"]["active"] == 0
