@@ -119,6 +119,10 @@ class Namespaces:
         self._used[name] = time.monotonic()
         return made.result()
 
+    def serving(self) -> set[str]:
+        """The names of the namespaces this process serves (or is making), the default aside."""
+        return set(self._made)
+
     def hold(self, broker: object) -> None:
         """A connection serves `broker`'s namespace: it is not let go while one does."""
         if broker is not self.default:

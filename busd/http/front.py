@@ -54,6 +54,9 @@ def handler(server) -> Handler:
     def atom_of(name: str | None, broker) -> AtomApi:
         known = apis.get(name)
         if known is None or known[0] is not broker:
+            serving = server.namespaces.serving()  # forget those let go since (idle)
+            for stale in [n for n in apis if n is not None and n not in serving]:
+                del apis[stale]
             known = apis[name] = (broker, AtomApi(CatalogEntities(broker), broker.sas_keys,
                                                   name or atom_xml.NAMESPACE_NAME,
                                                   server.namespaces.entity_keys(name)))
