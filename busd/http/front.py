@@ -80,7 +80,8 @@ def handler(server) -> Handler:
             if management:
                 return await atom_of(name, broker).handle(request)
             code, content_type, body, headers = await admin_request(
-                broker, request.method, path, request.query, request.body, request.headers)
+                broker, request.method, path, request.query, request.body, request.headers,
+                server.namespaces.entity_keys(name))
             return Response(code, content_type, body, headers)
         if path in ("/health", "/health/detail", "/metrics"):
             status, content_type, body = await route(server, request.method, path)

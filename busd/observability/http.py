@@ -30,10 +30,12 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
 
 
 async def admin_request(
-    broker, method: str, path: str, query: str, body: bytes, headers: dict[str, str]
+    broker, method: str, path: str, query: str, body: bytes, headers: dict[str, str],
+    entity_keys=None,
 ) -> tuple[int, str, bytes, dict[str, str]]:
     """One admin request (`headers`: the request's, names lower-cased) for the namespace of
-    `broker`: (status, content type, body, response headers)."""
+    `broker`: (status, content type, body, response headers). `entity_keys`: the keys of its
+    entities' own rules (busd.auth.rights.EntityKeys; by default its catalog's)."""
     from busd.observability.admin import Raw, entity_of, route_admin
 
     # The admin API can purge queues: it takes a SAS token covering the queue, signed with
@@ -41,7 +43,7 @@ async def admin_request(
     # Health and metrics stay open.
     try:
         authorize_header(headers.get("authorization", ""), broker.sas_keys, entity_of(path),
-                         MANAGE, broker.catalog.access_keys)
+                         MANAGE, entity_keys or broker.catalog.access_keys)
     except Unauthorized as exc:
         return 401, "application/json", json.dumps(
             {"error": f"admin requests need a valid SAS token with the Manage right covering "

@@ -12,7 +12,11 @@ import uuid
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusAuthorizationError
-from azure.servicebus.management import ServiceBusAdministrationClient
+from azure.servicebus.management import (
+    AccessRights,
+    AuthorizationRule,
+    ServiceBusAdministrationClient,
+)
 
 from busd.auth.sas import generate_sas_token
 from tests.e2e.conftest import cbs_refusal, queue, receive, subscription, topic
@@ -144,12 +148,41 @@ def test_a_changed_key_refuses_new_tokens_signed_with_the_old_one(busd):
         assert sorted(bodies(client, "rotated", 2)) == ["before", "with the new key"]
 
 
+def test_a_namespaces_entity_keys_are_its_own(busd):
+    """A rule lives in its entity's namespace (docs/design.md §2.16): its key, named
+    `<namespace>/<KeyName>`, opens that namespace's queue and not the default namespace's queue
+    of the same name."""
+    namespace = f"keys-{uuid.uuid4().hex[:8]}"
+    root = f"{namespace}/RootManageSharedAccessKey"
+    with ServiceBusAdministrationClient.from_connection_string(
+            conn_str(busd, root, "SAS_KEY_VALUE"), connection_verify=busd.cert_path) as admin:
+        admin.create_queue("orders", authorization_rules=[AuthorizationRule(
+            key_name="team", primary_key="team-key",
+            rights=[AccessRights.SEND, AccessRights.LISTEN])])
+    with sdk(busd, f"{namespace}/team", "team-key", entity="orders") as client:
+        send_one(client, "orders", "in the namespace")
+        assert bodies(client, "orders", 1) == ["in the namespace"]
+    with sdk(busd, "team", "team-key", entity="orders") as client:
+        with pytest.raises(ServiceBusAuthenticationError) as caught:
+            send_one(client, "orders", "in the default namespace")
+        assert cbs_refusal(caught.value)[0] == 401
+
+
 # --- HTTP -----------------------------------------------------------------------------------
 def http(busd, method: str, path: str, token: str, body: bytes | None = None) -> int:
-    request = urllib.request.Request(
+    """The status of a management (ATOM) request."""
+    return status_of(urllib.request.Request(
         f"http://127.0.0.1:{busd.http_port}/{path}?api-version=2021-05", data=body,
         method=method, headers={"Authorization": token,
-                                "Content-Type": "application/atom+xml"})
+                                "Content-Type": "application/atom+xml"}))
+
+
+def admin_api(busd, method: str, path: str, token: str) -> int:
+    return status_of(urllib.request.Request(f"http://127.0.0.1:{busd.http_port}/admin/{path}",
+                                            method=method, headers={"Authorization": token}))
+
+
+def status_of(request: urllib.request.Request) -> int:
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status
@@ -182,6 +215,14 @@ def test_an_entity_key_manages_its_entity_only_over_http(busd):
     # a rule without Manage cannot read its own entity's description either
     assert http(busd, "GET", "orders", entity_token(busd, "orders", "orders-send",
                                                     "send-primary")) == 401
+
+
+def test_an_entity_key_opens_the_admin_api_for_its_queue_only(busd):
+    assert admin_api(busd, "GET", "queues/orders", entity_token(busd, "orders")) == 200
+    assert admin_api(busd, "GET", "queues/other", entity_token(busd, "other")) == 401
+    assert admin_api(busd, "GET", "queues/other", entity_token(busd, "orders")) == 401
+    assert admin_api(busd, "GET", "queues", entity_token(busd, "")) == 401
+    assert admin_api(busd, "POST", "queues/other/purge", entity_token(busd, "other")) == 401
 
 
 # --- restarts -------------------------------------------------------------------------------
