@@ -58,6 +58,48 @@ def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
     assert re.search(r"busd\+store CPU per message [\d.]+x the queue's", out), out
 
 
+def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
+    """--workers: busd's CPU is the parent's and the workers' together, each printed; a
+    Cluster started here: each node's CPU and each primary's share of the calls and keys."""
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench"), "--messages", "300", "--workers", "2",
+         "--senders", "2", "--start-store", "cluster", "--partitioned", "--timeout", "90"],
+        capture_output=True, text=True, timeout=150,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    assert re.search(r"\(2 workers, durability local, queues in 16 partitions\).*; \d+ cores",
+                     out), out
+    assert re.search(r"^store: Valkey .*, 6 nodes \(3 serving\)", out, re.M), out
+    row = re.search(rf"^send\s+300\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s", out, re.M)
+    assert row, out
+    send = out[row.start():].split("\nreceive", 1)[0]
+    processes = re.search(r"busd per process: parent \d+ ([\d.]+) µs/msg, worker \d+ ([\d.]+) "
+                          r"µs/msg, worker \d+ ([\d.]+) µs/msg$", send, re.M)
+    assert processes, send
+    assert abs(sum(map(float, processes.groups())) - float(row.group(3))) < 0.2, send
+    nodes = re.search(r"store per node: (.*) \(calls, keys: % of an even share\)$", send, re.M)
+    assert nodes, send
+    shares = re.findall(r"primary :\d+ [\d.]+ µs/msg, calls (\d+)%, keys (\d+)%", nodes[1])
+    assert len(shares) == 3 and len(re.findall(r"replica :\d+ [\d.]+ µs/msg", nodes[1])) == 3
+    assert sum(int(calls) for calls, _keys in shares) in range(298, 303), shares  # of 300%
+
+
+def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:
+    """A Sentinel set started here, --durability replicated, its primary killed mid-run."""
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench"), "--scenario", "failover-sentinel",
+         "--messages", "240", "--kill-after", "1", "--timeout", "90"],
+        capture_output=True, text=True, timeout=150,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    assert "(1 process, durability replicated)" in out, out
+    assert re.search(r"^failover: primary :\d+ killed\s+2[34]\d\s.*served again [\d.]+ s "
+                     r"\(send\) / [\d.]+ s \(receive\) after the kill; .*lost 0, stuck 0, "
+                     r"duplicated after complete 0, order 0, overlap 0", out, re.M), out
+
+
 # --- the checks, on recorded events -------------------------------------------------------------
 def events(deliveries, intervals) -> list[dict]:
     return [{"deliveries": deliveries, "intervals": intervals}]

