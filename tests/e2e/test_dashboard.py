@@ -1,6 +1,7 @@
 """The web dashboard in a real headless Chromium (Debian's `chromium` and `chromium-driver`,
 driven by Selenium): it signs in with a key, shows a queue's counts after SDK sends, pages
-through a session's messages and resubmits a dead letter. A screenshot of each run is kept
+through a session's messages, resubmits a dead letter, and dead-letters a session and resubmits
+it. A screenshot of each run is kept
 under test-artifacts/ (the path is printed)."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 @pytest.fixture(scope="module")
 def busd(busd_factory):
     return busd_factory([queue("dash-plain"), queue("dash-sessions", RequiresSession=True),
-                         queue("dash-subject")])
+                         queue("dash-subject"), queue("dash-dead", RequiresSession=True)])
 
 
 @pytest.fixture
@@ -206,3 +207,35 @@ def test_dashboard_shows_topics_their_rules_and_subjects(busd, browser):
     browser.find_element(By.ID, "peek-queue").click()
     _wait_text(browser, "#page-info", "page 1, 1 message(s)")
     assert _cell(browser, "#messages tbody tr", "subject") == "invoice"
+
+
+def test_dashboard_dead_letters_a_session_and_resubmits_it_in_order(busd, browser):
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-dead") as sender:
+            sender.send_messages([ServiceBusMessage(f"d{i}", session_id="s-9")
+                                  for i in range(3)])
+
+    _sign_in(browser, busd)
+    dead = 'tr[data-queue="dash-dead"]'
+    _click(browser, dead)
+    row = 'tr[data-session="s-9"]'
+    WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+    _click(browser, f"{row} button.dead-letter-session")
+    prompt = WebDriverWait(browser, 10).until(ec.alert_is_present())
+    prompt.send_keys("Stuck")
+    prompt.accept()
+    _wait_text(browser, "#status", "Dead-lettered 3 message(s) of session s-9")
+    assert _cell(browser, dead, "dead-letter") == "3"
+    assert not browser.find_elements(By.CSS_SELECTOR, row)  # the session has nothing left
+
+    browser.find_element(By.ID, "peek-dlq").click()
+    _wait_text(browser, "#page-info", "page 1, 3 message(s)")
+    reasons = _retrying(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR,
+                                                                       "#messages td.reason")])
+    assert reasons == ["Stuck"] * 3
+    _click(browser, "#messages tbody tr button.resubmit-session")
+    _wait_text(browser, "#status", "Resubmitted 3 message(s) of session s-9")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_receiver("dash-dead", session_id="s-9",
+                                       max_wait_time=5) as receiver:
+            assert [str(m) for m in receive(receiver, 3)] == ["d0", "d1", "d2"]
