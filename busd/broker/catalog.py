@@ -207,6 +207,13 @@ class Catalog:
                 raise
         entity = lowered(entity)
         current = self._entities.get((entity.kind, entity.path))
+        if isinstance(current, (QueueEntity, TopicEntity)) and isinstance(
+                entity, (QueueEntity, TopicEntity)) and entity.partitions != current.partitions:
+            # Its messages live in the keys of its partitions: fixed at creation (§3.18).
+            log.warning("%s '%s': partitioning is fixed when an entity is created; the file's "
+                        "EnablePartitioning/PartitionCount is ignored (delete the entity to "
+                        "change it)", entity.kind, entity.path)
+            entity = replace(entity, partitions=current.partitions)
         if current is None or replace(current, created_ms=None) != replace(
                 entity, created_ms=None):
             entity = await self.update(entity, check=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -24,7 +25,7 @@ from proton import Message
 from busd.cli import cli
 from busd.storage.partitions import PARTITION_SHIFT, partition_of_key
 from tests.e2e.amqp_client import ProtonCbsClient
-from tests.e2e.conftest import queue, receive, subscription, topic
+from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic, write_config
 from tests.e2e.txn_client import Refused, Transactions, peek_all, send, settle, take
 
 pytestmark = pytest.mark.timeout(120)
@@ -334,3 +335,27 @@ def test_the_tools_create_a_partitioned_queue_and_show_it_as_one(busd):
     assert cli_tool(busd, "purge", "by-cli").exit_code == 0
     found = {q["name"]: q for q in json.loads(cli_tool(busd, "queues", "--json").stdout)}
     assert found["by-cli"]["counts"]["active"] == 0
+
+
+def test_the_entities_file_cannot_repartition_a_queue_with_messages(redis_url, tmp_path):
+    """Its messages live in its partitions' keys: a file that changes the partitioning of a
+    stored queue is warned about and the queue keeps its messages."""
+    prefix = f"repart-{uuid.uuid4().hex[:8]}"
+    for partitioned in (True, False):
+        config = write_config(tmp_path / f"Config-{partitioned}.json", [
+            queue("kept", EnablePartitioning=partitioned, PartitionCount=PARTITIONS)])
+        proc = launch_busd(redis_url, config, tmp_path, prefix=prefix)
+        try:
+            with ServiceBusClient.from_connection_string(proc.connection_string) as sb:
+                if partitioned:
+                    with sb.get_queue_sender("kept") as sender:
+                        sender.send_messages([ServiceBusMessage(str(n)) for n in range(8)])
+                    continue
+                with sb.get_queue_receiver("kept", max_wait_time=3) as receiver:
+                    got = receive(receiver, 8)
+                    assert sorted(str(m) for m in got) == [str(n) for n in range(8)]
+                    for m in got:
+                        receiver.complete_message(m)
+            assert "partitioning is fixed" in proc.log_text()
+        finally:
+            proc.stop()
