@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__, access_rules, ports
+from busd import __version__, access_rules, errors, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
@@ -324,11 +324,27 @@ async def seed_catalog(catalog, entities: EntitiesFile) -> None:
     file's); entities created at run time and absent from the file are left alone. Keys and
     times of shared access rules the file leaves out are the stored ones (busd.access_rules)."""
     for queue in entities.queues:
-        await catalog.put(_kept_keys(queue, catalog.queue(queue.name)))
+        await _put_keeping_keys(catalog, queue, catalog.queue(queue.name))
     for topic in entities.topics:
-        await catalog.put(_kept_keys(topic, catalog.topic(topic.name)))
+        await _put_keeping_keys(catalog, topic, catalog.topic(topic.name))
     for sub in entities.subscriptions:
         await catalog.put(sub, rules=entities.rules_of(sub))
+
+
+async def _put_keeping_keys(catalog, entity, current) -> None:
+    """Seed a queue or topic, its shared access rules keeping the stored keys. Where this
+    process has not seen the entity, another one starting at the same time may be making it
+    with keys of its own: only a create (which fails when the entity exists) may write new
+    keys; otherwise the keys are those stored."""
+    if current is None and entity.extra.get("AuthorizationRules"):
+        try:
+            await catalog.create(_kept_keys(entity, None), check=False)
+            return
+        except errors.BusdError as exc:
+            if exc.condition != errors.Condition.ENTITY_ALREADY_EXISTS:
+                raise
+        current = await catalog.stored(entity.kind, entity.name)
+    await catalog.put(_kept_keys(entity, current))
 
 
 def _kept_keys(entity, stored):

@@ -118,6 +118,12 @@ class Catalog:
         found = self._entities.get(("rule", rule_path(topic.lower(), subscription.lower(), name)))
         return found if isinstance(found, RuleEntity) else None
 
+    async def stored(self, kind: str, path: str) -> Entity | None:
+        """An entity as the store holds it now (this view may not have heard of it yet)."""
+        path = path.lower()
+        record = await self.store.catalog_get(kind, path)
+        return None if record is None else self._parse(kind, path, record)
+
     def queues(self) -> list[QueueEntity]:
         return sorted((e for e in self._entities.values() if isinstance(e, QueueEntity)),
                       key=lambda e: e.name)
@@ -188,8 +194,7 @@ class Catalog:
             self.check_forwarding(entity)
         current = self._entities.get((entity.kind, entity.path))
         if current is None:
-            stored = await self.store.catalog_get(entity.kind, entity.path)
-            current = None if stored is None else self._parse(entity.kind, entity.path, stored)
+            current = await self.stored(entity.kind, entity.path)
         if current is None:
             raise _not_found(entity.path)
         entity = replace(entity, created_ms=current.created_ms)
@@ -243,8 +248,7 @@ class Catalog:
         path = path.lower()
         entity = self._entities.get((kind, path))
         if entity is None:
-            stored = await self.store.catalog_get(kind, path)
-            entity = None if stored is None else self._parse(kind, path, stored)
+            entity = await self.stored(kind, path)
         if entity is None:
             return False
         if isinstance(entity, RuleEntity):

@@ -9,9 +9,12 @@ import uuid
 import pytest
 import pytest_asyncio
 
+from busd import access_rules
 from busd.broker.catalog import Catalog
+from busd.config import EntitiesFile
 from busd.entities import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
+from busd.server import seed_catalog
 from busd.storage.api import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore
 from tests.conftest import delete_prefix
@@ -127,3 +130,30 @@ async def test_deleting_an_entity_deletes_its_messages(two_views):
         match=f"{{{store.prefix}:t}}:s:gone:*")]
     assert leftovers == []
     assert await client.smembers(f"{{{store.prefix}:t}}:subs") == {b"keep"}
+
+
+async def test_seeding_keeps_the_access_keys_another_process_made_first(redis_url):
+    """Two processes seed one entities file whose rule has no keys: the one that has not seen
+    the other's record yet keeps its keys instead of writing keys of its own
+    (docs/design.md §2.10)."""
+    prefix = f"catalog-{uuid.uuid4().hex[:12]}"
+    stores = [RedisStore(redis_url, prefix=prefix) for _ in range(2)]
+    rules = access_rules.normalize([{"KeyName": "app", "Rights": ["Send"]}], fill=False)
+    entities = EntitiesFile(queues=[QueueEntity("orders", extra={"AuthorizationRules": rules})])
+    try:
+        for s in stores:
+            await s.connect()
+        first, late = Catalog(stores[0]), Catalog(stores[1])  # `late` has read nothing yet
+        await first.start()
+        await seed_catalog(first, entities)
+        (made,) = first.queue("orders").extra["AuthorizationRules"]
+        assert made["PrimaryKey"] and made["SecondaryKey"]
+        await seed_catalog(late, entities)
+        (kept,) = (await first.stored("queue", "orders")).extra["AuthorizationRules"]
+        assert (kept["PrimaryKey"], kept["SecondaryKey"], kept["CreatedTime"]) == (
+            made["PrimaryKey"], made["SecondaryKey"], made["CreatedTime"])
+        await first.stop()
+    finally:
+        for s in stores:
+            await s.close()
+        delete_prefix(redis_url, prefix)
