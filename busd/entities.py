@@ -48,6 +48,7 @@ class QueueEntity:
     default_ttl_ms: int | None = _default("DefaultMessageTimeToLive")  # None: unbounded
     dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
     dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
+    session_idle_ttl_ms: int | None = _default("SessionIdleTimeToLive")  # None: never
     duplicate_detection_window_ms: int | None = None  # None: off
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     forward_to: str | None = None  # bare entity path
@@ -102,6 +103,7 @@ class SubscriptionEntity:
     dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
     dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
     dead_letter_on_filter_exceptions: bool = _default("DeadLetteringOnFilterEvaluationExceptions")
+    session_idle_ttl_ms: int | None = _default("SessionIdleTimeToLive")
     forward_to: str | None = None
     forward_dead_lettered_to: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

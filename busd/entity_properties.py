@@ -63,6 +63,9 @@ class Property:
     immutable: bool = False  # a change may not alter it (the service refuses it too)
     flag: str | None = None  # command-line option, without `--`
     help: str = ""
+    # busd's own, not Service Bus's: the management API writes it only when set, so that a
+    # description stays the service's for entities that do not use it
+    own: bool = False
 
     @property
     def field_default(self) -> Any:
@@ -178,6 +181,11 @@ PROPERTIES: tuple[Property, ...] = (
        attr="dead_letter_session_on_max_delivery", store=True,
        flag="dead-letter-session-on-max-delivery",
        help="A session message reaching MaxDeliveryCount dead-letters its whole session."),
+    # busd's own (docs/design.md §2.6): Service Bus keeps an idle session's state forever
+    _p("SessionIdleTimeToLive", DURATION, "qs", None, attr="session_idle_ttl_ms",
+       minimum=1_000, bounds="at least 1 second", store=True, flag="session-idle-ttl",
+       own=True,
+       help="Remove a session's state once it has had no messages and no holder this long."),
     _p("RequiresDuplicateDetection", BOOL, "qt", False, flag="duplicate-detection",
        help="Drop messages whose id was seen within the window."),
     _p("DuplicateDetectionHistoryTimeWindow", DURATION, "qt", 600_000,
@@ -239,6 +247,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "CountDetails", "AutoDeleteOnIdle", "EnablePartitioning", "EntityAvailabilityStatus",
         "ForwardDeadLetteredMessagesTo", "EnableExpress", "MaxMessageSizeInKilobytes",
         "PartitionCount", "DeadLetterSessionOnMaxDeliveryCount",
+        "SessionIdleTimeToLive",
     ),
     TOPIC: (
         "DefaultMessageTimeToLive", "MaxSizeInMegabytes", "RequiresDuplicateDetection",
@@ -256,6 +265,7 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "CreatedAt", "UpdatedAt", "AccessedAt", "CountDetails", "ForwardDeadLetteredMessagesTo",
         "AutoDeleteOnIdle", "EntityAvailabilityStatus", "UserMetadata",
         "DeadLetterSessionOnMaxDeliveryCount",
+        "SessionIdleTimeToLive",
     ),
 }  # fmt: skip
 

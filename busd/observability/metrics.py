@@ -56,8 +56,11 @@ _TOTALS = {
                   "Messages moved to the entity's forwarding destination (auto-forwarding)."),
     "lockexpired": ("busd_lock_expiries", "Message locks that ran out."),
     "sessionlockexpired": ("busd_session_lock_expiries", "Session locks that ran out."),
+    "sessionexpired": ("busd_sessions_expired",
+                       "Idle sessions removed, state included, by SessionIdleTimeToLive."),
 }
-_QUEUE_ONLY = {"sent", "duplicates", "expired", "resubmitted", "sessionlockexpired"}
+_QUEUE_ONLY = {"sent", "duplicates", "expired", "resubmitted", "sessionlockexpired",
+               "sessionexpired"}
 # Store calls one scrape runs at once.
 SCRAPE_CONCURRENCY = 16
 

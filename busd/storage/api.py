@@ -76,6 +76,9 @@ class QueueSpec:
     default_ttl_ms: int | None = None  # None: unbounded; else also the ceiling of a message's ttl
     dead_letter_on_expiration: bool = False
     dead_letter_session_on_max_delivery: bool = False  # docs/design.md §2.9
+    # None: never; else a session with no messages and no holder this long is removed (state
+    # included) by the sweep (docs/design.md §2.6)
+    session_idle_ttl_ms: int | None = None
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024
     dlq: bool = False
@@ -347,6 +350,7 @@ class SweepResult:
     expired_session_locks: list[str] = field(default_factory=list)
     expired_messages: int = 0
     activated_scheduled: int = 0
+    expired_idle_sessions: int = 0  # removed by SessionIdleTimeToLive
 
 
 @dataclass(slots=True)
@@ -361,7 +365,8 @@ class EntityCounts:
     # Monotonic totals of what happened to the entity, counted by the store inside each
     # transition (so exact across processes and paths), by event: sent, duplicates, received,
     # completed, abandoned, released, deferred, deadlettered (moved into the dead-letter
-    # sub-queue, any reason), expired, lockexpired, sessionlockexpired, resubmitted, purged.
+    # sub-queue, any reason), expired, lockexpired, sessionlockexpired, sessionexpired (idle
+    # sessions removed), resubmitted, purged.
     # An event that never happened is absent.
     totals: dict[str, int] = field(default_factory=dict)
 

@@ -78,6 +78,13 @@ KEY_DOC: dict[str, str] = {
     "tstats": "hash: <event> -> count; monotonic totals of the topic: sent, duplicates, "
     "dropped (matched no subscription)",
     # queue-wide, after `stats`: auto-forwarding (docs/design.md §3.16)
+    "sidle": "zset: session id -> ms it was last found idle (no messages, no holder: it "
+    "lives on for its state); the sweep removes those idle longer than SessionIdleTimeToLive "
+    "(includes/expireIdleSessions.lua). Kept loosely: a session that has messages or a "
+    "holder again keeps its entry until the sweep meets it and drops it",
+    "sactive": "hash: session id -> ms of its last activity (accepted, a message settled); "
+    "its holder's connection and client address while held: '<ms>\\0<connection>\\0<address>' "
+    "(the session inspector, lua/sessionPage.lua)",
     "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
     "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends",
 }
@@ -94,12 +101,12 @@ DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "s
 
 # The full key set, in the order of includes/queueContext.lua: scripts that move messages
 # between states (and so may dead-letter, expire or wake sessions) take all of it. Keys added
-# later come last (`stats`, `fwd`) so that the other keys keep their places.
+# later come last (`stats`, `fwd`, `sidle`, ...) so that the other keys keep their places.
 QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats", "fwd")
+    + ("stats", "fwd", "sidle", "sactive")
 )
 
 

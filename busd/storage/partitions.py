@@ -490,6 +490,7 @@ class PartitionedStore:
             total.expired_message_locks += r.expired_message_locks
             total.expired_messages += r.expired_messages
             total.activated_scheduled += r.activated_scheduled
+            total.expired_idle_sessions += r.expired_idle_sessions
             total.expired_session_locks += r.expired_session_locks
         return total
 

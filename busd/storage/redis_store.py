@@ -20,7 +20,7 @@ from __future__ import annotations
 from busd.storage.api import QueueSpec, SweepResult
 from busd.storage.call_limiter import CALL_WAIT_S
 from busd.storage.redis_catalog import CatalogCalls
-from busd.storage.redis_codec import _sid_text
+from busd.storage.redis_codec import _opt, _sid_text
 from busd.storage.redis_connection import (
     DEFAULT_MAX_CALLS,
     SWEEP_BUDGET,
@@ -50,11 +50,13 @@ class RedisStore(CatalogCalls, MessageCalls, SessionCalls, TransactionCalls, For
 
     async def sweep(self, queue: QueueSpec) -> SweepResult:
         reply = await self._run_queue(
-            "sweepQueue", queue, self.process_id, LIVENESS_MS, REPAIR_WAKES, budget=SWEEP_BUDGET
+            "sweepQueue", queue, self.process_id, LIVENESS_MS, REPAIR_WAKES,
+            _opt(queue.session_idle_ttl_ms), budget=SWEEP_BUDGET,
         )
         return SweepResult(
             expired_message_locks=reply[0],
             expired_messages=reply[1],
             activated_scheduled=reply[2],
-            expired_session_locks=[_sid_text(sid) or "" for sid in reply[3:]],
+            expired_idle_sessions=reply[3],
+            expired_session_locks=[_sid_text(sid) or "" for sid in reply[4:]],
         )

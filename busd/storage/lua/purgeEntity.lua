@@ -1,7 +1,7 @@
 --[[
   purgeEntity: delete every message of an entity (the queue, or its dead-letter sub-queue).
   Purging the queue keeps session state and session locks; sessions left with neither
-  messages nor state cease to exist.
+  messages nor state cease to exist; those left with state and no holder are idle from now.
 
   Invariant: sequence numbers are not reused after a purge (the counter stays), and the
   event totals stay (they only grow).
@@ -20,6 +20,7 @@
 ]]
 --- @include "queueContext"
 --- @include "countEvent"
+--- @include "noteIdleSession"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -33,6 +34,9 @@ if not E.dlq then
     if redis.call('HEXISTS', Q.sstate, sid) == 0 then
       redis.call('ZREM', Q.sessions, sid)
       redis.call('ZREM', Q.supdated, sid)
+      redis.call('HDEL', Q.sactive, sid)
+    else
+      noteIdleSession(Q, sid)
     end
   end
 end

@@ -3,8 +3,10 @@
   by the budget per kind of work. Idempotent and safe on every broker process at once.
 
   Expired message locks (counted failed attempt, dead-lettered at MaxDeliveryCount), expired
-  session locks (their in-flight messages likewise), scheduled messages that came due, and
-  messages past their time to live (session-wide).
+  session locks (their in-flight messages likewise), scheduled messages that came due,
+  messages past their time to live (session-wide), and, when the entity has a
+  SessionIdleTimeToLive, sessions idle (no messages, no holder) for longer than it: their
+  state and bookkeeping go (includes/expireIdleSessions.lua).
 
   Wake-ups, kept whole: the calling process marks itself live until now + `liveness`; the
   waiters of processes whose liveness ran out are dropped (their wake-ups would reach no one).
@@ -22,10 +24,11 @@
     ARGV[c+1] the calling process's id
     ARGV[c+2] liveness ms: how long the process counts as live without another sweep
     ARGV[c+3] repair: most waiters to wake per kind of waiter
+    ARGV[c+4] SessionIdleTimeToLive ms ('' never)
 
   Output:
     { expired message locks, expired messages, activated scheduled messages,
-      session id whose lock expired, ... }
+      expired idle sessions, session id whose lock expired, ... }
 
   Events:
     wake-ups (includes/wakeWaiters.lua) when messages or sessions became available
@@ -34,10 +37,14 @@
 --- @include "housekeeping"
 --- @include "expireMessageLocks"
 --- @include "wakeWaiters"
+--- @include "expireIdleSessions"
 
 local Q = queueContext(0, 0)
 local sids = housekeeping(Q, Q.q)
 expireMessageLocks(Q, Q.d, Q.budget)
+local idle = 0
+local idleTtl = ARGV[QUEUE_ARGC + 4]
+if idleTtl ~= '' then idle = expireIdleSessions(Q, tonumber(idleTtl), Q.budget) end
 
 local kinds = { { Q.sfree, Q.swaiters }, { Q.q.ready, Q.q.waiters }, { Q.d.ready, Q.d.waiters } }
 redis.call('ZADD', Q.procs, Q.now + tonumber(ARGV[QUEUE_ARGC + 2]), ARGV[QUEUE_ARGC + 1])
@@ -56,6 +63,6 @@ for _, kind in ipairs(kinds) do
     wakeWaiters(Q, kind[2], math.min(redis.call('ZCARD', kind[1]), repair))
   end
 end
-local out = { Q.expiredLocks, Q.expiredMessages, Q.activated }
+local out = { Q.expiredLocks, Q.expiredMessages, Q.activated, idle }
 for _, sid in ipairs(sids) do out[#out + 1] = sid end
 return out

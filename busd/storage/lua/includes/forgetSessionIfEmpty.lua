@@ -1,10 +1,15 @@
 --- @include "sessionRange"
--- A session exists while it has messages or state.
+--- @include "noteIdleSession"
+-- A session exists while it has messages or state; one left with only its state and no
+-- holder is idle from now.
 local function forgetSessionIfEmpty(Q, sid)
   local lo, hi = sessionRange(sid)
-  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0
-      and redis.call('HEXISTS', Q.sstate, sid) == 0 then
+  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) ~= 0 then return end
+  if redis.call('HEXISTS', Q.sstate, sid) == 0 then
     redis.call('ZREM', Q.sessions, sid)
     redis.call('ZREM', Q.supdated, sid)
+    if Q.sactive then redis.call('HDEL', Q.sactive, sid) end
+  else
+    noteIdleSession(Q, sid)
   end
 end

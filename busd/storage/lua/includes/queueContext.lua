@@ -3,7 +3,7 @@
 -- ARGV[QUEUE_ARGC + 1] (`ARGV[c+1]` in the headers), and a script holding several contexts
 -- steps by it. busd/storage/scripts.py reads it from this line for the Python side.
 local QUEUE_ARGC = 6
--- One queue's context: its keys (KEYS[kb+1 .. kb+34], the order of busd/storage/keys.py
+-- One queue's context: its keys (KEYS[kb+1 .. kb+36], the order of busd/storage/keys.py
 -- QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
 -- parameters every state-moving script takes first (ARGV[ab+1 .. ab+QUEUE_ARGC]). The offsets
 -- let one script hold several queue contexts side by side; a script with one passes 0, 0.
@@ -30,7 +30,7 @@ local function queueContext(kb, ab)
     d = { dlq = true, body = KEYS[kb + 24], meta = KEYS[kb + 25], all = KEYS[kb + 26],
           ready = KEYS[kb + 27], locked = KEYS[kb + 28], tokens = KEYS[kb + 29],
           deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
-    stats = KEYS[kb + 33], fwd = KEYS[kb + 34],
+    stats = KEYS[kb + 33], fwd = KEYS[kb + 34], sidle = KEYS[kb + 35], sactive = KEYS[kb + 36],
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
     maxDc = tonumber(ARGV[ab + 4]), dlOnExp = tonumber(ARGV[ab + 5]) % 2 == 1,
     dlSession = tonumber(ARGV[ab + 5]) >= 2,

@@ -3,10 +3,12 @@
 --- @include "readMeta"
 --- @include "returnMessage"
 --- @include "refreshFreeSession"
+--- @include "noteIdleSession"
 -- End a session's lock. Its delivered, unsettled messages are available again: with a
 -- counted failed attempt when the lock expired (`failed`), without when the receiver closed.
 -- The holder goes first, so that the session, once it has available messages, is free and
--- wakes one waiting next-available receiver (not the holder that is leaving).
+-- wakes one waiting next-available receiver (not the holder that is leaving). The end of a
+-- lock is the session's last activity; left without messages, it is idle from now.
 local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
@@ -22,4 +24,6 @@ local function unlockSession(Q, sid, failed)
     end
   end
   refreshFreeSession(Q, sid, true)
+  if Q.sactive then redis.call('HSET', Q.sactive, sid, Q.now) end
+  noteIdleSession(Q, sid)
 end
