@@ -63,8 +63,8 @@ class Property:
     immutable: bool = False  # a change may not alter it (the service refuses it too)
     flag: str | None = None  # command-line option, without `--`
     help: str = ""
-    # busd's own, not Service Bus's: the management API writes it only when set, so that a
-    # description stays the service's for entities that do not use it
+    # busd's own, not Service Bus's: the management API writes it only when it is not the
+    # default, so that a description stays the service's for entities that do not use it
     own: bool = False
 
     @property
@@ -179,7 +179,7 @@ PROPERTIES: tuple[Property, ...] = (
     # busd's own (docs/design.md §2.9): Service Bus dead-letters the failing message alone
     _p("DeadLetterSessionOnMaxDeliveryCount", BOOL, "qs", False,
        attr="dead_letter_session_on_max_delivery", store=True,
-       flag="dead-letter-session-on-max-delivery",
+       flag="dead-letter-session-on-max-delivery", own=True,
        help="A session message reaching MaxDeliveryCount dead-letters its whole session."),
     # busd's own (docs/design.md §2.6): Service Bus keeps an idle session's state forever
     _p("SessionIdleTimeToLive", DURATION, "qs", None, attr="session_idle_ttl_ms",
@@ -207,7 +207,8 @@ PROPERTIES: tuple[Property, ...] = (
        help="Spread the entity over partitions, each in its own cluster slot."),
     _p("PartitionCount", INT, "qt", 16, attr="partitions", minimum=1, maximum=MAX_PARTITIONS,
        bounds=f"1..{MAX_PARTITIONS}", enabled_by="EnablePartitioning", store=True,
-       immutable=True, flag="partitions", help="Partitions of a partitioned entity (16)."),
+       immutable=True, own=True, flag="partitions",
+       help="Partitions of a partitioned entity (16)."),
     # kept in `extra`: tokens signed with its keys are accepted (busd.auth.rights)
     _p("AuthorizationRules", ACCESS_RULES, "qt", ()),
     # stored and answered back, not acted on

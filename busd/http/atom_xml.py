@@ -355,8 +355,8 @@ def description(kind: str, properties: Mapping[str, Any], rt: Runtime,
             _runtime_field(root, name, rt)
         elif prop.type == ep.ACCESS_RULES:
             _access_rules_element(root, name, values.get(name) or ())
-        elif prop.own and values.get(name) is None:
-            continue  # busd's own, unset: the service's description
+        elif prop.own and values.get(name) == prop.default:
+            continue  # busd's own, as good as unset: the service's description
         elif values.get(name) is not None or (name in values and prop.type == ep.DURATION):
             _el(root, name, _property_text(prop, values[name], host))
     return root
