@@ -9,7 +9,9 @@ and the TLS port (`--tls-port`, 5671) all serve both protocols:
     0x16            a TLS ClientHello: the handshake, then the decrypted bytes are told apart
                     the same way (the TLS port takes nothing but TLS)
     `A`             the AMQP protocol header (`AMQP` + protocol id): the AMQP front
-    anything else   an HTTP request line, which starts with a method token (GET, PUT, ...)
+    a token byte    an HTTP request line, which starts with a method token (GET, PUT, ...)
+    anything else   neither: the AMQP front, which answers garbage with its protocol header
+                    and a framing error before closing (docs/management.md §1)
 
 Each connection is told apart once, then handed over whole: the transport talks to the
 chosen protocol directly, which sees every byte from the first, so an AMQP connection's
@@ -30,6 +32,9 @@ from busd.listener import FIRST_BYTE_TIMEOUT_S, TLS_RECORD, SniffingListener, bi
 log = logging.getLogger("busd.amqp")
 
 AMQP_HEADER = ord("A")  # b"AMQP" then the protocol id (0: AMQP, 3: SASL)
+# the bytes an HTTP method may start with: RFC 9110's `tchar`
+HTTP_METHOD_START = frozenset(
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
@@ -45,7 +50,9 @@ class Services:
 
     def protocol_for(self, first: int) -> asyncio.Protocol:
         """The protocol of a connection (inside TLS, if any) whose first byte is `first`."""
-        return self.amqp() if first == AMQP_HEADER else self.http()
+        if first == AMQP_HEADER or first not in HTTP_METHOD_START:
+            return self.amqp()
+        return self.http()
 
 
 class ServicePort(SniffingListener):

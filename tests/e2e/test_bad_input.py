@@ -9,6 +9,7 @@ message stored before the abuse is still there and receivable, unchanged.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 
@@ -46,8 +47,11 @@ class RawConnection:
     begin) so that the bytes written afterwards with `send_raw` land on an established
     connection with a session on channel 0."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, cert_path: str | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if cert_path is not None:  # TLS first, trusting busd's certificate
+            context = ssl.create_default_context(cafile=cert_path)
+            self.sock = context.wrap_socket(self.sock, server_hostname="localhost")
         self.engine: Transport | None = None
         self.connection: Connection | None = None
 
@@ -89,7 +93,7 @@ class RawConnection:
                 if not chunk:
                     return data, True
                 data += chunk
-        except ConnectionResetError:
+        except (ConnectionResetError, ssl.SSLError):  # e.g. closed without a TLS close_notify
             return data, True
         except TimeoutError:
             pass
@@ -167,34 +171,78 @@ def assert_serving(busd) -> None:
         receiver.accept()
 
 
-@pytest.mark.parametrize(
-    "garbage, answer",
-    [
-        (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", AMQP_HEADER),
-        (b"\x00" * 64, AMQP_HEADER),
-        (b"AMQP\x01\x01\x00\x00", AMQP_HEADER),  # the TLS protocol id: busd has no TLS
-        (b"AMQP\x00\x02\x00\x00", AMQP_HEADER),  # an AMQP version that does not exist
-        # A TLS ClientHello: closed without an answer (a TLS client could not read one).
-        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64, None),
-    ],
-    ids=["http", "zeros", "amqp-tls-header", "amqp-wrong-version", "tls-client-hello"],
-)
-def test_garbage_gets_a_protocol_header_and_the_socket_closed(
-    busd, stored, bystander, garbage, answer
-):
-    raw = RawConnection(busd.port)
-    raw.send_raw(garbage)
-    data, closed = raw.read_until_closed()
-    raw.close()
+# What busd answers garbage with on a port that serves AMQP and HTTP, told apart by the first
+# byte (docs/management.md §1): an HTTP request line gets HTTP, bytes that cannot start one get
+# the AMQP header and a framing error, a TLS hello the handshake; each then closes the socket.
+HTTP_OK = b"HTTP/1.1 200 "
+HTTP_BAD_REQUEST = b"HTTP/1.1 400 "
+TLS_ALERT = 0x15  # the record type of a TLS alert, as a failed handshake may send before closing
+# A whole ClientHello record (512 bytes, as its header says) that says nothing a TLS server
+# can use: version 3.3, then zeros (no cipher suites, no compression methods).
+BAD_CLIENT_HELLO = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03").ljust(5 + 512, b"\x00")
+GARBAGE = {
+    "http": (b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", HTTP_OK),
+    "http-bad-request-line": (b"HELLO\r\n\r\n", HTTP_BAD_REQUEST),
+    "zeros": (b"\x00" * 64, AMQP_HEADER),
+    "amqp-tls-header": (b"AMQP\x01\x01\x00\x00", AMQP_HEADER),  # a protocol id busd lacks
+    "amqp-wrong-version": (b"AMQP\x00\x02\x00\x00", AMQP_HEADER),  # no such AMQP version
+    "tls-client-hello": (BAD_CLIENT_HELLO, None),
+}
+PLAIN_PORTS = {"amqp-port": lambda b: b.port, "http-port": lambda b: b.http_port}
+
+
+def assert_answered(garbage: bytes, answer: bytes | None, data: bytes, closed: bool) -> None:
     assert closed, f"busd kept the connection open after {garbage[:16]!r}; it sent {data!r}"
-    if answer is None:
-        assert data == b""
-    else:
+    if answer is None:  # a failed TLS handshake: at most an alert
+        assert data == b"" or data[0] == TLS_ALERT, data
+    elif answer == AMQP_HEADER:
         # The protocol header busd speaks, then open + close with the error, so the peer can
         # tell what went wrong.
         assert data.startswith(answer), data
         assert FRAMING_ERROR in data, data
+    else:
+        assert data.startswith(answer), data
+
+
+@pytest.mark.parametrize("port_of", PLAIN_PORTS.values(), ids=PLAIN_PORTS.keys())
+@pytest.mark.parametrize("garbage, answer", GARBAGE.values(), ids=GARBAGE.keys())
+def test_garbage_gets_the_answer_of_the_protocol_it_resembles_and_the_socket_closed(
+    busd, stored, bystander, port_of, garbage, answer
+):
+    raw = RawConnection(port_of(busd))
+    raw.send_raw(garbage)
+    data, closed = raw.read_until_closed()
+    raw.close()
+    assert_answered(garbage, answer, data, closed)
     assert_bystander_works(bystander, f"after {garbage[:8]!r}")
+
+
+@pytest.mark.parametrize(
+    "garbage, answer",
+    [g for name, g in GARBAGE.items() if name != "tls-client-hello"],
+    ids=[name for name in GARBAGE if name != "tls-client-hello"],
+)
+def test_garbage_inside_tls_gets_the_same_answers_on_the_tls_port(
+    busd, stored, bystander, garbage, answer
+):
+    raw = RawConnection(busd.tls_port, cert_path=busd.cert_path)
+    raw.send_raw(garbage)
+    data, closed = raw.read_until_closed()
+    raw.close()
+    assert_answered(garbage, answer, data, closed)
+    assert_bystander_works(bystander, f"after {garbage[:8]!r} over TLS")
+
+
+@pytest.mark.parametrize("garbage", [g for g, _ in GARBAGE.values()], ids=GARBAGE.keys())
+def test_plain_garbage_on_the_tls_port_is_closed_unanswered(busd, stored, bystander, garbage):
+    """The TLS port takes nothing but TLS: plain bytes get no answer (a TLS client could not
+    read one), a malformed hello fails its handshake."""
+    raw = RawConnection(busd.tls_port)
+    raw.send_raw(garbage)
+    data, closed = raw.read_until_closed()
+    raw.close()
+    assert_answered(garbage, None, data, closed)
+    assert_bystander_works(bystander, f"after {garbage[:8]!r} on the TLS port")
 
 
 @pytest.mark.parametrize("header", [SASL_HEADER, AMQP_HEADER], ids=["sasl", "amqp"])
