@@ -32,6 +32,8 @@ def busd(busd_factory):
         queue("state", RequiresSession=True),
         queue("amqp", RequiresSession=True),
         queue("plain"),
+        queue("parts", RequiresSession=True, EnablePartitioning=True, PartitionCount=4,
+              MaxDeliveryCount=1, DeadLetterSessionOnMaxDeliveryCount=True),
     ])
 
 
@@ -250,3 +252,38 @@ def test_amqp_dead_letters_and_resubmits_a_session(busd, client):
         assert answer.properties["errorCondition"] == "amqp:not-allowed"
     with client.get_queue_receiver("amqp", session_id="s2", max_wait_time=5) as receiver:
         assert [str(m) for m in receive(receiver, 2)] == ["d1", "d2"]
+
+
+# --- a partitioned queue: each session's operations run in its own partition -----------------
+
+
+def test_session_tools_work_per_partition(busd, client):
+    sessions = [f"p{i}" for i in range(6)]  # spread over the 4 partitions
+    for sid in sessions:
+        send(client, "parts", sid, [f"{sid}-{n}" for n in range(3)])
+    for sid in sessions[:3]:
+        path = f"/admin/queues/parts/sessions/{sid}"
+        assert http(busd, "PUT", state_path("parts", sid), sid.encode(),
+                    {"If-None-Match": "*"})[0] == 200
+        status, body, _ = http(busd, "POST", path + "/dead-letter",
+                               json.dumps({"reason": "Split"}).encode())
+        assert (status, json.loads(body)) == (200, {"dead_lettered": 3})
+    with client.get_queue_receiver("parts", session_id="p3", max_wait_time=5) as receiver:
+        (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        receiver.abandon_message(message)  # MaxDeliveryCount 1: the policy takes p3 whole
+    send(client, "parts", "p0", ["p0-again"])
+    status, body, _ = http(busd, "POST", "/admin/queues/parts/sessions/p0/resubmit")
+    assert (status, json.loads(body)) == (200, {"resubmitted": 3, "left": 0})
+    with client.get_queue_receiver("parts", session_id="p0", max_wait_time=5) as receiver:
+        assert [str(m) for m in receive(receiver, 4)] == ["p0-0", "p0-1", "p0-2", "p0-again"]
+        assert receiver.session.get_state() == b"p0"
+
+    got = dead_letters(client, "parts", 9)
+    by_session: dict[str, list[str]] = {}
+    for message in got:
+        by_session.setdefault(message.session_id, []).append(str(message))
+    assert by_session == {sid: [f"{sid}-{n}" for n in range(3)] for sid in sessions[1:4]}
+    assert http(busd, "GET", state_path("parts", "p1"))[0] == 404
+    for sid in ("p4", "p5"):  # untouched
+        with client.get_queue_receiver("parts", session_id=sid, max_wait_time=5) as receiver:
+            assert [str(m) for m in receive(receiver, 3)] == [f"{sid}-{n}" for n in range(3)]
