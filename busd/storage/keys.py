@@ -42,7 +42,9 @@ KEY_DOC: dict[str, str] = {
     "sholder": "hash: session id -> holder of its lock",
     "slocks": "zset: session id -> ms its lock ends",
     "sstate": "hash: session id -> session state",
-    "supdated": "zset: session id -> ms its state was last set",
+    "supdated": "zset: session id -> ms its state was last set, moved forward by every write "
+    "(a millisecond past the last when the clock has not): the state's etag "
+    "(includes/writeSessionState.lua)",
     "sessions": "zset (all scores 0, lexicographic): sessions with messages or state",
     "swaiters": "zset: waiter id -> ms it began waiting; next-available session receivers "
     "waiting for a free session (a session that becomes free wakes the oldest one)",
