@@ -359,3 +359,35 @@ def test_the_entities_file_cannot_repartition_a_queue_with_messages(redis_url, t
             assert "partitioning is fixed" in proc.log_text()
         finally:
             proc.stop()
+
+
+def test_an_acceptor_woken_by_two_partitions_passes_one_wake_up_on(busd_factory):
+    """Two sessions freed at once in two partitions both wake the oldest waiting acceptor; it
+    takes one and hands the other partition's wake-up to the next waiter. (The sweep, which
+    would also find them, is slowed down so that it cannot.)"""
+    slow = busd_factory([queue("pairs", RequiresSession=True, EnablePartitioning=True,
+                               PartitionCount=PARTITIONS)],
+                        extra_env={"BUSD_SWEEP_INTERVAL": "60"})
+    a, b = sessions_in_every_partition(1)[:2]
+    got: dict[str, float] = {}
+
+    def accept(name: str) -> None:
+        with ServiceBusClient.from_connection_string(slow.connection_string) as sb:
+            with sb.get_queue_receiver("pairs", session_id=NEXT_AVAILABLE_SESSION,
+                                       max_wait_time=15) as receiver:
+                got[name] = time.monotonic()
+                for m in receive(receiver, 1):
+                    receiver.complete_message(m)
+
+    threads = [threading.Thread(target=accept, args=(name,)) for name in ("older", "younger")]
+    for t in threads:
+        t.start()
+        time.sleep(1.5)  # "older" waits first: the oldest waiter of every partition
+    with ServiceBusClient.from_connection_string(slow.connection_string) as sb:
+        with sb.get_queue_sender("pairs") as sender:
+            sender.send_messages([ServiceBusMessage("x", session_id=sid) for sid in (a, b)])
+    sent = time.monotonic()
+    for t in threads:
+        t.join(30)
+    assert set(got) == {"older", "younger"}
+    assert max(got.values()) - sent < 5
