@@ -179,15 +179,15 @@ class StoreProbe:
         return None
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete the bench's keys on every primary."""
+        """Delete the bench's keys on every primary: its entities' (under their hash tags)
+        and its catalog's."""
         for node in self.nodes:
             if node.role != "primary":
                 continue
             with contextlib.suppress(redis.RedisError, OSError):
-                keys = list(node.client.scan_iter(match="{" + prefix + ":*", count=1000))
-                for i in range(0, len(keys), 1000):
-                    for key in keys[i:i + 1000]:  # one by one: a cluster's keys span slots
-                        node.client.unlink(key)
+                for pattern in ("{" + prefix + ":*", prefix + ":*"):
+                    for key in list(node.client.scan_iter(match=pattern, count=1000)):
+                        node.client.unlink(key)  # one by one: a cluster's keys span slots
 
     def close(self) -> None:
         for node in self.nodes:
