@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from busd.storage import keys as keyspace
 from busd.storage.api import CatalogCallback, EntityCounts, QueueSpec, TopicSpec
-from busd.storage.redis_codec import _entity, _text
+from busd.storage.redis_codec import as_text, entity_kind
 from busd.storage.redis_connection import RedisConnection
 
 log = logging.getLogger("busd.storage")
@@ -30,7 +30,7 @@ class CatalogCalls(RedisConnection):
     async def catalog_all(self) -> dict[str, dict[str, Any]]:
         assert self._client is not None
         raw = await self._client.hgetall(keyspace.catalog_key(self.prefix))
-        return {_text(field) or "": json.loads(value) for field, value in raw.items()}
+        return {as_text(field) or "": json.loads(value) for field, value in raw.items()}
 
     async def catalog_get(self, kind: str, path: str) -> dict[str, Any] | None:
         assert self._client is not None
@@ -138,13 +138,13 @@ class CatalogCalls(RedisConnection):
     async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
         assert self._client is not None
         raw = await self._client.hgetall(keyspace.key(self.prefix, topic.key_scope[0], "tstats"))
-        return {_text(k) or "": int(v) for k, v in raw.items()}
+        return {as_text(k) or "": int(v) for k, v in raw.items()}
 
     async def purge(self, entity: QueueSpec) -> int:
-        return await self._run_queue("purgeEntity", entity, _entity(entity))
+        return await self._run_queue("purgeEntity", entity, entity_kind(entity))
 
     async def counts(self, entity: QueueSpec) -> EntityCounts:
-        reply = await self._run_queue("countEntity", entity, _entity(entity))
+        reply = await self._run_queue("countEntity", entity, entity_kind(entity))
         active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply[:7]
         totals = reply[7:]
         return EntityCounts(

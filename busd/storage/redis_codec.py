@@ -20,34 +20,34 @@ from busd.storage.api import (
 )
 
 
-def _text(value: bytes | str | None) -> str | None:
+def as_text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
 
 
 # Service Bus takes "" for a session id, but the scripts read '' as "no session": the store
-# keeps the empty id as NUL, which no other id contains (_check_session_ids).
+# keeps the empty id as NUL, which no other id contains (check_session_ids).
 _EMPTY_SESSION = "\0"
 
 
-def _sid(session_id: str | None) -> str:
+def session_arg(session_id: str | None) -> str:
     """A session id as the scripts take it: '' for none, NUL for the empty id."""
     if session_id is None:
         return ""
     return session_id or _EMPTY_SESSION
 
 
-def _sid_text(value: bytes | str | None) -> str | None:
+def session_from_reply(value: bytes | str | None) -> str | None:
     """A session id the scripts returned, the empty id given back as ""."""
-    text = _text(value)
+    text = as_text(value)
     return "" if text == _EMPTY_SESSION else text
 
 
 _STATES = tuple(MessageState)  # by value: indexing is cheaper than an enum lookup per message
 
 
-def _message(row: list[Any]) -> StoredMessage:
+def stored_message(row: list[Any]) -> StoredMessage:
     if len(row) != 12:
         return _forwarded_message(row)
     seq, blob, dc, enq, sid, token, locked_until, expires, state, reason, desc, patch = row
@@ -56,13 +56,13 @@ def _message(row: list[Any]) -> StoredMessage:
         blob=blob,
         delivery_count=dc,
         enqueued_ms=enq,
-        session_id=_sid_text(sid),
+        session_id=session_from_reply(sid),
         lock_token=token,
         locked_until_ms=locked_until,
         expires_ms=expires,
         state=_STATES[state],
-        dead_letter_reason=_text(reason),
-        dead_letter_description=_text(desc),
+        dead_letter_reason=as_text(reason),
+        dead_letter_description=as_text(desc),
         properties_patch=patch,
     )
 
@@ -70,29 +70,29 @@ def _message(row: list[Any]) -> StoredMessage:
 def _forwarded_message(row: list[Any]) -> StoredMessage:
     """A row with what forwarding recorded (lua/includes/deliveryRow.lua), and from a
     forwarder's take (lua/forwardTake.lua) the hop count."""
-    message = _message(row[:12])
+    message = stored_message(row[:12])
     message.enqueue_seq = row[12] or None
-    message.dead_letter_source = _text(row[13]) or None
+    message.dead_letter_source = as_text(row[13]) or None
     if len(row) > 14:
         message.hops = row[14]
     return message
 
 
-def _effective_ttl(queue: QueueSpec | TopicSpec, message: NewMessage) -> int | None:
+def effective_ttl(queue: QueueSpec | TopicSpec, message: NewMessage) -> int | None:
     limits = [t for t in (message.ttl_ms, queue.default_ttl_ms) if t is not None]
     return min(limits) if limits else None
 
 
-def _entity(entity: QueueSpec) -> str:
+def entity_kind(entity: QueueSpec) -> str:
     return "d" if entity.dlq else "q"
 
 
-def _opt(value: Any) -> Any:
+def optional_arg(value: Any) -> Any:
     """Scripts take '' for an absent optional argument."""
     return "" if value is None else value
 
 
-def _token_string(tokens: Sequence[bytes], count: int) -> bytes:
+def token_string(tokens: Sequence[bytes], count: int) -> bytes:
     """The first `count` lock tokens as the scripts take them: one argument, 16 bytes per token
     (lua/includes/tokenAt.lua), instead of one argument per message."""
     if type(tokens) is LockTokens:
@@ -103,7 +103,7 @@ def _token_string(tokens: Sequence[bytes], count: int) -> bytes:
     return b"".join(tokens)
 
 
-def _check_session_ids(ids: Any) -> None:
+def check_session_ids(ids: Any) -> None:
     """Refuse a NUL in a session id: the keys separate ids from sequence numbers with NUL, so
     such an id would reach another session's messages (docs/design.md §2.2). The broker
     refuses them first; this keeps the store safe from any caller."""
@@ -140,26 +140,27 @@ _CONDITIONS = {
 }
 
 
-def _refused(status: int) -> Condition | None:
+def refused_condition(status: int) -> Condition | None:
     return None if status >= 0 else _CONDITIONS[ScriptStatus(status)]
 
 
 
-def _check(status: int) -> None:
+def check_status(status: int) -> None:
     if status < 0:
         raise refusal(_CONDITIONS[ScriptStatus(status)])
 
 
 
-def _placement_fields(c: Placement) -> list[Any]:
+def placement_fields(c: Placement) -> list[Any]:
     """A copy's fields after its subscription, as lua/includes/fanOutMessage.lua reads them."""
     flags = ((1 if c.blob is not None else 0) | (2 if c.own_session_id else 0)
              | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
     reason, description = c.dead_letter or ("", "")
-    return [flags, _opt(c.blob), _sid(c.session_id), _opt(c.ttl_ms), reason, description]
+    return [flags, optional_arg(c.blob), session_arg(c.session_id), optional_arg(c.ttl_ms),
+            reason, description]
 
 
-def _placement_args(copies: list[Placement] | None) -> list[Any]:
+def placement_args(copies: list[Placement] | None) -> list[Any]:
     """A message's placements as lua/includes/fanOutMessage.lua takes them: their number (-1:
     every subscription, unchanged), then the subscription and fields of each."""
     if copies is None:
@@ -167,6 +168,6 @@ def _placement_args(copies: list[Placement] | None) -> list[Any]:
     args: list[Any] = [len(copies)]
     for c in copies:
         if c.own_session_id:
-            _check_session_ids([c.session_id])
-        args += [c.subscription + 1, *_placement_fields(c)]
+            check_session_ids([c.session_id])
+        args += [c.subscription + 1, *placement_fields(c)]
     return args

@@ -22,7 +22,7 @@ from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, QueueSpec, StoreUnavailable, TopicSpec, WakeCallback
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
 from busd.storage.pipeline import DURABILITY
-from busd.storage.redis_codec import _text
+from busd.storage.redis_codec import as_text
 from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
 
 log = logging.getLogger("busd.storage")
@@ -61,7 +61,7 @@ if len(queue_context_args(QueueSpec(""), "", 0)) != QUEUE_ARGC:
                       "lua/includes/queueContext.lua")
 
 
-def _cluster_url(url: str) -> str | None:
+def parse_cluster_url(url: str) -> str | None:
     """The plain URL of a Redis/Valkey Cluster named `redis+cluster://...` (or
     `rediss+cluster://...`, or with `?cluster=true`), None for a single server."""
     for scheme, plain in (("redis", "redis"), ("rediss", "rediss"),
@@ -82,7 +82,7 @@ SENTINEL_TIMEOUT_S = 2.0
 SENTINEL_PORT = 26379
 
 
-def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]] | None:
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]] | None:
     """The Sentinels, the service name and the primary's connection options of
     `redis+sentinel://[[user]:password@]host:port[,host:port...]/service` (or `rediss+`,
     `valkey+`, `valkeys+`); None for another URL. The user and password are the primary's."""
@@ -134,7 +134,7 @@ class RedisConnection:
         self.max_calls = max_calls
         if durability not in DURABILITY:
             raise ValueError(f"durability is one of {', '.join(DURABILITY)}")
-        if durability != "local" and _cluster_url(url) is not None:
+        if durability != "local" and parse_cluster_url(url) is not None:
             raise ValueError("--durability fsync or replicated needs a single server or "
                              "Sentinel; a Cluster has no one connection to wait on")
         self.durability = durability
@@ -152,7 +152,7 @@ class RedisConnection:
         self._keys: dict[tuple[str, tuple[str, str | None]], list[bytes]] = {}
         self._topic_key_cache: dict[tuple[str, str, tuple[str, ...]], list[bytes]] = {}
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
-        self.cross_slot_transactions = _cluster_url(url) is None
+        self.cross_slot_transactions = parse_cluster_url(url) is None
 
     # --- lifecycle -----------------------------------------------------------------------
     async def connect(self) -> None:
@@ -163,8 +163,8 @@ class RedisConnection:
             # the calls in flight, plus the wake-up subscription and server checks
             "max_connections": self.max_calls + 8,
         }
-        cluster_url = _cluster_url(self.url)
-        sentinel_url = _sentinel_url(self.url)
+        cluster_url = parse_cluster_url(self.url)
+        sentinel_url = parse_sentinel_url(self.url)
         if sentinel_url is not None:
             # The primary is whichever node the Sentinels name: each new connection asks
             # them, so after a failover the next connection reaches the promoted replica.
@@ -210,11 +210,11 @@ class RedisConnection:
         except ResponseError:  # CONFIG disabled (managed services): cannot tell
             log.warning("cannot read maxmemory-policy; it must be noeviction")
             return
-        if _text(policy) != "noeviction":
+        if as_text(policy) != "noeviction":
             log.warning(
                 "maxmemory-policy is %s, not noeviction: the server may evict keys, "
                 "which silently corrupts queues",
-                _text(policy),
+                as_text(policy),
             )
 
     async def close(self) -> None:

@@ -16,13 +16,13 @@ from busd.storage.api import (
     StoredMessage,
 )
 from busd.storage.redis_codec import (
-    _check_session_ids,
-    _entity,
-    _message,
-    _opt,
-    _placement_args,
-    _sid,
-    _token_string,
+    check_session_ids,
+    entity_kind,
+    optional_arg,
+    placement_args,
+    session_arg,
+    stored_message,
+    token_string,
 )
 from busd.storage.redis_connection import RedisConnection
 
@@ -42,11 +42,11 @@ class ForwardingCalls(RedisConnection):
             return []
         if len(tokens) < count:
             raise ValueError("a forwarder takes one token per message")
-        reply = await self._run_queue("forwardTake", entity, _entity(entity), forwarder, count,
-                                      _token_string(tokens, count))
+        reply = await self._run_queue("forwardTake", entity, entity_kind(entity), forwarder, count,
+                                      token_string(tokens, count))
         if reply[0] != 0:
             return None
-        return [_message(r) for r in reply[1:]]
+        return [stored_message(r) for r in reply[1:]]
 
     async def forward(
         self, entity: QueueSpec, destination: ForwardDestination,
@@ -54,21 +54,21 @@ class ForwardingCalls(RedisConnection):
     ) -> list[ForwardResult]:
         if not messages:
             return []
-        _check_session_ids(m.session_id for m in messages)
+        check_session_ids(m.session_id for m in messages)
         if not self.cross_slot_transactions:
             return await self._forward_in_steps(entity, destination, messages, hop_limit)
         assert self._scripts is not None
         keys = list(self._keys_for("forwardMessages", entity))
         keys.append(keyspace.catalog_key(self.prefix).encode())
         args: list[Any] = self._queue_args(entity) + [
-            _entity(entity), destination.record, hop_limit]
+            entity_kind(entity), destination.record, hop_limit]
         if destination.queue is not None:
             queue = destination.queue
             entity_name, subscription = queue.key_scope
             keys += [k.encode() for k in keyspace.keys(self.prefix, entity_name,
                                                         keyspace.QUEUE_KEYS, subscription)]
             args += ["q", *self._queue_args(queue), queue.duplicate_detection_window_ms or 0,
-                     1 if queue.requires_session else 0, _opt(queue.default_ttl_ms)]
+                     1 if queue.requires_session else 0, optional_arg(queue.default_ttl_ms)]
         elif destination.topic is not None:
             topic, subs = destination.topic, destination.subscriptions
             names = tuple(sub.subscription or "" for sub in subs)
@@ -76,12 +76,12 @@ class ForwardingCalls(RedisConnection):
             args += ["t", *self._topic_args(topic.name, subs, names)]
             args.append(topic.duplicate_detection_window_ms or 0)
             for sub in subs:
-                args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+                args += [1 if sub.requires_session else 0, optional_arg(sub.default_ttl_ms)]
         else:
             args.append("")
         for m in messages:
-            args += [m.token, _sid(m.session_id), _opt(m.message_id)]
-            args += _placement_args(m.placements)
+            args += [m.token, session_arg(m.session_id), optional_arg(m.message_id)]
+            args += placement_args(m.placements)
         await self._acquire()
         try:
             reply = await self._scripts.run("forwardMessages", keys, args)
@@ -117,7 +117,7 @@ class ForwardingCalls(RedisConnection):
         if moving:
             await self._forward_enqueue(entity, destination, moving, records, [])
         results = [ForwardResult(r) for r in await self._run_queue(
-            "forwardSettle", entity, _entity(entity), *settle)]
+            "forwardSettle", entity, entity_kind(entity), *settle)]
         done = [record for record, i in zip(records, at) if results[i] == ForwardResult.MOVED]
         if done:
             await self._forward_enqueue(entity, destination, [], [], done)
@@ -142,25 +142,25 @@ class ForwardingCalls(RedisConnection):
             ttl = None if taken.expires_ms is None else taken.expires_ms - taken.enqueued_ms
             dead = entity.dlq
             per_message += [
-                record, taken.blob, _sid(m.session_id), _opt(m.message_id),
+                record, taken.blob, session_arg(m.session_id), optional_arg(m.message_id),
                 taken.enqueue_seq or taken.seq, m.hops + 1, entity.name if dead else "",
-                _opt(taken.dead_letter_reason if dead else None),
-                _opt(taken.dead_letter_description if dead else None),
-                _opt(taken.properties_patch), _opt(ttl),
+                optional_arg(taken.dead_letter_reason if dead else None),
+                optional_arg(taken.dead_letter_description if dead else None),
+                optional_arg(taken.properties_patch), optional_arg(ttl),
             ]
             if destination.topic is not None:
-                per_message += _placement_args(m.placements)
+                per_message += placement_args(m.placements)
         if destination.queue is not None:
             queue = destination.queue
             await self._run_queue(
                 "forwardEnqueue", queue, queue.duplicate_detection_window_ms or 0,
-                1 if queue.requires_session else 0, _opt(queue.default_ttl_ms),
+                1 if queue.requires_session else 0, optional_arg(queue.default_ttl_ms),
                 len(forget), *forget, *per_message)
             return
         assert destination.topic is not None
         topic, subs = destination.topic, destination.subscriptions
         args: list[Any] = [topic.duplicate_detection_window_ms or 0]
         for sub in subs:
-            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+            args += [1 if sub.requires_session else 0, optional_arg(sub.default_ttl_ms)]
         args += [len(forget), *forget, *per_message]
         await self._run_topic("forwardPublish", topic.name, subs, args)

@@ -18,16 +18,16 @@ from busd.storage.api import (
     TopicSpec,
 )
 from busd.storage.redis_codec import (
-    _check,
-    _check_session_ids,
-    _effective_ttl,
-    _entity,
-    _message,
-    _opt,
-    _placement_args,
-    _refused,
-    _sid,
-    _token_string,
+    check_session_ids,
+    check_status,
+    effective_ttl,
+    entity_kind,
+    optional_arg,
+    placement_args,
+    refused_condition,
+    session_arg,
+    stored_message,
+    token_string,
 )
 from busd.storage.redis_connection import RedisConnection
 
@@ -38,7 +38,7 @@ class MessageCalls(RedisConnection):
             return []
         if queue.dlq:
             raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
-        _check_session_ids(m.session_id for m in messages)
+        check_session_ids(m.session_id for m in messages)
         args: list[Any] = [
             queue.duplicate_detection_window_ms or 0,
             1 if queue.requires_session else 0,
@@ -46,10 +46,10 @@ class MessageCalls(RedisConnection):
         for m in messages:
             args += [
                 m.blob,
-                _sid(m.session_id),
-                _opt(m.message_id),
-                _opt(_effective_ttl(queue, m)),
-                _opt(m.scheduled_ms),
+                session_arg(m.session_id),
+                optional_arg(m.message_id),
+                optional_arg(effective_ttl(queue, m)),
+                optional_arg(m.scheduled_ms),
             ]
         return list(await self._run_queue("sendMessages", queue, *args))
 
@@ -65,14 +65,14 @@ class MessageCalls(RedisConnection):
     ) -> list[int]:
         if not messages:
             return []
-        _check_session_ids(m.session_id for m in messages)
+        check_session_ids(m.session_id for m in messages)
         args: list[Any] = [topic.duplicate_detection_window_ms or 0]
         for sub in subscriptions:
-            args += [1 if sub.requires_session else 0, _opt(sub.default_ttl_ms)]
+            args += [1 if sub.requires_session else 0, optional_arg(sub.default_ttl_ms)]
         for i, m in enumerate(messages):
-            args += [m.blob, _sid(m.session_id), _opt(m.message_id),
-                     _opt(_effective_ttl(topic, m)), _opt(m.scheduled_ms)]
-            args += _placement_args(None if placements is None else placements[i])
+            args += [m.blob, session_arg(m.session_id), optional_arg(m.message_id),
+                     optional_arg(effective_ttl(topic, m)), optional_arg(m.scheduled_ms)]
+            args += placement_args(None if placements is None else placements[i])
         return list(await self._run_topic("publishMessages", topic.key_scope[0], subscriptions,
                                           args))
 
@@ -80,8 +80,8 @@ class MessageCalls(RedisConnection):
         self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
     ) -> None:
         if seqs:
-            _check(await self._run_topic("cancelTopicScheduled", topic.key_scope[0], subscriptions,
-                                         list(seqs)))
+            check_status(await self._run_topic("cancelTopicScheduled", topic.key_scope[0],
+                                               subscriptions, list(seqs)))
 
     async def receive(
         self,
@@ -99,30 +99,30 @@ class MessageCalls(RedisConnection):
         rows = await self._run_queue(
             "receiveMessages",
             entity,
-            _entity(entity),
+            entity_kind(entity),
             1 if peek_lock else 0,
             count,
-            _opt(waiter),
-            *((_token_string(tokens, count),) if peek_lock else ()),
+            optional_arg(waiter),
+            *((token_string(tokens, count),) if peek_lock else ()),
         )
-        return [_message(r) for r in rows]
+        return [stored_message(r) for r in rows]
 
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
         if not settlements:
             return []
-        args: list[Any] = [_entity(entity), _opt(holder)]
+        args: list[Any] = [entity_kind(entity), optional_arg(holder)]
         for s in settlements:
             args += [
                 s.token,
                 s.outcome.value,
-                _sid(s.session_id),
-                _opt(s.dead_letter_reason),
-                _opt(s.dead_letter_description),
-                _opt(s.properties_patch),
+                session_arg(s.session_id),
+                optional_arg(s.dead_letter_reason),
+                optional_arg(s.dead_letter_description),
+                optional_arg(s.properties_patch),
             ]
-        return [_refused(status)
+        return [refused_condition(status)
                 for status in await self._run_queue("settleMessages", entity, *args)]
 
     async def renew_message_locks(
@@ -130,18 +130,18 @@ class MessageCalls(RedisConnection):
     ) -> list[int]:
         if not tokens:
             return []
-        reply = await self._run_queue("renewMessageLocks", entity, _entity(entity),
-                                      _opt(until_ms), *tokens)
-        _check(reply[0])
+        reply = await self._run_queue("renewMessageLocks", entity, entity_kind(entity),
+                                      optional_arg(until_ms), *tokens)
+        check_status(reply[0])
         return list(reply[1:])
 
     async def peek(
         self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
         rows = await self._run_queue(
-            "peekMessages", entity, _entity(entity), from_seq, count, _sid(session_id)
+            "peekMessages", entity, entity_kind(entity), from_seq, count, session_arg(session_id)
         )
-        return [_message(r) for r in rows]
+        return [stored_message(r) for r in rows]
 
     async def receive_deferred(
         self,
@@ -158,20 +158,20 @@ class MessageCalls(RedisConnection):
         reply = await self._run_queue(
             "receiveDeferred",
             entity,
-            _entity(entity),
+            entity_kind(entity),
             1 if peek_lock else 0,
-            _sid(session_id),
-            _opt(holder),
+            session_arg(session_id),
+            optional_arg(holder),
             len(seqs),
             *seqs,
-            *((_token_string(tokens, len(seqs)),) if peek_lock else ()),
+            *((token_string(tokens, len(seqs)),) if peek_lock else ()),
         )
-        _check(reply[0])
-        return [_message(r) for r in reply[1:]]
+        check_status(reply[0])
+        return [stored_message(r) for r in reply[1:]]
 
     async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
         if seqs:
-            _check(await self._run_queue("cancelScheduled", queue, *seqs))
+            check_status(await self._run_queue("cancelScheduled", queue, *seqs))
 
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
         return bool(await self._run_queue("stopWaiting", queue, waiters, waiter))
@@ -183,7 +183,7 @@ class MessageCalls(RedisConnection):
             "resubmitDeadLetters",
             queue,
             1 if queue.requires_session else 0,
-            _opt(queue.default_ttl_ms),
+            optional_arg(queue.default_ttl_ms),
             limit,
         )
         return moved

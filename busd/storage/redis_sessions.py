@@ -15,14 +15,14 @@ from busd.storage.api import (
 )
 from busd.storage.redis_codec import (
     ScriptStatus,
-    _check,
-    _check_session_ids,
-    _message,
-    _opt,
-    _sid,
-    _sid_text,
-    _text,
-    _token_string,
+    as_text,
+    check_session_ids,
+    check_status,
+    optional_arg,
+    session_arg,
+    session_from_reply,
+    stored_message,
+    token_string,
 )
 from busd.storage.redis_connection import RedisConnection
 
@@ -32,21 +32,21 @@ class SessionCalls(RedisConnection):
         self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
         count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
     ) -> SessionLock | None:
-        _check_session_ids([session_id])
+        check_session_ids([session_id])
         count = max(count, 0)
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         if count and peek_lock and len(tokens) < count:
             raise ValueError("peek-lock needs one token per message")
         reply = await self._run_queue(
-            "acceptSession", queue, holder, _sid(session_id), 1 if wait else 0,
+            "acceptSession", queue, holder, session_arg(session_id), 1 if wait else 0,
             1 if peek_lock else 0, count,
-            _token_string(tokens, count) if count and peek_lock else "",
+            token_string(tokens, count) if count and peek_lock else "",
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
-        _check(reply[0])
-        return SessionLock(session_id=_sid_text(reply[1]) or "", locked_until_ms=reply[2],
-                           messages=[_message(r) for r in reply[3:]])
+        check_status(reply[0])
+        return SessionLock(session_id=session_from_reply(reply[1]) or "", locked_until_ms=reply[2],
+                           messages=[stored_message(r) for r in reply[3:]])
 
     async def receive_session(
         self,
@@ -64,24 +64,24 @@ class SessionCalls(RedisConnection):
             "receiveSessionMessages",
             queue,
             holder,
-            _sid(session_id),
+            session_arg(session_id),
             1 if peek_lock else 0,
             max(count, 0),
-            *((_token_string(tokens, count),) if peek_lock else ()),
+            *((token_string(tokens, count),) if peek_lock else ()),
         )
-        _check(reply[0])
-        return [_message(r) for r in reply[1:]]
+        check_status(reply[0])
+        return [stored_message(r) for r in reply[1:]]
 
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         assert self._scripts is not None
         reply = await self._run(
-            "renewSessionLock", queue, [holder, _sid(session_id), queue.lock_duration_ms]
+            "renewSessionLock", queue, [holder, session_arg(session_id), queue.lock_duration_ms]
         )
-        _check(reply)
+        check_status(reply)
         return reply
 
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self._run_queue("releaseSession", queue, holder, _sid(session_id))
+        await self._run_queue("releaseSession", queue, holder, session_arg(session_id))
 
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
@@ -91,11 +91,11 @@ class SessionCalls(RedisConnection):
     async def read_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> tuple[bytes | None, str | None]:
-        reply = await self._run("getSessionState", queue, [holder, _sid(session_id)])
-        _check(reply[0])
+        reply = await self._run("getSessionState", queue, [holder, session_arg(session_id)])
+        check_status(reply[0])
         state = reply[1] if len(reply) > 1 else None
         etag = reply[2] if len(reply) > 2 else None
-        return state, _text(etag)
+        return state, as_text(etag)
 
     async def set_session_state(
         self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
@@ -103,35 +103,35 @@ class SessionCalls(RedisConnection):
     ) -> str | None:
         condition, etag = ("absent", "") if if_absent else (
             ("match", if_match) if if_match is not None else ("", ""))
-        args = [holder, _sid(session_id), 0 if state is None else 1,
+        args = [holder, session_arg(session_id), 0 if state is None else 1,
                 b"" if state is None else state, condition, etag]
         reply = await self._run("setSessionState", queue, args)
-        _check(reply[0])
-        return _text(reply[1]) if len(reply) > 1 else None
+        check_status(reply[0])
+        return as_text(reply[1]) if len(reply) > 1 else None
 
     async def dead_letter_session(
         self, queue: QueueSpec, session_id: str, reason: str, description: str | None
     ) -> int:
         return int(await self._run_queue(
-            "deadLetterSession", queue, _sid(session_id), reason, description or ""))
+            "deadLetterSession", queue, session_arg(session_id), reason, description or ""))
 
     async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
         moved, left = await self._run_queue(
-            "resubmitSession", queue, _sid(session_id), _opt(queue.default_ttl_ms))
+            "resubmitSession", queue, session_arg(session_id), optional_arg(queue.default_ttl_ms))
         return moved, left
 
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
     ) -> list[str]:
         reply = await self._run_queue(
-            "listSessions", queue, max(skip, 0), top, _opt(updated_after_ms)
+            "listSessions", queue, max(skip, 0), top, optional_arg(updated_after_ms)
         )
-        return [_sid_text(sid) or "" for sid in reply]
+        return [session_from_reply(sid) or "" for sid in reply]
 
     async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
         return [
             SessionInfo(
-                session_id=_sid_text(sid) or "",
+                session_id=session_from_reply(sid) or "",
                 message_count=count,
                 locked_until_ms=locked_until,
                 state_size=state_size,

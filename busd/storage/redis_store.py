@@ -20,19 +20,19 @@ from __future__ import annotations
 from busd.storage.api import QueueSpec, SweepResult
 from busd.storage.call_limiter import CALL_WAIT_S
 from busd.storage.redis_catalog import CatalogCalls
-from busd.storage.redis_codec import _opt, _sid_text
+from busd.storage.redis_codec import optional_arg, session_from_reply
 from busd.storage.redis_connection import (
     DEFAULT_MAX_CALLS,
     SWEEP_BUDGET,
-    _cluster_url,
-    _sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
 )
 from busd.storage.redis_forwarding import ForwardingCalls
 from busd.storage.redis_messages import MessageCalls
 from busd.storage.redis_sessions import SessionCalls
 from busd.storage.redis_transactions import TransactionCalls
 
-__all__ = ["CALL_WAIT_S", "RedisStore", "_cluster_url", "_sentinel_url"]
+__all__ = ["CALL_WAIT_S", "RedisStore", "parse_cluster_url", "parse_sentinel_url"]
 
 # A process that has not swept for this long counts as gone: its waiters are dropped.
 LIVENESS_MS = 15_000
@@ -51,12 +51,12 @@ class RedisStore(CatalogCalls, MessageCalls, SessionCalls, TransactionCalls, For
     async def sweep(self, queue: QueueSpec) -> SweepResult:
         reply = await self._run_queue(
             "sweepQueue", queue, self.process_id, LIVENESS_MS, REPAIR_WAKES,
-            _opt(queue.session_idle_ttl_ms), budget=SWEEP_BUDGET,
+            optional_arg(queue.session_idle_ttl_ms), budget=SWEEP_BUDGET,
         )
         return SweepResult(
             expired_message_locks=reply[0],
             expired_messages=reply[1],
             activated_scheduled=reply[2],
             expired_idle_sessions=reply[3],
-            expired_session_locks=[_sid_text(sid) or "" for sid in reply[4:]],
+            expired_session_locks=[session_from_reply(sid) or "" for sid in reply[4:]],
         )

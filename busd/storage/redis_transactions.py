@@ -20,13 +20,13 @@ from busd.storage.api import (
 )
 from busd.storage.redis_codec import (
     ScriptStatus,
-    _check,
-    _check_session_ids,
-    _effective_ttl,
-    _entity,
-    _opt,
-    _placement_fields,
-    _sid,
+    check_session_ids,
+    check_status,
+    effective_ttl,
+    entity_kind,
+    optional_arg,
+    placement_fields,
+    session_arg,
 )
 from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
 
@@ -50,24 +50,26 @@ def _staged_fields(op: StagedOperation) -> list[Any]:
     lua/commitTransaction.lua)."""
     if isinstance(op, StagedSend):
         m = op.message
-        return ["s", op.queue.name, m.blob, _sid(m.session_id), _opt(m.message_id),
-                _opt(_effective_ttl(op.queue, m)), _opt(m.scheduled_ms), _opt(op.seq)]
+        return ["s", op.queue.name, m.blob, session_arg(m.session_id),
+                optional_arg(m.message_id), optional_arg(effective_ttl(op.queue, m)),
+                optional_arg(m.scheduled_ms), optional_arg(op.seq)]
     if isinstance(op, StagedPublish):
         m = op.message
-        fields = ["p", op.topic.name, m.blob, _sid(m.session_id), _opt(m.message_id),
-                  _opt(_effective_ttl(op.topic, m)), _opt(m.scheduled_ms), _opt(op.seq),
-                  len(op.placements)]
+        fields = ["p", op.topic.name, m.blob, session_arg(m.session_id),
+                  optional_arg(m.message_id), optional_arg(effective_ttl(op.topic, m)),
+                  optional_arg(m.scheduled_ms), optional_arg(op.seq), len(op.placements)]
         for c in op.placements:
-            fields += [op.subscriptions[c.subscription], *_placement_fields(c)]
+            fields += [op.subscriptions[c.subscription], *placement_fields(c)]
         return fields
     if isinstance(op, StagedSettlement):
         s = op.settlement
-        return ["x", op.entity.name, _entity(op.entity), s.token, s.outcome.value,
-                _sid(s.session_id), _opt(s.dead_letter_reason), _opt(s.dead_letter_description),
-                _opt(s.properties_patch), _opt(op.holder)]
+        return ["x", op.entity.name, entity_kind(op.entity), s.token, s.outcome.value,
+                session_arg(s.session_id), optional_arg(s.dead_letter_reason),
+                optional_arg(s.dead_letter_description), optional_arg(s.properties_patch),
+                optional_arg(op.holder)]
     if isinstance(op, StagedSessionState):
-        return ["t", op.queue.name, _sid(op.session_id), op.holder, 0 if op.state is None else 1,
-                op.state or b""]
+        return ["t", op.queue.name, session_arg(op.session_id), op.holder,
+                0 if op.state is None else 1, op.state or b""]
     if isinstance(op, StagedCancel):
         return ["c", op.queue.name, op.seq]
     raise TypeError(f"not a staged operation: {op!r}")
@@ -78,7 +80,7 @@ class TransactionCalls(RedisConnection):
         self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
         first: bool, timeout_ms: int, limit: int,
     ) -> tuple[int, int]:
-        _check_session_ids(_staged_session_ids(operations))
+        check_session_ids(_staged_session_ids(operations))
         args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0, len(operations)]
         for op in operations:
             fields = _staged_fields(op)
@@ -114,7 +116,7 @@ class TransactionCalls(RedisConnection):
             args += self._topic_args(topic.name, subscriptions, names)
             args.append(topic.duplicate_detection_window_ms or 0)
             for spec in subscriptions:
-                args += [1 if spec.requires_session else 0, _opt(spec.default_ttl_ms)]
+                args += [1 if spec.requires_session else 0, optional_arg(spec.default_ttl_ms)]
         assert self._scripts is not None
         await self._acquire()
         try:
@@ -129,7 +131,7 @@ class TransactionCalls(RedisConnection):
         if status == ScriptStatus.UNKNOWN_ENTITY:
             raise BusdError(Condition.TRANSACTION_ROLLBACK,
                             "The transaction names an entity it was not committed with.")
-        _check(status)
+        check_status(status)
 
     async def reserve_sequence_numbers(
         self, queue: QueueSpec | TopicSpec, count: int

@@ -82,7 +82,7 @@ def read_queue_argc(path: Path = INCLUDE_DIR / "queueContext.lua") -> int:
 
 
 # What a `Context: queue` script takes after the queue's keys, before its own arguments; the
-# store's queue_context_args (busd/storage/redis_codec.py) builds them.
+# store's queue_context_args (busd/storage/redis_connection.py) builds them.
 QUEUE_ARGC = read_queue_argc()
 
 

@@ -120,12 +120,12 @@ async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
 
 
 def test_cluster_urls_are_recognised():
-    from busd.storage.redis_store import _cluster_url
+    from busd.storage.redis_store import parse_cluster_url
 
-    assert _cluster_url("redis://h:1/0") is None
-    assert _cluster_url("redis+cluster://h:1") == "redis://h:1"
-    assert _cluster_url("rediss+cluster://u:p@h:1") == "rediss://u:p@h:1"
-    assert _cluster_url("redis://h:1?cluster=true&x=1") == "redis://h:1?x=1"
+    assert parse_cluster_url("redis://h:1/0") is None
+    assert parse_cluster_url("redis+cluster://h:1") == "redis://h:1"
+    assert parse_cluster_url("rediss+cluster://u:p@h:1") == "rediss://u:p@h:1"
+    assert parse_cluster_url("redis://h:1?cluster=true&x=1") == "redis://h:1?x=1"
 
 
 async def test_fan_out_and_topic_scripts_run_in_cluster_mode(cluster_store, tokens):

@@ -12,20 +12,20 @@ import uuid
 import pytest
 
 from busd.storage.api import NewMessage, QueueSpec, ReceiveMode, StoreUnavailable
-from busd.storage.redis_store import RedisStore, _sentinel_url
+from busd.storage.redis_store import RedisStore, parse_sentinel_url
 from tests.faults.replicas import ReplicaSet
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def test_sentinel_urls_name_the_sentinels_the_service_and_the_primary_credentials():
-    assert _sentinel_url("redis+sentinel://a:26380,b/mymaster") == (
+    assert parse_sentinel_url("redis+sentinel://a:26380,b/mymaster") == (
         [("a", 26380), ("b", 26379)], "mymaster", {})
-    assert _sentinel_url("rediss+sentinel://:p%40ss@h:1/svc") == (
+    assert parse_sentinel_url("rediss+sentinel://:p%40ss@h:1/svc") == (
         [("h", 1)], "svc", {"ssl": True, "password": "p@ss"})
-    assert _sentinel_url("redis://localhost:6379") is None
+    assert parse_sentinel_url("redis://localhost:6379") is None
     with pytest.raises(ValueError):
-        _sentinel_url("redis+sentinel://h:1")  # no service
+        parse_sentinel_url("redis+sentinel://h:1")  # no service
 
 
 @pytest.fixture
