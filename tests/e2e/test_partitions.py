@@ -391,3 +391,21 @@ def test_an_acceptor_woken_by_two_partitions_passes_one_wake_up_on(busd_factory)
         t.join(30)
     assert set(got) == {"older", "younger"}
     assert max(got.values()) - sent < 5
+
+
+def test_peeking_page_by_page_goes_through_every_partition(busd, client):
+    with client.get_queue_sender("spread") as sender:
+        sender.send_messages([ServiceBusMessage(f"p{n}") for n in range(30)])
+    with client.get_queue_receiver("spread", max_wait_time=3) as receiver:
+        pages = []
+        while True:  # the SDK goes on from the last number it saw + 1
+            page = receiver.peek_messages(max_message_count=7)
+            if not page:
+                break
+            pages.append([m.sequence_number for m in page])
+        numbers = [n for page in pages for n in page]
+        assert numbers == sorted(numbers) and len(numbers) == 30
+        assert {n >> PARTITION_SHIFT for n in numbers} == set(range(PARTITIONS))
+        got = receive(receiver, 30)
+        for m in got:
+            receiver.complete_message(m)
