@@ -109,14 +109,16 @@ class Namespaces:
         self._used[name] = time.monotonic()
         return await asyncio.shield(made)
 
-    def served(self, name: str | None) -> Broker | None:
-        """The namespace's broker if this process serves it already."""
+    def served(self, name: str | None, use: bool = True) -> Broker | None:
+        """The namespace's broker if this process serves it already; `use`: a request uses it
+        (it is not idle)."""
         if name is None:
             return self.default
         made = self._made.get(name)
         if made is None or not made.done() or made.exception() is not None:
             return None
-        self._used[name] = time.monotonic()
+        if use:
+            self._used[name] = time.monotonic()
         return made.result()
 
     def serving(self) -> set[str]:
@@ -173,7 +175,7 @@ class Namespaces:
         their names and as `<name>/<key name>`, as the namespace's keys are. None while this
         process does not serve the namespace yet: its catalog is not read, so a token signed
         with an entity's key is refused until a namespace key has made it served."""
-        broker = self.served(name)
+        broker = self.served(name, use=False)  # a token not verified yet keeps nothing alive
         if broker is None:
             return None
         access_keys = broker.catalog.access_keys

@@ -5,8 +5,12 @@ while their data stays (docs/design.md §3.17)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
+import pytest
+
+from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
 from busd.broker.namespaces import Namespaces
 from busd.entities import QueueEntity
@@ -43,6 +47,35 @@ async def test_an_idle_namespace_is_let_go_unless_held_and_its_data_stays(redis_
         namespaces.let_go(held)
         await asyncio.sleep(1.0)
         assert namespaces.served("team-b") is None
+    finally:
+        await namespaces.stop()
+        await default.stop()
+        delete_prefix(redis_url, prefix)
+
+
+async def test_refused_tokens_do_not_keep_a_namespace_from_being_let_go(redis_url):
+    """A token is checked against the entities' own keys of a served namespace too
+    (docs/design.md §2.10); that look-up does not count as a use of the namespace."""
+    prefix = f"proto-ns-{uuid.uuid4().hex[:10]}"
+    default = Broker(RedisStore(redis_url, prefix=prefix), sas_keys=dict(SAS_KEYS))
+    await default.start()
+
+    async def make(name: str) -> Broker:
+        broker = Broker(RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
+                        sas_keys=dict(namespaces.keys(name)), sweep_interval_s=0.2)
+        await broker.start()
+        return broker
+
+    namespaces = Namespaces(default, make, idle_s=0.3)
+    refused = generate_sas_token("sb://localhost/orders", "team-c/RootManageSharedAccessKey",
+                                 "WRONG", int(time.time()) + 60)
+    try:
+        await namespaces.broker("team-c")
+        for _ in range(12):
+            with pytest.raises(SasError):
+                await namespaces.authenticate(refused, None)
+            await asyncio.sleep(0.1)
+        assert "team-c" not in namespaces.serving()  # let go
     finally:
         await namespaces.stop()
         await default.stop()
