@@ -575,3 +575,12 @@ async def test_state_etag_changes_on_every_write_and_guards_writes(store, sq):
     with pytest.raises(BusdError) as err:
         await store.set_session_state(sq, "s1", "h2", b"x")
     assert err.value.condition == Condition.SESSION_LOCK_LOST
+
+
+async def test_an_operators_state_on_an_unheld_empty_session_leaves_it_idle(store, make_queue):
+    q = make_queue(requires_session=True, session_idle_ttl_ms=50)
+    await store.set_session_state(q, "s1", "", b"kept")  # no holder, no messages
+    await asyncio.sleep(0.1)
+    await store.sweep(q)  # SessionIdleTimeToLive removes it like any idle session
+    assert await store.read_session_state(q, "s1", "") == (None, None)
+    assert await store.list_sessions(q, 0, 10, None) == []

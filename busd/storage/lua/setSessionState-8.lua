@@ -7,7 +7,8 @@
   made in one step.
 
   Invariant: only the live holder or an operator writes the state; a write whose condition
-  fails changes nothing; a session without messages or state is not listed.
+  fails changes nothing; a session without messages or state is not listed; one left with
+  its state alone and no holder is idle (includes/noteIdleSession.lua).
 
   Input:
     KEYS[1]  sholder    session id -> holder of its lock
@@ -16,6 +17,9 @@
     KEYS[4]  supdated   session id -> ms its state was last set (the state's etag)
     KEYS[5]  sessions   sessions with messages or state
     KEYS[6]  q.sall     <sid>\0<seq16> of every message of the queue with a session id
+    KEYS[7]  sidle      session id -> ms it was found idle (an operator's write may leave a
+                        session with only its state and no holder: idle from then)
+    KEYS[8]  sactive    session id -> ms of its last activity (dropped with the session)
     ARGV[1]  holder ('' an operator: no lock needed)
     ARGV[2]  session id
     ARGV[3]  '1' set, '0' clear
@@ -38,7 +42,8 @@
 --- @include "writeSessionState"
 
 local Q = { sholder = KEYS[1], slocks = KEYS[2], sstate = KEYS[3], supdated = KEYS[4],
-            sessions = KEYS[5], q = { sall = KEYS[6] }, now = nowMs() }
+            sessions = KEYS[5], q = { sall = KEYS[6] }, sidle = KEYS[7], sactive = KEYS[8],
+            now = nowMs() }
 local sid = ARGV[2]
 if ARGV[1] ~= '' and not sessionLockedUntil(Q, sid, ARGV[1]) then return { -2 } end
 local condition = ARGV[5]
