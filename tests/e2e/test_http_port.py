@@ -4,6 +4,7 @@ kept apart (health, admin, management API, dashboard)."""
 from __future__ import annotations
 
 import http.client
+import socket
 import time
 
 import pytest
@@ -99,3 +100,49 @@ def test_management_over_plain_http_as_dotnet_signs_it(busd):
     assert call("DELETE", "/dotnet-q")[0] == 404
     status, data = call("GET", "/dotnet-q")
     assert status == 200 and b"Publicly Listed Services" in data
+
+
+def _exchange(busd, data: bytes, wait: float = 5) -> bytes:
+    """Raw bytes to the HTTP port; everything busd writes until it closes the socket."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", busd.http_port), timeout=wait) as raw:
+        raw.sendall(data)
+        try:
+            while chunk := raw.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+    return got
+
+
+LOGIN = b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}'
+
+
+def test_a_chunked_body_and_a_pipelined_second_request_on_one_connection(busd):
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part)
+                       for part in (LOGIN[:10], LOGIN[10:])) + b"0\r\n\r\n"
+    got = _exchange(busd, b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n" + chunked
+                    + b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    first, _, second = got.partition(b"HTTP/1.1 200 OK\r\n")[2].partition(b"HTTP/1.1 ")
+    assert b"SharedAccessSignature" in first, got  # the login read the whole chunked body
+    assert second.startswith(b"200 OK") and b'"status":"healthy"' in second, got
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"x" * (70 * 1024) + b"\r\n\r\n",
+     b"431 "),
+    (b"GET /health HTTP/1.1\r\nX-Endless: " + b"x" * (70 * 1024), b"431 "),  # no end in sight
+    (b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+     + str(128 * 1024 * 1024 + 1).encode() + b"\r\n\r\n", b"413 "),
+    (b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + b"zz\r\n", b"400 "),
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: twelve\r\n\r\n", b"400 "),
+    (b"GET /health\r\n\r\n", b"400 "),
+], ids=["head-too-large", "head-without-end", "body-too-large", "bad-chunk-size",
+        "bad-content-length", "no-version"])
+def test_a_bad_request_gets_its_status_and_the_connection_closed(busd, request_bytes, status):
+    got = _exchange(busd, request_bytes)
+    assert got.startswith(b"HTTP/1.1 " + status), got
+    assert _exchange(busd, b"GET /health HTTP/1.1\r\nConnection: close\r\n"
+                           b"Host: localhost\r\n\r\n").startswith(b"HTTP/1.1 200 ")
