@@ -226,7 +226,7 @@ class PartitionedStore:
     # --- send --------------------------------------------------------------------------------
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         if not queue.partitions:
-            return list(await self.inner.send(queue, messages))
+            return await self.inner.send(queue, messages)
         # A batch spanning partitions is stored per partition, each part all or none.
         return await self._by_partition(
             queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send)
@@ -239,7 +239,8 @@ class PartitionedStore:
         placements: list[list[Placement]] | None = None,
     ) -> list[int]:
         if not topic.partitions:
-            return list(await self.inner.publish(topic, subscriptions, messages, placements))
+            return await self.inner.publish(
+                topic, subscriptions, messages, placements)
         # A partitioned topic's partition p holds partition p of each of its subscriptions.
         groups: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
@@ -288,7 +289,8 @@ class PartitionedStore:
         waiter: str | None = None,
     ) -> list[StoredMessage]:
         if not entity.partitions:
-            return list(await self.inner.receive(entity, count, mode, tokens, waiter))
+            return await self.inner.receive(
+                entity, count, mode, tokens, waiter)
         out: list[StoredMessage] = []
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         for part in self._rotation(entity):
@@ -333,8 +335,7 @@ class PartitionedStore:
         if queue.partitions:
             queue = self.part_of_session(queue, session_id)
             tokens = stamped(tokens, queue.partition or 0, 0, count)
-        return list(await self.inner.receive_session(queue, session_id, holder, count, mode,
-                                                     tokens))
+        return await self.inner.receive_session(queue, session_id, holder, count, mode, tokens)
 
     def _session_part(self, queue: QueueSpec, session_id: str) -> QueueSpec:
         return self.part_of_session(queue, session_id) if queue.partitions else queue
@@ -401,7 +402,8 @@ class PartitionedStore:
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
         if not entity.partitions:
-            return list(await self.inner.settle(entity, settlements, holder))
+            return await self.inner.settle(
+                entity, settlements, holder)
         count = entity.partitions
         return await self._by_partition(
             entity, settlements, lambda s: partition_of_token(s.token, count),
@@ -411,7 +413,7 @@ class PartitionedStore:
         self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
     ) -> list[int]:
         if not entity.partitions:
-            return list(await self.inner.renew_message_locks(entity, tokens, until_ms))
+            return await self.inner.renew_message_locks(entity, tokens, until_ms)
         count = entity.partitions
         return await self._by_partition(
             entity, tokens, lambda t: partition_of_token(t, count),
