@@ -24,6 +24,10 @@ local function unlockSession(Q, sid, failed)
     end
   end
   refreshFreeSession(Q, sid, true)
+  -- A session whose last message was settled and that has no state was forgotten then
+  -- (includes/forgetSessionIfEmpty.lua): nothing to note, and an activity noted now would
+  -- outlive it.
+  if not redis.call('ZSCORE', Q.sessions, sid) then return end
   if Q.sactive then redis.call('HSET', Q.sactive, sid, Q.now) end
   noteIdleSession(Q, sid)
 end

@@ -1,0 +1,106 @@
+"""What one session's life costs the store, and that a waiting receiver is woken, not polled.
+
+A next-available receiver's session life is three store scripts (docs/design.md §2.6, §3.4):
+acceptSession (lock + first messages), settleMessages, releaseSession. The test counts them,
+and every command they run, with Valkey's `INFO commandstats` on a store of this module's own
+(nothing else runs commands on it) and a sweep interval of an hour (the sweep adds nothing
+while counting). A change that makes a session cost more must change the bounds here, on
+purpose.
+
+The wake-up test proves the path is event-driven (docs/design.md §3.5): with the sweep an hour
+away, a receiver waiting for a session gets one sent after it started waiting only through the
+store's targeted wake-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+from proton import Message
+
+from tests.conftest import start_valkey
+from tests.e2e.amqp_client import NEXT_AVAILABLE, ProtonCbsClient
+from tests.e2e.conftest import queue
+
+pytestmark = pytest.mark.timeout(120)
+
+SESSIONS = 20
+# Per session with one message: acceptSession, settleMessages, releaseSession ...
+SCRIPTS_PER_SESSION = 3
+# ... running these commands (measured: accept 20, settle 18, release 9, with their EVALSHA).
+COMMANDS_PER_SESSION = 47
+NO_SWEEP = {"BUSD_SWEEP_INTERVAL": "3600"}
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    """A store of this module's own: commandstats count this module's broker alone."""
+    server = start_valkey()
+    try:
+        yield server.connection_url
+    finally:
+        server.stop()
+
+
+def command_calls(store: redis.Redis) -> dict[str, int]:
+    return {name: row["calls"] for name, row in store.info("commandstats").items()}
+
+
+def test_a_session_life_costs_three_scripts(busd_factory, redis_url):
+    busd = busd_factory([queue("cost", RequiresSession=True)], extra_env=NO_SWEEP)
+    store = redis.Redis.from_url(redis_url)
+    with ProtonCbsClient(busd.port) as client:
+        client.authorize("cost")
+        sender = client.sender("cost")
+        for i in range(SESSIONS):
+            sender.send(Message(body=f"m{i}", group_id=f"s{i:03d}"))
+        before = command_calls(store)
+        for i in range(SESSIONS):
+            receiver = client.receiver("cost", credit=10, session=NEXT_AVAILABLE,
+                                       timeout_ms=5000)
+            assert receiver.receive(timeout=10).body == f"m{i}"  # oldest session first
+            receiver.accept()
+            receiver.close()  # answered once the release is stored
+        after = command_calls(store)
+    calls = {name: after[name] - before.get(name, 0) for name in after}
+    calls.pop("cmdstat_info", None)  # this test's own INFO
+    scripts = calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0)
+    commands = sum(calls.values())
+    assert scripts <= SCRIPTS_PER_SESSION * SESSIONS, calls
+    assert commands <= COMMANDS_PER_SESSION * SESSIONS, (commands / SESSIONS, calls)
+    assert scripts >= SESSIONS  # it did count them
+    # and nothing of the sessions is left behind (storage/keys.py: `sessions`, `sactive`)
+    keys = f"{{{busd.prefix}:cost}}"
+    assert store.zcard(f"{keys}:sessions") == 0
+    assert store.hlen(f"{keys}:sactive") == 0
+
+
+def test_a_waiting_receiver_is_woken_by_the_send(busd_factory, redis_url):
+    busd = busd_factory([queue("woken", RequiresSession=True)], extra_env=NO_SWEEP)
+    store = redis.Redis.from_url(redis_url)
+    waiters = f"{{{busd.prefix}:woken}}:swaiters"  # storage/keys.py: the queue's session waiters
+    got: list[str] = []
+    with ProtonCbsClient(busd.port) as client, ProtonCbsClient(busd.port) as waiter:
+        client.authorize("woken")
+        waiter.authorize("woken")
+
+        def wait_for_a_session() -> None:
+            receiver = waiter.receiver("woken", credit=10, session=NEXT_AVAILABLE,
+                                       timeout_ms=30_000)
+            got.append(receiver.receive(timeout=30).body)
+            receiver.accept()
+            receiver.close()
+
+        thread = threading.Thread(target=wait_for_a_session)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not store.zcard(waiters):  # registered: nothing free when it asked
+            assert time.monotonic() < deadline, "the receiver never waited"
+            time.sleep(0.01)
+        client.sender("woken").send(Message(body="new", group_id="late"))
+        # well within the accept's timeout and nowhere near the sweep: only a wake-up does it
+        thread.join(timeout=30)
+    assert got == ["new"]
