@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+import pytest_asyncio
 
 from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
@@ -20,63 +21,54 @@ from tests.conftest import delete_prefix
 from tests.protocol.harness import SAS_KEYS
 
 
-async def test_an_idle_namespace_is_let_go_unless_held_and_its_data_stays(redis_url):
+@pytest_asyncio.fixture
+async def namespaces(redis_url):
+    """The namespaces of one process over their own key prefixes, let go after 0.3 s idle."""
     prefix = f"proto-ns-{uuid.uuid4().hex[:10]}"
     default = Broker(RedisStore(redis_url, prefix=prefix), sas_keys=dict(SAS_KEYS))
     await default.start()
 
     async def make(name: str) -> Broker:
         broker = Broker(RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
-                        sas_keys=dict(namespaces.keys(name)), sweep_interval_s=0.2)
+                        sas_keys=dict(made.keys(name)), sweep_interval_s=0.2)
         await broker.start()
         return broker
 
-    namespaces = Namespaces(default, make, idle_s=0.3)
+    made = Namespaces(default, make, idle_s=0.3)
     try:
-        first = await namespaces.broker("team-a")
-        await first.catalog.create(QueueEntity.from_spec(QueueSpec("orders")))
-        held = await namespaces.broker("team-b")
-        namespaces.hold(held)
-        assert default.catalog.queue("orders") is None  # isolated from the default
-        assert held.catalog.queue("orders") is None  # and from each other
-        await asyncio.sleep(1.0)
-        assert namespaces.served("team-a") is None  # unused: let go
-        assert namespaces.served("team-b") is held  # a connection holds it
-        again = await namespaces.broker("team-a")
-        assert again is not first and again.catalog.queue("orders") is not None
-        namespaces.let_go(held)
-        await asyncio.sleep(1.0)
-        assert namespaces.served("team-b") is None
+        yield made
     finally:
-        await namespaces.stop()
+        await made.stop()
         await default.stop()
         delete_prefix(redis_url, prefix)
 
 
-async def test_refused_tokens_do_not_keep_a_namespace_from_being_let_go(redis_url):
+async def test_an_idle_namespace_is_let_go_unless_held_and_its_data_stays(namespaces):
+    default = namespaces.default
+    first = await namespaces.broker("team-a")
+    await first.catalog.create(QueueEntity.from_spec(QueueSpec("orders")))
+    held = await namespaces.broker("team-b")
+    namespaces.hold(held)
+    assert default.catalog.queue("orders") is None  # isolated from the default
+    assert held.catalog.queue("orders") is None  # and from each other
+    await asyncio.sleep(1.0)
+    assert namespaces.served("team-a") is None  # unused: let go
+    assert namespaces.served("team-b") is held  # a connection holds it
+    again = await namespaces.broker("team-a")
+    assert again is not first and again.catalog.queue("orders") is not None
+    namespaces.let_go(held)
+    await asyncio.sleep(1.0)
+    assert namespaces.served("team-b") is None
+
+
+async def test_refused_tokens_do_not_keep_a_namespace_from_being_let_go(namespaces):
     """A token is checked against the entities' own keys of a served namespace too
     (docs/design.md §2.10); that look-up does not count as a use of the namespace."""
-    prefix = f"proto-ns-{uuid.uuid4().hex[:10]}"
-    default = Broker(RedisStore(redis_url, prefix=prefix), sas_keys=dict(SAS_KEYS))
-    await default.start()
-
-    async def make(name: str) -> Broker:
-        broker = Broker(RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
-                        sas_keys=dict(namespaces.keys(name)), sweep_interval_s=0.2)
-        await broker.start()
-        return broker
-
-    namespaces = Namespaces(default, make, idle_s=0.3)
     refused = generate_sas_token("sb://localhost/orders", "team-c/RootManageSharedAccessKey",
                                  "WRONG", int(time.time()) + 60)
-    try:
-        await namespaces.broker("team-c")
-        for _ in range(12):
-            with pytest.raises(SasError):
-                await namespaces.authenticate(refused, None)
-            await asyncio.sleep(0.1)
-        assert "team-c" not in namespaces.serving()  # let go
-    finally:
-        await namespaces.stop()
-        await default.stop()
-        delete_prefix(redis_url, prefix)
+    await namespaces.broker("team-c")
+    for _ in range(12):
+        with pytest.raises(SasError):
+            await namespaces.authenticate(refused, None)
+        await asyncio.sleep(0.1)
+    assert "team-c" not in namespaces.serving()  # let go
