@@ -59,31 +59,52 @@ PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
-_QUEUE_ARGC = re.compile(r"^local QUEUE_ARGC = (?P<argc>\d+)$", re.M)
 _CONTEXT_ARG = re.compile(r"ARGV\[ab \+ (?P<index>\d+)\]")
+_CONTEXT_KEY = re.compile(r"KEYS\[kb \+ (?P<index>\d+)\]")
+QUEUE_CONTEXT = INCLUDE_DIR / "queueContext.lua"
+
 
 class ScriptError(Exception):
     """A script file that breaks the conventions above."""
 
 
-def read_queue_argc(path: Path = INCLUDE_DIR / "queueContext.lua") -> int:
+def read_context_width(path: Path, name: str, reads: re.Pattern[str], what: str) -> int:
+    """A width `path` declares (`local <name> = <n>`) that its function reads all of:
+    `reads` finds exactly the indexes 1 .. n (of `what`, for the error)."""
+    text = path.read_text()
+    declared = re.search(rf"^local {name} = (?P<n>\d+)$", text, re.M)
+    if declared is None:
+        raise ScriptError(f"{path.name}: no `local {name} = <n>` line")
+    width = int(declared["n"])
+    read = {int(i) for i in reads.findall(text)}
+    if read != set(range(1, width + 1)):
+        raise ScriptError(f"{path.name}: {name} is {width}, the context reads {what} "
+                          f"for i in {sorted(read)}")
+    return width
+
+
+def read_queue_argc(path: Path = QUEUE_CONTEXT) -> int:
     """The number of a queue context's parameters, as lua/includes/queueContext.lua declares
     it (`local QUEUE_ARGC = <n>`) and its function reads them (ARGV[ab+1 .. ab+n])."""
-    text = path.read_text()
-    declared = _QUEUE_ARGC.search(text)
-    if declared is None:
-        raise ScriptError(f"{path.name}: no `local QUEUE_ARGC = <n>` line")
-    argc = int(declared["argc"])
-    read = {int(i) for i in _CONTEXT_ARG.findall(text)}
-    if read != set(range(1, argc + 1)):
-        raise ScriptError(f"{path.name}: QUEUE_ARGC is {argc}, the context reads ARGV[ab+i] "
-                          f"for i in {sorted(read)}")
-    return argc
+    return read_context_width(path, "QUEUE_ARGC", _CONTEXT_ARG, "ARGV[ab+i]")
+
+
+def read_queue_keyc(path: Path = QUEUE_CONTEXT) -> int:
+    """The number of a queue context's keys, as lua/includes/queueContext.lua declares it
+    (`local QUEUE_KEYC = <n>`) and its function reads them (KEYS[kb+1 .. kb+n]): the length
+    of QUEUE_KEYS, which the loader passes in its place."""
+    keyc = read_context_width(path, "QUEUE_KEYC", _CONTEXT_KEY, "KEYS[kb+i]")
+    if keyc != len(QUEUE_KEYS):
+        raise ScriptError(f"{path.name}: QUEUE_KEYC is {keyc}, busd.storage.keys.QUEUE_KEYS "
+                          f"has {len(QUEUE_KEYS)} keys")
+    return keyc
 
 
 # What a `Context: queue` script takes after the queue's keys, before its own arguments; the
 # store's queue_context_args (busd/storage/redis_connection.py) builds them.
 QUEUE_ARGC = read_queue_argc()
+# How many keys a queue context is: a script finds the keys it takes after one from there.
+QUEUE_KEYC = read_queue_keyc()
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,3 +183,28 @@ def test_a_queue_context_whose_width_disagrees_with_what_it_reads_is_refused(tmp
     bad.write_text(re.sub(r"local QUEUE_ARGC = \d+\n", "", text))
     with pytest.raises(ScriptError):
         read_queue_argc(bad)
+
+
+def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tmp_path):
+    from busd.storage.scripts import QUEUE_KEYC, ScriptError, read_queue_keyc
+
+    assert QUEUE_KEYC == len(keyspace.QUEUE_KEYS)
+    for name, src in SOURCES.items():
+        # a key after a queue context is found from QUEUE_KEYC, never by number
+        body = re.sub(r"--.*", "", src.path.read_text().split("]]", 1)[1])
+        assert not re.search(r"\b(catalogKey|queueContext|topicContext)\(0*[1-9]\d*\s*[,)]",
+                             body), name
+        assert not re.search(rf"\b{QUEUE_KEYC}\b|\b{QUEUE_KEYC + 1}\b", body), name
+    text = (INCLUDE_DIR / "queueContext.lua").read_text()
+    bad = tmp_path / "queueContext.lua"
+    # one key more than the context reads, or a context that disagrees with QUEUE_KEYS
+    bad.write_text(re.sub(r"local QUEUE_KEYC = \d+", f"local QUEUE_KEYC = {QUEUE_KEYC + 1}", text))
+    with pytest.raises(ScriptError):
+        read_queue_keyc(bad)
+    bad.write_text(re.sub(r"local QUEUE_KEYC = \d+\n", "", text))
+    with pytest.raises(ScriptError):
+        read_queue_keyc(bad)
+    fewer = re.sub(r", sactive = KEYS\[kb \+ \d+\]", "", text)
+    bad.write_text(re.sub(r"local QUEUE_KEYC = \d+", f"local QUEUE_KEYC = {QUEUE_KEYC - 1}", fewer))
+    with pytest.raises(ScriptError, match="QUEUE_KEYS"):
+        read_queue_keyc(bad)

@@ -24,8 +24,8 @@
 
   Input:
     KEYS, ARGV[1..c]  the source's queue context (includes/queueContext.lua); after it
-              (from KEYS 37) the catalog hash (busd.storage.keys.catalog_key, outside every
-              hash tag), then the destination's keys: a queue context, or a topic context
+              (KEYS[QUEUE_KEYC + 1]) the catalog hash (busd.storage.keys.catalog_key, outside
+              every hash tag), then the destination's keys: a queue context, or a topic context
               with one queue context per subscription (includes/topicContext.lua); none when
               it is gone
     ARGV[c+1] source entity: 'q' the queue, 'd' its dead-letter sub-queue
@@ -76,18 +76,17 @@ local HOPS_DESCRIPTION = 'The maximum number of allowed hops when forwarding bet
   .. 'has been exceeded. This value is set to 4.'
 local GONE_REASON = 'MessagingEntityNotFound'
 
-local CTX = 36 -- keys of a queue context (busd/storage/keys.py QUEUE_KEYS)
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
 local limit = tonumber(ARGV[QUEUE_ARGC + 3])
 local kind = ARGV[QUEUE_ARGC + 4]
-local exists = redis.call('HEXISTS', catalogKey(CTX), ARGV[QUEUE_ARGC + 2]) == 1
+local exists = redis.call('HEXISTS', catalogKey(QUEUE_KEYC), ARGV[QUEUE_ARGC + 2]) == 1
 local at = QUEUE_ARGC + 4 -- the destination's arguments start at ARGV[at + 1]
 local D, T, subs, dedup
 local window = 0
 local i = at + 1
 if kind == 'q' then
-  D = queueContext(CTX + 1, at)
+  D = queueContext(QUEUE_KEYC + 1, at)
   local b = at + QUEUE_ARGC
   D.now = Q.now
   D.live, D.sessionQueue, D.maxTtl, D.sent = true, ARGV[b + 2] == '1', tonumber(ARGV[b + 3]), 0
@@ -95,15 +94,13 @@ if kind == 'q' then
   window = tonumber(ARGV[b + 1])
   i = b + 4
 elseif kind == 't' then
-  T = topicContext(CTX + 1, at)
+  T = topicContext(QUEUE_KEYC + 1, at)
   T.now = Q.now
   dedup = T.dedup
   local n = T.n
-  local perSub = 0
-  if n > 0 then perSub = (#KEYS - CTX - 5) / n end
   local b = at + 3 + QUEUE_ARGC * n
   window = tonumber(ARGV[b])
-  subs = topicSubscriptions(T, CTX + 1, at, b, perSub)
+  subs = topicSubscriptions(T, QUEUE_KEYC + 1, at, b, QUEUE_KEYC)
   i = b + 2 * n + 1
 end
 if not exists then kind = '' end

@@ -3,8 +3,12 @@
 -- ARGV[QUEUE_ARGC + 1] (`ARGV[c+1]` in the headers), and a script holding several contexts
 -- steps by it. busd/storage/scripts.py reads it from this line for the Python side.
 local QUEUE_ARGC = 6
--- One queue's context: its keys (KEYS[kb+1 .. kb+36], the order of busd/storage/keys.py
--- QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
+-- The number of a queue context's keys below (busd/storage/keys.py QUEUE_KEYS): keys a script
+-- takes after a queue context start at KEYS[kb + QUEUE_KEYC + 1]. The loader checks it
+-- against QUEUE_KEYS.
+local QUEUE_KEYC = 36
+-- One queue's context: its keys (KEYS[kb+1 .. kb+QUEUE_KEYC], the order of
+-- busd/storage/keys.py QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
 -- parameters every state-moving script takes first (ARGV[ab+1 .. ab+QUEUE_ARGC]). The offsets
 -- let one script hold several queue contexts side by side; a script with one passes 0, 0.
 --   ARGV[ab+1]  queue name
