@@ -176,9 +176,10 @@ async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
     """`schedule-message` in a transaction: the messages' numbers now (a topic's), the
     messages at the commit (never, after a rollback: the numbers stay unused)."""
     txn = conn.transactions.get(REQUEST_TXN.get())
-    if isinstance(target, QueueSpec) and target.partitions:
+    if target.partitions:
         # numbered by the partition the messages go to: one, as the transaction's
-        parts = {txn.partition_of(target, StagedSend(target, m)) for m in new}
+        parts = {txn.partition_of(target, StagedSend(target, m) if isinstance(target, QueueSpec)
+                                  else StagedPublish(target, m, [], [])) for m in new}
         if len(parts) > 1:
             raise BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
         (target,) = parts

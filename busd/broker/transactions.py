@@ -31,6 +31,7 @@ from busd.storage.api import (
     Store,
     TopicSpec,
 )
+from busd.storage.keys import partition_scope
 from busd.storage.partitions import operation_partition
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ MAX_STAGE_BATCH = 100
 NOT_CROSS_ENTITY = (
     "Local transactions cannot span multiple top-level entities such as queue or topic."
 )
-NOT_PARTITIONED_TOPIC = "Sending to a partitioned topic in a transaction is not supported."
 NOT_CROSS_PARTITION = (
     "A transaction on a partitioned entity stays within one partition: this operation's "
     "session id, partition key or message is in another partition, or another entity."
@@ -117,16 +117,15 @@ class Transaction:
                 f"A transaction cannot hold more than {MAX_OPERATIONS} operations.",
             )
         entity = _entity_of(op)
-        if isinstance(entity, TopicSpec) and entity.partitions:
-            return BusdError(Condition.NOT_ALLOWED, NOT_PARTITIONED_TOPIC)
-        if isinstance(entity, QueueSpec) and entity.partitions:
+        if entity.partitions:
             entity = self.partition_of(entity, op)
             _set_entity(op, entity)
         if self.via is None:
             self.via = entity
-        elif _in_partition(entity) or _in_partition(self.via):
-            # one partition of one entity (docs/design.md §3.18), as Service Bus asks
-            if entity.key_scope != self.via.key_scope:
+        elif entity.partition is not None or self.via.partition is not None:
+            # one partition of one entity (a topic with its subscriptions: one key scope),
+            # as Service Bus asks (docs/design.md §3.18)
+            if entity.key_scope[0] != self.via.key_scope[0]:
                 return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
         elif (not self.store.cross_slot_transactions
               and entity.key_scope[0] != self.via.key_scope[0]):
@@ -139,13 +138,15 @@ class Transaction:
             self.others.setdefault(entity.name, entity)
         return None
 
-    def partition_of(self, entity: QueueSpec, op: StagedOperation) -> QueueSpec:
-        """The partition of a partitioned queue `op` works in: a send without a key goes
-        to the one the transaction already works in."""
+    def partition_of(self, entity: Spec, op: StagedOperation) -> Spec:
+        """The partition of a partitioned queue or topic `op` works in: a send without a
+        key goes to the one the transaction already works in."""
         assert entity.partitions
         via = self.via
-        current = via.partition if (isinstance(via, QueueSpec) and via.name == entity.name) \
-            else None
+        current = None
+        if via is not None and via.partition is not None and \
+                via.key_scope[0] == partition_scope(_topic_or_name(entity), via.partition):
+            current = via.partition
         return entity.partition_specs[operation_partition(op, entity.partitions, current)]
 
     async def _stage_pending(self) -> None:
@@ -257,7 +258,11 @@ class Transaction:
                 route = self.scope.broker.fanout.route(topic.name)
             except BusdError:  # the topic is gone: the commit is refused
                 continue
-            topics.append((route.topic, route.specs))
+            if topic.partition is None:
+                topics.append((route.topic, route.specs))
+            else:  # the transaction's partition of it (docs/design.md §3.18)
+                topics.append((route.topic.partition_specs[topic.partition],
+                               [s.partition_specs[topic.partition] for s in route.specs]))
         try:
             await self.store.commit_transaction(self.via, list(self.others.values()), self.id,
                                                 topics)
@@ -270,14 +275,22 @@ class Transaction:
                 from None
 
 
-def _in_partition(entity: QueueSpec | TopicSpec) -> bool:
-    return isinstance(entity, QueueSpec) and entity.partition is not None
+Spec = QueueSpec | TopicSpec
 
 
-def _set_entity(op: StagedOperation, entity: QueueSpec) -> None:
+def _topic_or_name(entity: Spec) -> str:
+    """What a partitioned entity's partitions are scoped by: a subscription's topic."""
+    return entity.topic or entity.name if isinstance(entity, QueueSpec) else entity.name
+
+
+def _set_entity(op: StagedOperation, entity: Spec) -> None:
     if isinstance(op, StagedSettlement):
+        assert isinstance(entity, QueueSpec)
         op.entity = entity
-    elif not isinstance(op, StagedPublish):
+    elif isinstance(op, StagedPublish):
+        assert isinstance(entity, TopicSpec)
+        op.topic = entity
+    else:
         op.queue = entity
 
 

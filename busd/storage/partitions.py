@@ -49,6 +49,7 @@ from busd.storage.api import (
     Settlement,
     StagedCancel,
     StagedOperation,
+    StagedPublish,
     StagedSend,
     StagedSessionState,
     StagedSettlement,
@@ -98,7 +99,9 @@ def operation_partition(op: StagedOperation, partitions: int, current: int | Non
         return partition_of_key(op.session_id, partitions)
     if isinstance(op, (StagedCancel, StagedSend)) and op.seq is not None:
         return partition_of_seq(op.seq, partitions)
-    if isinstance(op, StagedSend):
+    if isinstance(op, StagedPublish) and op.seq is not None:
+        return partition_of_seq(op.seq, partitions)
+    if isinstance(op, (StagedSend, StagedPublish)):
         m = op.message
         key = m.session_id if m.session_id is not None else m.partition_key
         if key is not None:
@@ -551,8 +554,8 @@ class PartitionedStore:
     async def reserve_sequence_numbers(
         self, queue: QueueSpec | TopicSpec, count: int
     ) -> list[int]:
-        # a partitioned queue's: its partition's (busd.broker.staging picks it)
-        assert isinstance(queue, TopicSpec) or not queue.partitions
+        # a partitioned entity's: its partition's (busd.broker.staging picks it)
+        assert not queue.partitions
         return list(await self.inner.reserve_sequence_numbers(queue, count))
 
     async def stage_transaction(

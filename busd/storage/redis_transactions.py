@@ -112,7 +112,7 @@ class TransactionCalls(RedisConnection):
         args.append(len(topics))
         for topic, subscriptions in topics:
             names = tuple(s.subscription or "" for s in subscriptions)
-            keys += self._topic_keys("publishMessages", topic.name, names)
+            keys += self._topic_keys("publishMessages", topic.key_scope[0], names)
             args += self._topic_args(topic.name, subscriptions, names)
             args.append(topic.duplicate_detection_window_ms or 0)
             for spec in subscriptions:

@@ -409,3 +409,38 @@ def test_peeking_page_by_page_goes_through_every_partition(busd, client):
         got = receive(receiver, 30)
         for m in got:
             receiver.complete_message(m)
+
+
+def test_a_transaction_on_a_partitioned_topic_stays_in_one_partition(busd):
+    """A subscription's message completed with a send to its topic, in the partition of its
+    session (a topic and its subscriptions are one entity to a transaction)."""
+    sids = sessions_in_every_partition(2)
+    here, same, elsewhere = sids[0], sids[1], sids[-1]
+    with ProtonCbsClient(busd.port) as c:
+        c.authorize("events")
+        sender = c.sender("events")
+        sender.send(Message(body="in", group_id=here))
+        receiver = c.receiver("events/subscriptions/by-session", session=here)
+        _, delivery = take(receiver)
+        txns = Transactions(c)
+        txn = txns.declare()
+        settle(c, delivery, txn)
+        send(c, sender, txn, Message(body="out", group_id=same))
+        with pytest.raises(Refused) as err:
+            send(c, sender, txn, Message(body="x", group_id=elsewhere))
+        assert err.value.condition == "amqp:not-allowed"
+        txns.commit(txn)
+        receiver.close()
+        for sub, bodies in (("by-session", ["out"]), ("all", ["in", "out"])):
+            peeked = peek_all(c, f"events/subscriptions/{sub}")
+            assert sorted(m.body for m in peeked) == bodies
+            assert {m.annotations["x-opt-sequence-number"] >> PARTITION_SHIFT
+                    for m in peeked} == {partition_of_key(here, PARTITIONS)}
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_subscription_receiver("events", "by-session", session_id=same,
+                                          max_wait_time=5) as r:
+            for m in receive(r, 1):
+                r.complete_message(m)
+        with sb.get_subscription_receiver("events", "all", max_wait_time=3) as r:
+            for m in receive(r, 2):
+                r.complete_message(m)
