@@ -57,7 +57,6 @@ class ForwardingCalls(RedisConnection):
         check_session_ids(m.session_id for m in messages)
         if not self.cross_slot_transactions:
             return await self._forward_in_steps(entity, destination, messages, hop_limit)
-        assert self._scripts is not None
         keys = list(self._keys_for("forwardMessages", entity))
         keys.append(keyspace.catalog_key(self.prefix).encode())
         args: list[Any] = self._queue_args(entity) + [
@@ -82,11 +81,7 @@ class ForwardingCalls(RedisConnection):
         for m in messages:
             args += [m.token, session_arg(m.session_id), optional_arg(m.message_id)]
             args += placement_args(m.placements)
-        await self._acquire()
-        try:
-            reply = await self._scripts.run("forwardMessages", keys, args)
-        finally:
-            self._slots.release()
+        reply = await self._call(self._connected(), "forwardMessages", keys, args)
         return [ForwardResult(r) for r in reply]
 
     async def _forward_in_steps(

@@ -117,12 +117,7 @@ class TransactionCalls(RedisConnection):
             args.append(topic.duplicate_detection_window_ms or 0)
             for spec in subscriptions:
                 args += [1 if spec.requires_session else 0, optional_arg(spec.default_ttl_ms)]
-        assert self._scripts is not None
-        await self._acquire()
-        try:
-            reply = await self._scripts.run("commitTransaction", keys, args)
-        finally:
-            self._slots.release()
+        reply = await self._call(self._connected(), "commitTransaction", keys, args)
         status = reply[0]
         if status == ScriptStatus.OK:
             return

@@ -10,7 +10,15 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import TimeoutError as StoreTimeoutError
 
-from busd.storage.api import LockTokens, NewMessage, QueueSpec, ReceiveMode, StoreUnavailable
+from busd.storage.api import (
+    ForwardDestination,
+    ForwardedMessage,
+    LockTokens,
+    NewMessage,
+    QueueSpec,
+    ReceiveMode,
+    StoreUnavailable,
+)
 from busd.storage.redis_store import RedisStore
 from tests.conftest import start_valkey
 
@@ -54,6 +62,30 @@ async def test_a_call_that_timed_out_does_not_shift_the_answers_of_later_calls(t
             await store.close()
     finally:
         server.stop()
+
+
+async def test_a_move_and_a_commit_report_a_stopped_store_as_unavailable(tmp_path):
+    """Forwarding and transaction commits call their scripts like every other call: a store
+    that is gone is StoreUnavailable (server-busy for clients, docs/design.md §2.11), not a
+    raw connection error."""
+    server = start_valkey(data_dir=tmp_path)
+    store = RedisStore(server.connection_url, prefix="gone-" + os.urandom(4).hex())
+    try:
+        await store.connect()
+        src, dst = QueueSpec("src"), QueueSpec("dst")
+        await store.send(src, [NewMessage(b"m")])
+    except BaseException:
+        server.stop()
+        raise
+    server.stop()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.forward(src, ForwardDestination("queue:dst", queue=dst),
+                                [ForwardedMessage(token=os.urandom(16), seq=1)], hop_limit=4)
+        with pytest.raises(StoreUnavailable):
+            await store.commit_transaction(src, [dst], b"txn")
+    finally:
+        await store.close()
 
 
 async def test_a_dropped_connection_fails_only_calls_in_flight_and_is_made_again(store,
