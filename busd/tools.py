@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import ssl
 import sys
 import time
@@ -25,12 +26,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import click
 
 from busd.auth.rights import MANAGE, parse_key
 from busd.auth.sas import generate_sas_token
+from busd.storage.api import SESSION_SORTS
 
 EXIT_FAILED = 1
 EXIT_INVALID = 65  # sysexits EX_DATAERR
@@ -96,6 +98,11 @@ class AdminClient:
         self.token = generate_sas_token(f"sb://{host}/", key_name, key, int(time.time()) + 3600)
 
     def call(self, method: str, path: str, query: dict | None = None, body: Any = None) -> Any:
+        return self.exchange(method, path, query, body)[0]
+
+    def exchange(self, method: str, path: str, query: dict | None = None,
+                 body: Any = None) -> tuple[Any, Any]:  # fmt: skip
+        """(the answer's JSON, its headers)."""
         query = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
@@ -106,7 +113,7 @@ class AdminClient:
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S,
                                         context=self.context) as response:
-                return json.loads(response.read() or b"null")
+                return json.loads(response.read() or b"null"), response.headers
         except urllib.error.HTTPError as exc:
             raise _http_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -316,20 +323,61 @@ def resubmit_session(queue: str, session_id: str, url: str, cacert: str | None,
           f"{done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)")
 
 
+@sessions.command("release")
+@click.argument("queue")
+@click.argument("session_id", metavar="SESSION")
+@client_options
+def release_session(queue: str, session_id: str, url: str, cacert: str | None,
+                    as_json: bool) -> None:
+    """Drop SESSION's lock, whoever holds it (a stuck receiver): its holder's next settle
+    fails with session-lock-lost, its unsettled messages are available again."""
+    client = AdminClient(url, cacert)
+    done = client.call("POST", _session_path(client, queue, session_id, "release"))
+    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: "
+          + ("lock released" if done["released"] else "not held"))
+
+
+def _age(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds:.0f}s"
+
+
 @sessions.command("list")
 @click.argument("queue")
+@click.option("--sort", type=click.Choice(SESSION_SORTS), default="id", show_default=True,
+              help="id: all, by id; locked: held, lock ending first; waiting: free with "
+                   "messages, oldest first; updated: with state, oldest update first.")
+@click.option("--page", "page_size", type=click.IntRange(1, 1000), default=100,
+              show_default=True, help="Sessions per page.")
+@click.option("--after", default=None, help="The cursor a previous page ended with.")
+@click.option("--all", "every_page", is_flag=True, help="Every page, one after another.")
 @client_options
-def list_sessions(queue: str, url: str, cacert: str | None, as_json: bool) -> None:
-    """List the sessions of QUEUE: lock, locked-until, messages, state size."""
+def list_sessions(queue: str, sort: str, page_size: int, after: str | None, every_page: bool,
+                  url: str, cacert: str | None, as_json: bool) -> None:
+    """The session inspector: QUEUE's sessions, a page at a time: holder, lock, messages by
+    state, oldest message age, state size and preview, last activity; stuck ones marked."""
     client = AdminClient(url, cacert)
-    found = client.call("GET", client.queue_path(queue, "/sessions"))
+    found: list[dict] = []
+    while True:
+        page, headers = client.exchange("GET", client.queue_path(queue, "/sessions"),
+                                        {"sort": sort, "after": after, "top": page_size})
+        found += page
+        after = unquote(headers["X-Next-After"]) if headers.get("X-Next-After") else None
+        total = int(headers.get("X-Total-Count") or len(found))
+        if not (every_page and after):
+            break
 
     def text() -> str:
-        rows = [[s["session_id"], "yes" if s["locked"] else "no", s["locked_until"],
-                 s["message_count"], s["state_size"]] for s in found]
-        return table(["SESSION", "LOCKED", "LOCKED-UNTIL", "MESSAGES", "STATE-BYTES"], rows)
+        rows = [[s["session_id"] + (" (stuck)" if s["stuck"] else ""),
+                 s["holder_address"] or ("yes" if s["locked"] else "no"), s["locked_until"],
+                 s["active"], s["in_flight"], s["deferred"], s["scheduled"],
+                 _age(s["oldest_message_age_s"]), s["state_size"], s["state_preview"],
+                 s["last_activity"]] for s in found]
+        out = table(["SESSION", "HOLDER", "LOCKED-UNTIL", "ACTIVE", "IN-FLIGHT", "DEFERRED",
+                     "SCHEDULED", "OLDEST", "STATE-BYTES", "STATE", "LAST-ACTIVITY"], rows)
+        more = f"\nnext page: --after {shlex.quote(after)}" if after else ""
+        return f"{out}\n{len(found)} of {total} session(s){more}"
 
-    _emit(as_json, found, text)
+    _emit(as_json, {"sessions": found, "next_after": after, "total": total}, text)
 
 
 def _properties(values: tuple[str, ...]) -> dict[str, str] | None:

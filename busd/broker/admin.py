@@ -20,7 +20,14 @@ from busd.amqp import codec
 from busd.broker import messages, session_tools
 from busd.errors import BusdError, Condition
 from busd.rules import RuleError, rule_from_record, rule_to_dict
-from busd.storage.api import MessageState, QueueSpec, StoredMessage, TopicSpec
+from busd.storage.api import (
+    SESSION_SORTS,
+    MessageState,
+    QueueSpec,
+    SessionDetail,
+    StoredMessage,
+    TopicSpec,
+)
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
@@ -42,6 +49,44 @@ def iso(ms: int | None) -> str | None:
     if ms is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+# The session inspector's page: its default and largest size, and the state's preview bytes.
+SESSION_PAGE = 100
+MAX_SESSION_PAGE = 1000
+STATE_PREVIEW = 32
+
+
+def session_row(d: SessionDetail, spec: QueueSpec, now_ms: int) -> dict[str, Any]:
+    """One session as the admin API shows it. Stuck: held, messages waiting, and nothing
+    settled (nor accepted) for longer than the lock duration."""
+    container, _, address = (d.client or "").partition("\0")
+    held = d.locked_until_ms is not None
+    idle_ms = now_ms - d.last_activity_ms if d.last_activity_ms else None
+    preview = d.state_preview or b""
+    return {
+        "session_id": d.session_id,
+        "locked": held,
+        "locked_until": iso(d.locked_until_ms),
+        "holder": d.holder,
+        "holder_process": d.holder.rsplit(":", 1)[0] if d.holder else None,
+        "holder_connection": container or None,
+        "holder_address": address or None,
+        "message_count": d.active + d.in_flight + d.deferred + d.scheduled,
+        "active": d.active,
+        "in_flight": d.in_flight,
+        "deferred": d.deferred,
+        "scheduled": d.scheduled,
+        "oldest_message_age_s": (max(0, now_ms - d.oldest_enqueued_ms) / 1000
+                                 if d.oldest_enqueued_ms else None),
+        "state_size": d.state_size,
+        "state_preview": preview.decode("utf-8", errors="replace") if preview else None,
+        "state_preview_base64": base64.b64encode(preview).decode() if preview else None,
+        "state_updated": iso(d.state_updated_ms or None),
+        "last_activity": iso(d.last_activity_ms or None),
+        "stuck": bool(held and d.active + d.in_flight > 0 and idle_ms is not None
+                      and idle_ms > spec.lock_duration_ms),
+    }
 
 
 def _json_value(value: Any) -> Any:
@@ -211,19 +256,24 @@ class Admin:
         )
         return [message_view(m) for m in messages]
 
-    async def sessions(self, name: str) -> list[dict[str, Any]]:
+    async def sessions(self, name: str, sort: str = "id", after: str | None = None,
+                       top: int = SESSION_PAGE) -> tuple[list[dict[str, Any]], str | None, int]:
+        """One page of the session inspector (docs/management.md §7): (sessions, the cursor
+        of the next page or None, sessions in the sort's index)."""
         spec = self.queue(name)
-        return [
-            {
-                "session_id": info.session_id,
-                "locked": info.locked_until_ms is not None,
-                "locked_until": iso(info.locked_until_ms),
-                "message_count": info.message_count,
-                "state_size": info.state_size,
-                "state_updated": iso(info.updated_ms or None),
-            }
-            for info in await self.broker.store.session_infos(spec)
-        ]
+        if sort not in SESSION_SORTS:
+            raise AdminError(400, f"sort must be one of {', '.join(SESSION_SORTS)}, got {sort!r}")
+        if not 1 <= top <= MAX_SESSION_PAGE:
+            raise AdminError(400, f"top must be 1..{MAX_SESSION_PAGE}, got {top}")
+        page = await self.broker.store.session_page(spec, sort, after, top, STATE_PREVIEW)
+        now = int(time.time() * 1000)
+        return [session_row(d, spec, now) for d in page.sessions], page.next, page.total
+
+    async def release_session_lock(self, name: str, session_id: str) -> dict[str, Any]:
+        """Drop a (stuck) session lock, whoever holds it: its holder's next settle gets
+        session-lock-lost; its unsettled messages are available again."""
+        spec = self.queue(name)
+        return {"released": await self.broker.store.drop_session_lock(spec, session_id)}
 
     async def dead_letter_session(self, name: str, session_id: str, reason: Any,
                                   description: Any) -> dict[str, Any]:

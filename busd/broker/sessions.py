@@ -82,6 +82,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         elif self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
 
+    @property
+    def _client(self) -> str:
+        """Who holds the lock, for the session inspector: the client's container id and
+        address."""
+        return f"{self.conn.remote_container}\0{self.conn.proto.peer}"
+
     async def _accept(self) -> None:
         if self._forwarded:  # its forwarder takes every message (docs/design.md §2.15)
             return self._refuse(BusdError(
@@ -110,7 +116,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 # session that becomes free afterwards wakes exactly one waiter.
                 lock = await store.accept_session(
                     self.queue, self.requested_session, self.holder, wait=next_available,
-                    count=count, tokens=new_tokens(count),
+                    count=count, tokens=new_tokens(count), client=self._client,
                 )
             except BusdError as error:
                 return self._refuse(error)

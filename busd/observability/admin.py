@@ -7,12 +7,15 @@
     POST /admin/queues/{q}/messages             send: JSON {body | body_base64, session_id,
                                                 application_properties, message_id, content_type,
                                                 subject}
-    GET  /admin/queues/{q}/sessions             sessions: id, lock, message count, state size
+    GET  /admin/queues/{q}/sessions             the session inspector, one page:
+                                                ?sort=id|locked|waiting|updated&after=C&top=N;
+                                                the next page's cursor in X-Next-After
     POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
     POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
     POST /admin/queues/{q}/sessions/{s}/dead-letter   the whole session and its state to the
                                                 DLQ: JSON {reason, description}
     POST /admin/queues/{q}/sessions/{s}/resubmit      its dead letters back, in order
+    POST /admin/queues/{q}/sessions/{s}/release       drop its lock, whoever holds it
     GET|PUT|DELETE /admin/queues/{q}/sessions/{s}/state   its state, raw bytes, with an ETag;
                                                 PUT and DELETE take If-Match (an etag or *)
                                                 and If-None-Match: * (create only)
@@ -36,9 +39,9 @@ import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote
 
-from busd.broker.admin import Admin, AdminError
+from busd.broker.admin import SESSION_PAGE, Admin, AdminError
 
 log = logging.getLogger("busd.http")
 
@@ -60,7 +63,7 @@ class Raw:
 Response = tuple[int, Any]
 # /admin/queues/<queue>/sessions/<session>/<operation>: the session's own routes
 _SESSION_ROUTE = re.compile(r"^(?P<queue>.+)/sessions/(?P<session>[^/]+)"
-                            r"/(?P<operation>state|dead-letter|resubmit)$")
+                            r"/(?P<operation>state|dead-letter|resubmit|release)$")
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -149,7 +152,13 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
     if action == "":
         return 200, await admin.queue_info(name)
     if action == "/sessions":
-        return 200, await admin.sessions(name)
+        sessions, next_after, total = await admin.sessions(
+            name, (query.get("sort") or ["id"])[-1], (query.get("after") or [None])[-1],
+            _int(query, "top", SESSION_PAGE) or SESSION_PAGE)
+        headers = {"X-Total-Count": str(total)}
+        if next_after is not None:
+            headers["X-Next-After"] = quote(next_after, safe="")
+        return 200, Raw(json.dumps(sessions).encode(), "application/json", headers)
     if action == "/purge":
         return 200, await admin.purge(name, dlq=_flag(query, "dlq"))
     if action == "/dlq/resubmit":
@@ -206,6 +215,8 @@ async def _session(admin: Admin, name: str, route: Any, method: str, body: bytes
             name, session_id, document.get("reason"), document.get("description"))
     if operation == "resubmit":
         return 200, await admin.resubmit_session(name, session_id)
+    if operation == "release":
+        return 200, await admin.release_session_lock(name, session_id)
     if method == "GET":
         state, etag = await admin.session_state(name, session_id)
         if state is None or etag is None:

@@ -344,6 +344,37 @@ class SessionInfo:
     updated_ms: int
 
 
+# The session inspector's sorts: each is a sorted index of the store (lua/sessionPage.lua).
+SESSION_SORTS = ("id", "locked", "waiting", "updated")
+
+
+@dataclass(slots=True)
+class SessionDetail:
+    """One session as the inspector shows it (docs/management.md §7)."""
+
+    session_id: str
+    holder: str | None  # the holding receiver's id, `<process id>:<n>`; None when not held
+    locked_until_ms: int | None
+    client: str | None  # the holder's client container id and address, '\0'-separated
+    state_size: int
+    state_preview: bytes | None  # the state's first bytes
+    active: int  # available messages
+    in_flight: int  # delivered, not settled
+    deferred: int
+    scheduled: int
+    oldest_enqueued_ms: int | None  # of the session's lowest-numbered message
+    last_activity_ms: int  # accepted, a message settled, its lock ended; 0 unknown
+    state_updated_ms: int  # 0 never set
+    cursor: str = ""  # what continues a listing after this session
+
+
+@dataclass(slots=True)
+class SessionPage:
+    sessions: list[SessionDetail]
+    next: str | None  # the cursor of the next page; None on the last one
+    total: int  # sessions in the sort's index
+
+
 @dataclass(slots=True)
 class SweepResult:
     expired_message_locks: int = 0
@@ -484,6 +515,7 @@ class Store(Protocol):
     async def accept_session(
         self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
         count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        client: str = "",
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
@@ -491,7 +523,8 @@ class Store(Protocol):
         same step, to be woken when a session becomes free. Raises SESSION_CANNOT_BE_LOCKED
         when held by someone else. Session-wide TTL expiry is applied first. Once locked, up
         to `count` of its messages are taken in the same step, as `receive_session` would
-        (peek-lock: one token each), and returned in the lock's `messages`."""
+        (peek-lock: one token each), and returned in the lock's `messages`. `client`, the
+        holder's connection ('<container id>\0<address>'), is kept for the inspector."""
 
     async def receive_session(
         self,
@@ -551,6 +584,17 @@ class Store(Protocol):
 
     async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
         """Every session with messages or state, for tools."""
+
+    async def session_page(
+        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+    ) -> SessionPage:
+        """One page of the session inspector: the sessions of the `sort` index
+        (SESSION_SORTS) after the cursor `after` (None: the first page); the store's work
+        does not grow with the number of sessions."""
+
+    async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        """An operator drops a session's lock, whoever holds it, as if its receiver had
+        closed: the holder's next settle gets SESSION_LOCK_LOST. False when not held."""
 
     # --- settlement and locks ------------------------------------------------------------
     async def settle(

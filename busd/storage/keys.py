@@ -84,9 +84,10 @@ KEY_DOC: dict[str, str] = {
     "lives on for its state); the sweep removes those idle longer than SessionIdleTimeToLive "
     "(includes/expireIdleSessions.lua). Kept loosely: a session that has messages or a "
     "holder again keeps its entry until the sweep meets it and drops it",
-    "sactive": "hash: session id -> ms of its last activity (accepted, a message settled); "
-    "its holder's connection and client address while held: '<ms>\\0<connection>\\0<address>' "
-    "(the session inspector, lua/sessionPage.lua)",
+    "sactive": "hash: session id -> ms of its last activity: accepted, a message settled by "
+    "its holder, its lock ended (the session inspector, lua/sessionPage.lua)",
+    "sclient": "hash: session id -> '<client container id>\\0<client address>' of its "
+    "holder's connection, while held (the session inspector)",
     "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
     "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends",
 }
@@ -108,7 +109,7 @@ QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats", "fwd", "sidle", "sactive")
+    + ("stats", "fwd", "sidle", "sactive", "sclient")
 )
 
 

@@ -44,8 +44,10 @@ from busd.storage.api import (
     Placement,
     QueueSpec,
     ReceiveMode,
+    SessionDetail,
     SessionInfo,
     SessionLock,
+    SessionPage,
     Settlement,
     StagedCancel,
     StagedOperation,
@@ -308,21 +310,23 @@ class PartitionedStore:
     async def accept_session(
         self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
         count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        client: str = "",
     ) -> SessionLock | None:
         if not queue.partitions:
             return await self.inner.accept_session(
-                queue, session_id, holder, wait=wait, count=count, mode=mode, tokens=tokens)
+                queue, session_id, holder, wait=wait, count=count, mode=mode, tokens=tokens,
+                client=client)
         if session_id is not None:
             part = self.part_of_session(queue, session_id)
             return await self.inner.accept_session(
                 part, session_id, holder, count=count, mode=mode,
-                tokens=stamped(tokens, part.partition or 0, 0, count))
+                tokens=stamped(tokens, part.partition or 0, 0, count), client=client)
         waits = self._session_waits.setdefault(holder, set()) if wait else set()
         for part in self._rotation(queue):
             p = part.partition or 0
             lock = await self.inner.accept_session(
                 part, None, holder, wait=wait, count=count, mode=mode,
-                tokens=stamped(tokens, p, 0, count))
+                tokens=stamped(tokens, p, 0, count), client=client)
             if lock is not None:
                 waits.discard(p)  # the script took us off this partition's waiters
                 await self.stop_waiting(queue, "s", holder)
@@ -401,6 +405,26 @@ class PartitionedStore:
         return sorted(itertools.chain.from_iterable(infos), key=lambda i: i.session_id)
 
     # --- settlement and locks ----------------------------------------------------------------
+
+    async def session_page(
+        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+    ) -> SessionPage:
+        """A partitioned entity's page merges its partitions' pages after the same cursor, in
+        the sort's order (the cursor carries the last session's id, or its score and id)."""
+        if not queue.partitions:
+            return await self.inner.session_page(queue, sort, after, top, preview)
+        pages = await asyncio.gather(*(self.inner.session_page(p, sort, after, top, preview)
+                                       for p in self.parts(queue)))
+        merged = sorted((d for page in pages for d in page.sessions), key=_page_order(sort))
+        more = len(merged) > top or any(page.next for page in pages)
+        merged = merged[:top]
+        return SessionPage(merged, merged[-1].cursor if more and merged else None,
+                           sum(page.total for page in pages))
+
+    async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(await self.inner.drop_session_lock(
+            self._session_part(queue, session_id), session_id))
+
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
@@ -564,6 +588,14 @@ class PartitionedStore:
     ) -> tuple[int, int]:
         return await self.inner.stage_transaction(
             via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit)
+
+
+def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
+    """The order of the inspector's `sort` index, from a page's sessions (their cursor holds
+    the index's score)."""
+    if sort == "id":
+        return lambda d: (d.cursor.encode(),)
+    return lambda d: (float(d.cursor.split(":", 1)[0]), d.cursor.split(":", 1)[1].encode())
 
 
 def wrap(store: Any) -> Store:

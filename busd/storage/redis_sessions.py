@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from busd.storage.api import (
     QueueSpec,
     ReceiveMode,
+    SessionDetail,
     SessionInfo,
     SessionLock,
+    SessionPage,
     StoredMessage,
 )
 from busd.storage.redis_codec import (
@@ -31,6 +33,7 @@ class SessionCalls(RedisConnection):
     async def accept_session(
         self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
         count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        client: str = "",
     ) -> SessionLock | None:
         check_session_ids([session_id])
         count = max(count, 0)
@@ -40,7 +43,7 @@ class SessionCalls(RedisConnection):
         reply = await self._run_queue(
             "acceptSession", queue, holder, session_arg(session_id), 1 if wait else 0,
             1 if peek_lock else 0, count,
-            token_string(tokens, count) if count and peek_lock else "",
+            token_string(tokens, count) if count and peek_lock else "", client,
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
@@ -141,3 +144,38 @@ class SessionCalls(RedisConnection):
                 "sessionInfos", queue, []
             )
         ]
+
+    async def session_page(
+        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+    ) -> SessionPage:
+        reply = await self._run_queue(
+            "sessionPage", queue, sort, after or "", max(top, 1), max(preview, 0),
+            CLASSIFY_CAP)
+        next_cursor, total = as_text(reply[0]), reply[1]
+        page = [_session_detail(row) for row in reply[2:]]
+        return SessionPage(page, next_cursor or None, total)
+
+    async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(await self._run_queue("releaseSession", queue, "", session_arg(session_id)))
+
+
+# How many of a session's first messages the inspector reads to tell deferred from scheduled.
+CLASSIFY_CAP = 1000
+
+
+def _session_detail(row: list) -> SessionDetail:
+    (sid, holder, locked_until, client, state_size, preview, active, in_flight, deferred,
+     scheduled, oldest, last_activity, updated, score) = row
+    session_id = session_from_reply(sid) or ""
+    stored = as_text(sid) or ""
+    return SessionDetail(
+        session_id=session_id, holder=as_text(holder) if holder else None,
+        locked_until_ms=locked_until or None,
+        client=(client.decode(errors="replace") if isinstance(client, bytes) else client)
+        or None,
+        state_size=state_size, state_preview=preview if preview else None, active=active,
+        in_flight=in_flight, deferred=deferred, scheduled=scheduled,
+        oldest_enqueued_ms=oldest or None, last_activity_ms=last_activity,
+        state_updated_ms=updated,
+        cursor=stored if score is None or score is False else f"{as_text(score)}:{stored}",
+    )

@@ -155,27 +155,36 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
         with sb.get_queue_receiver("sessions", session_id="a", max_wait_time=5) as receiver:
             receiver.session.set_state(b"12345")
-            listed = {s["session_id"]: s for s in tool_json(busd, "sessions", "sessions")}
+            listed = {s["session_id"]: s
+                      for s in tool_json(busd, "sessions", "sessions")["sessions"]}
             assert listed["a"]["locked"] is True
             assert (
                 listed["a"]["locked_until"]
                 == receiver.session.locked_until_utc.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
             )
             assert (listed["a"]["message_count"], listed["a"]["state_size"]) == (2, 5)
+            # the inspector's columns: who holds it, messages by state, the state's preview
+            assert listed["a"]["holder_address"].startswith("127.0.0.1:")
+            assert listed["a"]["holder_connection"]
+            assert listed["a"]["holder_process"]
+            assert (listed["a"]["active"], listed["a"]["in_flight"], listed["a"]["deferred"],
+                    listed["a"]["scheduled"]) == (2, 0, 0, 0)
+            assert listed["a"]["state_preview"] == "12345"
+            assert listed["a"]["oldest_message_age_s"] >= 0
+            assert listed["a"]["last_activity"] and listed["a"]["stuck"] is False
             assert (
                 listed["b"]["locked"],
                 listed["b"]["locked_until"],
                 listed["b"]["message_count"],
-            ) == (False, None, 1)
+                listed["b"]["holder_address"],
+            ) == (False, None, 1, None)
             lines = tool(busd, "sessions", "sessions").output.splitlines()
             assert lines[0].split() == [
-                "SESSION",
-                "LOCKED",
-                "LOCKED-UNTIL",
-                "MESSAGES",
-                "STATE-BYTES",
+                "SESSION", "HOLDER", "LOCKED-UNTIL", "ACTIVE", "IN-FLIGHT", "DEFERRED",
+                "SCHEDULED", "OLDEST", "STATE-BYTES", "STATE", "LAST-ACTIVITY",
             ]
-            assert lines[1].split()[:2] == ["a", "yes"] and lines[1].split()[-2:] == ["2", "5"]
+            assert lines[1].split()[0] == "a" and lines[1].split()[1].startswith("127.0.0.1:")
+            assert lines[1].split()[3] == "2" and "12345" in lines[1].split()
 
 
 def test_peek_dlq_purge_and_resubmit(busd):
@@ -329,7 +338,7 @@ def test_the_tools_work_on_a_topics_subscriptions(busd):
     assert (s1["kind"], s1["topic"], s1["counts"]["active"]) == ("subscription", "events", 1)
     peeked = tool_json(busd, "peek", "Events/Subscriptions/S1")
     assert [m["sequence_number"] for m in peeked] == [sent["sequence_number"]]
-    (info,) = tool_json(busd, "sessions", "events/Subscriptions/s2")
+    (info,) = tool_json(busd, "sessions", "events/Subscriptions/s2")["sessions"]
     assert (info["session_id"], info["message_count"]) == ("k", 1)
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_subscription_receiver("events", "s1", max_wait_time=5) as rx:

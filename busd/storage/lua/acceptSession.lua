@@ -29,6 +29,8 @@
     ARGV[c+5] how many messages to take once locked (0: none)
     ARGV[c+6] peek-lock: the lock tokens, 16 bytes each, one per message (at least ARGV[c+5]),
               as one string
+    ARGV[c+7] the holder's connection, for the session inspector: '<client container
+              id>\0<client address>' ('' unknown)
 
   Output:
     { 0, session id, locked-until ms, delivery row, ... } (includes/deliveryRow.lua; the
@@ -73,6 +75,9 @@ local lockedUntil = Q.now + Q.lockMs
 redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
 redis.call('ZREM', Q.sfree, sid)
+if redis.call('ZSCORE', Q.sessions, sid) then redis.call('HSET', Q.sactive, sid, Q.now) end
+local client = ARGV[QUEUE_ARGC + 7]
+if client and client ~= '' then redis.call('HSET', Q.sclient, sid, client) end
 local out = { 0, sid, lockedUntil }
 local count = tonumber(ARGV[QUEUE_ARGC + 5])
 if count > 0 then

@@ -3,17 +3,22 @@
   unsettled messages are available again without a counted attempt (with one when the lock
   had already expired), and the session can be accepted by next-available again.
 
-  Invariant: only the holder releases; a release by anyone else changes nothing.
+  An operator's release (holder ''; the session inspector's "release a stuck lock") drops
+  whoever holds the lock, likewise: the holder's next settle, renewal or state call then gets
+  session-lock-lost.
+
+  Invariant: only the holder (or an operator) releases; a release by anyone else changes
+  nothing.
 
   Context: queue
 
   Input:
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
-    ARGV[c+1] holder
+    ARGV[c+1] holder ('' an operator: whoever holds it)
     ARGV[c+2] session id
 
   Output:
-    1 released, 0 not held by this holder (nothing changed)
+    1 released, 0 not held (by this holder) (nothing changed)
 
   Events:
     wake-ups (includes/wakeWaiters.lua) when messages or the session became available
@@ -25,7 +30,9 @@ local Q = queueContext(0, 0)
 local holder = ARGV[QUEUE_ARGC + 1]
 local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
-if redis.call('HGET', Q.sholder, sid) ~= holder then return 0 end
+local current = redis.call('HGET', Q.sholder, sid)
+if not current or (holder ~= '' and current ~= holder) then return 0 end
+if holder == '' then Q.caller = current end
 local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
 unlockSession(Q, sid, not lockedUntil or lockedUntil <= Q.now)
 return 1

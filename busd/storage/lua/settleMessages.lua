@@ -52,12 +52,14 @@ for i = QUEUE_ARGC + 4, #ARGV, 6 do
 end
 
 local out = {}
+local settled = {} -- sessions whose holder settled: their last activity is now
 local counts = {}
 local locks = {}
 for i = QUEUE_ARGC + 3, #ARGV, 6 do
   local sid = orNil(ARGV[i + 2]) or false
   local status, seq, m = checkSettlement(Q, E, locks, holder, ARGV[i], sid)
   if status == 0 then
+    if sid and E == Q.q then settled[sid] = true end
     local event = applySettlement(Q, E, seq, m, ARGV[i + 1], orNil(ARGV[i + 3]),
       orNil(ARGV[i + 4]), orNil(ARGV[i + 5]) or false)
     if event then counts[event] = (counts[event] or 0) + 1 end
@@ -65,6 +67,9 @@ for i = QUEUE_ARGC + 3, #ARGV, 6 do
   out[#out + 1] = status
 end
 for _, sid in ipairs(Q.emptied) do forgetSessionIfEmpty(Q, sid) end
+for sid in pairs(settled) do
+  if redis.call('ZSCORE', Q.sessions, sid) then redis.call('HSET', Q.sactive, sid, Q.now) end
+end
 for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
   countEvent(Q, E, event, counts[event] or 0)
 end

@@ -24,6 +24,7 @@ local function unlockSession(Q, sid, failed)
     end
   end
   refreshFreeSession(Q, sid, true)
+  if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   -- A session whose last message was settled and that has no state was forgotten then
   -- (includes/forgetSessionIfEmpty.lua): nothing to note, and an activity noted now would
   -- outlive it.

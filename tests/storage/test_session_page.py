@@ -1,0 +1,98 @@
+"""The session inspector's pages (lua/sessionPage.lua): every session once, in each sort's
+order, with a store cost per page that does not grow with the number of sessions; and an
+operator's release of a session lock."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from busd.errors import Condition
+from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
+
+PAGE = 250
+
+
+def _commands(redis_url: str) -> int:
+    """Commands the server has run so far (those run inside scripts included)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return sum(int(v["calls"]) for v in stats.values())
+
+
+async def _fill(store, queue, count: int) -> None:
+    batch = 1000  # one send call (one script) per thousand sessions
+    for start in range(0, count, batch):
+        await store.send(queue, [NewMessage(b"x", session_id=f"s{i:05d}")
+                                 for i in range(start, min(count, start + batch))])
+
+
+async def _page_cost(store, queue, redis_url: str) -> int:
+    before = _commands(redis_url)
+    await store.session_page(queue, "id", "s00100", PAGE)
+    return _commands(redis_url) - before
+
+
+async def test_pages_cover_every_session_once_at_a_cost_that_does_not_grow(
+        store, make_queue, redis_url):
+    small = make_queue(requires_session=True)
+    big = make_queue(requires_session=True)
+    await _fill(store, small, 500)
+    await _fill(store, big, 5000)
+    # the store's work for one page: the same with 500 sessions as with 5,000
+    assert await _page_cost(store, big, redis_url) == await _page_cost(store, small, redis_url)
+
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await store.session_page(big, "id", after, PAGE)
+        assert page.total == 5000
+        seen += [d.session_id for d in page.sessions]
+        assert all((d.active, d.in_flight, d.deferred, d.scheduled) == (1, 0, 0, 0)
+                   for d in page.sessions)
+        after = page.next
+        if after is None:
+            break
+    assert seen == [f"s{i:05d}" for i in range(5000)]
+
+
+async def test_sorts_follow_their_index_and_columns_count_by_state(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a", session_id="late")])
+    await store.send(q, [NewMessage(b"b", session_id="early"), NewMessage(b"c", session_id="x")])
+    await store.send(q, [NewMessage(b"d", session_id="early")])
+    lock = await store.accept_session(q, "x", "h1", count=1, tokens=tokens(1))
+    await store.set_session_state(q, "x", "h1", b"0123456789" * 10)
+    # the free sessions by their oldest message: "late" was sent first
+    waiting = await store.session_page(q, "waiting", None, 10)
+    assert [d.session_id for d in waiting.sessions] == ["late", "early"]
+    assert waiting.sessions[1].active == 2
+    (held,) = (await store.session_page(q, "locked", None, 10)).sessions
+    assert (held.session_id, held.holder, held.locked_until_ms) == ("x", "h1",
+                                                                     lock.locked_until_ms)
+    assert (held.active, held.in_flight, held.state_size) == (0, 1, 100)
+    assert held.state_preview == b"0123456789" * 3 + b"01"
+    # paging a score-sorted index by its cursor
+    first = await store.session_page(q, "waiting", None, 1)
+    second = await store.session_page(q, "waiting", first.next, 1)
+    assert [first.sessions[0].session_id, second.sessions[0].session_id] == ["late", "early"]
+    with pytest.raises(Exception, match="unknown sort"):
+        await store.session_page(q, "nope", None, 1)
+
+
+async def test_an_operator_release_loses_the_holders_lock(store, make_queue, tokens):
+    q = make_queue(requires_session=True, lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a", session_id="s")])
+    lock = await store.accept_session(q, "s", "h1", count=1, tokens=tokens(1))
+    assert await store.drop_session_lock(q, "s") is True
+    assert await store.drop_session_lock(q, "s") is False
+    (refused,) = await store.settle(
+        q, [Settlement(lock.messages[0].lock_token, Outcome.COMPLETE, session_id="s")], "h1")
+    assert refused == Condition.SESSION_LOCK_LOST
+    again = await store.accept_session(q, "s", "h2", count=1, tokens=tokens(1),
+                                       mode=ReceiveMode.PEEK_LOCK)
+    assert [m.blob for m in again.messages] == [b"a"]  # available again, uncounted
+    assert again.messages[0].delivery_count == 0
