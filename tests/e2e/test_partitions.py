@@ -328,8 +328,12 @@ def test_the_tools_create_a_partitioned_queue_and_show_it_as_one(busd):
         cli_tool(busd, "send", "by-cli", "--session", sid, f"from {sid}")
     found = {q["name"]: q for q in json.loads(cli_tool(busd, "queues", "--json").stdout)}
     assert found["by-cli"]["counts"]["active"] == len(sids)
-    listed = json.loads(cli_tool(busd, "sessions", "by-cli", "--json").stdout)
-    assert sorted(s["session_id"] for s in listed) == sorted(sids)
+    listed = json.loads(cli_tool(busd, "sessions", "by-cli", "--json").stdout)["sessions"]
+    # the inspector merges the partitions' pages, in id order
+    assert [s["session_id"] for s in listed] == sorted(sids)
+    paged = json.loads(cli_tool(busd, "sessions", "by-cli", "--page", "1", "--all",
+                                "--json").stdout)["sessions"]
+    assert [s["session_id"] for s in paged] == sorted(sids)
     peeked = json.loads(cli_tool(busd, "peek", "by-cli", "--json").stdout)
     assert sorted(m["body"] for m in peeked) == sorted(f"from {sid}" for sid in sids)
     assert cli_tool(busd, "purge", "by-cli").exit_code == 0
