@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from busd.entity_properties import BY_NAME, format_duration
 from busd.entity_tools import (
     CORRELATION_FIELDS,
     AtomClient,
@@ -37,14 +38,16 @@ def element_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
-def element_text(value: Any) -> str:
-    """A property value as the API's XML spells it: durations ISO 8601, flags true/false."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
+def element_text(element: str, value: Any) -> str:
+    """A property value as the API's XML spells it, written by the entity property table
+    (busd/entity_properties.py), as busd writes its own descriptions: a duration (a timedelta)
+    in ISO 8601, a flag true or false. A string goes as it is."""
+    if isinstance(value, str):
+        return value
     if isinstance(value, dt.timedelta):
-        seconds = value.total_seconds()
-        return f"PT{int(seconds)}S" if seconds == int(seconds) else f"PT{seconds:.3f}S"
-    return str(value)
+        return format_duration(value // dt.timedelta(milliseconds=1))
+    known = BY_NAME.get(element)
+    return known.to_text(value) if known is not None else str(value)
 
 
 def _correlation_key(name: str) -> str:
@@ -70,7 +73,8 @@ class Management:
             raise ManagementError(f"{method} {path}: {exc.message}") from None
 
     def _put(self, kind: str, path: str, properties: Mapping[str, Any]) -> None:
-        values = [(element_name(k), element_text(v)) for k, v in properties.items()]
+        names = [element_name(k) for k in properties]
+        values = [(n, element_text(n, v)) for n, v in zip(names, properties.values())]
         self._call("PUT", path, entry_document(_DESCRIPTIONS[kind], values))
 
     def create_queue(self, name: str, **properties: Any) -> str:
