@@ -18,6 +18,7 @@ answers for the host.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -81,9 +82,15 @@ class StoreCollector:
                   for event, (name, doc) in _TOTALS.items()}
         messages = GaugeMetricFamily("busd_entity_messages", "Messages per entity and state.",
                                      labels=["entity", "state"])
-        sessions = GaugeMetricFamily("busd_entity_sessions",
-                                     "Sessions with messages or state, and locked sessions.",
-                                     labels=["entity", "kind"])
+        sessions = GaugeMetricFamily(
+            "busd_entity_sessions",
+            "Sessions with messages or state; locked (held) sessions; free sessions (available "
+            "messages, no holder).", labels=["entity", "kind"])
+        oldest = GaugeMetricFamily(
+            "busd_entity_oldest_message_age_seconds",
+            "Age of the entity's lowest-numbered message (not scheduled for later); 0 empty.",
+            labels=["entity"])
+        now_ms = time.time() * 1000
         for name, (counts, dlq) in sorted(self.snapshot.items()):
             dlq_name = f"{name}/$deadletterqueue"
             for event, family in totals.items():
@@ -100,9 +107,15 @@ class StoreCollector:
                 messages.add_metric([name, state], value)
             sessions.add_metric([name, "with_messages"], counts.sessions)
             sessions.add_metric([name, "locked"], counts.locked_sessions)
+            sessions.add_metric([name, "free"], counts.free_sessions)
+            for entity, figures in ((name, counts), (dlq_name, dlq)):
+                enqueued = figures.oldest_enqueued_ms
+                oldest.add_metric([entity], max(0.0, (now_ms - enqueued) / 1000) if enqueued
+                                  else 0.0)
         yield from totals.values()
         yield messages
         yield sessions
+        yield oldest
 
 
 class Metrics:

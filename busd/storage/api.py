@@ -393,6 +393,8 @@ class EntityCounts:
     dead_letter: int = 0
     sessions: int = 0  # sessions with messages or state
     locked_sessions: int = 0
+    free_sessions: int = 0  # with available messages and no holder
+    oldest_enqueued_ms: int | None = None  # of its lowest-numbered message (not scheduled)
     # Monotonic totals of what happened to the entity, counted by the store inside each
     # transition (so exact across processes and paths), by event: sent, duplicates, received,
     # completed, abandoned, released, deferred, deadlettered (moved into the dead-letter

@@ -550,6 +550,10 @@ class PartitionedStore:
             total.dead_letter += c.dead_letter
             total.sessions += c.sessions
             total.locked_sessions += c.locked_sessions
+            total.free_sessions += c.free_sessions
+            if c.oldest_enqueued_ms is not None:
+                total.oldest_enqueued_ms = min(total.oldest_enqueued_ms or c.oldest_enqueued_ms,
+                                               c.oldest_enqueued_ms)
             for name, n in c.totals.items():
                 total.totals[name] = total.totals.get(name, 0) + n
         return total

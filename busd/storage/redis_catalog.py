@@ -145,8 +145,9 @@ class CatalogCalls(RedisConnection):
 
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         reply = await self._run_queue("countEntity", entity, entity_kind(entity))
-        active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions = reply[:7]
-        totals = reply[7:]
+        (active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions,
+         free_sessions, oldest) = reply[:9]
+        totals = reply[9:]
         return EntityCounts(
             active=active,
             locked=locked,
@@ -155,6 +156,8 @@ class CatalogCalls(RedisConnection):
             dead_letter=dead_letter,
             sessions=sessions,
             locked_sessions=locked_sessions,
+            free_sessions=free_sessions,
+            oldest_enqueued_ms=oldest or None,
             totals={
                 name.decode(): count for name, count in zip(totals[0::2], totals[1::2])
             },

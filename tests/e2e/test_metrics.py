@@ -146,6 +146,13 @@ def test_sessions_with_messages_and_locked_sessions(busd):
             m = scrape(busd)
             assert value(m, "busd_entity_sessions", entity="sessions", kind="with_messages") == 2
             assert value(m, "busd_entity_sessions", entity="sessions", kind="locked") == 1
+            assert value(m, "busd_entity_sessions", entity="sessions", kind="free") == 1  # b
+            time.sleep(1.1)
+            age = value(scrape(busd), "busd_entity_oldest_message_age_seconds",
+                        entity="sessions")
+            assert 1 <= age < 60
+    assert value(scrape(busd), "busd_entity_oldest_message_age_seconds",
+                 entity="sessions/$deadletterqueue") == 0
     wait_for(lambda: value(scrape(busd), "busd_entity_sessions", entity="sessions",
                            kind="locked") == 0)
     assert value(scrape(busd), "busd_messages_sent_total", entity="sessions") == 3

@@ -11,21 +11,24 @@
 
   Output:
     { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions,
-      event, total, event, total, ... }
-    (sessions are 0 for the dead-letter sub-queue; the event totals are the entity's, from
+      free sessions, oldest message enqueued ms (0 none), event, total, event, total, ... }
+    (sessions are 0 for the dead-letter sub-queue; free sessions have available messages and
+    no holder; the oldest message is the lowest-numbered one not scheduled for later, among
+    the entity's first ten; the event totals are the entity's, from
     `stats` without the entity prefix: sent, received, completed, expired, ...)
 
   Events:
     none
 ]]
 --- @include "queueContext"
+--- @include "readMeta"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
 local function card(key) return redis.call('ZCARD', key) end
 local out
 if E.dlq then
-  out = { card(E.ready), card(E.locked), 0, card(E.deferred), card(E.all), 0, 0 }
+  out = { card(E.ready), card(E.locked), 0, card(E.deferred), card(E.all), 0, 0, 0 }
 else
   out = {
     card(E.ready) + card(E.sready),
@@ -35,8 +38,18 @@ else
     card(Q.d.all),
     card(Q.sessions),
     redis.call('ZCOUNT', Q.slocks, '(' .. Q.now, '+inf'),
+    card(Q.sfree),
   }
 end
+local oldest = 0
+for _, seq in ipairs(redis.call('ZRANGE', E.all, 0, 9)) do
+  local m = readMeta(E, seq)
+  if m and m.enq <= Q.now then
+    oldest = m.enq
+    break
+  end
+end
+out[#out + 1] = oldest
 local prefix = ARGV[QUEUE_ARGC + 1] .. '.'
 local stats = redis.call('HGETALL', Q.stats)
 for i = 1, #stats, 2 do
