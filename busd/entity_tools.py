@@ -10,7 +10,6 @@ unreachable, 73 already exists, 1 anything else.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +23,6 @@ import click
 from busd import entity_properties as ep
 from busd.auth.sas import generate_sas_token
 from busd.tools import (
-    DEFAULT_SAS_KEY,
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_NOT_FOUND,
@@ -34,6 +32,7 @@ from busd.tools import (
     client_options,
     table,
     tls_context,
+    tool_key,
     unreachable,
 )
 
@@ -50,10 +49,7 @@ class AtomClient:
     def __init__(self, url: str, cafile: str | None = None,
                  key: tuple[str, str] | None = None) -> None:  # fmt: skip
         self.url = url.rstrip("/")
-        if key is None:  # the one the command line signs with
-            name, _, value = os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).partition("=")
-            key = (name, value)
-        self.key_name, self.key = key
+        self.key_name, self.key = tool_key() if key is None else key  # None: the command line's
         self.context = tls_context(self.url, cafile)
 
     def call(self, method: str, path: str, body: bytes | None = None,

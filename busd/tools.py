@@ -58,9 +58,12 @@ class ToolError(click.ClickException):
         click.echo(f"busd: error: {self.message}", err=True)
 
 
-def _admin_key(setting: str) -> tuple[str, str]:
+def tool_key() -> tuple[str, str]:
+    """The key the tools sign their requests with, from `BUSD_SAS_KEY` (NAME=KEY[:RIGHTS],
+    several separated by spaces, as `busd serve --sas-key`; the emulator's key by default):
+    the first holding Manage, which the admin and management APIs want, else the first."""
     keys = []
-    for spec in setting.split():
+    for spec in os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY).split():
         try:
             keys.append(parse_key(spec))
         except ValueError as exc:
@@ -87,13 +90,12 @@ def unreachable(url: str, exc: BaseException) -> ToolError:
 
 class AdminClient:
     """Calls busd's admin API, signing each request with a SAS token made from the key in
-    `BUSD_SAS_KEY` (NAME=KEY[:RIGHTS], as `busd serve --sas-key`; the emulator's key by
-    default). The admin API wants the Manage right: of several keys, the first holding it."""
+    `BUSD_SAS_KEY` (tool_key)."""
 
     def __init__(self, url: str, cafile: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.context = tls_context(self.url, cafile)
-        key_name, key = _admin_key(os.environ.get("BUSD_SAS_KEY", DEFAULT_SAS_KEY))
+        key_name, key = tool_key()
         host = urlsplit(self.url).netloc
         self.token = generate_sas_token(f"sb://{host}/", key_name, key, int(time.time()) + 3600)
 

@@ -101,6 +101,21 @@ def test_a_name_with_a_tilde(busd):
     assert tool(busd, "queue", "show", "cli~q").exit_code == 0
 
 
+def test_the_key_is_read_as_the_other_tools_read_it_rights_and_all(busd, monkeypatch):
+    """BUSD_SAS_KEY is NAME=KEY[:RIGHTS], several separated by spaces: the entity commands
+    sign with the key itself (not `KEY:RIGHTS`) of the first key holding Manage."""
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=SAS_KEY_VALUE:Manage")
+    result = tool(busd, "queue", "show", "cli-file-queue")
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("BUSD_SAS_KEY", "reader=other:Listen "
+                       "RootManageSharedAccessKey=SAS_KEY_VALUE:Manage,Send,Listen")
+    result = tool(busd, "queue", "show", "cli-file-queue")
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey")
+    result = tool(busd, "queue", "show", "cli-file-queue")
+    assert result.exit_code == EXIT_INVALID and "BUSD_SAS_KEY" in result.output, result.output
+
+
 def test_errors_are_one_line_with_exit_codes(busd, monkeypatch):
     bad = tool(busd, "queue", "create", "cli-bad", "--lock-duration", "P10D")
     assert bad.exit_code == EXIT_INVALID
