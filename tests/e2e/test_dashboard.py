@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import SessionLockLostError
 from azure.servicebus.management import (
     ServiceBusAdministrationClient,
     SqlRuleAction,
@@ -42,7 +43,8 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 @pytest.fixture(scope="module")
 def busd(busd_factory):
     return busd_factory([queue("dash-plain"), queue("dash-sessions", RequiresSession=True),
-                         queue("dash-subject"), queue("dash-dead", RequiresSession=True)])
+                         queue("dash-subject"), queue("dash-dead", RequiresSession=True),
+                         queue("dash-held", RequiresSession=True)])
 
 
 @pytest.fixture
@@ -133,6 +135,8 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
     assert _cell(browser, row, "message-count") == "23"
     assert _cell(browser, row, "locked") == "no"
+    assert [_cell(browser, row, c) for c in ("active", "in-flight", "deferred", "holder")] == [
+        "23", "0", "0", "-"]
     _click(browser, f"{row} button.peek-session")
     _wait_text(browser, "#page-info", "page 1, 10 message(s)")
     page1 = _seqs(browser)
@@ -239,3 +243,32 @@ def test_dashboard_dead_letters_a_session_and_resubmits_it_in_order(busd, browse
         with client.get_queue_receiver("dash-dead", session_id="s-9",
                                        max_wait_time=5) as receiver:
             assert [str(m) for m in receive(receiver, 3)] == ["d0", "d1", "d2"]
+
+
+def test_dashboard_shows_who_holds_a_session_and_releases_its_lock(busd, browser):
+    with ServiceBusClient.from_connection_string(busd.connection_string,
+                                                 retry_total=0) as client:
+        with client.get_queue_sender("dash-held") as sender:
+            sender.send_messages([ServiceBusMessage(f"h{i}", session_id="held-1")
+                                  for i in range(2)])
+        with client.get_queue_receiver("dash-held", session_id="held-1",
+                                       max_wait_time=5) as receiver:
+            (message,) = receive(receiver, 1)[:1]
+            receiver.session.set_state(b"cursor=1")
+            _sign_in(browser, busd)
+            _click(browser, 'tr[data-queue="dash-held"]')
+            row = 'tr[data-session="held-1"]'
+            WebDriverWait(browser, 15).until(
+                ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+            assert _cell(browser, row, "holder").startswith("127.0.0.1:")
+            assert [_cell(browser, row, c) for c in ("active", "in-flight", "state-preview")] == [
+                "1", "1", "cursor=1"]
+            _click(browser, f"{row} button.release-session")
+            _wait_text(browser, "#status", "Released the lock of session held-1.")
+            _wait_text(browser, f"{row} td.locked", "no")
+            with pytest.raises(SessionLockLostError):
+                receiver.complete_message(message)
+    _click(browser, 'tr[data-session="held-1"] button.clear-state')
+    WebDriverWait(browser, 10).until(ec.alert_is_present()).accept()
+    _wait_text(browser, "#status", "Cleared the state of session held-1.")
+    _wait_text(browser, 'tr[data-session="held-1"] td.state-size', "0")
