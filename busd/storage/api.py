@@ -335,15 +335,6 @@ class SessionLock:
     messages: list[StoredMessage] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class SessionInfo:
-    session_id: str
-    message_count: int
-    locked_until_ms: int | None  # None when not locked (or the lock expired)
-    state_size: int
-    updated_ms: int
-
-
 # The session inspector's sorts: each is a sorted index of the store (lua/sessionPage.lua).
 SESSION_SORTS = ("id", "locked", "waiting", "updated")
 
@@ -366,6 +357,10 @@ class SessionDetail:
     last_activity_ms: int  # accepted, a message settled, its lock ended; 0 unknown
     state_updated_ms: int  # 0 never set
     cursor: str = ""  # what continues a listing after this session
+
+    @property
+    def message_count(self) -> int:
+        return self.active + self.in_flight + self.deferred + self.scheduled
 
 
 @dataclass(slots=True)
@@ -583,9 +578,6 @@ class Store(Protocol):
     ) -> list[str]:
         """Session ids in a stable order. updated_after_ms None: sessions with messages or state;
         else only sessions whose state was set after that time."""
-
-    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
-        """Every session with messages or state, for tools."""
 
     async def session_page(
         self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,

@@ -45,7 +45,6 @@ from busd.storage.api import (
     QueueSpec,
     ReceiveMode,
     SessionDetail,
-    SessionInfo,
     SessionLock,
     SessionPage,
     Settlement,
@@ -397,14 +396,6 @@ class PartitionedStore:
                                                                 updated_after_ms)
                                        for p in self.parts(queue)))
         return sorted(itertools.chain.from_iterable(pages))[skip: skip + top]
-
-    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
-        if not queue.partitions:
-            return list(await self.inner.session_infos(queue))
-        infos = await asyncio.gather(*(self.inner.session_infos(p) for p in self.parts(queue)))
-        return sorted(itertools.chain.from_iterable(infos), key=lambda i: i.session_id)
-
-    # --- settlement and locks ----------------------------------------------------------------
 
     async def session_page(
         self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,

@@ -10,7 +10,6 @@ from busd.storage.api import (
     QueueSpec,
     ReceiveMode,
     SessionDetail,
-    SessionInfo,
     SessionLock,
     SessionPage,
     StoredMessage,
@@ -130,20 +129,6 @@ class SessionCalls(RedisConnection):
             "listSessions", queue, max(skip, 0), top, optional_arg(updated_after_ms)
         )
         return [session_from_reply(sid) or "" for sid in reply]
-
-    async def session_infos(self, queue: QueueSpec) -> list[SessionInfo]:
-        return [
-            SessionInfo(
-                session_id=session_from_reply(sid) or "",
-                message_count=count,
-                locked_until_ms=locked_until,
-                state_size=state_size,
-                updated_ms=updated,
-            )
-            for sid, count, locked_until, state_size, updated in await self._run(
-                "sessionInfos", queue, []
-            )
-        ]
 
     async def session_page(
         self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,

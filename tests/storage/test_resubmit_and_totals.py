@@ -55,7 +55,7 @@ async def test_resubmit_leaves_locked_dead_letters_and_keeps_sessions(store, mak
     assert await store.resubmit_dead_letters(q, 100) == 1
     dlq = await store.counts(q.dead_letter_queue)
     assert (dlq.active, dlq.locked) == (0, 1)
-    infos = await store.session_infos(q)
+    infos = (await store.session_page(q, "id", None, 10)).sessions
     assert [(i.session_id, i.message_count) for i in infos] == [("s", 1)]
     lock = await store.accept_session(q, None, "other")
     assert lock is not None and lock.session_id == "s"

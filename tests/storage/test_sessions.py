@@ -366,15 +366,15 @@ async def test_list_sessions_updated_after_returns_sessions_whose_state_was_set(
     assert sorted(await store.list_sessions(sq, 0, 10, 0)) == ["new", "old"]
 
 
-async def test_session_infos(store, sq, tokens):
+async def test_session_page_details(store, sq, tokens):
     await store.send(sq, msgs("s1", b"1", b"2") + msgs("s2", b"3"))
     lock = await store.accept_session(sq, "s1", "h1")
     await store.set_session_state(sq, "s1", "h1", b"abc")
-    infos = {i.session_id: i for i in await store.session_infos(sq)}
+    infos = {i.session_id: i for i in (await store.session_page(sq, "id", None, 10)).sessions}
     assert set(infos) == {"s1", "s2"}
     assert (infos["s1"].message_count, infos["s1"].state_size) == (2, 3)
     assert infos["s1"].locked_until_ms == lock.locked_until_ms
-    assert infos["s1"].updated_ms > 0
+    assert infos["s1"].state_updated_ms > 0
     s2 = infos["s2"]
     assert (s2.message_count, s2.locked_until_ms, s2.state_size) == (1, None, 0)
 
@@ -478,7 +478,9 @@ async def test_the_empty_session_id_is_a_session_of_its_own(store, sq, tokens):
     assert [m.blob for m in await store.peek(sq, 0, 10, "")] == [b"e0", b"e1"]
     await store.set_session_state(sq, "", "h1", b"state")
     assert await store.get_session_state(sq, "", "h1") == b"state"
-    assert {i.session_id for i in await store.session_infos(sq)} == {"", "\x01"}
+    page = await store.session_page(sq, "id", None, 1)  # the empty id pages like any other
+    rest = await store.session_page(sq, "id", page.next, 1)
+    assert [i.session_id for i in page.sessions + rest.sessions] == ["", "\x01"]
     refused = await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE, session_id="")
                                       for m in got], "h1")
     assert refused == [OK, OK]
