@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.errors import BusdError, Condition
-from busd.storage import keys as keyspace
 from busd.storage.api import (
     QueueSpec,
     StagedCancel,
@@ -102,7 +101,7 @@ class TransactionCalls(RedisConnection):
     ) -> None:
         queues = ([via] if isinstance(via, QueueSpec) else []) + list(others)
         keys = list(self._keys_for("commitTransaction", via))
-        args: list[Any] = [txn_id, len(keyspace.QUEUE_KEYS), len(queues)]
+        args: list[Any] = [txn_id, len(queues)]
         for queue in queues:
             keys += self._keys_for("sendMessages", queue)
             args += self._queue_args(queue) + [

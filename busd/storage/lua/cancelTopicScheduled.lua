@@ -27,11 +27,9 @@
 --- @include "deleteMessage"
 
 local T = topicContext()
-local perSub = 0
-if T.n > 0 then perSub = (#KEYS - 4) / T.n end
 local subs = {}
 for s = 1, T.n do
-  subs[s] = queueContext(4 + (s - 1) * perSub, 2 + (s - 1) * QUEUE_ARGC)
+  subs[s] = queueContext(4 + (s - 1) * QUEUE_KEYC, 2 + (s - 1) * QUEUE_ARGC)
 end
 local found, seen = {}, {}
 for i = 3 + QUEUE_ARGC * T.n, #ARGV do

@@ -34,8 +34,7 @@
               per topic its topic context (TOPIC_KEYS, then one queue context per subscription)
               (built by the store: the loader knows the via entity's keys only)
     ARGV[1]   transaction id
-    ARGV[2]   keys per queue context
-    ARGV[3]   number of queue-like entities (queues, subscriptions) the transaction names
+    ARGV[2]   number of queue-like entities (queues, subscriptions) the transaction names
     then c+2 per such entity: its c queue context parameters (includes/queueContext.lua),
               its duplicate detection window ms (0: off), '1' when it requires sessions
     then      the number of topics it sends to or cancels on; per topic, as publishMessages
@@ -72,18 +71,17 @@
 
 local T = transactionKeys(0)
 local txn = ARGV[1]
-local ctx = tonumber(ARGV[2])
 local woken = {} -- one wake-up per waiter for the whole commit
 
 -- entity name -> { Q = its context, window = ms, sessionQueue = bool }
 local entities = {}
-local kb, ab = 2, 3
-for _ = 1, tonumber(ARGV[3]) do
+local kb, ab = 2, 2
+for _ = 1, tonumber(ARGV[2]) do
   local Q = queueContext(kb, ab)
   Q.woken = woken
   entities[Q.queue] = { Q = Q, window = tonumber(ARGV[ab + QUEUE_ARGC + 1]),
                         sessionQueue = ARGV[ab + QUEUE_ARGC + 2] == '1' }
-  kb, ab = kb + ctx, ab + QUEUE_ARGC + 2
+  kb, ab = kb + QUEUE_KEYC, ab + QUEUE_ARGC + 2
 end
 -- topic name -> { T = its context, subs = its subscriptions' contexts, window, by name, ... }
 local topics = {}
@@ -92,7 +90,7 @@ ab = ab + 1
 for _ = 1, nt do
   local tc = topicContext(kb, ab)
   local b = ab + 3 + QUEUE_ARGC * tc.n
-  local t = { T = tc, subs = topicSubscriptions(tc, kb, ab, b, ctx), byName = {},
+  local t = { T = tc, subs = topicSubscriptions(tc, kb, ab, b), byName = {},
               window = tonumber(ARGV[b]), accepted = 0, duplicates = 0, dropped = 0 }
   for s, Q in ipairs(t.subs) do
     Q.woken = woken
@@ -100,7 +98,7 @@ for _ = 1, nt do
   end
   t.pick = function(name) return t.byName[name] end
   topics[tc.topic] = t
-  kb, ab = kb + 4 + ctx * tc.n, b + 2 * tc.n
+  kb, ab = kb + 4 + QUEUE_KEYC * tc.n, b + 2 * tc.n
 end
 
 local function drop()

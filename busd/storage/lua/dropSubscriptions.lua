@@ -28,11 +28,9 @@
 --- @include "queueContext"
 
 local T = topicContext()
-local perSub = 0
-if T.n > 0 then perSub = (#KEYS - 4) / T.n end
 local n = 0
 for i = 1, T.n do
-  local Q = queueContext(4 + (i - 1) * perSub, 2 + (i - 1) * QUEUE_ARGC)
+  local Q = queueContext(4 + (i - 1) * QUEUE_KEYC, 2 + (i - 1) * QUEUE_ARGC)
   n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
   for name, key in pairs(Q) do
     if type(key) == 'table' then

@@ -100,7 +100,7 @@ elseif kind == 't' then
   local n = T.n
   local b = at + 3 + QUEUE_ARGC * n
   window = tonumber(ARGV[b])
-  subs = topicSubscriptions(T, QUEUE_KEYC + 1, at, b, QUEUE_KEYC)
+  subs = topicSubscriptions(T, QUEUE_KEYC + 1, at, b)
   i = b + 2 * n + 1
 end
 if not exists then kind = '' end

@@ -38,11 +38,9 @@
 
 local T = topicContext()
 local n = T.n
-local perSub = 0
-if n > 0 then perSub = (#KEYS - 4) / n end
 local b = 3 + QUEUE_ARGC * n
 local window = tonumber(ARGV[b])
-local subs = topicSubscriptions(T, 0, 0, b, perSub)
+local subs = topicSubscriptions(T, 0, 0, b)
 local first = b + 2 * n + 1
 local i = forwardRecords(T.dedup, T.now, window, first + 1, tonumber(ARGV[first]))
 local keep = T.now + 86400000

@@ -50,11 +50,9 @@
 
 local T = topicContext()
 local n = T.n
-local perSub = 0
-if n > 0 then perSub = (#KEYS - 4) / n end
 local b = 3 + QUEUE_ARGC * n
 local window = tonumber(ARGV[b])
-local subs = topicSubscriptions(T, 0, 0, b, perSub)
+local subs = topicSubscriptions(T, 0, 0, b)
 
 if window > 0 then
   redis.call('ZREMRANGEBYSCORE', T.dedup, '-inf', T.now - window)

@@ -3,10 +3,10 @@
 -- parameters start at ARGV[ab+1] (includes/topicContext.lua): each subscription's queue
 -- context, live or not (in `subs`), whether it requires sessions and its default time to live
 -- (the two per subscription at ARGV[b+1 ..]), all on T's clock.
-local function topicSubscriptions(T, kb, ab, b, perSub)
+local function topicSubscriptions(T, kb, ab, b)
   local subs = {}
   for i = 1, T.n do
-    local Q = queueContext(kb + 4 + (i - 1) * perSub, ab + 2 + (i - 1) * QUEUE_ARGC)
+    local Q = queueContext(kb + 4 + (i - 1) * QUEUE_KEYC, ab + 2 + (i - 1) * QUEUE_ARGC)
     Q.now = T.now  -- one clock for every copy
     Q.live = redis.call('SISMEMBER', T.subs, Q.queue) == 1
     Q.sessionQueue = ARGV[b + 2 * i - 1] == '1'
