@@ -262,7 +262,8 @@ async def test_the_sweep_drops_the_waiters_of_a_process_that_stopped(
     q = make_queue()
     monkeypatch.setattr(rs, "LIVENESS_MS", 50)
     dead = "deadbeef0000"
-    await store._run_queue("sweepQueue", q, dead, 50, 16)  # the other process was live once
+    # the other process was live once (no SessionIdleTimeToLive: '')
+    await store._run_queue("sweepQueue", q, dead, 50, 16, "")
     assert await store.receive(q, 1, RAD, [], f"{dead}:r") == []
     live = await wait_for_message(store, q, "live")
     await asyncio.sleep(0.1)
