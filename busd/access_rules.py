@@ -24,8 +24,16 @@ RIGHTS = ("Manage", "Send", "Listen")
 RULE_TYPE = "SharedAccessAuthorizationRule"
 CLAIM_TYPE = "SharedAccessKey"
 KEY_NAME_MAX_LENGTH = 256  # Service Bus's
-FIELDS = ("ClaimType", "ClaimValue", "Rights", "CreatedTime", "ModifiedTime", "KeyName",
-          "PrimaryKey", "SecondaryKey")  # in the order the service writes them
+FIELDS = (
+    "ClaimType",
+    "ClaimValue",
+    "Rights",
+    "CreatedTime",
+    "ModifiedTime",
+    "KeyName",
+    "PrimaryKey",
+    "SecondaryKey",
+)  # in the order the service writes them
 
 
 def normalize(value: Any, fill: bool = True) -> list[dict[str, Any]]:
@@ -51,12 +59,15 @@ def _rule(raw: Any, fill: bool) -> dict[str, Any]:
         raise ConfigError(f"AuthorizationRules: each rule must be an object, got {raw!r}")
     unknown = sorted(set(raw) - set(FIELDS) - {"Type"})
     if unknown:
-        raise ConfigError(f"AuthorizationRules: unknown field {unknown[0]!r}: a rule has "
-                          f"{', '.join(FIELDS)}")
+        raise ConfigError(
+            f"AuthorizationRules: unknown field {unknown[0]!r}: a rule has {', '.join(FIELDS)}"
+        )
     name = raw.get("KeyName")
     if not isinstance(name, str) or not 1 <= len(name) <= KEY_NAME_MAX_LENGTH:
-        raise ConfigError(f"AuthorizationRules: each rule needs a KeyName of 1.."
-                          f"{KEY_NAME_MAX_LENGTH} characters, got {name!r}")
+        raise ConfigError(
+            f"AuthorizationRules: each rule needs a KeyName of 1.."
+            f"{KEY_NAME_MAX_LENGTH} characters, got {name!r}"
+        )
     label = f"AuthorizationRules: rule {name!r}"
     if raw.get("Type", RULE_TYPE) != RULE_TYPE:
         raise ConfigError(f"{label}: only {RULE_TYPE} rules are supported")
@@ -65,11 +76,11 @@ def _rule(raw: Any, fill: bool) -> dict[str, Any]:
         raise ConfigError(f"{label}: Rights must list one or more of {', '.join(RIGHTS)}")
     named: list[str] = []
     for right in rights:
-        match = next((r for r in RIGHTS if isinstance(right, str) and r.lower() == right.lower()),
-                     None)
+        match = next(
+            (r for r in RIGHTS if isinstance(right, str) and r.lower() == right.lower()), None
+        )
         if match is None:
-            raise ConfigError(f"{label}: unknown right {right!r}: rights are "
-                              f"{', '.join(RIGHTS)}")
+            raise ConfigError(f"{label}: unknown right {right!r}: rights are {', '.join(RIGHTS)}")
         if match not in named:
             named.append(match)
     rule: dict[str, Any] = {
@@ -102,8 +113,9 @@ def kept(rules: list[dict[str, Any]], stored: Any) -> list[dict[str, Any]]:
     """The entities file's `rules` (read without `fill`) with the keys and times they leave out
     taken from the `stored` rules of the same KeyName (any case), else made: a key made for a
     rule the file declares without one is kept from start to start."""
-    by_name = {rule.get("KeyName", "").lower(): rule for rule in stored or ()
-               if isinstance(rule, dict)}
+    by_name = {
+        rule.get("KeyName", "").lower(): rule for rule in stored or () if isinstance(rule, dict)
+    }
     return [_filled(rule, by_name.get(rule["KeyName"].lower())) for rule in rules]
 
 

@@ -91,36 +91,70 @@ def _parse_sas_keys(values: tuple[str, ...]) -> dict[str, str] | None:
 _LIMITS = Limits()
 # (option, field, type, help): what one client may make the process hold (busd/broker/limits.py)
 _LIMIT_OPTIONS = [
-    ("--link-buffer", "link_buffer", int,
-     "Bytes one link may buffer of an unfinished transfer (0: its queue's max message size "
-     "+ 64 KiB); past it the transfer is refused, amqp:link:message-size-exceeded."),
-    ("--connection-buffer", "connection_buffer", int,
-     "Bytes of unfinished transfers one connection may buffer (default 16 MiB, at least the "
-     "largest queue's max message size); past it the link is detached, "
-     "amqp:resource-limit-exceeded."),
-    ("--process-buffer", "process_buffer", int,
-     "Bytes of unfinished transfers the process may buffer (default 32 MiB); past it the "
-     "link is detached, amqp:resource-limit-exceeded."),
-    ("--cbs-request-size", "cbs_request", int,
-     "Largest $cbs request (a put-token is a few KB); past it the link is detached, "
-     "amqp:link:message-size-exceeded."),
-    ("--max-links-per-connection", "links_per_connection", int,
-     "Links one connection may have; more are refused, amqp:resource-limit-exceeded."),
-    ("--max-connections", "connections", int,
-     "Connections this process serves at once (0: no cap); more are closed, "
-     "amqp:resource-limit-exceeded."),
-    ("--auth-timeout", "auth_timeout_s", float,
-     "Seconds a connection may stay without a valid put-token (0: no limit); then it is "
-     "closed, amqp:unauthorized-access."),
+    (
+        "--link-buffer",
+        "link_buffer",
+        int,
+        "Bytes one link may buffer of an unfinished transfer (0: its queue's max message size "
+        "+ 64 KiB); past it the transfer is refused, amqp:link:message-size-exceeded.",
+    ),
+    (
+        "--connection-buffer",
+        "connection_buffer",
+        int,
+        "Bytes of unfinished transfers one connection may buffer (default 16 MiB, at least the "
+        "largest queue's max message size); past it the link is detached, "
+        "amqp:resource-limit-exceeded.",
+    ),
+    (
+        "--process-buffer",
+        "process_buffer",
+        int,
+        "Bytes of unfinished transfers the process may buffer (default 32 MiB); past it the "
+        "link is detached, amqp:resource-limit-exceeded.",
+    ),
+    (
+        "--cbs-request-size",
+        "cbs_request",
+        int,
+        "Largest $cbs request (a put-token is a few KB); past it the link is detached, "
+        "amqp:link:message-size-exceeded.",
+    ),
+    (
+        "--max-links-per-connection",
+        "links_per_connection",
+        int,
+        "Links one connection may have; more are refused, amqp:resource-limit-exceeded.",
+    ),
+    (
+        "--max-connections",
+        "connections",
+        int,
+        "Connections this process serves at once (0: no cap); more are closed, "
+        "amqp:resource-limit-exceeded.",
+    ),
+    (
+        "--auth-timeout",
+        "auth_timeout_s",
+        float,
+        "Seconds a connection may stay without a valid put-token (0: no limit); then it is "
+        "closed, amqp:unauthorized-access.",
+    ),
 ]
 
 
 def _limit_options(command):
     for option, name, kind, text in reversed(_LIMIT_OPTIONS):
         envvar = "BUSD_" + option.removeprefix("--").replace("-", "_").upper()
-        command = click.option(option, name, envvar=envvar, type=kind,
-                               default=getattr(_LIMITS, name), show_default=True,
-                               help=text)(command)
+        command = click.option(
+            option,
+            name,
+            envvar=envvar,
+            type=kind,
+            default=getattr(_LIMITS, name),
+            show_default=True,
+            help=text,
+        )(command)
     return command
 
 
@@ -131,67 +165,160 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--host", envvar="BUSD_HOST", default=_DEFAULTS.host, show_default=True,
-              help="Address to listen on for AMQP (0.0.0.0 in a container).")
-@click.option("--port", envvar="BUSD_PORT", type=int, default=_DEFAULTS.port, show_default=True,
-              help="AMQP port (HTTP and HTTPS answered on it too).")
-@click.option("--config", "config_path", envvar="BUSD_CONFIG", default=None,
-              type=click.Path(dir_okay=False),
-              help="Entities file: the Service Bus emulator's Config.json, as is.")
-@click.option("--redis-url", envvar="BUSD_REDIS_URL", default=None,
-              help="Redis/Valkey to keep state in (redis+cluster://host:port for a Cluster, "
-                   "redis+sentinel://host:port[,host:port...]/service for Sentinel); none: "
-                   "start an embedded Valkey.")
-@click.option("--data-dir", envvar="BUSD_DATA_DIR", default=_DEFAULTS.data_dir,
-              show_default=True, help="Where the embedded Valkey keeps its files.")
-@click.option("--http-port", envvar="BUSD_HTTP_PORT", type=int, default=_DEFAULTS.http_port,
-              show_default=True,
-              help="Port for health, metrics and admin over HTTP (0: any free port).")
-@click.option("--tls-port", envvar="BUSD_TLS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.tls_port,
-              show_default=True,
-              help="Port for AMQP over TLS and HTTPS (0: any free port, off: none).")
-@click.option("--ws-port", envvar="BUSD_WS_PORT", type=PORT_OR_OFF, default=_DEFAULTS.ws_port,
-              show_default=True,
-              help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "
-                   "(0: any free port, off: none).")
-@click.option("--tls-cert", envvar="BUSD_TLS_CERT", default=None, type=click.Path(dir_okay=False),
-              help="PEM certificate (chain) for TLS; none: a self-signed one kept in the data "
-                   "directory.")
-@click.option("--tls-key", envvar="BUSD_TLS_KEY", default=None, type=click.Path(dir_okay=False),
-              help="PEM private key of --tls-cert.")
-@click.option("--log-level", envvar="BUSD_LOG_LEVEL", default=_DEFAULTS.log_level,
-              show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False))
-@click.option("--log-format", envvar="BUSD_LOG_FORMAT", default=_DEFAULTS.log_format,
-              show_default=True, type=click.Choice(LOG_FORMATS, case_sensitive=False))
-@click.option("--sas-key", "sas_keys", envvar="BUSD_SAS_KEY", multiple=True,
-              metavar="NAME=KEY[:RIGHTS]",
-              help="A shared access key clients may sign tokens with (repeatable; in "
-                   "BUSD_SAS_KEY separated by spaces), with its rights, e.g. "
-                   "reader=KEY:Listen or app=KEY:Send,Listen (none given: Send, Listen and "
-                   "Manage); default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.")
-@click.option("--key-prefix", envvar="BUSD_KEY_PREFIX", default=_DEFAULTS.key_prefix,
-              show_default=True,
-              help="Prefix of every store key: several brokers can share one Redis.")
-@click.option("--sweep-interval", envvar="BUSD_SWEEP_INTERVAL", type=float,
-              default=_DEFAULTS.sweep_interval_s, show_default=True,
-              help="Seconds between sweeps for expired locks, TTL and scheduled messages.")
-@click.option("--store-connections", envvar="BUSD_STORE_CONNECTIONS", type=int,
-              default=_DEFAULTS.store_connections, show_default=True,
-              help="Store calls in flight at once (pipelined on one connection); more wait "
-                   "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.")
-@click.option("--workers", envvar="BUSD_WORKERS", type=COUNT_OR_AUTO,
-              default=_DEFAULTS.workers, show_default=True,
-              help="busd processes serving the same ports (auto: one per core), started, "
-                   "restarted and stopped by this one; the embedded Valkey is started once.")
-@click.option("--durability", envvar="BUSD_DURABILITY", default=_DEFAULTS.durability,
-              show_default=True, type=click.Choice(DURABILITIES, case_sensitive=False),
-              help="When a send, settlement, session-state write or commit is acknowledged: "
-                   "once the store ran it (local), once the primary fsynced it (fsync), or "
-                   "once a replica has it too (replicated); both need appendonly yes.")
+@click.option(
+    "--host",
+    envvar="BUSD_HOST",
+    default=_DEFAULTS.host,
+    show_default=True,
+    help="Address to listen on for AMQP (0.0.0.0 in a container).",
+)
+@click.option(
+    "--port",
+    envvar="BUSD_PORT",
+    type=int,
+    default=_DEFAULTS.port,
+    show_default=True,
+    help="AMQP port (HTTP and HTTPS answered on it too).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    envvar="BUSD_CONFIG",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Entities file: the Service Bus emulator's Config.json, as is.",
+)
+@click.option(
+    "--redis-url",
+    envvar="BUSD_REDIS_URL",
+    default=None,
+    help="Redis/Valkey to keep state in (redis+cluster://host:port for a Cluster, "
+    "redis+sentinel://host:port[,host:port...]/service for Sentinel); none: "
+    "start an embedded Valkey.",
+)
+@click.option(
+    "--data-dir",
+    envvar="BUSD_DATA_DIR",
+    default=_DEFAULTS.data_dir,
+    show_default=True,
+    help="Where the embedded Valkey keeps its files.",
+)
+@click.option(
+    "--http-port",
+    envvar="BUSD_HTTP_PORT",
+    type=int,
+    default=_DEFAULTS.http_port,
+    show_default=True,
+    help="Port for health, metrics and admin over HTTP (0: any free port).",
+)
+@click.option(
+    "--tls-port",
+    envvar="BUSD_TLS_PORT",
+    type=PORT_OR_OFF,
+    default=_DEFAULTS.tls_port,
+    show_default=True,
+    help="Port for AMQP over TLS and HTTPS (0: any free port, off: none).",
+)
+@click.option(
+    "--ws-port",
+    envvar="BUSD_WS_PORT",
+    type=PORT_OR_OFF,
+    default=_DEFAULTS.ws_port,
+    show_default=True,
+    help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "
+    "(0: any free port, off: none).",
+)
+@click.option(
+    "--tls-cert",
+    envvar="BUSD_TLS_CERT",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="PEM certificate (chain) for TLS; none: a self-signed one kept in the data directory.",
+)
+@click.option(
+    "--tls-key",
+    envvar="BUSD_TLS_KEY",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="PEM private key of --tls-cert.",
+)
+@click.option(
+    "--log-level",
+    envvar="BUSD_LOG_LEVEL",
+    default=_DEFAULTS.log_level,
+    show_default=True,
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="BUSD_LOG_FORMAT",
+    default=_DEFAULTS.log_format,
+    show_default=True,
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+)
+@click.option(
+    "--sas-key",
+    "sas_keys",
+    envvar="BUSD_SAS_KEY",
+    multiple=True,
+    metavar="NAME=KEY[:RIGHTS]",
+    help="A shared access key clients may sign tokens with (repeatable; in "
+    "BUSD_SAS_KEY separated by spaces), with its rights, e.g. "
+    "reader=KEY:Listen or app=KEY:Send,Listen (none given: Send, Listen and "
+    "Manage); default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.",
+)
+@click.option(
+    "--key-prefix",
+    envvar="BUSD_KEY_PREFIX",
+    default=_DEFAULTS.key_prefix,
+    show_default=True,
+    help="Prefix of every store key: several brokers can share one Redis.",
+)
+@click.option(
+    "--sweep-interval",
+    envvar="BUSD_SWEEP_INTERVAL",
+    type=float,
+    default=_DEFAULTS.sweep_interval_s,
+    show_default=True,
+    help="Seconds between sweeps for expired locks, TTL and scheduled messages.",
+)
+@click.option(
+    "--store-connections",
+    envvar="BUSD_STORE_CONNECTIONS",
+    type=int,
+    default=_DEFAULTS.store_connections,
+    show_default=True,
+    help="Store calls in flight at once (pipelined on one connection); more wait "
+    "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.",
+)
+@click.option(
+    "--workers",
+    envvar="BUSD_WORKERS",
+    type=COUNT_OR_AUTO,
+    default=_DEFAULTS.workers,
+    show_default=True,
+    help="busd processes serving the same ports (auto: one per core), started, "
+    "restarted and stopped by this one; the embedded Valkey is started once.",
+)
+@click.option(
+    "--durability",
+    envvar="BUSD_DURABILITY",
+    default=_DEFAULTS.durability,
+    show_default=True,
+    type=click.Choice(DURABILITIES, case_sensitive=False),
+    help="When a send, settlement, session-state write or commit is acknowledged: "
+    "once the store ran it (local), once the primary fsynced it (fsync), or "
+    "once a replica has it too (replicated); both need appendonly yes.",
+)
 @_limit_options
-@click.option("--transaction-timeout", envvar="BUSD_TRANSACTION_TIMEOUT", type=float,
-              default=_DEFAULTS.transaction_timeout_s, show_default=True,
-              help="Seconds after its first operation a transaction is rolled back.")
+@click.option(
+    "--transaction-timeout",
+    envvar="BUSD_TRANSACTION_TIMEOUT",
+    type=float,
+    default=_DEFAULTS.transaction_timeout_s,
+    show_default=True,
+    help="Seconds after its first operation a transaction is rolled back.",
+)
 def serve(
     host: str,
     port: int,
@@ -263,11 +390,15 @@ def serve(
 
 
 @cli.command("sas-token")
-@click.option("--audience", required=True,
-              help="What the token grants, e.g. sb://localhost:5672/myqueue "
-              "(or sb://localhost:5672/ for all).")
-@click.option("--key-name", envvar="BUSD_SAS_KEY_NAME", default="RootManageSharedAccessKey",
-              show_default=True)
+@click.option(
+    "--audience",
+    required=True,
+    help="What the token grants, e.g. sb://localhost:5672/myqueue "
+    "(or sb://localhost:5672/ for all).",
+)
+@click.option(
+    "--key-name", envvar="BUSD_SAS_KEY_NAME", default="RootManageSharedAccessKey", show_default=True
+)
 @click.option("--key", envvar="BUSD_SAS_KEY_VALUE", default="SAS_KEY_VALUE", show_default=True)
 @click.option("--ttl", type=int, default=3600, show_default=True, help="Seconds of validity.")
 def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:

@@ -54,9 +54,19 @@ DURABILITIES = ("local", "fsync", "replicated")
 # (busd.storage.redis_store, as does a `?cluster=true` parameter), `+sentinel` the Sentinels
 # of a primary and its replicas.
 REDIS_URL_SCHEMES = (
-    "redis://", "rediss://", "unix://", "valkey://", "valkeys://",
-    "redis+cluster://", "rediss+cluster://", "valkey+cluster://", "valkeys+cluster://",
-    "redis+sentinel://", "rediss+sentinel://", "valkey+sentinel://", "valkeys+sentinel://",
+    "redis://",
+    "rediss://",
+    "unix://",
+    "valkey://",
+    "valkeys://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "valkey+cluster://",
+    "valkeys+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "valkey+sentinel://",
+    "valkeys+sentinel://",
 )
 
 
@@ -128,12 +138,11 @@ class Settings:
             if not key_name or not key:
                 raise ConfigError(f"SAS key {key_name!r} needs both a name and a key")
         if not 1 <= self.store_connections <= 10_000:
-            raise ConfigError(
-                f"store connections must be 1..10000, got {self.store_connections}"
-            )
+            raise ConfigError(f"store connections must be 1..10000, got {self.store_connections}")
         if self.durability not in DURABILITIES:
-            raise ConfigError(f"durability must be one of {', '.join(DURABILITIES)}, "
-                              f"got {self.durability!r}")
+            raise ConfigError(
+                f"durability must be one of {', '.join(DURABILITIES)}, got {self.durability!r}"
+            )
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if (problem := self.limits.problem()) is not None:
@@ -157,11 +166,14 @@ class Settings:
 
         url = self.redis_url or ""
         if self.durability != "local" and ("+cluster://" in url or "cluster=true" in url):
-            raise ConfigError(f"--durability {self.durability} needs a single server or "
-                              "Sentinel, not a Cluster")
+            raise ConfigError(
+                f"--durability {self.durability} needs a single server or Sentinel, not a Cluster"
+            )
         if "+sentinel://" in url and not url.split("://", 1)[1].partition("/")[2].strip("/"):
-            raise ConfigError("a Sentinel URL names its service: "
-                              "redis+sentinel://host:port[,host:port...]/service")
+            raise ConfigError(
+                "a Sentinel URL names its service: "
+                "redis+sentinel://host:port[,host:port...]/service"
+            )
 
     def connection_string(self) -> str:
         """The connection string clients use to reach this process (printed at start-up)."""
@@ -176,6 +188,7 @@ class Settings:
 
 
 # --- the entities file -------------------------------------------------------------------------
+
 
 @dataclass
 class EntitiesFile:
@@ -247,8 +260,9 @@ def load_entities(
     try:
         document = json.loads(strip_json_comments(text))
     except ValueError as e:
-        where = (f" at line {e.lineno} column {e.colno}"
-                 if isinstance(e, json.JSONDecodeError) else "")
+        where = (
+            f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        )
         message = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise ConfigError(f"entities file {path} is not valid JSON: {message}{where}") from e
     try:
@@ -308,16 +322,22 @@ def _parse_document(document: Any, default_max_message_size: int) -> EntitiesFil
 def _parse_key(raw: Any) -> tuple[str, SasKey]:
     """`{"KeyName": "reader", "Key": "...", "Rights": ["Listen"]}` (busd's own entry: Service Bus
     namespaces have shared access rules, the emulator has none). No `Rights`: all three."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("KeyName"), str) \
-            or not isinstance(raw.get("Key"), str) or not raw["KeyName"] or not raw["Key"]:
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("KeyName"), str)
+        or not isinstance(raw.get("Key"), str)
+        or not raw["KeyName"]
+        or not raw["Key"]
+    ):
         raise ConfigError('each SharedAccessKeys entry needs a "KeyName" and a "Key" (strings)')
     name = raw["KeyName"]
     rights = raw.get("Rights")
     if rights is None:
         return name, SasKey(raw["Key"])
     if not isinstance(rights, list) or not rights or not all(isinstance(r, str) for r in rights):
-        raise ConfigError(f"shared access key {name!r}: Rights must be a list of Send, Listen, "
-                          "Manage")
+        raise ConfigError(
+            f"shared access key {name!r}: Rights must be a list of Send, Listen, Manage"
+        )
     try:
         return name, SasKey(raw["Key"], parse_rights(",".join(rights)))
     except ValueError as e:
@@ -340,14 +360,19 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
             continue
         try:
             # keys a rule leaves out are kept in the store from start to start (server seeding)
-            values[key] = (access_rules.normalize(value, fill=False)
-                           if prop.type == ep.ACCESS_RULES else prop.from_json(value))
+            values[key] = (
+                access_rules.normalize(value, fill=False)
+                if prop.type == ep.ACCESS_RULES
+                else prop.from_json(value)
+            )
             prop.check(values[key])
         except ConfigError as e:
             raise ConfigError(f"{label}: {e}") from None
         if key in ep.KEPT_ONLY:
-            warnings.append(f"{label}: property {key!r} is kept and answered back by the "
-                            "management API, but busd does not act on it")
+            warnings.append(
+                f"{label}: property {key!r} is kept and answered back by the "
+                "management API, but busd does not act on it"
+            )
     return values
 
 
@@ -363,8 +388,7 @@ def _unknown(kind: str, key: str) -> str:
     return f"unknown property {key!r}: not a {kind} property of Service Bus{hint}"
 
 
-def _entity(cls: type, kind: str, raw: dict, label: str, warnings: list[str],
-            **fields: Any) -> Any:  # fmt: skip
+def _entity(cls: type, kind: str, raw: dict, label: str, warnings: list[str], **fields: Any) -> Any:
     """The entity of an entry; `fields` holds its names and defaults its properties override."""
     found, extra = ep.record_fields(kind, _properties(raw, kind, label, warnings))
     return cls(**{**fields, **found}, extra=extra)
@@ -375,8 +399,15 @@ def _parse_queue(raw: Any, default_max_message_size: int) -> tuple[QueueEntity, 
         raise ConfigError(f"each queue must be an object with a Name, got {raw!r}")
     name = normalize_entity_name(raw.get("Name"), "queue")
     warnings: list[str] = []
-    queue = _entity(QueueEntity, "queue", raw, f"queue {raw['Name']!r}", warnings, name=name,
-                    max_message_size=default_max_message_size)
+    queue = _entity(
+        QueueEntity,
+        "queue",
+        raw,
+        f"queue {raw['Name']!r}",
+        warnings,
+        name=name,
+        max_message_size=default_max_message_size,
+    )
     return queue, warnings
 
 
@@ -385,8 +416,15 @@ def _parse_topic(raw: Any, default_max_message_size: int, found: EntitiesFile) -
         raise ConfigError(f"each topic must be an object with a Name, got {raw!r}")
     name = normalize_entity_name(raw.get("Name"), "topic")
     label = f"topic {raw['Name']!r}"
-    topic = _entity(TopicEntity, "topic", raw, label, found.warnings, name=name,
-                    max_message_size=default_max_message_size)
+    topic = _entity(
+        TopicEntity,
+        "topic",
+        raw,
+        label,
+        found.warnings,
+        name=name,
+        max_message_size=default_max_message_size,
+    )
     subs = raw.get("Subscriptions") or []
     if not isinstance(subs, list):
         raise ConfigError(f"{label}: Subscriptions must be a list")
@@ -394,25 +432,30 @@ def _parse_topic(raw: Any, default_max_message_size: int, found: EntitiesFile) -
     for sub_raw in subs:
         sub = _parse_subscription(name, sub_raw, label, found)
         if sub.name in seen:
-            raise ConfigError(f"{label}: subscription {sub_raw.get('Name')!r} is declared "
-                              f"twice (names are case-insensitive; first as {seen[sub.name]!r})")
+            raise ConfigError(
+                f"{label}: subscription {sub_raw.get('Name')!r} is declared "
+                f"twice (names are case-insensitive; first as {seen[sub.name]!r})"
+            )
         seen[sub.name] = sub_raw.get("Name")
         found.subscriptions.append(sub)
     return topic
 
 
-def _parse_subscription(topic: str, raw: Any, topic_label: str,
-                        found: EntitiesFile) -> SubscriptionEntity:  # fmt: skip
+def _parse_subscription(
+    topic: str, raw: Any, topic_label: str, found: EntitiesFile
+) -> SubscriptionEntity:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{topic_label}: each subscription must be an object with a Name, "
-                          f"got {raw!r}")
+        raise ConfigError(
+            f"{topic_label}: each subscription must be an object with a Name, got {raw!r}"
+        )
     try:
         name = normalize_subscription_name(raw.get("Name"))
     except ConfigError as e:
         raise ConfigError(f"{topic_label}: {e}") from None
     label = f"subscription {raw['Name']!r} of {topic_label}"
-    sub = _entity(SubscriptionEntity, "subscription", raw, label, found.warnings, topic=topic,
-                  name=name)
+    sub = _entity(
+        SubscriptionEntity, "subscription", raw, label, found.warnings, topic=topic, name=name
+    )
     rules = raw.get("Rules") or []
     if not isinstance(rules, list):
         raise ConfigError(f"{label}: Rules must be a list")
@@ -420,8 +463,9 @@ def _parse_subscription(topic: str, raw: Any, topic_label: str,
     for rule_raw in rules:
         rule = _parse_rule(sub, rule_raw, label)
         if rule.path in parsed:
-            raise ConfigError(f"{label}: rule {rule.name!r} is declared twice (rule names are "
-                              "case-insensitive)")
+            raise ConfigError(
+                f"{label}: rule {rule.name!r} is declared twice (rule names are case-insensitive)"
+            )
         parsed[rule.path] = rule
     if parsed:
         found.rules[sub.path] = list(parsed.values())
@@ -448,8 +492,9 @@ def _check_forwarding(found: EntitiesFile) -> None:
         (f"queue {q.name!r}", q) for q in found.queues
     ] + [(f"subscription {s.path!r}", s) for s in found.subscriptions]
     for label, source in sources:
-        for key, target in (("ForwardTo", source.forward_to),
-                            ("ForwardDeadLetteredMessagesTo", source.forward_dead_lettered_to)):
+        for key, target in (
+            ("ForwardTo", source.forward_to),
+            ("ForwardDeadLetteredMessagesTo", source.forward_dead_lettered_to),
+        ):
             if target is not None and target not in names:
-                raise ConfigError(f"{label}: {key} {target!r} names no queue or topic of "
-                                  "this file")
+                raise ConfigError(f"{label}: {key} {target!r} names no queue or topic of this file")

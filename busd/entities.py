@@ -65,8 +65,7 @@ class QueueEntity:
     def from_spec(cls, spec: QueueSpec) -> QueueEntity:
         """The queue a store handle describes (tests and tools that start from a handle)."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: getattr(spec, k) for k in fields
-                      if k in QueueSpec.__dataclass_fields__})
+        return cls(**{k: getattr(spec, k) for k in fields if k in QueueSpec.__dataclass_fields__})
 
     @property
     def spec(self) -> QueueSpec:
@@ -118,10 +117,12 @@ class SubscriptionEntity:
         subscription's default, so the subscription's ceiling is the lower of the two; its
         largest message is the topic's."""
         ttls = [t for t in (topic.default_ttl_ms, self.default_ttl_ms) if t is not None]
-        fields = {**ep.store_fields(self.kind, self),
-                  "default_ttl_ms": min(ttls) if ttls else None,
-                  "max_message_size": topic.max_message_size,
-                  "partitions": topic.partitions}  # a topic's partitions are its subscriptions'
+        fields = {
+            **ep.store_fields(self.kind, self),
+            "default_ttl_ms": min(ttls) if ttls else None,
+            "max_message_size": topic.max_message_size,
+            "partitions": topic.partitions,
+        }  # a topic's partitions are its subscriptions'
         return QueueSpec(name=self.path, topic=self.topic, **fields)
 
 

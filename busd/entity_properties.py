@@ -110,7 +110,8 @@ class Property:
             return access_rules.normalize(value)
         if not isinstance(value, str):
             what = {DURATION: "an ISO 8601 duration string", ENTITY: "an entity name"}.get(
-                self.type, "a string")
+                self.type, "a string"
+            )
             raise ConfigError(f"{self.name} must be {what}, got {value!r}")
         return self._from_string(value)
 
@@ -140,7 +141,8 @@ class Property:
         if api and self.api_minimum is not None:
             minimum, bounds = self.api_minimum, f"{self.api_minimum}..{self.maximum}"
         if (minimum is not None and value < minimum) or (
-                self.maximum is not None and value > self.maximum):
+            self.maximum is not None and value > self.maximum
+        ):
             shown = format_duration(value) if self.type == DURATION else value
             raise ConfigError(f"{self.name} must be {bounds}, got {shown}")
 
@@ -161,54 +163,181 @@ def _p(name: str, type_: str, kinds: str, default: Any = None, **more: Any) -> P
 # goes down to 1 s: short locks make lock-expiry tests fast) and MaxMessageSizeInKilobytes
 # (busd's own per entity: Service Bus sets it per namespace tier).
 PROPERTIES: tuple[Property, ...] = (
-    _p("RequiresSession", BOOL, "qs", False, attr="requires_session", store=True,
-       immutable=True, flag="requires-session", help="Sessions."),
-    _p("LockDuration", DURATION, "qs", 60_000, attr="lock_duration_ms", minimum=1_000,
-       maximum=300_000, bounds="1 second to 5 minutes (e.g. PT30S or PT5M)", unbounded=False,
-       store=True, flag="lock-duration", help="e.g. PT30S (1 s to 5 min)."),
-    _p("MaxDeliveryCount", INT, "qs", 10, attr="max_delivery_count", minimum=1,
-       maximum=INT32_MAX, bounds=f"1..{INT32_MAX}", store=True, flag="max-delivery-count",
-       help="Deliveries before dead-lettering."),
-    _p("DefaultMessageTimeToLive", DURATION, "qts", None, attr="default_ttl_ms", minimum=1,
-       bounds="longer than zero", store=True, flag="default-ttl",
-       help="Default time to live, e.g. P14D."),
-    _p("DeadLetteringOnMessageExpiration", BOOL, "qs", False, attr="dead_letter_on_expiration",
-       store=True, flag="dead-letter-on-expiration", help="Dead-letter expired messages."),
-    _p("DeadLetteringOnFilterEvaluationExceptions", BOOL, "s", True,
-       attr="dead_letter_on_filter_exceptions"),
+    _p(
+        "RequiresSession",
+        BOOL,
+        "qs",
+        False,
+        attr="requires_session",
+        store=True,
+        immutable=True,
+        flag="requires-session",
+        help="Sessions.",
+    ),
+    _p(
+        "LockDuration",
+        DURATION,
+        "qs",
+        60_000,
+        attr="lock_duration_ms",
+        minimum=1_000,
+        maximum=300_000,
+        bounds="1 second to 5 minutes (e.g. PT30S or PT5M)",
+        unbounded=False,
+        store=True,
+        flag="lock-duration",
+        help="e.g. PT30S (1 s to 5 min).",
+    ),
+    _p(
+        "MaxDeliveryCount",
+        INT,
+        "qs",
+        10,
+        attr="max_delivery_count",
+        minimum=1,
+        maximum=INT32_MAX,
+        bounds=f"1..{INT32_MAX}",
+        store=True,
+        flag="max-delivery-count",
+        help="Deliveries before dead-lettering.",
+    ),
+    _p(
+        "DefaultMessageTimeToLive",
+        DURATION,
+        "qts",
+        None,
+        attr="default_ttl_ms",
+        minimum=1,
+        bounds="longer than zero",
+        store=True,
+        flag="default-ttl",
+        help="Default time to live, e.g. P14D.",
+    ),
+    _p(
+        "DeadLetteringOnMessageExpiration",
+        BOOL,
+        "qs",
+        False,
+        attr="dead_letter_on_expiration",
+        store=True,
+        flag="dead-letter-on-expiration",
+        help="Dead-letter expired messages.",
+    ),
+    _p(
+        "DeadLetteringOnFilterEvaluationExceptions",
+        BOOL,
+        "s",
+        True,
+        attr="dead_letter_on_filter_exceptions",
+    ),
     # busd's own (docs/design.md §2.9): Service Bus dead-letters the failing message alone
-    _p("DeadLetterSessionOnMaxDeliveryCount", BOOL, "qs", False,
-       attr="dead_letter_session_on_max_delivery", store=True,
-       flag="dead-letter-session-on-max-delivery", own=True,
-       help="A session message reaching MaxDeliveryCount dead-letters its whole session."),
+    _p(
+        "DeadLetterSessionOnMaxDeliveryCount",
+        BOOL,
+        "qs",
+        False,
+        attr="dead_letter_session_on_max_delivery",
+        store=True,
+        flag="dead-letter-session-on-max-delivery",
+        own=True,
+        help="A session message reaching MaxDeliveryCount dead-letters its whole session.",
+    ),
     # busd's own (docs/design.md §2.6): Service Bus keeps an idle session's state forever
-    _p("SessionIdleTimeToLive", DURATION, "qs", None, attr="session_idle_ttl_ms",
-       minimum=1_000, bounds="at least 1 second", store=True, flag="session-idle-ttl",
-       own=True,
-       help="Remove a session's state once it has had no messages and no holder this long."),
-    _p("RequiresDuplicateDetection", BOOL, "qt", False, flag="duplicate-detection",
-       help="Drop messages whose id was seen within the window."),
-    _p("DuplicateDetectionHistoryTimeWindow", DURATION, "qt", 600_000,
-       attr="duplicate_detection_window_ms", minimum=1_000, maximum=7 * 86_400_000,
-       bounds="1 second to 7 days", unbounded=False, enabled_by="RequiresDuplicateDetection",
-       store=True, flag="duplicate-window", help="e.g. PT10M."),
-    _p("MaxMessageSizeInKilobytes", INT, "qt", 1024, attr="max_message_size", minimum=1,
-       maximum=MAX_MESSAGE_SIZE_KB, bounds=f"1..{MAX_MESSAGE_SIZE_KB}", api_minimum=1024,
-       scale=KIB, store=True,
-       flag="max-message-size-kb", help="Largest message, in KiB."),
-    _p("ForwardTo", ENTITY, "qs", attr="forward_to", flag="forward-to",
-       help="Queue or topic to move every message to."),
-    _p("ForwardDeadLetteredMessagesTo", ENTITY, "qs", attr="forward_dead_lettered_to",
-       flag="forward-dead-lettered-to", help="Queue or topic to move dead letters to."),
+    _p(
+        "SessionIdleTimeToLive",
+        DURATION,
+        "qs",
+        None,
+        attr="session_idle_ttl_ms",
+        minimum=1_000,
+        bounds="at least 1 second",
+        store=True,
+        flag="session-idle-ttl",
+        own=True,
+        help="Remove a session's state once it has had no messages and no holder this long.",
+    ),
+    _p(
+        "RequiresDuplicateDetection",
+        BOOL,
+        "qt",
+        False,
+        flag="duplicate-detection",
+        help="Drop messages whose id was seen within the window.",
+    ),
+    _p(
+        "DuplicateDetectionHistoryTimeWindow",
+        DURATION,
+        "qt",
+        600_000,
+        attr="duplicate_detection_window_ms",
+        minimum=1_000,
+        maximum=7 * 86_400_000,
+        bounds="1 second to 7 days",
+        unbounded=False,
+        enabled_by="RequiresDuplicateDetection",
+        store=True,
+        flag="duplicate-window",
+        help="e.g. PT10M.",
+    ),
+    _p(
+        "MaxMessageSizeInKilobytes",
+        INT,
+        "qt",
+        1024,
+        attr="max_message_size",
+        minimum=1,
+        maximum=MAX_MESSAGE_SIZE_KB,
+        bounds=f"1..{MAX_MESSAGE_SIZE_KB}",
+        api_minimum=1024,
+        scale=KIB,
+        store=True,
+        flag="max-message-size-kb",
+        help="Largest message, in KiB.",
+    ),
+    _p(
+        "ForwardTo",
+        ENTITY,
+        "qs",
+        attr="forward_to",
+        flag="forward-to",
+        help="Queue or topic to move every message to.",
+    ),
+    _p(
+        "ForwardDeadLetteredMessagesTo",
+        ENTITY,
+        "qs",
+        attr="forward_dead_lettered_to",
+        flag="forward-dead-lettered-to",
+        help="Queue or topic to move dead letters to.",
+    ),
     # Partitioned entities (docs/design.md §3.18): PartitionCount is busd's own (Service Bus
     # Standard always has 16). At most 32: a sequence number carries its partition in its top
     # 16 bits, and the store's scripts count in doubles, exact up to 2^53 (32 << 48).
-    _p("EnablePartitioning", BOOL, "qt", False, immutable=True, flag="partitioning",
-       help="Spread the entity over partitions, each in its own cluster slot."),
-    _p("PartitionCount", INT, "qt", 16, attr="partitions", minimum=1, maximum=MAX_PARTITIONS,
-       bounds=f"1..{MAX_PARTITIONS}", enabled_by="EnablePartitioning", store=True,
-       immutable=True, own=True, flag="partitions",
-       help="Partitions of a partitioned entity (16)."),
+    _p(
+        "EnablePartitioning",
+        BOOL,
+        "qt",
+        False,
+        immutable=True,
+        flag="partitioning",
+        help="Spread the entity over partitions, each in its own cluster slot.",
+    ),
+    _p(
+        "PartitionCount",
+        INT,
+        "qt",
+        16,
+        attr="partitions",
+        minimum=1,
+        maximum=MAX_PARTITIONS,
+        bounds=f"1..{MAX_PARTITIONS}",
+        enabled_by="EnablePartitioning",
+        store=True,
+        immutable=True,
+        own=True,
+        flag="partitions",
+        help="Partitions of a partitioned entity (16).",
+    ),
     # kept in `extra`: tokens signed with its keys are accepted (busd.auth.rights)
     _p("AuthorizationRules", ACCESS_RULES, "qt", ()),
     # stored and answered back, not acted on
@@ -233,42 +362,96 @@ STORE: dict[str, tuple[Property, ...]] = {
 # flags that only switch another property's field on (RequiresDuplicateDetection)
 _SWITCHES = {p.enabled_by for p in PROPERTIES if p.enabled_by}
 # what busd keeps and answers back without acting on it
-KEPT_ONLY = frozenset(p.name for p in PROPERTIES if p.attr is None and p.name not in _SWITCHES
-                      and p.type != ACCESS_RULES)
+KEPT_ONLY = frozenset(
+    p.name
+    for p in PROPERTIES
+    if p.attr is None and p.name not in _SWITCHES and p.type != ACCESS_RULES
+)
 
 # The management API's elements in the service's order; the names that are no property are
 # read-only, filled from the store (busd.http.atom_xml).
 ATOM_ORDER: dict[str, tuple[str, ...]] = {
     QUEUE: (
-        "LockDuration", "MaxSizeInMegabytes", "RequiresDuplicateDetection", "RequiresSession",
-        "DefaultMessageTimeToLive", "DeadLetteringOnMessageExpiration",
-        "DuplicateDetectionHistoryTimeWindow", "MaxDeliveryCount", "EnableBatchedOperations",
-        "SizeInBytes", "MessageCount", "IsAnonymousAccessible", "AuthorizationRules", "Status",
-        "ForwardTo", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
-        "CountDetails", "AutoDeleteOnIdle", "EnablePartitioning", "EntityAvailabilityStatus",
-        "ForwardDeadLetteredMessagesTo", "EnableExpress", "MaxMessageSizeInKilobytes",
-        "PartitionCount", "DeadLetterSessionOnMaxDeliveryCount",
-        "SessionIdleTimeToLive",
-    ),
-    TOPIC: (
-        "DefaultMessageTimeToLive", "MaxSizeInMegabytes", "RequiresDuplicateDetection",
-        "DuplicateDetectionHistoryTimeWindow", "EnableBatchedOperations", "SizeInBytes",
-        "FilteringMessagesBeforePublishing", "IsAnonymousAccessible", "AuthorizationRules",
-        "Status", "UserMetadata", "CreatedAt", "UpdatedAt", "AccessedAt", "SupportOrdering",
-        "CountDetails", "SubscriptionCount", "AutoDeleteOnIdle", "EnablePartitioning",
-        "EntityAvailabilityStatus", "EnableSubscriptionPartitioning", "EnableExpress",
-        "MaxMessageSizeInKilobytes", "PartitionCount",
-    ),
-    SUBSCRIPTION: (
-        "LockDuration", "RequiresSession", "DefaultMessageTimeToLive",
-        "DeadLetteringOnMessageExpiration", "DeadLetteringOnFilterEvaluationExceptions",
-        "MessageCount", "MaxDeliveryCount", "EnableBatchedOperations", "Status", "ForwardTo",
-        "CreatedAt", "UpdatedAt", "AccessedAt", "CountDetails", "ForwardDeadLetteredMessagesTo",
-        "AutoDeleteOnIdle", "EntityAvailabilityStatus", "UserMetadata",
+        "LockDuration",
+        "MaxSizeInMegabytes",
+        "RequiresDuplicateDetection",
+        "RequiresSession",
+        "DefaultMessageTimeToLive",
+        "DeadLetteringOnMessageExpiration",
+        "DuplicateDetectionHistoryTimeWindow",
+        "MaxDeliveryCount",
+        "EnableBatchedOperations",
+        "SizeInBytes",
+        "MessageCount",
+        "IsAnonymousAccessible",
+        "AuthorizationRules",
+        "Status",
+        "ForwardTo",
+        "UserMetadata",
+        "CreatedAt",
+        "UpdatedAt",
+        "AccessedAt",
+        "SupportOrdering",
+        "CountDetails",
+        "AutoDeleteOnIdle",
+        "EnablePartitioning",
+        "EntityAvailabilityStatus",
+        "ForwardDeadLetteredMessagesTo",
+        "EnableExpress",
+        "MaxMessageSizeInKilobytes",
+        "PartitionCount",
         "DeadLetterSessionOnMaxDeliveryCount",
         "SessionIdleTimeToLive",
     ),
-}  # fmt: skip
+    TOPIC: (
+        "DefaultMessageTimeToLive",
+        "MaxSizeInMegabytes",
+        "RequiresDuplicateDetection",
+        "DuplicateDetectionHistoryTimeWindow",
+        "EnableBatchedOperations",
+        "SizeInBytes",
+        "FilteringMessagesBeforePublishing",
+        "IsAnonymousAccessible",
+        "AuthorizationRules",
+        "Status",
+        "UserMetadata",
+        "CreatedAt",
+        "UpdatedAt",
+        "AccessedAt",
+        "SupportOrdering",
+        "CountDetails",
+        "SubscriptionCount",
+        "AutoDeleteOnIdle",
+        "EnablePartitioning",
+        "EntityAvailabilityStatus",
+        "EnableSubscriptionPartitioning",
+        "EnableExpress",
+        "MaxMessageSizeInKilobytes",
+        "PartitionCount",
+    ),
+    SUBSCRIPTION: (
+        "LockDuration",
+        "RequiresSession",
+        "DefaultMessageTimeToLive",
+        "DeadLetteringOnMessageExpiration",
+        "DeadLetteringOnFilterEvaluationExceptions",
+        "MessageCount",
+        "MaxDeliveryCount",
+        "EnableBatchedOperations",
+        "Status",
+        "ForwardTo",
+        "CreatedAt",
+        "UpdatedAt",
+        "AccessedAt",
+        "CountDetails",
+        "ForwardDeadLetteredMessagesTo",
+        "AutoDeleteOnIdle",
+        "EntityAvailabilityStatus",
+        "UserMetadata",
+        "DeadLetterSessionOnMaxDeliveryCount",
+        "SessionIdleTimeToLive",
+    ),
+}
 
 
 def defaults(kind: str) -> dict[str, Any]:
@@ -276,14 +459,16 @@ def defaults(kind: str) -> dict[str, Any]:
     return {name: p.default for name, p in OF_KIND[kind].items()}
 
 
-def check(values: Mapping[str, Any], *, api: bool = False,
-          current: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+def check(
+    values: Mapping[str, Any], *, api: bool = False, current: Mapping[str, Any] | None = None
+) -> None:
     """ConfigError for the first value out of its property's bounds: the management API's
     with `api` (a change may send a value of `current` back unchanged)."""
     for name, value in values.items():
         prop = BY_NAME.get(name)
-        if prop is not None and not (current is not None and current.get(name) == value
-                                     and prop.api_minimum is not None):
+        if prop is not None and not (
+            current is not None and current.get(name) == value and prop.api_minimum is not None
+        ):
             prop.check(value, api)
 
 

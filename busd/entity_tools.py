@@ -46,20 +46,24 @@ API = "api-version=2021-05"
 class AtomClient:
     """PUT/GET/DELETE of entity entries, signed as the .NET SDK signs (the URL's path)."""
 
-    def __init__(self, url: str, cafile: str | None = None,
-                 key: tuple[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, cafile: str | None = None, key: tuple[str, str] | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.key_name, self.key = tool_key() if key is None else key  # None: the command line's
         self.context = tls_context(self.url, cafile)
 
-    def call(self, method: str, path: str, body: bytes | None = None,
-             update: bool = False) -> ET.Element | None:  # fmt: skip
+    def call(
+        self, method: str, path: str, body: bytes | None = None, update: bool = False
+    ) -> ET.Element | None:
         url = f"{self.url}/{path}?{API}"
         # the audience names the entity as busd reads the path: percent-decoded ($Default)
         audience = f"{urlsplit(self.url).scheme}://{urlsplit(self.url).netloc}/{unquote(path)}"
         request = urllib.request.Request(url, data=body, method=method)
-        request.add_header("Authorization", generate_sas_token(
-            audience, self.key_name, self.key, int(time.time()) + 600))
+        request.add_header(
+            "Authorization",
+            generate_sas_token(audience, self.key_name, self.key, int(time.time()) + 600),
+        )
         if body is not None:
             request.add_header("Content-Type", "application/atom+xml;type=entry;charset=utf-8")
         if update:
@@ -74,8 +78,12 @@ class AtomClient:
         if not data.strip():
             return None
         root = ET.fromstring(data)
-        if root.tag == f"{{{ATOM}}}feed" and root.find(f"{{{ATOM}}}entry") is None \
-                and method == "GET" and "/Rules" not in path:
+        if (
+            root.tag == f"{{{ATOM}}}feed"
+            and root.find(f"{{{ATOM}}}entry") is None
+            and method == "GET"
+            and "/Rules" not in path
+        ):
             title = root.findtext(f"{{{ATOM}}}title") or ""
             if title == "Publicly Listed Services":
                 raise ToolError(f"no entity {path!r}", EXIT_NOT_FOUND)
@@ -87,13 +95,20 @@ def _error(exc: urllib.error.HTTPError) -> ToolError:
         detail = ET.fromstring(exc.read()).findtext("Detail") or exc.reason
     except ET.ParseError:
         detail = exc.reason
-    code = {400: EXIT_INVALID, 401: EXIT_INVALID, 403: EXIT_INVALID, 404: EXIT_NOT_FOUND,
-            409: EXIT_EXISTS, 503: EXIT_UNAVAILABLE}.get(exc.code, EXIT_FAILED)
+    code = {
+        400: EXIT_INVALID,
+        401: EXIT_INVALID,
+        403: EXIT_INVALID,
+        404: EXIT_NOT_FOUND,
+        409: EXIT_EXISTS,
+        503: EXIT_UNAVAILABLE,
+    }.get(exc.code, EXIT_FAILED)
     return ToolError(str(detail), code)
 
 
-def entry_document(description: str, values: list[tuple[str, str]],
-                   extra: list[ET.Element] | None = None) -> bytes:  # fmt: skip
+def entry_document(
+    description: str, values: list[tuple[str, str]], extra: list[ET.Element] | None = None
+) -> bytes:
     entry = ET.Element(f"{{{ATOM}}}entry")
     content = ET.SubElement(entry, f"{{{ATOM}}}content", type="application/xml")
     desc = ET.SubElement(content, f"{{{SB}}}{description}")
@@ -103,16 +118,20 @@ def entry_document(description: str, values: list[tuple[str, str]],
     return ET.tostring(entry, encoding="utf-8", xml_declaration=True)
 
 
-def _changed_entry(description: str, current: ET.Element | None,
-                   values: list[tuple[str, str]]) -> bytes:  # fmt: skip
+def _changed_entry(
+    description: str, current: ET.Element | None, values: list[tuple[str, str]]
+) -> bytes:
     """The entity's description as busd answered it, with `values` set: what an update sends,
     since busd (as Service Bus) resets what an update leaves out. Read-only elements that
     come back with it are ignored by busd."""
     content = None if current is None else current.find(f"{{{ATOM}}}content")
     if content is None or not len(content):
         raise ToolError(f"busd answered no {description}", EXIT_FAILED)
-    kept = [child for child in content[0]
-            if child.tag.rpartition("}")[2] not in {name for name, _ in values}]
+    kept = [
+        child
+        for child in content[0]
+        if child.tag.rpartition("}")[2] not in {name for name, _ in values}
+    ]
     return entry_document(description, values, kept)
 
 
@@ -163,12 +182,17 @@ def _with(options: list[ep.Property]) -> Callable:
     def decorate(command: Callable) -> Callable:
         for prop in reversed(options):
             if prop.type == ep.BOOL:
-                command = click.option(f"--{prop.flag}/--no-{prop.flag}", prop.name,
-                                       default=None, help=prop.help)(command)
+                command = click.option(
+                    f"--{prop.flag}/--no-{prop.flag}", prop.name, default=None, help=prop.help
+                )(command)
             else:
-                command = click.option(f"--{prop.flag}", prop.name,
-                                       type=int if prop.type == ep.INT else str, default=None,
-                                       help=prop.help)(command)
+                command = click.option(
+                    f"--{prop.flag}",
+                    prop.name,
+                    type=int if prop.type == ep.INT else str,
+                    default=None,
+                    help=prop.help,
+                )(command)
         return command
 
     return decorate
@@ -177,8 +201,11 @@ def _with(options: list[ep.Property]) -> Callable:
 def _values(options: list[ep.Property], given: dict[str, Any]) -> list[tuple[str, str]]:
     """The options given, as a description's elements: flags and counts written as the API
     spells them, durations and names as typed (busd checks them)."""
-    return [(p.name, p.to_text(value) if p.type in (ep.BOOL, ep.INT) else value)
-            for p in options if (value := given.get(p.name)) is not None]
+    return [
+        (p.name, p.to_text(value) if p.type in (ep.BOOL, ep.INT) else value)
+        for p in options
+        if (value := given.get(p.name)) is not None
+    ]
 
 
 def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
@@ -199,6 +226,7 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
         return (kwargs.pop("topic"), kwargs.pop("name")) if nested else (kwargs.pop("name"),)
 
     for verb, update in (("create", False), ("update", True)):
+
         def run(update: bool = update, **kwargs: Any) -> None:
             url, cacert, as_json = kwargs.pop("url"), kwargs.pop("cacert"), kwargs.pop("as_json")
             names = _names(kwargs)
@@ -209,11 +237,15 @@ def _entity_group(kind: str, description: str, nested: bool) -> click.Group:
             else:
                 body = entry_document(description, values)
             root = client.call("PUT", entity_path(*names), body, update=update)
-            _show(as_json, f"{label} {'/'.join(names)} {'updated' if update else 'created'}",
-                  _properties(root))
+            _show(
+                as_json,
+                f"{label} {'/'.join(names)} {'updated' if update else 'created'}",
+                _properties(root),
+            )
 
-        run.__doc__ = (f"Change a {kind} (only the options given)." if update
-                       else f"Create a {kind}.")
+        run.__doc__ = (
+            f"Change a {kind} (only the options given)." if update else f"Create a {kind}."
+        )
         group.command(verb)(names_args(_with(options)(client_options(run))))
 
     def show(**kwargs: Any) -> None:
@@ -248,15 +280,24 @@ subscription = _entity_group("subscription", "SubscriptionDescription", nested=T
 def rule() -> None:
     pass
 
+
 # A correlation filter's system properties, as --correlation names them.
-CORRELATION_FIELDS = {"correlation-id": "CorrelationId", "message-id": "MessageId", "to": "To",
-                      "reply-to": "ReplyTo", "label": "Label", "subject": "Label",
-                      "session-id": "SessionId", "reply-to-session-id": "ReplyToSessionId",
-                      "content-type": "ContentType"}
+CORRELATION_FIELDS = {
+    "correlation-id": "CorrelationId",
+    "message-id": "MessageId",
+    "to": "To",
+    "reply-to": "ReplyTo",
+    "label": "Label",
+    "subject": "Label",
+    "session-id": "SessionId",
+    "reply-to-session-id": "ReplyToSessionId",
+    "content-type": "ContentType",
+}
 
 
-def rule_document(name: str, sql: str | None, correlation: tuple[str, ...],
-                action: str | None) -> bytes:  # fmt: skip
+def rule_document(
+    name: str, sql: str | None, correlation: tuple[str, ...], action: str | None
+) -> bytes:
     desc = ET.Element(f"{{{SB}}}RuleDescription")
     if sql is not None and correlation:
         raise click.UsageError("give --sql or --correlation, not both")
@@ -267,8 +308,9 @@ def rule_document(name: str, sql: str | None, correlation: tuple[str, ...],
         for item in correlation:
             key, sep, value = item.partition("=")
             if not sep:
-                raise click.BadParameter(f"takes KEY=VALUE, got {item!r}",
-                                         param_hint="--correlation")
+                raise click.BadParameter(
+                    f"takes KEY=VALUE, got {item!r}", param_hint="--correlation"
+                )
             if key.lower() in fields:
                 ET.SubElement(filt, f"{{{SB}}}{fields[key.lower()]}").text = value
             else:
@@ -278,8 +320,9 @@ def rule_document(name: str, sql: str | None, correlation: tuple[str, ...],
             for key, value in props:
                 pair = ET.SubElement(holder, f"{{{SB}}}KeyValueOfstringanyType")
                 ET.SubElement(pair, f"{{{SB}}}Key").text = key
-                ET.SubElement(pair, f"{{{SB}}}Value", {f"{{{XSI}}}type": "d6p1:string"}).text = \
-                    value
+                ET.SubElement(
+                    pair, f"{{{SB}}}Value", {f"{{{XSI}}}type": "d6p1:string"}
+                ).text = value
     else:
         filt = ET.SubElement(desc, f"{{{SB}}}Filter", {f"{{{XSI}}}type": "SqlFilter"})
         ET.SubElement(filt, f"{{{SB}}}SqlExpression").text = sql or "1=1"
@@ -300,12 +343,17 @@ def _rule_row(entry: ET.Element) -> dict[str, Any]:
     kind = filt.get(f"{{{XSI}}}type") if filt is not None else None
     text: str | None
     if kind == "CorrelationFilter" and filt is not None:
-        text = ", ".join(f"{c.tag.rpartition('}')[2]}={c.text}" for c in filt
-                         if c.text and len(c) == 0)
+        text = ", ".join(
+            f"{c.tag.rpartition('}')[2]}={c.text}" for c in filt if c.text and len(c) == 0
+        )
     else:
         text = filt.findtext(f"{{{SB}}}SqlExpression") if filt is not None else None
-    return {"name": entry.findtext(f"{{{ATOM}}}title"), "filter_type": kind, "filter": text,
-            "action": action.findtext(f"{{{SB}}}SqlExpression") if action is not None else None}
+    return {
+        "name": entry.findtext(f"{{{ATOM}}}title"),
+        "filter_type": kind,
+        "filter": text,
+        "action": action.findtext(f"{{{SB}}}SqlExpression") if action is not None else None,
+    }
 
 
 @rule.command("create")
@@ -313,17 +361,29 @@ def _rule_row(entry: ET.Element) -> dict[str, Any]:
 @click.argument("subscription")
 @click.argument("name")
 @click.option("--sql", default=None, help="A SQL filter, e.g. \"color = 'red'\" (default 1=1).")
-@click.option("--correlation", multiple=True, metavar="KEY=VALUE",
-              help="A correlation filter field (session-id, label, to, ...) or property "
-              "(repeatable).")
-@click.option("--action", default=None, help="A SQL action, e.g. \"SET handled = true\".")
+@click.option(
+    "--correlation",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A correlation filter field (session-id, label, to, ...) or property (repeatable).",
+)
+@click.option("--action", default=None, help='A SQL action, e.g. "SET handled = true".')
 @client_options
-def rule_create(topic: str, subscription: str, name: str, sql: str | None,
-                correlation: tuple[str, ...], action: str | None, url: str, cacert: str | None,
-                as_json: bool) -> None:  # fmt: skip
+def rule_create(
+    topic: str,
+    subscription: str,
+    name: str,
+    sql: str | None,
+    correlation: tuple[str, ...],
+    action: str | None,
+    url: str,
+    cacert: str | None,
+    as_json: bool,
+) -> None:
     """Add a rule to a subscription."""
-    root = AtomClient(url, cacert).call("PUT", entity_path(topic, subscription, name),
-                                        rule_document(name, sql, correlation, action))
+    root = AtomClient(url, cacert).call(
+        "PUT", entity_path(topic, subscription, name), rule_document(name, sql, correlation, action)
+    )
     row = _rule_row(root) if root is not None else {"name": name}
     if as_json:
         click.echo(json.dumps(row, indent=2))
@@ -335,17 +395,19 @@ def rule_create(topic: str, subscription: str, name: str, sql: str | None,
 @click.argument("topic")
 @click.argument("subscription")
 @client_options
-def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
-              as_json: bool) -> None:  # fmt: skip
+def rule_list(topic: str, subscription: str, url: str, cacert: str | None, as_json: bool) -> None:
     """List a subscription's rules."""
     root = AtomClient(url, cacert).call("GET", entity_path(topic, subscription) + "/Rules")
     rows = [_rule_row(e) for e in (root.findall(f"{{{ATOM}}}entry") if root is not None else [])]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
-        click.echo(table(["RULE", "FILTER-TYPE", "FILTER", "ACTION"],
-                         [[r["name"], r["filter_type"], r["filter"], r["action"]]
-                          for r in rows]))
+        click.echo(
+            table(
+                ["RULE", "FILTER-TYPE", "FILTER", "ACTION"],
+                [[r["name"], r["filter_type"], r["filter"], r["action"]] for r in rows],
+            )
+        )
 
 
 @rule.command("delete")
@@ -353,12 +415,16 @@ def rule_list(topic: str, subscription: str, url: str, cacert: str | None,
 @click.argument("subscription")
 @click.argument("name")
 @client_options
-def rule_delete(topic: str, subscription: str, name: str, url: str, cacert: str | None,
-                as_json: bool) -> None:  # fmt: skip
+def rule_delete(
+    topic: str, subscription: str, name: str, url: str, cacert: str | None, as_json: bool
+) -> None:
     """Delete a rule."""
     AtomClient(url, cacert).call("DELETE", entity_path(topic, subscription, name))
-    click.echo(json.dumps({"deleted": name}) if as_json
-               else f"Rule {name} deleted from {topic}/{subscription}")
+    click.echo(
+        json.dumps({"deleted": name})
+        if as_json
+        else f"Rule {name} deleted from {topic}/{subscription}"
+    )
 
 
 COMMANDS = (queue, topic, subscription, rule)

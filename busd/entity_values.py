@@ -66,8 +66,12 @@ def normalize_subscription_name(name: object) -> str:
 
 def check_rule_name(name: object) -> str:
     """A rule's name as given (rule names compare case-insensitively)."""
-    if (not isinstance(name, str) or not name or len(name) > SUBSCRIPTION_NAME_MAX_LENGTH
-            or any(c in name for c in "/\\?#")):
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > SUBSCRIPTION_NAME_MAX_LENGTH
+        or any(c in name for c in "/\\?#")
+    ):
         raise ConfigError(
             f"rule name must be 1..{SUBSCRIPTION_NAME_MAX_LENGTH} characters without "
             f"'/', '\\', '?' or '#', got {name!r}"

@@ -83,13 +83,15 @@ class BusdError(Exception):
 # What a refusal says when the code refusing it has nothing to add: the store's refusals of a
 # lock, a session or a sequence number (busd.storage maps its scripts' statuses to these).
 _DESCRIPTIONS = {
-    Condition.MESSAGE_LOCK_LOST:
-        "The lock supplied is invalid: it expired, or the message was already settled.",
-    Condition.SESSION_LOCK_LOST:
-        "The session lock was lost: it expired or is held by another receiver.",
+    Condition.MESSAGE_LOCK_LOST: (
+        "The lock supplied is invalid: it expired, or the message was already settled."
+    ),
+    Condition.SESSION_LOCK_LOST: (
+        "The session lock was lost: it expired or is held by another receiver."
+    ),
     Condition.SESSION_CANNOT_BE_LOCKED: "The requested session is locked by another receiver.",
     Condition.MESSAGE_NOT_FOUND: "No message with that sequence number is available in this state.",
-}  # fmt: skip
+}
 
 
 def refusal(condition: Condition) -> BusdError:

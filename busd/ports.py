@@ -34,7 +34,8 @@ log = logging.getLogger("busd.amqp")
 AMQP_HEADER = ord("A")  # b"AMQP" then the protocol id (0: AMQP, 3: SASL)
 # the bytes an HTTP method may start with: RFC 9110's `tchar`
 HTTP_METHOD_START = frozenset(
-    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
@@ -59,8 +60,9 @@ class ServicePort(SniffingListener):
     """One listening socket serving AMQP and HTTP, plain and over TLS (`plain=False`: over TLS
     only, as the TLS port)."""
 
-    def __init__(self, sock: socket.socket, services: Services, name: str,
-                 plain: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, sock: socket.socket, services: Services, name: str, plain: bool = True
+    ) -> None:
         self.services = services
         self.plain = plain
         self._undecided: set[_FirstBytes] = set()  # TLS done, no byte yet
@@ -73,7 +75,9 @@ class ServicePort(SniffingListener):
             return
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: _FirstBytes(self), conn, ssl=tls,
+                lambda: _FirstBytes(self),
+                conn,
+                ssl=tls,
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
@@ -129,7 +133,13 @@ class _FirstBytes(asyncio.Protocol):
         self._port._undecided.discard(self)
 
 
-def listen(host: str, port: int, services: Services, name: str, plain: bool = True,
-           sock: socket.socket | None = None) -> ServicePort:  # fmt: skip
+def listen(
+    host: str,
+    port: int,
+    services: Services,
+    name: str,
+    plain: bool = True,
+    sock: socket.socket | None = None,
+) -> ServicePort:
     """Listen on host:port (0: any free port), or on `sock`, already listening there."""
     return ServicePort(sock or bind(host, port), services, name, plain)

@@ -84,8 +84,12 @@ def connection_string(
 class Server:
     """Process scope: the store (embedded or remote), the broker, the listeners."""
 
-    def __init__(self, settings: Settings, entities: EntitiesFile | None = None,
-                 role: WorkerRole | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        entities: EntitiesFile | None = None,
+        role: WorkerRole | None = None,
+    ) -> None:
         self.settings = settings
         # One worker of several on this host (busd/workers.py): its listening sockets and
         # its peers come from its parent, which also runs the embedded store.
@@ -125,10 +129,14 @@ class Server:
             self.embedded = EmbeddedValkey(settings.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
-        store = wrap(RedisStore(
-            url, prefix=settings.key_prefix, max_calls=settings.store_connections,
-            durability=settings.durability,
-        ))
+        store = wrap(
+            RedisStore(
+                url,
+                prefix=settings.key_prefix,
+                max_calls=settings.store_connections,
+                durability=settings.durability,
+            )
+        )
         metrics = None
         try:
             from busd.observability.metrics import Metrics
@@ -155,9 +163,14 @@ class Server:
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
             broker = Broker(
-                wrap(RedisStore(url, prefix=f"{settings.key_prefix}:ns:{name}",
-                                max_calls=settings.store_connections,
-                                durability=settings.durability)),
+                wrap(
+                    RedisStore(
+                        url,
+                        prefix=f"{settings.key_prefix}:ns:{name}",
+                        max_calls=settings.store_connections,
+                        durability=settings.durability,
+                    )
+                ),
                 sas_keys=dict(self.namespaces.keys(name)),
                 sweep_interval_s=settings.sweep_interval_s,
                 limits=settings.limits,
@@ -197,7 +210,10 @@ class Server:
             from busd.amqp import websocket
 
             self.ws = await websocket.start(
-                settings.host, settings.ws_port, self.tls_context, self._new_protocol,
+                settings.host,
+                settings.ws_port,
+                self.tls_context,
+                self._new_protocol,
                 sock=role.socket("ws", settings.host) if role is not None else None,
             )
         self.http = listen("http", settings.http_port)
@@ -208,8 +224,11 @@ class Server:
         from busd.observability.peers import Peers
 
         def report() -> dict[str, Any]:
-            return {"pid": os.getpid(), "connections": len(self.protocols),
-                    "metrics": metrics.process_text() if metrics is not None else ""}
+            return {
+                "pid": os.getpid(),
+                "connections": len(self.protocols),
+                "metrics": metrics.process_text() if metrics is not None else "",
+            }
 
         async def host_figures() -> list[str]:
             assert self.peers is not None
@@ -223,8 +242,11 @@ class Server:
     def _new_protocol(self) -> AmqpProtocol:
         broker, namespaces = self.broker, self.namespaces
         assert broker is not None, "not started"
-        return AmqpProtocol(lambda p: ConnectionHandler(p, broker, namespaces),
-                            on_closed=self.protocols.discard, on_opened=self.protocols.add)
+        return AmqpProtocol(
+            lambda p: ConnectionHandler(p, broker, namespaces),
+            on_closed=self.protocols.discard,
+            on_opened=self.protocols.add,
+        )
 
     def banner(self) -> str:
         settings = self.settings
@@ -248,15 +270,19 @@ class Server:
             f"  entities: {len(queues)} queue(s)"
             + (f" ({_names(queues)})" if queues else "")
             + f", {len(topics)} topic(s)"
-            + (f" ({_names(t.name for t in topics)}; {subscriptions} subscription(s))"
-               if topics else "")
+            + (
+                f" ({_names(t.name for t in topics)}; {subscriptions} subscription(s))"
+                if topics
+                else ""
+            )
             + (f"; seeded from {settings.config_path}" if settings.config_path else ""),
         ]
         if self.tls_port is not None:
             lines.append(f"  amqps:    amqps://{settings.host}:{self.tls_port}")
         if self.ws is not None:
-            lines.append(f"  ws:       ws://{settings.host}:{self.ws.port}/$servicebus/websocket"
-                         " (and wss)")
+            lines.append(
+                f"  ws:       ws://{settings.host}:{self.ws.port}/$servicebus/websocket (and wss)"
+            )
         if self.http is not None:
             lines.append(
                 f"  http:     http://{settings.host}:{self.http.port}/health, /metrics, /admin"
@@ -272,8 +298,10 @@ class Server:
                 + connection_string(self.settings, port=self.tls_port, tls=True)
             )
         if self.http is not None:  # ServiceBusAdministrationClient's: the management API
-            lines.append("  management connection string: "
-                         + connection_string(self.settings, port=self.http.port))
+            lines.append(
+                "  management connection string: "
+                + connection_string(self.settings, port=self.http.port)
+            )
         # last: a launcher reading the banner knows it has all of it once this line is there
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
@@ -285,15 +313,19 @@ class Server:
         if self.http_service is not None:
             await self.http_service.close()
         closing = Condition(
-            "amqp:connection:forced", "The broker is shutting down.",
+            "amqp:connection:forced",
+            "The broker is shutting down.",
             {symbol("tracking-id"): "busd"},
         )
         for proto in list(self.protocols):
             proto.shutdown(closing)
         # Let the connections' clean-up (session releases) reach the store before it closes.
         current = asyncio.current_task()
-        pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()
-                   and not (t.get_name() or "").startswith("busd-")]
+        pending = [
+            t
+            for t in asyncio.all_tasks()
+            if t is not current and not t.done() and not (t.get_name() or "").startswith("busd-")
+        ]
         if pending:
             await asyncio.wait(pending, timeout=GRACE_S)
         if self.peers is not None:
@@ -352,8 +384,9 @@ def _kept_keys(entity, stored):
     if not rules:
         return entity
     before = None if stored is None else stored.extra.get("AuthorizationRules")
-    return replace(entity, extra={**entity.extra,
-                                  "AuthorizationRules": access_rules.kept(rules, before)})
+    return replace(
+        entity, extra={**entity.extra, "AuthorizationRules": access_rules.kept(rules, before)}
+    )
 
 
 async def serve(settings: Settings, role: WorkerRole | None = None) -> int:

@@ -96,10 +96,12 @@ def _generate(cert: Path, key: Path) -> None:
     # RSA rather than EC: every TLS stack the SDKs run on (SChannel, Secure Transport,
     # OpenSSL, BoringSSL) accepts it.
     private_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "busd"),
-        x509.NameAttribute(NameOID.COMMON_NAME, "busd localhost"),
-    ])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "busd"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "busd localhost"),
+        ]
+    )
     now = datetime.datetime.now(datetime.UTC)
     public = private_key.public_key()
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in HOST_NAMES]
@@ -115,18 +117,22 @@ def _generate(cert: Path, key: Path) -> None:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_encipherment=True, key_cert_sign=True,
-                content_commitment=False, data_encipherment=False, key_agreement=False,
-                crl_sign=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_encipherment=True,
+                key_cert_sign=True,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
         .sign(private_key, hashes.SHA256())
     )
     key_pem = private_key.private_bytes(

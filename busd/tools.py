@@ -82,9 +82,12 @@ def unreachable(url: str, exc: BaseException) -> ToolError:
     """busd could not be reached at `url`: why, and what to do about an untrusted certificate."""
     reason = getattr(exc, "reason", exc)
     if isinstance(reason, ssl.SSLCertVerificationError):
-        return ToolError(f"{url} presented a certificate this machine does not trust: give "
-                         "busd's with --cacert or BUSD_CACERT (its path is in busd's start "
-                         "banner)", EXIT_UNAVAILABLE)
+        return ToolError(
+            f"{url} presented a certificate this machine does not trust: give "
+            "busd's with --cacert or BUSD_CACERT (its path is in busd's start "
+            "banner)",
+            EXIT_UNAVAILABLE,
+        )
     return ToolError(f"cannot reach busd at {url}: {reason}", EXIT_UNAVAILABLE)
 
 
@@ -102,8 +105,9 @@ class AdminClient:
     def call(self, method: str, path: str, query: dict | None = None, body: Any = None) -> Any:
         return self.exchange(method, path, query, body)[0]
 
-    def exchange(self, method: str, path: str, query: dict | None = None,
-                 body: Any = None) -> tuple[Any, Any]:  # fmt: skip
+    def exchange(
+        self, method: str, path: str, query: dict | None = None, body: Any = None
+    ) -> tuple[Any, Any]:
         """(the answer's JSON, its headers)."""
         query = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urlencode(query)}" if query else "")
@@ -113,8 +117,9 @@ class AdminClient:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S,
-                                        context=self.context) as response:
+            with urllib.request.urlopen(
+                request, timeout=TIMEOUT_S, context=self.context
+            ) as response:
                 return json.loads(response.read() or b"null"), response.headers
         except urllib.error.HTTPError as exc:
             raise _http_error(exc) from None
@@ -132,8 +137,13 @@ def _http_error(exc: urllib.error.HTTPError) -> ToolError:
         message = json.loads(exc.read()).get("error") or exc.reason
     except (ValueError, AttributeError):
         message = exc.reason
-    code = {400: EXIT_INVALID, 401: EXIT_INVALID, 404: EXIT_NOT_FOUND, 413: EXIT_INVALID,
-            503: EXIT_UNAVAILABLE}.get(exc.code, EXIT_FAILED)
+    code = {
+        400: EXIT_INVALID,
+        401: EXIT_INVALID,
+        404: EXIT_NOT_FOUND,
+        413: EXIT_INVALID,
+        503: EXIT_UNAVAILABLE,
+    }.get(exc.code, EXIT_FAILED)
     return ToolError(str(message), code)
 
 
@@ -157,14 +167,26 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 def client_options(command: Callable) -> Callable:
     """--url, --cacert and --json: how every tool reaches busd and prints its answer."""
-    command = click.option("--json", "as_json", is_flag=True,
-                           help="Print JSON for scripts instead of a table.")(command)
-    command = click.option("--cacert", "--ca", "cacert", envvar="BUSD_CACERT", default=None,
-                           metavar="PATH",
-                           help="CA certificate to trust for an https:// URL (busd's own "
-                           "certificate: its path is in busd's start banner).")(command)
-    command = click.option("--url", envvar="BUSD_URL", default=DEFAULT_URL, show_default=True,
-                           help="busd's HTTP address (its --http-port; https:// too).")(command)
+    command = click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
+    )(command)
+    command = click.option(
+        "--cacert",
+        "--ca",
+        "cacert",
+        envvar="BUSD_CACERT",
+        default=None,
+        metavar="PATH",
+        help="CA certificate to trust for an https:// URL (busd's own "
+        "certificate: its path is in busd's start banner).",
+    )(command)
+    command = click.option(
+        "--url",
+        envvar="BUSD_URL",
+        default=DEFAULT_URL,
+        show_default=True,
+        help="busd's HTTP address (its --http-port; https:// too).",
+    )(command)
     return command
 
 
@@ -214,12 +236,33 @@ def queues(url: str, cacert: str | None, as_json: bool) -> None:
         rows = []
         for q in found:
             c, p = q["counts"], q["properties"]
-            rows.append([q["name"], q.get("kind", "queue"), c["active"], c["scheduled"],
-                         c["deferred"], c["locked"], c["dead_letter"],
-                         c["sessions"] if p["requires_session"] else None,
-                         c["locked_sessions"] if p["requires_session"] else None])
-        return table(["ENTITY", "KIND", "ACTIVE", "SCHEDULED", "DEFERRED", "LOCKED", "DEAD-LETTER",
-                      "SESSIONS", "LOCKED-SESSIONS"], rows)
+            rows.append(
+                [
+                    q["name"],
+                    q.get("kind", "queue"),
+                    c["active"],
+                    c["scheduled"],
+                    c["deferred"],
+                    c["locked"],
+                    c["dead_letter"],
+                    c["sessions"] if p["requires_session"] else None,
+                    c["locked_sessions"] if p["requires_session"] else None,
+                ]
+            )
+        return table(
+            [
+                "ENTITY",
+                "KIND",
+                "ACTIVE",
+                "SCHEDULED",
+                "DEFERRED",
+                "LOCKED",
+                "DEAD-LETTER",
+                "SESSIONS",
+                "LOCKED-SESSIONS",
+            ],
+            rows,
+        )
 
     _emit(as_json, found, text)
 
@@ -240,8 +283,16 @@ def topics(url: str, cacert: str | None, as_json: bool) -> None:
                 if not sub["rules"]:  # takes no message
                     rows.append([t["name"], sub["name"], sessions, None, None, None])
                 for rule in sub["rules"]:
-                    rows.append([t["name"], sub["name"], sessions, rule["name"],
-                                 rule.get("filter_text", rule.get("error")), rule.get("action")])
+                    rows.append(
+                        [
+                            t["name"],
+                            sub["name"],
+                            sessions,
+                            rule["name"],
+                            rule.get("filter_text", rule.get("error")),
+                            rule.get("action"),
+                        ]
+                    )
         return table(["TOPIC", "SUBSCRIPTION", "SESSIONS", "RULE", "FILTER", "ACTION"], rows)
 
     _emit(as_json, found, text)
@@ -252,24 +303,46 @@ def topics(url: str, cacert: str | None, as_json: bool) -> None:
 @click.option("--dlq", is_flag=True, help="Peek the dead-letter sub-queue.")
 @click.option("--session", "session_id", default=None, help="Only this session's messages.")
 @click.option("--count", type=click.IntRange(1, 1000), default=20, show_default=True)
-@click.option("--from", "from_seq", type=click.IntRange(0), default=0, show_default=True,
-              help="Start at this sequence number.")
+@click.option(
+    "--from",
+    "from_seq",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Start at this sequence number.",
+)
 @client_options
-def peek(queue: str, dlq: bool, session_id: str | None, count: int, from_seq: int, url: str,
-         cacert: str | None, as_json: bool) -> None:
+def peek(
+    queue: str,
+    dlq: bool,
+    session_id: str | None,
+    count: int,
+    from_seq: int,
+    url: str,
+    cacert: str | None,
+    as_json: bool,
+) -> None:
     """Show messages of QUEUE without locking them, in sequence order."""
     client = AdminClient(url, cacert)
-    found = client.call("GET", client.queue_path(queue, "/messages"),
-                        {"dlq": 1 if dlq else None, "session": session_id, "count": count,
-                         "from": from_seq})
+    found = client.call(
+        "GET",
+        client.queue_path(queue, "/messages"),
+        {"dlq": 1 if dlq else None, "session": session_id, "count": count, "from": from_seq},
+    )
 
     def text() -> str:
         headers = ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "SUBJECT"]
         headers += ["REASON"] if dlq else []
         rows = []
         for m in found:
-            row = [m["sequence_number"], m["state"], _short_time(m["enqueued_time"]),
-                   m["delivery_count"], m["session_id"], m.get("subject")]
+            row = [
+                m["sequence_number"],
+                m["state"],
+                _short_time(m["enqueued_time"]),
+                m["delivery_count"],
+                m["session_id"],
+                m.get("subject"),
+            ]
             row += [m["dead_letter_reason"]] if dlq else []
             rows.append(row + [_preview(m)])
         return table(headers + ["BODY"], rows)
@@ -301,42 +374,71 @@ def _session_path(client: AdminClient, queue: str, session_id: str, action: str)
 @click.option("--reason", required=True, help="The DeadLetterReason each message gets.")
 @click.option("--description", default=None, help="Its DeadLetterErrorDescription.")
 @client_options
-def dead_letter_session(queue: str, session_id: str, reason: str, description: str | None,
-                        url: str, cacert: str | None, as_json: bool) -> None:
+def dead_letter_session(
+    queue: str,
+    session_id: str,
+    reason: str,
+    description: str | None,
+    url: str,
+    cacert: str | None,
+    as_json: bool,
+) -> None:
     """Move every message of SESSION (available, locked, deferred, scheduled) and its state
     to QUEUE's dead-letter sub-queue at once, in order."""
     client = AdminClient(url, cacert)
-    done = client.call("POST", _session_path(client, queue, session_id, "dead-letter"),
-                       body={"reason": reason, "description": description})
-    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: dead-lettered "
-          f"{done['dead_lettered']} message(s)")
+    done = client.call(
+        "POST",
+        _session_path(client, queue, session_id, "dead-letter"),
+        body={"reason": reason, "description": description},
+    )
+    _emit(
+        as_json,
+        done,
+        lambda: (
+            f"{queue}: session {session_id!r}: dead-lettered {done['dead_lettered']} message(s)"
+        ),
+    )
 
 
 @sessions.command("resubmit")
 @click.argument("queue")
 @click.argument("session_id", metavar="SESSION")
 @client_options
-def resubmit_session(queue: str, session_id: str, url: str, cacert: str | None,
-                     as_json: bool) -> None:
+def resubmit_session(
+    queue: str, session_id: str, url: str, cacert: str | None, as_json: bool
+) -> None:
     """Put SESSION's dead letters back into it, in their original order, with its state."""
     client = AdminClient(url, cacert)
     done = client.call("POST", _session_path(client, queue, session_id, "resubmit"))
-    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: resubmitted "
-          f"{done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)")
+    _emit(
+        as_json,
+        done,
+        lambda: (
+            f"{queue}: session {session_id!r}: resubmitted "
+            f"{done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)"
+        ),
+    )
 
 
 @sessions.command("release")
 @click.argument("queue")
 @click.argument("session_id", metavar="SESSION")
 @client_options
-def release_session(queue: str, session_id: str, url: str, cacert: str | None,
-                    as_json: bool) -> None:
+def release_session(
+    queue: str, session_id: str, url: str, cacert: str | None, as_json: bool
+) -> None:
     """Drop SESSION's lock, whoever holds it (a stuck receiver): its holder's next settle
     fails with session-lock-lost, its unsettled messages are available again."""
     client = AdminClient(url, cacert)
     done = client.call("POST", _session_path(client, queue, session_id, "release"))
-    _emit(as_json, done, lambda: f"{queue}: session {session_id!r}: "
-          + ("lock released" if done["released"] else "not held"))
+    _emit(
+        as_json,
+        done,
+        lambda: (
+            f"{queue}: session {session_id!r}: "
+            + ("lock released" if done["released"] else "not held")
+        ),
+    )
 
 
 def _age(seconds: float | None) -> str | None:
@@ -345,23 +447,45 @@ def _age(seconds: float | None) -> str | None:
 
 @sessions.command("list")
 @click.argument("queue")
-@click.option("--sort", type=click.Choice(SESSION_SORTS), default="id", show_default=True,
-              help="id: all, by id; locked: held, lock ending first; waiting: free with "
-                   "messages, oldest first; updated: with state, oldest update first.")
-@click.option("--page", "page_size", type=click.IntRange(1, 1000), default=100,
-              show_default=True, help="Sessions per page.")
+@click.option(
+    "--sort",
+    type=click.Choice(SESSION_SORTS),
+    default="id",
+    show_default=True,
+    help="id: all, by id; locked: held, lock ending first; waiting: free with "
+    "messages, oldest first; updated: with state, oldest update first.",
+)
+@click.option(
+    "--page",
+    "page_size",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="Sessions per page.",
+)
 @click.option("--after", default=None, help="The cursor a previous page ended with.")
 @click.option("--all", "every_page", is_flag=True, help="Every page, one after another.")
 @client_options
-def list_sessions(queue: str, sort: str, page_size: int, after: str | None, every_page: bool,
-                  url: str, cacert: str | None, as_json: bool) -> None:
+def list_sessions(
+    queue: str,
+    sort: str,
+    page_size: int,
+    after: str | None,
+    every_page: bool,
+    url: str,
+    cacert: str | None,
+    as_json: bool,
+) -> None:
     """The session inspector: QUEUE's sessions, a page at a time: holder, lock, messages by
     state, oldest message age, state size and preview, last activity; stuck ones marked."""
     client = AdminClient(url, cacert)
     found: list[dict] = []
     while True:
-        page, headers = client.exchange("GET", client.queue_path(queue, "/sessions"),
-                                        {"sort": sort, "after": after, "top": page_size})
+        page, headers = client.exchange(
+            "GET",
+            client.queue_path(queue, "/sessions"),
+            {"sort": sort, "after": after, "top": page_size},
+        )
         found += page
         after = unquote(headers["X-Next-After"]) if headers.get("X-Next-After") else None
         total = int(headers.get("X-Total-Count") or len(found))
@@ -369,13 +493,38 @@ def list_sessions(queue: str, sort: str, page_size: int, after: str | None, ever
             break
 
     def text() -> str:
-        rows = [[s["session_id"] + (" (stuck)" if s["stuck"] else ""),
-                 s["holder_address"] or ("yes" if s["locked"] else "no"), s["locked_until"],
-                 s["active"], s["in_flight"], s["deferred"], s["scheduled"],
-                 _age(s["oldest_message_age_s"]), s["state_size"], s["state_preview"],
-                 s["last_activity"]] for s in found]
-        out = table(["SESSION", "HOLDER", "LOCKED-UNTIL", "ACTIVE", "IN-FLIGHT", "DEFERRED",
-                     "SCHEDULED", "OLDEST", "STATE-BYTES", "STATE", "LAST-ACTIVITY"], rows)
+        rows = [
+            [
+                s["session_id"] + (" (stuck)" if s["stuck"] else ""),
+                s["holder_address"] or ("yes" if s["locked"] else "no"),
+                s["locked_until"],
+                s["active"],
+                s["in_flight"],
+                s["deferred"],
+                s["scheduled"],
+                _age(s["oldest_message_age_s"]),
+                s["state_size"],
+                s["state_preview"],
+                s["last_activity"],
+            ]
+            for s in found
+        ]
+        out = table(
+            [
+                "SESSION",
+                "HOLDER",
+                "LOCKED-UNTIL",
+                "ACTIVE",
+                "IN-FLIGHT",
+                "DEFERRED",
+                "SCHEDULED",
+                "OLDEST",
+                "STATE-BYTES",
+                "STATE",
+                "LAST-ACTIVITY",
+            ],
+            rows,
+        )
         more = f"\nnext page: --after {shlex.quote(after)}" if after else ""
         return f"{out}\n{len(found)} of {total} session(s){more}"
 
@@ -396,23 +545,46 @@ def _properties(values: tuple[str, ...]) -> dict[str, str] | None:
 @click.argument("queue")
 @click.argument("body")
 @click.option("--session", "session_id", default=None, help="The message's session id.")
-@click.option("--property", "-p", "properties", multiple=True, metavar="KEY=VALUE",
-              help="An application property (string value; repeatable).")
+@click.option(
+    "--property",
+    "-p",
+    "properties",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An application property (string value; repeatable).",
+)
 @click.option("--message-id", default=None, help="Default: a new random id.")
 @click.option("--content-type", default=None)
 @click.option("--subject", default=None, help="The message's subject (label).")
 @client_options
-def send(queue: str, body: str, session_id: str | None, properties: tuple[str, ...],
-         message_id: str | None, content_type: str | None, subject: str | None, url: str,
-         cacert: str | None, as_json: bool) -> None:
+def send(
+    queue: str,
+    body: str,
+    session_id: str | None,
+    properties: tuple[str, ...],
+    message_id: str | None,
+    content_type: str | None,
+    subject: str | None,
+    url: str,
+    cacert: str | None,
+    as_json: bool,
+) -> None:
     """Send one message with BODY (text; - reads it from stdin) to QUEUE."""
     if body == "-":
         body = sys.stdin.read()
     client = AdminClient(url, cacert)
-    sent = client.call("POST", client.queue_path(queue, "/messages"), body={
-        "body": body, "session_id": session_id, "application_properties": _properties(properties),
-        "message_id": message_id, "content_type": content_type, "subject": subject,
-    })
+    sent = client.call(
+        "POST",
+        client.queue_path(queue, "/messages"),
+        body={
+            "body": body,
+            "session_id": session_id,
+            "application_properties": _properties(properties),
+            "message_id": message_id,
+            "content_type": content_type,
+            "subject": subject,
+        },
+    )
 
     def text() -> str:
         if sent["duplicate"]:
@@ -443,11 +615,14 @@ def dlq() -> None:
 
 @dlq.command()
 @click.argument("queue")
-@click.option("--limit", type=click.IntRange(1), default=None,
-              help="At most this many messages (default: all).")
+@click.option(
+    "--limit",
+    type=click.IntRange(1),
+    default=None,
+    help="At most this many messages (default: all).",
+)
 @client_options
-def resubmit(queue: str, limit: int | None, url: str, cacert: str | None,
-             as_json: bool) -> None:
+def resubmit(queue: str, limit: int | None, url: str, cacert: str | None, as_json: bool) -> None:
     """Send QUEUE's dead-lettered messages back to QUEUE as new messages, oldest first.
 
     Each gets a new sequence number, delivery count 0 and the queue's default time to live;
@@ -461,16 +636,24 @@ def resubmit(queue: str, limit: int | None, url: str, cacert: str | None,
     with _progress(total, f"resubmitting {queue}") as bar:
         while limit is None or moved < limit:
             chunk = RESUBMIT_CHUNK if limit is None else min(RESUBMIT_CHUNK, limit - moved)
-            done = client.call("POST", client.queue_path(queue, "/dlq/resubmit"),
-                               {"limit": chunk})
+            done = client.call("POST", client.queue_path(queue, "/dlq/resubmit"), {"limit": chunk})
             moved += done["resubmitted"]
             bar.update(done["resubmitted"])
             if done["resubmitted"] < chunk:
                 break
-    result = {"resubmitted": moved, "remaining": done["remaining"],
-              "dead_letter": done["dead_letter"]}
-    _emit(as_json, result, lambda: f"{queue}: resubmitted {moved} dead-lettered message(s), "
-          f"{done['dead_letter']} left in the dead-letter queue")
+    result = {
+        "resubmitted": moved,
+        "remaining": done["remaining"],
+        "dead_letter": done["dead_letter"],
+    }
+    _emit(
+        as_json,
+        result,
+        lambda: (
+            f"{queue}: resubmitted {moved} dead-lettered message(s), "
+            f"{done['dead_letter']} left in the dead-letter queue"
+        ),
+    )
 
 
 COMMANDS = (queues, topics, peek, sessions, send, purge, dlq)

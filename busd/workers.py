@@ -115,10 +115,10 @@ class _Supervisor:
 
     def start(self, index: int, quick_deaths: int = 0) -> _Worker:
         ours, theirs = self._context.Pipe()
-        role = WorkerRole(index, self.ports, self.inherited, self.peer_dir, self.embedded,
-                          theirs)
-        process = self._context.Process(target=_worker_main, args=(self.settings, role),
-                                        name=f"busd-worker-{index}")
+        role = WorkerRole(index, self.ports, self.inherited, self.peer_dir, self.embedded, theirs)
+        process = self._context.Process(
+            target=_worker_main, args=(self.settings, role), name=f"busd-worker-{index}"
+        )
         process.start()
         theirs.close()
         return _Worker(index, process, ours, time.monotonic(), quick_deaths=quick_deaths)
@@ -133,8 +133,10 @@ class _Supervisor:
             return code
         first = self.workers[0].banner or ""
         pids = ", ".join(str(w.process.pid) for w in self.workers)
-        print(f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}",
-              flush=True)
+        print(
+            f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}",
+            flush=True,
+        )
         restarts: dict[int, tuple[float, int]] = {}  # index -> (when, quick deaths so far)
         while not self.stopping:
             self._watch(restarts)
@@ -150,20 +152,26 @@ class _Supervisor:
                 if worker.pipe.poll(0.1):
                     worker.banner = worker.pipe.recv()
                 elif not worker.process.is_alive():
-                    log.error("worker %d exited with %s while starting", worker.index,
-                              worker.process.exitcode)
+                    log.error(
+                        "worker %d exited with %s while starting",
+                        worker.index,
+                        worker.process.exitcode,
+                    )
                     return EXIT_STARTUP
                 elif time.monotonic() > deadline:
-                    log.error("worker %d did not start within %.0f s", worker.index,
-                              START_TIMEOUT_S)
+                    log.error(
+                        "worker %d did not start within %.0f s", worker.index, START_TIMEOUT_S
+                    )
                     return EXIT_STARTUP
         return 0
 
     def _watch(self, restarts: dict[int, tuple[float, int]]) -> None:
         """Wait a little for a worker to die or speak; restart the dead when their turn came."""
         live = [w for w in self.workers if w.index not in restarts]
-        wait([w.process.sentinel for w in live] + [w.pipe for w in live if w.banner is None],
-             timeout=0.5)
+        wait(
+            [w.process.sentinel for w in live] + [w.pipe for w in live if w.banner is None],
+            timeout=0.5,
+        )
         now = time.monotonic()
         for worker in live:
             if worker.banner is None and worker.pipe.poll():
@@ -177,10 +185,14 @@ class _Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.peer_dir) / f"{worker.process.pid}.sock").unlink()
             quick = worker.quick_deaths + 1 if now - worker.started < STEADY_S else 0
-            pause = min(MAX_RESTART_PAUSE_S, 0.5 * (2 ** quick - 1))
-            log.warning("worker %d (pid %s) exited with %s: restarting it%s", worker.index,
-                        worker.process.pid, worker.process.exitcode,
-                        f" in {pause:.1f} s" if pause else "")
+            pause = min(MAX_RESTART_PAUSE_S, 0.5 * (2**quick - 1))
+            log.warning(
+                "worker %d (pid %s) exited with %s: restarting it%s",
+                worker.index,
+                worker.process.pid,
+                worker.process.exitcode,
+                f" in {pause:.1f} s" if pause else "",
+            )
             restarts[worker.index] = (now + pause, quick)
         for index, (when, quick) in list(restarts.items()):
             if when <= now and not self.stopping:
@@ -224,8 +236,12 @@ def _reserve(host: str, port: int) -> socket.socket:
 
 
 def _ports(settings: Settings) -> dict[str, int]:
-    wanted = {"amqp": settings.port, "tls": settings.tls_port, "ws": settings.ws_port,
-              "http": settings.http_port}
+    wanted = {
+        "amqp": settings.port,
+        "tls": settings.tls_port,
+        "ws": settings.ws_port,
+        "http": settings.http_port,
+    }
     return {name: port for name, port in wanted.items() if port is not None}
 
 
@@ -257,8 +273,9 @@ def run(settings: Settings) -> int:
             if not REUSE_PORT:
                 inherited[name] = sock
         with tempfile.TemporaryDirectory(prefix="busd-workers-") as peer_dir:
-            return _Supervisor(settings, settings.workers, ports, inherited, peer_dir,
-                               embedded is not None).run()
+            return _Supervisor(
+                settings, settings.workers, ports, inherited, peer_dir, embedded is not None
+            ).run()
     finally:
         for sock in sockets:
             sock.close()

@@ -60,8 +60,9 @@ def make_plan(sessions: int, messages: int, per_session: str | None, seed: int) 
     count in the `per_session` range for each session (then `messages` is not used)."""
     ids = [f"s{i:06d}" for i in range(sessions)]
     if per_session is None:
-        counts = [messages // sessions + (1 if i < messages % sessions else 0)
-                  for i in range(sessions)]
+        counts = [
+            messages // sessions + (1 if i < messages % sessions else 0) for i in range(sessions)
+        ]
     else:
         low, high = parse_range(per_session)
         rng = random.Random(seed)
@@ -80,7 +81,7 @@ def parse(payload: bytes) -> tuple[str, int] | None:
     end = payload.find(b";", at)
     if at < 0 or end < 0:
         return None
-    sid, _, index = payload[at + len(MARKER):end].partition(b"/")
+    sid, _, index = payload[at + len(MARKER) : end].partition(b"/")
     try:
         return sid.decode(), int(index)
     except ValueError:
@@ -139,11 +140,17 @@ class Recorder:
             self.last_done_t = t
 
     def dump(self) -> dict:
-        return {"deliveries": self.deliveries, "intervals": self.intervals,
-                "latencies": self.latencies, "first_latencies": self.first_latencies,
-                "accept_timeouts": self.accept_timeouts,
-                "late": self.late, "errors": self.errors, "error_texts": self.error_texts,
-                "attaches": self.links}
+        return {
+            "deliveries": self.deliveries,
+            "intervals": self.intervals,
+            "latencies": self.latencies,
+            "first_latencies": self.first_latencies,
+            "accept_timeouts": self.accept_timeouts,
+            "late": self.late,
+            "errors": self.errors,
+            "error_texts": self.error_texts,
+            "attaches": self.links,
+        }
 
 
 class Loop(Handler):
@@ -172,11 +179,16 @@ class Loop(Handler):
         self.number = self.rec.link_number()
         self.sent_at = time.monotonic()
         self.link = self.conn.container.create_receiver(
-            self.conn.conn, self.conn.entity, name=f"churn-{self.number}-{os.urandom(4).hex()}",
-            options=[Filter({bc.SESSION_FILTER: None}),
-                     bc.Properties({bc.TIMEOUT: uint(self.timeout_ms)}),
-                     # settled accepted from the client, nothing answered: the processor's mode
-                     bc.Settle(Link.SND_UNSETTLED, Link.RCV_FIRST)])
+            self.conn.conn,
+            self.conn.entity,
+            name=f"churn-{self.number}-{os.urandom(4).hex()}",
+            options=[
+                Filter({bc.SESSION_FILTER: None}),
+                bc.Properties({bc.TIMEOUT: uint(self.timeout_ms)}),
+                # settled accepted from the client, nothing answered: the processor's mode
+                bc.Settle(Link.SND_UNSETTLED, Link.RCV_FIRST),
+            ],
+        )
         self.conn.loops[self.link.name] = self
 
     def opened(self, link) -> None:
@@ -293,8 +305,9 @@ class ChurnConnection(bc.Client):
         self.ready = False
         cfg = worker.cfg
         target = bc.Target(cfg["host"], cfg["port"], cfg["key_name"], cfg["key"])
-        super().__init__(worker.container, target, cfg["entity"], bc.Stats(expected=1 << 62),
-                         worker)
+        super().__init__(
+            worker.container, target, cfg["entity"], bc.Stats(expected=1 << 62), worker
+        )
         self.members = [Loop(self, cfg) for _ in range(count)]
 
     def start(self) -> None:  # authenticated
@@ -374,8 +387,10 @@ class Worker(Handler):
     def on_timer_task(self, event) -> None:
         now = time.monotonic()
         if self.stopped_at is not None:  # closing: wait a little for the broker's answers
-            answered = all(c.conn.state & Endpoint.REMOTE_CLOSED or c.conn.transport is None
-                           for c in self.conns)
+            answered = all(
+                c.conn.state & Endpoint.REMOTE_CLOSED or c.conn.transport is None
+                for c in self.conns
+            )
             if answered or now - self.stopped_at > 2.0:
                 self.container.stop()
                 return
@@ -394,13 +409,22 @@ class Worker(Handler):
     def _report(self) -> None:
         ready = all(c.ready or c.closed for c in self.conns)
         # Receivers whose attach is not answered yet: the idle scenario waits for all of them.
-        waiting = sum(1 for c in self.conns for loop in c.members
-                      if loop.link is not None and loop.interval is None)
+        waiting = sum(
+            1
+            for c in self.conns
+            for loop in c.members
+            if loop.link is not None and loop.interval is None
+        )
         state = (ready, waiting, self.rec.errors)
         if self.rec.new_done or state != self.reported:
             self.reported = state
-            line = {"ready": ready, "done": self.rec.new_done, "t": self.rec.last_done_t,
-                    "errors": self.rec.errors, "waiting": waiting}
+            line = {
+                "ready": ready,
+                "done": self.rec.new_done,
+                "t": self.rec.last_done_t,
+                "errors": self.rec.errors,
+                "waiting": waiting,
+            }
             self.rec.new_done = []
             print(json.dumps(line), flush=True)
 
@@ -419,9 +443,22 @@ def worker_main() -> int:
 class Clients:
     """The client processes of one phase, started here and stopped by PID."""
 
-    def __init__(self, workdir: Path, name: str, target: bc.Target, entity: str, *,
-                 receivers: int, procs: int, per_connection: int, window: int, idle_ms: int,
-                 timeout_ms: int, plan: dict[str, int], deadline: float) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        target: bc.Target,
+        entity: str,
+        *,
+        receivers: int,
+        procs: int,
+        per_connection: int,
+        window: int,
+        idle_ms: int,
+        timeout_ms: int,
+        plan: dict[str, int],
+        deadline: float,
+    ) -> None:
         self.workdir = workdir
         self.name = name
         self.target = target
@@ -445,13 +482,27 @@ class Clients:
         script = str(Path(__file__).resolve())
         for i, share in enumerate(self.shares):
             out = self.workdir / f"{self.name}-worker{i}.json"
-            cfg = dict(self.settings, index=i + 1, host=self.target.host, port=self.target.port,
-                       key_name=self.target.key_name, key=self.target.key, entity=self.entity,
-                       loops=[n for n in split(share, -(-share // self.per_connection)) if n],
-                       deadline=self.deadline, out=str(out))
+            cfg = dict(
+                self.settings,
+                index=i + 1,
+                host=self.target.host,
+                port=self.target.port,
+                key_name=self.target.key_name,
+                key=self.target.key,
+                entity=self.entity,
+                loops=[n for n in split(share, -(-share // self.per_connection)) if n],
+                deadline=self.deadline,
+                out=str(out),
+            )
             with open(self.workdir / f"{self.name}-worker{i}.log", "wb") as log:
-                proc = subprocess.Popen([sys.executable, script, "worker"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+                proc = subprocess.Popen(
+                    [sys.executable, script, "worker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                    bufsize=1,
+                )
             proc.stdin.write(json.dumps(cfg) + "\n")
             proc.stdin.flush()
             self.procs.append(proc)
@@ -493,8 +544,11 @@ class Clients:
 
     def wait_ready(self) -> bool:
         """Every connection of every worker open and authenticated."""
-        return self._wait(lambda: len(self.ready) == len(self.procs) and all(self.ready.values()),
-                          min(self.deadline, time.monotonic() + 60), every_process=True)
+        return self._wait(
+            lambda: len(self.ready) == len(self.procs) and all(self.ready.values()),
+            min(self.deadline, time.monotonic() + 60),
+            every_process=True,
+        )
 
     def wait_waiting(self, receivers: int, deadline: float) -> bool:
         return self._wait(lambda: sum(self.waiting.values()) >= receivers, deadline)
@@ -537,9 +591,15 @@ class Clients:
             except (OSError, ValueError):
                 log = self.workdir / f"{self.name}-worker{i}.log"
                 tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
-                results.append({"errors": 1, "error_texts": [
-                    f"client process {i} wrote no events (exit {self.procs[i].returncode}): "
-                    f"{tail.strip()}"]})
+                results.append(
+                    {
+                        "errors": 1,
+                        "error_texts": [
+                            f"client process {i} wrote no events "
+                            f"(exit {self.procs[i].returncode}): {tail.strip()}"
+                        ],
+                    }
+                )
         return results
 
 
@@ -570,13 +630,14 @@ class Verdict:
 
     @property
     def violations(self) -> int:
-        return (self.order + self.after_complete + self.lost + self.two_holders
-                + self.wrong_session)
+        return self.order + self.after_complete + self.lost + self.two_holders + self.wrong_session
 
     def summary(self) -> str:
-        return (f"{self.violations} violations (order {self.order}, delivered after complete "
-                f"{self.after_complete}, lost {self.lost}, two holders {self.two_holders}, "
-                f"wrong session {self.wrong_session})")
+        return (
+            f"{self.violations} violations (order {self.order}, delivered after complete "
+            f"{self.after_complete}, lost {self.lost}, two holders {self.two_holders}, "
+            f"wrong session {self.wrong_session})"
+        )
 
     def example(self, kinds: dict, kind: str, text: str) -> None:
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -610,12 +671,19 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
     for t, link, sid, index in deliveries:
         if index >= plan.get(sid, 0) or holding.get(link) != sid:
             v.wrong_session += 1
-            v.example(kinds, "wrong session", f"{sid}/{index} on link {link} holding "
-                                              f"{holding.get(link)!r}")
+            v.example(
+                kinds,
+                "wrong session",
+                f"{sid}/{index} on link {link} holding {holding.get(link)!r}",
+            )
         if t > first[(sid, index)]:
             v.after_complete += 1
-            v.example(kinds, "after complete", f"{sid}/{index} again {t - first[(sid, index)]:.3f}"
-                                               f" s after its complete (link {link})")
+            v.example(
+                kinds,
+                "after complete",
+                f"{sid}/{index} again {t - first[(sid, index)]:.3f}"
+                f" s after its complete (link {link})",
+            )
 
     # Order, across receivers: the first delivery of i comes after the first of i - 1.
     for sid, count in plan.items():
@@ -639,8 +707,9 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
     v.completed = len(completed)
     v.lost = sum(plan.values()) - v.completed
     if v.lost:
-        missing = [f"{sid}/{i}" for sid, n in plan.items() for i in range(n)
-                   if (sid, i) not in completed][:EXAMPLES]
+        missing = [
+            f"{sid}/{i}" for sid, n in plan.items() for i in range(n) if (sid, i) not in completed
+        ][:EXAMPLES]
         v.examples.append(f"lost: {v.lost}, e.g. {', '.join(missing)}")
 
     # Never two holders: per session, [answered, let go] of different links never overlap.
@@ -653,9 +722,13 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
         for start, end, link in spans:
             if start < held_until:
                 v.two_holders += 1
-                v.example(kinds, "two holders", f"{sid}: link {link} got it "
-                                                f"{held_until - start:.3f} s before link "
-                                                f"{holder} let go")
+                v.example(
+                    kinds,
+                    "two holders",
+                    f"{sid}: link {link} got it "
+                    f"{held_until - start:.3f} s before link "
+                    f"{holder} let go",
+                )
             if end > held_until:
                 held_until, holder = end, link
     return v

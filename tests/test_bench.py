@@ -19,19 +19,46 @@ NUMBER = r"(nan|[\d.]+)"
 
 def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench"), "--mode", "churn", "--messages", "300",
-         "--sessions", "30", "--per-session", "5-15", "--receivers", "6", "--client-procs", "2",
-         "--senders", "2", "--timeout", "90"],
-        capture_output=True, text=True, timeout=150,
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--mode",
+            "churn",
+            "--messages",
+            "300",
+            "--sessions",
+            "30",
+            "--per-session",
+            "5-15",
+            "--receivers",
+            "6",
+            "--client-procs",
+            "2",
+            "--senders",
+            "2",
+            "--timeout",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     out = run.stdout
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
-    assert re.search(r"^checks \(churn: .*\): 0 violations \(order 0, delivered after complete "
-                     r"0, lost 0, two holders 0, wrong session 0\)", out, re.M), out
+    assert re.search(
+        r"^checks \(churn: .*\): 0 violations \(order 0, delivered after complete "
+        r"0, lost 0, two holders 0, wrong session 0\)",
+        out,
+        re.M,
+    ), out
     # The store's commandstats were read, and the probe said how to read them.
     assert re.search(r"^store: Valkey .*, pid \d+; its INFO commandstats counts", out, re.M), out
-    row = re.search(rf"^churn: 6 rx / 2 procs\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}"
-                    rf"\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s", out, re.M)
+    row = re.search(
+        rf"^churn: 6 rx / 2 procs\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}"
+        rf"\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s",
+        out,
+        re.M,
+    )
     assert row, out
     msgs, _secs, _rate, busd, store, total, cmds, calls = row.groups()
     plan = churn.make_plan(30, 300, "5-15", 1)
@@ -46,14 +73,27 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
 
 def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench"), "--mode", "fanout", "--messages", "300",
-         "--timeout", "90"],
-        capture_output=True, text=True, timeout=150,
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--mode",
+            "fanout",
+            "--messages",
+            "300",
+            "--timeout",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     out = run.stdout
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
-    for phase in ("send to a queue", r"send to a topic \(3 subs\)",
-                  "receive from one subscription"):
+    for phase in (
+        "send to a queue",
+        r"send to a topic \(3 subs\)",
+        "receive from one subscription",
+    ):
         assert re.search(rf"^{phase}\s+300\s", out, re.M), out
     assert re.search(r"busd\+store CPU per message [\d.]+x the queue's", out), out
 
@@ -62,20 +102,40 @@ def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
     """--workers: busd's CPU is the parent's and the workers' together, each printed; a
     Cluster started here: each node's CPU and each primary's share of the calls and keys."""
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench"), "--messages", "300", "--workers", "2",
-         "--senders", "2", "--start-store", "cluster", "--partitioned", "--timeout", "90"],
-        capture_output=True, text=True, timeout=150,
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--messages",
+            "300",
+            "--workers",
+            "2",
+            "--senders",
+            "2",
+            "--start-store",
+            "cluster",
+            "--partitioned",
+            "--timeout",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     out = run.stdout
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
-    assert re.search(r"\(2 workers, durability local, queues in 16 partitions\).*; \d+ cores",
-                     out), out
+    assert re.search(
+        r"\(2 workers, durability local, queues in 16 partitions\).*; \d+ cores", out
+    ), out
     assert re.search(r"^store: Valkey .*, 6 nodes \(3 serving\)", out, re.M), out
     row = re.search(rf"^send\s+300\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s", out, re.M)
     assert row, out
-    send = out[row.start():].split("\nreceive", 1)[0]
-    processes = re.search(r"busd per process: parent \d+ ([\d.]+) µs/msg, worker \d+ ([\d.]+) "
-                          r"µs/msg, worker \d+ ([\d.]+) µs/msg$", send, re.M)
+    send = out[row.start() :].split("\nreceive", 1)[0]
+    processes = re.search(
+        r"busd per process: parent \d+ ([\d.]+) µs/msg, worker \d+ ([\d.]+) "
+        r"µs/msg, worker \d+ ([\d.]+) µs/msg$",
+        send,
+        re.M,
+    )
     assert processes, send
     assert abs(sum(map(float, processes.groups())) - float(row.group(3))) < 0.2, send
     nodes = re.search(r"store per node: (.*) \(calls, keys: % of an even share\)$", send, re.M)
@@ -88,16 +148,32 @@ def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
 def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:
     """A Sentinel set started here, --durability replicated, its primary killed mid-run."""
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench"), "--scenario", "failover-sentinel",
-         "--messages", "240", "--kill-after", "1", "--timeout", "90"],
-        capture_output=True, text=True, timeout=150,
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--scenario",
+            "failover-sentinel",
+            "--messages",
+            "240",
+            "--kill-after",
+            "1",
+            "--timeout",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     out = run.stdout
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     assert "(1 process, durability replicated)" in out, out
-    assert re.search(r"^failover: primary :\d+ killed\s+2[34]\d\s.*served again [\d.]+ s "
-                     r"\(send\) / [\d.]+ s \(receive\) after the kill; .*lost 0, stuck 0, "
-                     r"duplicated after complete 0, order 0, overlap 0", out, re.M), out
+    assert re.search(
+        r"^failover: primary :\d+ killed\s+2[34]\d\s.*served again [\d.]+ s "
+        r"\(send\) / [\d.]+ s \(receive\) after the kill; .*lost 0, stuck 0, "
+        r"duplicated after complete 0, order 0, overlap 0",
+        out,
+        re.M,
+    ), out
 
 
 # --- the checks, on recorded events -------------------------------------------------------------
@@ -149,8 +225,11 @@ def test_a_message_of_another_session_is_counted() -> None:
 
 def test_events_of_several_workers_are_merged() -> None:
     first = {"deliveries": CLEAN[:2], "intervals": [[1, "a", 0.0, 0.25]]}
-    second = {"deliveries": [(0.5, 7, "a", 2), (0.6, 8, "b", 0)],
-              "intervals": [[7, "a", 0.4, 1.0], [8, "b", 0.0, 1.0]], "accept_timeouts": 2}
+    second = {
+        "deliveries": [(0.5, 7, "a", 2), (0.6, 8, "b", 0)],
+        "intervals": [[7, "a", 0.4, 1.0], [8, "b", 0.0, 1.0]],
+        "accept_timeouts": 2,
+    }
     verdict = churn.check(PLAN, [first, second])
     assert verdict.violations == 0, verdict.examples
     assert verdict.accept_timeouts == 2

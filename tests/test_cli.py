@@ -26,9 +26,22 @@ def test_python_dash_m_busd_runs_the_cli():
 def test_serve_lists_every_option():
     result = run("serve", "--help")
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--config", "--redis-url", "--data-dir", "--http-port",
-                   "--tls-port", "--ws-port", "--tls-cert", "--tls-key", "--log-level",
-                   "--log-format", "--workers", "--durability"):
+    for option in (
+        "--host",
+        "--port",
+        "--config",
+        "--redis-url",
+        "--data-dir",
+        "--http-port",
+        "--tls-port",
+        "--ws-port",
+        "--tls-cert",
+        "--tls-key",
+        "--log-level",
+        "--log-format",
+        "--workers",
+        "--durability",
+    ):
         assert option in result.output
 
 
@@ -77,7 +90,8 @@ def test_bad_sas_key_option_is_a_config_error():
     result = run("serve", env={"BUSD_SAS_KEY": "ok=k:Send reader=k:Read"})
     assert result.exit_code == EXIT_CONFIG
     assert result.output.strip() == (
-        "busd: error: --sas-key: unknown right 'Read': rights are Send, Listen and Manage")
+        "busd: error: --sas-key: unknown right 'Read': rights are Send, Listen and Manage"
+    )
 
 
 def test_unknown_log_level_is_a_usage_error():
@@ -96,13 +110,29 @@ def test_sas_token_command_makes_a_verifiable_token():
 
 def test_a_misspelt_entity_property_stops_serve_with_one_line(tmp_path):
     path = tmp_path / "Config.json"
-    path.write_text('{"UserConfig": {"Namespaces": [{"Name": "ns", "Queues": ['
-                    '{"Name": "orders", "Properties": {"RequiresSesion": true}}]}]}}')
+    path.write_text(
+        '{"UserConfig": {"Namespaces": [{"Name": "ns", "Queues": ['
+        '{"Name": "orders", "Properties": {"RequiresSesion": true}}]}]}}'
+    )
     # a store nobody listens on: were the file accepted, serve would stop at once, not serve
-    result = run("serve", "--config", str(path), "--redis-url", "redis://127.0.0.1:9",
-                 "--port", "0", "--http-port", "0", "--tls-port", "off", "--ws-port", "off")
+    result = run(
+        "serve",
+        "--config",
+        str(path),
+        "--redis-url",
+        "redis://127.0.0.1:9",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls-port",
+        "off",
+        "--ws-port",
+        "off",
+    )
     assert result.exit_code == EXIT_CONFIG
     assert result.output.strip().splitlines() == [
         f"busd: error: entities file {path}: queue 'orders': unknown property "
         "'RequiresSesion': not a queue property of Service Bus (did you mean "
-        "'RequiresSession'?)"]
+        "'RequiresSession'?)"
+    ]

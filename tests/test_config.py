@@ -77,7 +77,10 @@ def test_sample_config_loads_as_the_emulator_writes_it():
     by_name = {q.name: q for q in queues}
     assert warnings == []
     assert by_name["queue.1"] == QueueSpec(
-        name="queue.1", lock_duration_ms=60_000, max_delivery_count=3, default_ttl_ms=3_600_000,
+        name="queue.1",
+        lock_duration_ms=60_000,
+        max_delivery_count=3,
+        default_ttl_ms=3_600_000,
         # detection is off: the window is kept, to be answered back as the file set it
         extra={"DuplicateDetectionHistoryTimeWindow": 20_000},
     )
@@ -155,15 +158,43 @@ def test_names_are_lower_cased_and_duplicates_refused(tmp_path):
 def test_topics_subscriptions_and_forwarding_are_read(tmp_path):
     path = write_config(
         tmp_path,
-        queues=[{"Name": "q", "Properties": {"ForwardTo": "sb://localhost:5300/Other",
-                                             "ForwardDeadLetteredMessagesTo": ""}},
-                {"Name": "other"}],
-        topics=[{"Name": "Topic.1", "Properties": {"RequiresDuplicateDetection": True},
-                 "Subscriptions": [{"Name": "S1", "Properties": {
-                     "RequiresSession": True, "ForwardDeadLetteredMessagesTo": "q"}},
-                                   {"Name": "s2", "Rules": [{"Name": "r", "Properties": {
-                                       "FilterType": "Sql",
-                                       "SqlFilter": {"SqlExpression": "a = 1"}}}]}]}],
+        queues=[
+            {
+                "Name": "q",
+                "Properties": {
+                    "ForwardTo": "sb://localhost:5300/Other",
+                    "ForwardDeadLetteredMessagesTo": "",
+                },
+            },
+            {"Name": "other"},
+        ],
+        topics=[
+            {
+                "Name": "Topic.1",
+                "Properties": {"RequiresDuplicateDetection": True},
+                "Subscriptions": [
+                    {
+                        "Name": "S1",
+                        "Properties": {
+                            "RequiresSession": True,
+                            "ForwardDeadLetteredMessagesTo": "q",
+                        },
+                    },
+                    {
+                        "Name": "s2",
+                        "Rules": [
+                            {
+                                "Name": "r",
+                                "Properties": {
+                                    "FilterType": "Sql",
+                                    "SqlFilter": {"SqlExpression": "a = 1"},
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
     )
     found = load_entities(path)
     assert found.warnings == []
@@ -173,7 +204,10 @@ def test_topics_subscriptions_and_forwarding_are_read(tmp_path):
     assert topic.name == "topic.1" and topic.duplicate_detection_window_ms == 10 * 60_000
     s1, s2 = found.subscriptions
     assert (s1.path, s1.requires_session, s1.forward_dead_lettered_to) == (
-        "topic.1/subscriptions/s1", True, "q")
+        "topic.1/subscriptions/s1",
+        True,
+        "q",
+    )
     assert s2.dead_letter_on_filter_exceptions  # Service Bus's default
     assert [r.name for r in found.rules_of(s1)] == ["$Default"]
     assert [r.name for r in found.rules_of(s2)] == ["r"]
@@ -188,10 +222,20 @@ def test_forwarding_that_service_bus_refuses_stops_start_up(tmp_path):
 
 def test_a_session_source_and_one_naming_itself_may_forward(tmp_path):
     """As in Service Bus (docs/design.md §2.15)."""
-    path = write_config(tmp_path, queues=[
-        {"Name": "q", "Properties": {"RequiresSession": True, "ForwardTo": "other",
-                                     "ForwardDeadLetteredMessagesTo": "q"}},
-        {"Name": "other"}])
+    path = write_config(
+        tmp_path,
+        queues=[
+            {
+                "Name": "q",
+                "Properties": {
+                    "RequiresSession": True,
+                    "ForwardTo": "other",
+                    "ForwardDeadLetteredMessagesTo": "q",
+                },
+            },
+            {"Name": "other"},
+        ],
+    )
     (q, _) = load_entities(path).queues
     assert (q.forward_to, q.forward_dead_lettered_to) == ("other", "q")
 
@@ -201,11 +245,18 @@ def test_the_sample_topic_loads_as_the_emulator_ships_it():
     found = load_entities(SAMPLE)
     assert [t.name for t in found.topics] == ["topic.1"]
     assert [s.name for s in found.subscriptions] == [
-        "subscription.1", "subscription.2", "subscription.3", "subscription.4"]
+        "subscription.1",
+        "subscription.2",
+        "subscription.3",
+        "subscription.4",
+    ]
     rules = {s.name: [r.name for r in found.rules_of(s)] for s in found.subscriptions}
-    assert rules == {"subscription.1": ["app-prop-filter-1"],
-                     "subscription.2": ["user-prop-filter-1"],
-                     "subscription.3": ["$Default"], "subscription.4": ["sql-filter-1"]}
+    assert rules == {
+        "subscription.1": ["app-prop-filter-1"],
+        "subscription.2": ["user-prop-filter-1"],
+        "subscription.3": ["$Default"],
+        "subscription.4": ["sql-filter-1"],
+    }
     assert found.warnings == []
 
 
@@ -226,21 +277,41 @@ def test_comments_are_stripped_but_not_inside_strings(tmp_path):
         load_entities(path)
 
 
-@pytest.mark.parametrize("subscription, rule, message", [
-    ({"Name": "bad/name"}, None, "subscription name"),
-    ({"Name": "s", "Properties": {"LockDuration": "PT10M"}}, None,
-     "subscription 's' of topic 't': LockDuration"),
-    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Odd"}},
-     "subscription 's' of topic 't': rule 'r': FilterType"),
-    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Correlation"}},
-     "rule 'r': .*CorrelationFilter"),
-    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"x": 1}}},
-     "rule 'r': .*SqlExpression"),
-    ({"Name": "s"}, {"Name": "r", "Properties": {"FilterType": "Sql",
-                                                 "SqlFilter": {"SqlExpression": "a = = 1"}}},
-     "rule 'r': .*position"),
-    ({"Name": "s", "Properties": {"ForwardTo": "nowhere"}}, None, "'nowhere' names no queue"),
-])
+@pytest.mark.parametrize(
+    "subscription, rule, message",
+    [
+        ({"Name": "bad/name"}, None, "subscription name"),
+        (
+            {"Name": "s", "Properties": {"LockDuration": "PT10M"}},
+            None,
+            "subscription 's' of topic 't': LockDuration",
+        ),
+        (
+            {"Name": "s"},
+            {"Name": "r", "Properties": {"FilterType": "Odd"}},
+            "subscription 's' of topic 't': rule 'r': FilterType",
+        ),
+        (
+            {"Name": "s"},
+            {"Name": "r", "Properties": {"FilterType": "Correlation"}},
+            "rule 'r': .*CorrelationFilter",
+        ),
+        (
+            {"Name": "s"},
+            {"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"x": 1}}},
+            "rule 'r': .*SqlExpression",
+        ),
+        (
+            {"Name": "s"},
+            {
+                "Name": "r",
+                "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = = 1"}},
+            },
+            "rule 'r': .*position",
+        ),
+        ({"Name": "s", "Properties": {"ForwardTo": "nowhere"}}, None, "'nowhere' names no queue"),
+    ],
+)
 def test_bad_topic_entries_name_the_entity(tmp_path, subscription, rule, message):
     if rule is not None:
         subscription = {**subscription, "Rules": [rule]}
@@ -256,16 +327,23 @@ def test_a_queue_and_a_topic_cannot_share_a_name(tmp_path):
 
 
 def test_authorization_rules_are_read_as_the_api_keeps_them(tmp_path):
-    queue, warnings = one_queue(tmp_path, AuthorizationRules=[
-        {"KeyName": "app", "PrimaryKey": "k1", "Rights": ["send", "Listen"]}])
+    queue, warnings = one_queue(
+        tmp_path,
+        AuthorizationRules=[{"KeyName": "app", "PrimaryKey": "k1", "Rights": ["send", "Listen"]}],
+    )
     (rule,) = queue.extra["AuthorizationRules"]
     assert (rule["KeyName"], rule["PrimaryKey"], rule["Rights"], rule["ClaimType"]) == (
-        "app", "k1", ["Send", "Listen"], "SharedAccessKey")
+        "app",
+        "k1",
+        ["Send", "Listen"],
+        "SharedAccessKey",
+    )
     # what the file leaves out is the stored rule's, else made, when the catalog is seeded
     assert rule["SecondaryKey"] is None and rule["CreatedTime"] is None
     assert not any("AuthorizationRules" in w for w in warnings)  # busd acts on them
-    with pytest.raises(ConfigError, match="queue 'q': AuthorizationRules: rule 'x': unknown "
-                                          "right 'Read'"):
+    with pytest.raises(
+        ConfigError, match="queue 'q': AuthorizationRules: rule 'x': unknown right 'Read'"
+    ):
         one_queue(tmp_path, AuthorizationRules=[{"KeyName": "x", "Rights": ["Read"]}])
 
 
@@ -285,17 +363,27 @@ def test_partitioning_is_acted_on(tmp_path):
         one_queue(tmp_path, EnablePartitioning=True, PartitionCount=33)
 
 
-@pytest.mark.parametrize("queue, topic, message", [
-    ({"RequiresSesion": True}, {},
-     "queue 'Q': unknown property 'RequiresSesion': .*did you mean 'RequiresSession'"),
-    ({"Colour": "red"}, {}, "queue 'Q': unknown property 'Colour': not a queue property"),
-    ({}, {"RequiresSession": True},
-     "topic 'T': property 'RequiresSession' is not one of a topic"),
-])
+@pytest.mark.parametrize(
+    "queue, topic, message",
+    [
+        (
+            {"RequiresSesion": True},
+            {},
+            "queue 'Q': unknown property 'RequiresSesion': .*did you mean 'RequiresSession'",
+        ),
+        ({"Colour": "red"}, {}, "queue 'Q': unknown property 'Colour': not a queue property"),
+        (
+            {},
+            {"RequiresSession": True},
+            "topic 'T': property 'RequiresSession' is not one of a topic",
+        ),
+    ],
+)
 def test_a_property_service_bus_does_not_know_refuses_the_file(tmp_path, queue, topic, message):
     """Warned and ignored, a misspelt RequiresSession left the queue without sessions."""
-    path = write_config(tmp_path, [{"Name": "Q", "Properties": queue}],
-                        [{"Name": "T", "Properties": topic}])
+    path = write_config(
+        tmp_path, [{"Name": "Q", "Properties": queue}], [{"Name": "T", "Properties": topic}]
+    )
     with pytest.raises(ConfigError, match=message):
         load_entities(path)
 
@@ -303,8 +391,10 @@ def test_a_property_service_bus_does_not_know_refuses_the_file(tmp_path, queue, 
 def test_several_namespaces_are_merged_with_a_warning(tmp_path):
     path = write_config(
         tmp_path,
-        namespaces=[{"Name": "a", "Queues": [{"Name": "q1"}]},
-                    {"Name": "b", "Queues": [{"Name": "q2"}]}],
+        namespaces=[
+            {"Name": "a", "Queues": [{"Name": "q1"}]},
+            {"Name": "b", "Queues": [{"Name": "q2"}]},
+        ],
     )
     queues, warnings = queues_and_warnings(path)
     assert [q.name for q in queues] == ["q1", "q2"]
@@ -312,28 +402,49 @@ def test_several_namespaces_are_merged_with_a_warning(tmp_path):
 
 
 def test_shared_access_keys_are_read_with_their_rights(tmp_path):
-    path = write_config(tmp_path, namespaces=[
-        {"Name": "a", "Queues": [], "SharedAccessKeys": [
-            {"KeyName": "reader", "Key": "r-key", "Rights": ["Listen"]},
-            {"KeyName": "app", "Key": "a-key", "Rights": ["send", "Listen"]}]},
-        {"Name": "b", "Queues": [], "SharedAccessKeys": [{"KeyName": "all", "Key": "k"}]}])
+    path = write_config(
+        tmp_path,
+        namespaces=[
+            {
+                "Name": "a",
+                "Queues": [],
+                "SharedAccessKeys": [
+                    {"KeyName": "reader", "Key": "r-key", "Rights": ["Listen"]},
+                    {"KeyName": "app", "Key": "a-key", "Rights": ["send", "Listen"]},
+                ],
+            },
+            {"Name": "b", "Queues": [], "SharedAccessKeys": [{"KeyName": "all", "Key": "k"}]},
+        ],
+    )
     keys = load_entities(path).keys
     assert {name: (str(key), key.claims) for name, key in keys.items()} == {
-        "reader": ("r-key", {"Listen"}), "app": ("a-key", {"Send", "Listen"}),
-        "all": ("k", {"Send", "Listen", "Manage"})}
+        "reader": ("r-key", {"Listen"}),
+        "app": ("a-key", {"Send", "Listen"}),
+        "all": ("k", {"Send", "Listen", "Manage"}),
+    }
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"KeyName": "x"}, '"KeyName" and a "Key"'),
-    ({"KeyName": "x", "Key": "k", "Rights": ["Read"]}, "'x': unknown right 'Read'"),
-    ({"KeyName": "x", "Key": "k", "Rights": []}, "'x': Rights must be a list"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"KeyName": "x"}, '"KeyName" and a "Key"'),
+        ({"KeyName": "x", "Key": "k", "Rights": ["Read"]}, "'x': unknown right 'Read'"),
+        ({"KeyName": "x", "Key": "k", "Rights": []}, "'x': Rights must be a list"),
+    ],
+)
 def test_bad_shared_access_keys_are_config_errors(tmp_path, entry, message):
     path = write_config(tmp_path, namespaces=[{"Name": "a", "SharedAccessKeys": [entry]}])
     with pytest.raises(ConfigError, match=message):
         load_entities(path)
-    twice = write_config(tmp_path, namespaces=[{"Name": "a", "SharedAccessKeys": [
-        {"KeyName": "k", "Key": "1"}, {"KeyName": "K", "Key": "2"}]}])
+    twice = write_config(
+        tmp_path,
+        namespaces=[
+            {
+                "Name": "a",
+                "SharedAccessKeys": [{"KeyName": "k", "Key": "1"}, {"KeyName": "K", "Key": "2"}],
+            }
+        ],
+    )
     with pytest.raises(ConfigError, match="declared twice"):
         load_entities(twice)
 
@@ -351,8 +462,10 @@ def test_bad_shared_access_keys_are_config_errors(tmp_path, entry, message):
         ({"MaxDeliveryCount": "3"}, "MaxDeliveryCount"),
         ({"RequiresSession": "yes"}, "RequiresSession"),
         ({"DefaultMessageTimeToLive": "PT0S"}, "DefaultMessageTimeToLive"),
-        ({"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P8D"},
-         "DuplicateDetection"),
+        (
+            {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P8D"},
+            "DuplicateDetection",
+        ),
         ({"MaxMessageSizeInKilobytes": 102401}, "MaxMessageSizeInKilobytes"),
     ],
 )
@@ -382,8 +495,7 @@ def test_entity_name_rules(tmp_path):
     # '~' as MassTransit names topics: Service Bus takes it in queue and topic names
     assert normalize_entity_name("Contracts~OrderSubmitted") == "contracts~ordersubmitted"
     found = load_entities(write_config(tmp_path, [{"Name": "a~b"}], [{"Name": "Ns~Msg"}]))
-    assert ([q.name for q in found.queues], [t.name for t in found.topics]) == (
-        ["a~b"], ["ns~msg"])
+    assert ([q.name for q in found.queues], [t.name for t in found.topics]) == (["a~b"], ["ns~msg"])
     assert normalize_entity_name("x" * 260) == "x" * 260
 
 
@@ -448,11 +560,19 @@ def test_settings_validation_refuses_bad_values(changes):
         Settings(**changes).validate()
 
 
-@pytest.mark.parametrize("url", [
-    "redis://h:6379/0", "rediss://h:6380", "unix:///run/redis.sock", "valkey://h",
-    "redis+cluster://h:7000", "rediss+cluster://h:7000", "valkey+cluster://h:7000",
-    "redis://h:7000?cluster=true",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h:6379/0",
+        "rediss://h:6380",
+        "unix:///run/redis.sock",
+        "valkey://h",
+        "redis+cluster://h:7000",
+        "rediss+cluster://h:7000",
+        "valkey+cluster://h:7000",
+        "redis://h:7000?cluster=true",
+    ],
+)
 def test_settings_accept_every_store_url_the_store_opens(url):
     Settings(redis_url=url).validate()
 

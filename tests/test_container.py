@@ -80,8 +80,11 @@ def runnable(argv: list[str]) -> list[str]:
     assert argv[0] == "busd"
     exe = shutil.which("busd")
     head = [exe] if exe else [sys.executable, "-m", "busd"]
-    return head + replace_option(argv[1:], "--host", "127.0.0.1") + [
-        "--port", "0", "--http-port", "0", "--tls-port", "0", "--ws-port", "0"]
+    return (
+        head
+        + replace_option(argv[1:], "--host", "127.0.0.1")
+        + ["--port", "0", "--http-port", "0", "--tls-port", "0", "--ws-port", "0"]
+    )
 
 
 def start(
@@ -91,8 +94,13 @@ def start(
     out = open(log_path, "wb")
     # the container's environment: none of this machine's BUSD_* settings
     clean = {k: v for k, v in os.environ.items() if not k.startswith("BUSD_")}
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                            env={**clean, "PYTHONUNBUFFERED": "1", **env})
+    proc = subprocess.Popen(
+        argv,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**clean, "PYTHONUNBUFFERED": "1", **env},
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
@@ -118,8 +126,12 @@ def stop(proc: subprocess.Popen) -> None:
 def get_json(url: str) -> tuple[int, object]:
     request = urllib.request.Request(url)
     # Signed with the default key, as the `busd` tools do (admin routes want a token).
-    request.add_header("Authorization", generate_sas_token(
-        "sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 300))
+    request.add_header(
+        "Authorization",
+        generate_sas_token(
+            "sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 300
+        ),
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, json.loads(response.read())
@@ -132,8 +144,9 @@ def healthcheck(http_url: str) -> list[str]:
     test = BUSD["healthcheck"]["test"]
     assert test[0] == "CMD" and test[1] == "python"
     port = http_url.rsplit(":", 1)[1]
-    return [sys.executable] + [arg.replace("127.0.0.1:5300", f"127.0.0.1:{port}")
-                               for arg in test[2:]]
+    return [sys.executable] + [
+        arg.replace("127.0.0.1:5300", f"127.0.0.1:{port}") for arg in test[2:]
+    ]
 
 
 def test_image_runs_busd_serve_on_every_interface_as_a_user():
@@ -148,11 +161,14 @@ def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_pat
     env = dockerfile_env()
     assert env["BUSD_DATA_DIR"] == "/data"
     data = tmp_path / "data"  # the image's /data
-    proc, http_url, log_path = start(runnable(dockerfile_cmd()), tmp_path,
-                                     {"BUSD_DATA_DIR": str(data)})
+    proc, http_url, log_path = start(
+        runnable(dockerfile_cmd()), tmp_path, {"BUSD_DATA_DIR": str(data)}
+    )
     try:
-        assert get_json(http_url + "/health") == (200, {"status": "healthy",
-                                                        "message": "Service is healthy."})
+        assert get_json(http_url + "/health") == (
+            200,
+            {"status": "healthy", "message": "Service is healthy."},
+        )
         status, health = get_json(http_url + "/health/detail")
         assert (status, health["status"], health["store"]) == (200, "ok", True)
         # a worker per core, each a whole busd over the one embedded store
@@ -171,8 +187,9 @@ def test_compose_command_serves_the_mounted_config_from_valkey(tmp_path, redis_u
     host_file = volume_mounts()[mounted]
     argv = replace_option(argv, "--config", str(host_file))
     argv = replace_option(argv, "--redis-url", redis_url)
-    proc, http_url, _ = start(runnable(argv), tmp_path,
-                              {"BUSD_KEY_PREFIX": f"container-{uuid.uuid4().hex[:8]}"})
+    proc, http_url, _ = start(
+        runnable(argv), tmp_path, {"BUSD_KEY_PREFIX": f"container-{uuid.uuid4().hex[:8]}"}
+    )
     try:
         assert get_json(http_url + "/health")[0] == 200
         status, queues = get_json(http_url + "/admin/queues")
@@ -218,8 +235,10 @@ def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_ur
     them it serves the files mounted at /certs, here a host directory in its place."""
     mounts = volume_mounts()
     assert "/data" in mounts and "/certs" in mounts
-    assert BUSD["environment"] == {"BUSD_TLS_CERT": "${BUSD_TLS_CERT:-}",
-                                   "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}"}
+    assert BUSD["environment"] == {
+        "BUSD_TLS_CERT": "${BUSD_TLS_CERT:-}",
+        "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}",
+    }
     certs = tmp_path / "certs"  # the container's /certs
     made = load_tls(None, None, certs)  # a certificate pair, as a user brings one
     given = {"BUSD_TLS_CERT": str(made.cert_path), "BUSD_TLS_KEY": str(certs / KEY_FILE)}
@@ -228,8 +247,10 @@ def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_ur
     for env, expected in (({}, "(self-signed, made by busd)"), (given, str(made.cert_path))):
         environment = {name: compose_value(v, env) for name, v in BUSD["environment"].items()}
         proc, http_url, log_path = start(
-            runnable(argv), tmp_path,
-            {**environment, "BUSD_KEY_PREFIX": f"certs-{uuid.uuid4().hex[:8]}"})
+            runnable(argv),
+            tmp_path,
+            {**environment, "BUSD_KEY_PREFIX": f"certs-{uuid.uuid4().hex[:8]}"},
+        )
         try:
             banner = log_path.read_text()
             line = next(x for x in banner.splitlines() if "certificate:" in x)
@@ -246,8 +267,13 @@ def test_compose_file_passes_docker_compose_config():
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (CI installs it: .ci/run)")
-    result = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config", "-q"],
-                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    result = subprocess.run(
+        [exe, "-f", str(ROOT / "compose.yaml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
 
 

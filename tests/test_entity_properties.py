@@ -37,27 +37,31 @@ def test_the_store_handle_carries_what_the_table_says(kind):
 
 
 def _config(tmp_path, props):
-    doc = {"UserConfig": {"Namespaces": [{"Name": "ns", "Queues": [
-        {"Name": "q", "Properties": props}]}]}}
+    doc = {
+        "UserConfig": {
+            "Namespaces": [{"Name": "ns", "Queues": [{"Name": "q", "Properties": props}]}]
+        }
+    }
     path = tmp_path / "Config.json"
     path.write_text(json.dumps(doc))
     return load_entities(path)
 
 
 def _atom(element: str) -> bytes:
-    return (f'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
-            f'<QueueDescription xmlns="{ax.SB}">{element}</QueueDescription></content></entry>'
-            ).encode()
+    return (
+        f'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+        f'<QueueDescription xmlns="{ax.SB}">{element}</QueueDescription></content></entry>'
+    ).encode()
 
 
-@pytest.mark.parametrize("value, ok", [(1, True), (ep.INT32_MAX, True), (0, False),
-                                       (ep.INT32_MAX + 1, False)])
+@pytest.mark.parametrize(
+    "value, ok", [(1, True), (ep.INT32_MAX, True), (0, False), (ep.INT32_MAX + 1, False)]
+)
 def test_max_delivery_count_has_service_bus_bounds_in_the_file_and_the_api(tmp_path, value, ok):
     """The file and the API once disagreed (the file had no ceiling): both are 1..2^31-1."""
     props = ax.parse_description(_atom(f"<MaxDeliveryCount>{value}</MaxDeliveryCount>"), "queue")
     if ok:
-        assert _config(tmp_path, {"MaxDeliveryCount": value}).queues[0].max_delivery_count \
-            == value
+        assert _config(tmp_path, {"MaxDeliveryCount": value}).queues[0].max_delivery_count == value
         ep.check(props)
         return
     with pytest.raises(ConfigError, match=f"queue 'q': MaxDeliveryCount must be 1..{ep.INT32_MAX}"):

@@ -50,7 +50,9 @@ def test_made_once_for_localhost_and_kept(tmp_path):
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["localhost"]
     assert set(san.get_values_for_type(x509.IPAddress)) == {
-        ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("::1"),
+    }
     assert (tmp_path / tls.KEY_FILE).stat().st_mode & 0o077 == 0  # the key: owner only
     # a client that trusts the file verifies the server by name and by address
     assert _handshake(first, "localhost") == b"ok"

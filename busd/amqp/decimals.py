@@ -42,10 +42,9 @@ def canonical(code: int, raw: bytes) -> bytes | None:
     if exponent < -_NET_MAX_SCALE or significand >= _NET_MAX_SIGNIFICAND:
         return None
     biased = _NET_BIAS + exponent
-    return (
-        bytes((DECIMAL128, (sign << 7) | (biased >> 9), (biased & 0x7F) << 1, 0, 0))
-        + significand.to_bytes(12, "big")
-    )
+    return bytes(
+        (DECIMAL128, (sign << 7) | (biased >> 9), (biased & 0x7F) << 1, 0, 0)
+    ) + significand.to_bytes(12, "big")
 
 
 def _is_net_form(raw: bytes) -> bool:

@@ -43,8 +43,11 @@ from busd.amqp.sections import (
 from busd.amqp.types import CodecError
 
 __all__ = [
-    "encode_delivery", "encode_properties_patch", "decode_properties_patch", "rewrite_blob",
-]  # fmt: skip
+    "encode_delivery",
+    "encode_properties_patch",
+    "decode_properties_patch",
+    "rewrite_blob",
+]
 
 _pq = struct.Struct(">q").pack
 _pBI = struct.Struct(">BI").pack
@@ -338,9 +341,15 @@ def rewrite_blob(
         if properties_patch or remove:
             before = len(bare)
             bare = _patch_application_properties(
-                bare, flags & HAS_APP_PROPERTIES, ap_start, ap_end, properties_patch,
-                None, None, frozenset(remove),
-            )  # fmt: skip
+                bare,
+                flags & HAS_APP_PROPERTIES,
+                ap_start,
+                ap_end,
+                properties_patch,
+                None,
+                None,
+                frozenset(remove),
+            )
             ap_end += len(bare) - before
             flags |= HAS_APP_PROPERTIES
     except CodecError:

@@ -55,9 +55,12 @@ _MAX_CREDIT_UINT = b"\x70" + struct.pack(">I", MAX_CREDIT)
 _SERIAL = 1 << 32
 _TRANSFER_OPEN = b"\x00\x53\x14"
 _DESCRIPTORS = {
-    b"amqp:begin:list": _BEGIN, b"amqp:flow:list": _FLOW, b"amqp:transfer:list": _TRANSFER,
-    b"amqp:disposition:list": _DISPOSITION, b"amqp:end:list": _END,
-}  # fmt: skip
+    b"amqp:begin:list": _BEGIN,
+    b"amqp:flow:list": _FLOW,
+    b"amqp:transfer:list": _TRANSFER,
+    b"amqp:disposition:list": _DISPOSITION,
+    b"amqp:end:list": _END,
+}
 
 
 _Replacement = tuple[bytes, int] | None  # bytes to put in place of a frame's, up to an end
@@ -94,8 +97,18 @@ class DeliveryIds:
     def incoming(self, data: bytes) -> bytes:
         return data if self._off else self._in.feed(self, data, self._on_incoming)
 
-    def _on_incoming(self, buf: bytes, pos: int, body: int, end: int, channel: int, code: int,
-                     fields: int, count: int, list_end: int) -> _Replacement:  # fmt: skip
+    def _on_incoming(
+        self,
+        buf: bytes,
+        pos: int,
+        body: int,
+        end: int,
+        channel: int,
+        code: int,
+        fields: int,
+        count: int,
+        list_end: int,
+    ) -> _Replacement:
         if code == _TRANSFER:
             new = self._transfer(channel, buf, fields, count, list_end)
             if new is not None:
@@ -113,8 +126,7 @@ class DeliveryIds:
             self._sessions.pop(channel, None)
         return None
 
-    def _transfer(self, channel: int, buf: bytes, p: int, count: int,
-                  end: int) -> bytes | None:  # fmt: skip
+    def _transfer(self, channel: int, buf: bytes, p: int, count: int, end: int) -> bytes | None:
         """The transfer's performative renumbered, or None to pass it on as it is."""
         fields: list = [None] * 6  # handle, delivery-id, tag (skipped), format, settled, more
         starts = [0] * 7
@@ -165,17 +177,25 @@ class DeliveryIds:
     # --- proton -> client ----------------------------------------------------------------------
     @property
     def _reading_out(self) -> bool:
-        return bool(self._unanswered_begins) or any(
-            s.renumbered for s in self._sessions.values()
-        )
+        return bool(self._unanswered_begins) or any(s.renumbered for s in self._sessions.values())
 
     def outgoing(self, data: bytes) -> bytes:
         if self._off or not (self._reading_out or self._out.busy):
             return data
         return self._out.feed(self, data, self._on_outgoing)
 
-    def _on_outgoing(self, buf: bytes, pos: int, body: int, end: int, channel: int, code: int,
-                     fields: int, count: int, list_end: int) -> _Replacement:  # fmt: skip
+    def _on_outgoing(
+        self,
+        buf: bytes,
+        pos: int,
+        body: int,
+        end: int,
+        channel: int,
+        code: int,
+        fields: int,
+        count: int,
+        list_end: int,
+    ) -> _Replacement:
         if code == _BEGIN:
             remote = decode_raw(buf, fields)[0] if count else None
             if type(remote) is int:
@@ -189,8 +209,9 @@ class DeliveryIds:
             self._answering.pop(channel, None)
         return None
 
-    def _disposition(self, channel: int, buf: bytes, pos: int, body: int, p: int, count: int,
-                     end: int) -> bytes | None:  # fmt: skip
+    def _disposition(
+        self, channel: int, buf: bytes, pos: int, body: int, p: int, count: int, end: int
+    ) -> bytes | None:
         """busd's disposition frame(s) with the client's delivery-ids, or None if unchanged."""
         session = self._sessions.get(self._answering.get(channel, -1))
         if session is None or not session.renumbered or count < 2:
@@ -221,14 +242,25 @@ class DeliveryIds:
         start = 0
         for k in range(1, len(theirs) + 1):  # one frame per run of consecutive client ids
             if k == len(theirs) or theirs[k] != (theirs[k - 1] + 1) % _SERIAL:
-                fields = (role_raw + encode_value(UInt(theirs[start]))
-                          + encode_value(UInt(theirs[k - 1])) + rest)
+                fields = (
+                    role_raw
+                    + encode_value(UInt(theirs[start]))
+                    + encode_value(UInt(theirs[k - 1]))
+                    + rest
+                )
                 n_fields = 3 + rest_count
                 listed = _pack_list32_head(0xD0, len(fields) + 4, n_fields) + fields
                 performative = b"\x00\x53\x15" + listed
-                out.append(_FRAME_HEAD.pack(8 + len(head) + len(performative),
-                                            (8 + len(head)) // 4, _AMQP_FRAME, channel)
-                           + head + performative)
+                out.append(
+                    _FRAME_HEAD.pack(
+                        8 + len(head) + len(performative),
+                        (8 + len(head)) // 4,
+                        _AMQP_FRAME,
+                        channel,
+                    )
+                    + head
+                    + performative
+                )
                 start = k
         return b"".join(out)
 

@@ -97,9 +97,18 @@ class IncomingMessage:
     )
 
     def __init__(
-        self, message_id, session_id, reply_to_session_id, partition_key, scheduled_ms,
-        ttl_ms, durable, priority, blob, size,
-    ) -> None:  # fmt: skip
+        self,
+        message_id,
+        session_id,
+        reply_to_session_id,
+        partition_key,
+        scheduled_ms,
+        ttl_ms,
+        durable,
+        priority,
+        blob,
+        size,
+    ) -> None:
         self.message_id = message_id
         self.session_id = session_id
         self.reply_to_session_id = reply_to_session_id
@@ -224,9 +233,17 @@ def _parse_incoming(buf: bytes, sections: list) -> IncomingMessage:
     if delivery_ann is not None:
         head += delivery_ann
     return IncomingMessage(
-        message_id, session_id, reply_session, partition_key, scheduled, ttl, durable,
-        priority, b"".join((head, header_fields, ann, bare)), len(buf),
-    )  # fmt: skip
+        message_id,
+        session_id,
+        reply_session,
+        partition_key,
+        scheduled,
+        ttl,
+        durable,
+        priority,
+        b"".join((head, header_fields, ann, bare)),
+        len(buf),
+    )
 
 
 _NULL_HEADER = b"\x40\x40\x40\x40"

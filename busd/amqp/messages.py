@@ -27,19 +27,40 @@ from busd.amqp.sections import (
 from busd.amqp.types import CodecError, Symbol, Timestamp, UByte, UInt, ULong
 
 __all__ = [
-    "HEADER_FIELDS", "PROPERTY_FIELDS", "DecodedMessage", "decode_message", "encode_message",
-]  # fmt: skip
+    "HEADER_FIELDS",
+    "PROPERTY_FIELDS",
+    "DecodedMessage",
+    "decode_message",
+    "encode_message",
+]
 
 HEADER_FIELDS = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 PROPERTY_FIELDS = (
-    "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
-    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+    "message_id",
+    "user_id",
+    "to",
+    "subject",
+    "reply_to",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "absolute_expiry_time",
+    "creation_time",
+    "group_id",
+    "group_sequence",
     "reply_to_group_id",
-)  # fmt: skip
+)
 
 # Sections that may appear once in a message; data and amqp-sequence sections may repeat.
-_SINGLETONS = (HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES,
-               APPLICATION_PROPERTIES, AMQP_VALUE, FOOTER)  # fmt: skip
+_SINGLETONS = (
+    HEADER,
+    DELIVERY_ANNOTATIONS,
+    MESSAGE_ANNOTATIONS,
+    PROPERTIES,
+    APPLICATION_PROPERTIES,
+    AMQP_VALUE,
+    FOOTER,
+)
 
 
 class DecodedMessage(NamedTuple):
@@ -66,8 +87,12 @@ def decode_message(payload: bytes) -> DecodedMessage:
 
 def _decode_message(buf: bytes) -> DecodedMessage:
     header = None
-    maps: dict[int, dict] = {DELIVERY_ANNOTATIONS: {}, MESSAGE_ANNOTATIONS: {},
-                             APPLICATION_PROPERTIES: {}, FOOTER: {}}
+    maps: dict[int, dict] = {
+        DELIVERY_ANNOTATIONS: {},
+        MESSAGE_ANNOTATIONS: {},
+        APPLICATION_PROPERTIES: {},
+        FOOTER: {},
+    }
     properties = dict.fromkeys(PROPERTY_FIELDS)
     body: Any = None
     body_type: str | None = None
@@ -218,7 +243,13 @@ def encode_message(
             encode_into(out, value)
     except CodecError:
         raise
-    except (struct.error, OverflowError, UnicodeError, AttributeError, TypeError,
-            ValueError) as exc:
+    except (
+        struct.error,
+        OverflowError,
+        UnicodeError,
+        AttributeError,
+        TypeError,
+        ValueError,
+    ) as exc:
         raise CodecError(f"cannot encode message: {exc}") from None
     return bytes(out)

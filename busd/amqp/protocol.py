@@ -55,7 +55,8 @@ def handled_events(handler: Any) -> frozenset[int]:
     Python objects and dispatched (wrapping one costs more than the rest of a flow's work, and
     most events of a link's life - local open and close, final, transport - have no method)."""
     return frozenset(
-        number for number, kind in EventType.TYPES.items()
+        number
+        for number, kind in EventType.TYPES.items()
         if callable(getattr(handler, kind.method, None))
     )
 
@@ -94,8 +95,12 @@ class LinkEvent:
 # The link events dispatched as LinkEvent, by proton event number.
 _LINK_EVENTS: dict[int, EventType] = {
     kind.number: kind
-    for kind in (Event.LINK_REMOTE_OPEN, Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH,
-                 Event.LINK_FLOW)
+    for kind in (
+        Event.LINK_REMOTE_OPEN,
+        Event.LINK_REMOTE_CLOSE,
+        Event.LINK_REMOTE_DETACH,
+        Event.LINK_FLOW,
+    )
 }
 
 
@@ -166,7 +171,7 @@ class AmqpProtocol(asyncio.Protocol):
                     continue
                 chunk = view[:capacity]
                 self.engine.push(bytes(chunk))
-                view = view[len(chunk):]
+                view = view[len(chunk) :]
             if self.engine.capacity() < 0:
                 self.engine.close_tail()  # see above: finish rather than hang half-open
         except TransportException as exc:
@@ -266,7 +271,8 @@ class AmqpProtocol(asyncio.Protocol):
                     link_kind = _LINK_EVENTS.get(kind)
                     if link_kind is not None:
                         self.handler.dispatch(
-                            LinkEvent(link_kind, Link.wrap(engine.event_link(impl))))
+                            LinkEvent(link_kind, Link.wrap(engine.event_link(impl)))
+                        )
                     else:
                         self.handler.dispatch(Event.wrap(impl))
             except Exception:  # a bug in one handler must not kill the connection loop

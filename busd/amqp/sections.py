@@ -14,10 +14,17 @@ from busd.amqp.decoding import RAW_ERRORS, decode_raw, malformed, skip_raw
 from busd.amqp.types import CodecError
 
 __all__ = [
-    "HEADER", "DELIVERY_ANNOTATIONS", "MESSAGE_ANNOTATIONS", "PROPERTIES",
-    "APPLICATION_PROPERTIES", "DATA", "AMQP_SEQUENCE", "AMQP_VALUE", "FOOTER",
+    "HEADER",
+    "DELIVERY_ANNOTATIONS",
+    "MESSAGE_ANNOTATIONS",
+    "PROPERTIES",
+    "APPLICATION_PROPERTIES",
+    "DATA",
+    "AMQP_SEQUENCE",
+    "AMQP_VALUE",
+    "FOOTER",
     "split_sections",
-]  # fmt: skip
+]
 
 # Section descriptor codes (AMQP 1.0 §3.2).
 HEADER = 0x70

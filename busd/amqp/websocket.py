@@ -63,9 +63,10 @@ class WebSocketAmqp(asyncio.Protocol):
             response = self.ws.reject(404, f"AMQP over WebSockets is served at {PATH}\n")
         else:
             response = self.ws.accept(request)
-            if response.status_code == 101 and response.headers.get(
-                "Sec-WebSocket-Protocol"
-            ) != SUBPROTOCOL:
+            if (
+                response.status_code == 101
+                and response.headers.get("Sec-WebSocket-Protocol") != SUBPROTOCOL
+            ):
                 response = self.ws.reject(400, f"the subprotocol must be {SUBPROTOCOL}\n")
         self.ws.send_response(response)
         if self.ws.state is State.OPEN:
@@ -137,8 +138,12 @@ class _Frames:
 class WebSocketServer(SniffingListener):
     """The `--ws-port` listener: ws, and wss given a TLS context."""
 
-    def __init__(self, sock: socket.socket, tls: ssl.SSLContext | None,
-                 amqp_factory: Callable[[], asyncio.Protocol]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sock: socket.socket,
+        tls: ssl.SSLContext | None,
+        amqp_factory: Callable[[], asyncio.Protocol],
+    ) -> None:
         self.tls = tls
         self.amqp_factory = amqp_factory
         super().__init__(sock, log, "websocket")
@@ -150,7 +155,9 @@ class WebSocketServer(SniffingListener):
             return
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: WebSocketAmqp(self.amqp_factory), conn, ssl=tls,
+                lambda: WebSocketAmqp(self.amqp_factory),
+                conn,
+                ssl=tls,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls else None,
             )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
@@ -158,9 +165,13 @@ class WebSocketServer(SniffingListener):
             conn.close()
 
 
-async def start(host: str, port: int, tls: ssl.SSLContext | None,
-                amqp_factory: Callable[[], asyncio.Protocol],
-                sock: socket.socket | None = None) -> WebSocketServer:  # fmt: skip
+async def start(
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    amqp_factory: Callable[[], asyncio.Protocol],
+    sock: socket.socket | None = None,
+) -> WebSocketServer:
     """Listen on host:port (0: any free port), or on `sock`, already listening there, for ws
     and, given `tls`, wss."""
     return WebSocketServer(sock or bind(host, port), tls, amqp_factory)

@@ -143,8 +143,12 @@ def rule_keys(rules: Iterable[Mapping[str, Any]]) -> tuple[dict[str, SasKey], di
     return primary, secondary
 
 
-def grant_of(token: str, keys: Mapping[str, str], now: float | None = None,
-             entity_keys: EntityKeys | None = None) -> Grant:  # fmt: skip
+def grant_of(
+    token: str,
+    keys: Mapping[str, str],
+    now: float | None = None,
+    entity_keys: EntityKeys | None = None,
+) -> Grant:
     """Verify `token` (busd.auth.sas) with the namespace's `keys`, else with the own keys of the
     entity its audience names (`entity_keys`), and return what it grants; SasError when it is
     refused."""
@@ -179,8 +183,7 @@ def _entity_grant(token: str, entity_keys: EntityKeys, now: float | None) -> Gra
     return None
 
 
-def authorize(grant: Grant, entity_path: str, right: str | None,
-              now: float | None = None) -> None:  # fmt: skip
+def authorize(grant: Grant, entity_path: str, right: str | None, now: float | None = None) -> None:
     """Raise Unauthorized unless `grant` is live, covers `entity_path` (the empty path: the whole
     namespace) and carries `right` (None: any)."""
     current = time.time() if now is None else now
@@ -200,9 +203,13 @@ def missing_claim(right: str | None) -> str:
     return f"'{right or 'Send, Listen or Manage'}' claim(s) are required to perform this operation"
 
 
-def authorize_header(authorization: str, keys: Mapping[str, str], entity_path: str,
-                     right: str | None,
-                     entity_keys: EntityKeys | None = None) -> Grant:  # fmt: skip
+def authorize_header(
+    authorization: str,
+    keys: Mapping[str, str],
+    entity_path: str,
+    right: str | None,
+    entity_keys: EntityKeys | None = None,
+) -> Grant:
     """The check of an HTTP request: the `Authorization` header's SAS token verified (with the
     namespace's keys or those of the entity it names), covering `entity_path` with `right`.
     Raises Unauthorized (answer 401, as Service Bus does)."""

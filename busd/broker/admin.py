@@ -77,15 +77,20 @@ def session_row(d: SessionDetail, spec: QueueSpec, now_ms: int) -> dict[str, Any
         "in_flight": d.in_flight,
         "deferred": d.deferred,
         "scheduled": d.scheduled,
-        "oldest_message_age_s": (max(0, now_ms - d.oldest_enqueued_ms) / 1000
-                                 if d.oldest_enqueued_ms else None),
+        "oldest_message_age_s": (
+            max(0, now_ms - d.oldest_enqueued_ms) / 1000 if d.oldest_enqueued_ms else None
+        ),
         "state_size": d.state_size,
         "state_preview": preview.decode("utf-8", errors="replace") if preview else None,
         "state_preview_base64": base64.b64encode(preview).decode() if preview else None,
         "state_updated": iso(d.state_updated_ms or None),
         "last_activity": iso(d.last_activity_ms or None),
-        "stuck": bool(held and d.active + d.in_flight > 0 and idle_ms is not None
-                      and idle_ms > spec.lock_duration_ms),
+        "stuck": bool(
+            held
+            and d.active + d.in_flight > 0
+            and idle_ms is not None
+            and idle_ms > spec.lock_duration_ms
+        ),
     }
 
 
@@ -110,8 +115,12 @@ def _body(decoded: codec.DecodedMessage) -> dict[str, Any]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = None
-        return {"body_type": "data", "body": text, "body_base64": base64.b64encode(raw).decode(),
-                "body_size": len(raw)}
+        return {
+            "body_type": "data",
+            "body": text,
+            "body_base64": base64.b64encode(raw).decode(),
+            "body_size": len(raw),
+        }
     if decoded.body_type == "value":
         value = decoded.body
         text = value if isinstance(value, str) else None
@@ -125,8 +134,11 @@ def message_view(m: StoredMessage) -> dict[str, Any]:
     if m.locked_until_ms is not None:
         state = "locked"
     else:
-        state = {MessageState.ACTIVE: "active", MessageState.DEFERRED: "deferred",
-                 MessageState.SCHEDULED: "scheduled"}[m.state]
+        state = {
+            MessageState.ACTIVE: "active",
+            MessageState.DEFERRED: "deferred",
+            MessageState.SCHEDULED: "scheduled",
+        }[m.state]
     view: dict[str, Any] = {
         "sequence_number": m.seq,
         "state": state,
@@ -170,13 +182,21 @@ def _rule_view(name: str, record: Any) -> dict[str, Any]:
     except RuleError as exc:  # stored by an older version: show the name and why
         return {"name": name, "error": str(exc)}
     action = rule.get("action")
-    return {"name": name, "filter": rule["filter"], "filter_text": filter_text(rule["filter"]),
-            "action": action["expression"] if action else None}
+    return {
+        "name": name,
+        "filter": rule["filter"],
+        "filter_text": filter_text(rule["filter"]),
+        "action": action["expression"] if action else None,
+    }
 
 
 # The HTTP status of a store's or a check's refusal.
-_HTTP_STATUS = {Condition.PRECONDITION_FAILED: 412, Condition.MESSAGE_SIZE_EXCEEDED: 413,
-                Condition.NOT_ALLOWED: 400, Condition.ARGUMENT_ERROR: 400}
+_HTTP_STATUS = {
+    Condition.PRECONDITION_FAILED: 412,
+    Condition.MESSAGE_SIZE_EXCEEDED: 413,
+    Condition.NOT_ALLOWED: 400,
+    Condition.ARGUMENT_ERROR: 400,
+}
 
 
 async def _refused_as_http(call: Awaitable[T]) -> T:
@@ -214,10 +234,14 @@ class Admin:
         out = []
         for topic in sorted(catalog.topics(), key=lambda t: t.name):
             subscriptions = [
-                {"name": sub.name, "path": f"{topic.name}/subscriptions/{sub.name}",
-                 "requires_session": sub.requires_session,
-                 "rules": [_rule_view(r.name, r.rule)
-                           for r in catalog.rules(topic.name, sub.name)]}
+                {
+                    "name": sub.name,
+                    "path": f"{topic.name}/subscriptions/{sub.name}",
+                    "requires_session": sub.requires_session,
+                    "rules": [
+                        _rule_view(r.name, r.rule) for r in catalog.rules(topic.name, sub.name)
+                    ],
+                }
                 for sub in sorted(catalog.subscriptions(topic.name), key=lambda s: s.name)
             ]
             out.append({"name": topic.name, "subscriptions": subscriptions})
@@ -245,9 +269,14 @@ class Admin:
         }
 
     async def peek(
-        self, name: str, *, dlq: bool = False, session_id: str | None = None,
-        from_seq: int = 0, count: int = 20,
-    ) -> list[dict[str, Any]]:  # fmt: skip
+        self,
+        name: str,
+        *,
+        dlq: bool = False,
+        session_id: str | None = None,
+        from_seq: int = 0,
+        count: int = 20,
+    ) -> list[dict[str, Any]]:
         spec = self.queue(name)
         if not 1 <= count <= MAX_PEEK:
             raise AdminError(400, f"count must be 1..{MAX_PEEK}, got {count}")
@@ -256,8 +285,9 @@ class Admin:
         )
         return [message_view(m) for m in messages]
 
-    async def sessions(self, name: str, sort: str = "id", after: str | None = None,
-                       top: int = SESSION_PAGE) -> tuple[list[dict[str, Any]], str | None, int]:
+    async def sessions(
+        self, name: str, sort: str = "id", after: str | None = None, top: int = SESSION_PAGE
+    ) -> tuple[list[dict[str, Any]], str | None, int]:
         """One page of the session inspector (docs/management.md §7): (sessions, the cursor
         of the next page or None, sessions in the sort's index)."""
         spec = self.queue(name)
@@ -275,46 +305,67 @@ class Admin:
         spec = self.queue(name)
         return {"released": await self.broker.store.drop_session_lock(spec, session_id)}
 
-    async def dead_letter_session(self, name: str, session_id: str, reason: Any,
-                                  description: Any) -> dict[str, Any]:
+    async def dead_letter_session(
+        self, name: str, session_id: str, reason: Any, description: Any
+    ) -> dict[str, Any]:
         spec = self.queue(name)
-        moved = await _refused_as_http(session_tools.dead_letter(
-            self.broker.store, spec, session_id, reason, description))
+        moved = await _refused_as_http(
+            session_tools.dead_letter(self.broker.store, spec, session_id, reason, description)
+        )
         return {"dead_lettered": moved}
 
     async def resubmit_session(self, name: str, session_id: str) -> dict[str, Any]:
         spec = self.queue(name)
         moved, left = await _refused_as_http(
-            session_tools.resubmit(self.broker.store, spec, session_id))
+            session_tools.resubmit(self.broker.store, spec, session_id)
+        )
         return {"resubmitted": moved, "left": left}
 
     async def session_state(self, name: str, session_id: str) -> tuple[bytes | None, str | None]:
         """(state, etag) of a session, whoever holds it."""
         spec = self.queue(name)
-        return await _refused_as_http(
-            self.broker.store.read_session_state(spec, session_id, ""))
+        return await _refused_as_http(self.broker.store.read_session_state(spec, session_id, ""))
 
     async def set_session_state(
-        self, name: str, session_id: str, state: bytes | None, *, if_match: str | None,
+        self,
+        name: str,
+        session_id: str,
+        state: bytes | None,
+        *,
+        if_match: str | None,
         if_absent: bool,
     ) -> str | None:
         """Write (None: clear) a session's state, whoever holds it, on the condition given;
         the new etag (None when cleared)."""
         spec = self.queue(name)
-        return await _refused_as_http(self._write_state(spec, session_id, state, if_match,
-                                                        if_absent))
+        return await _refused_as_http(
+            self._write_state(spec, session_id, state, if_match, if_absent)
+        )
 
-    async def _write_state(self, spec: QueueSpec, session_id: str, state: bytes | None,
-                           if_match: str | None, if_absent: bool) -> str | None:
+    async def _write_state(
+        self,
+        spec: QueueSpec,
+        session_id: str,
+        state: bytes | None,
+        if_match: str | None,
+        if_absent: bool,
+    ) -> str | None:
         session_tools.check_state_size(spec, state)
         return await self.broker.store.set_session_state(
-            spec, session_id, "", state, if_match=if_match, if_absent=if_absent)
+            spec, session_id, "", state, if_match=if_match, if_absent=if_absent
+        )
 
     async def send(
-        self, name: str, body: bytes, *, session_id: str | None = None,
-        application_properties: dict[str, Any] | None = None, message_id: str | None = None,
-        content_type: str | None = None, subject: str | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        name: str,
+        body: bytes,
+        *,
+        session_id: str | None = None,
+        application_properties: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        content_type: str | None = None,
+        subject: str | None = None,
+    ) -> dict[str, Any]:
         spec: QueueSpec | TopicSpec
         topic = self.broker.topic(name)
         if topic is not None:
@@ -347,8 +398,11 @@ class Admin:
             status = 413 if error.condition == Condition.MESSAGE_SIZE_EXCEEDED else 400
             raise AdminError(status, error.description) from None
         (seq,) = await self.broker.send(spec, [message])
-        return {"sequence_number": seq, "message_id": properties["message_id"],
-                "duplicate": seq == 0}
+        return {
+            "sequence_number": seq,
+            "message_id": properties["message_id"],
+            "duplicate": seq == 0,
+        }
 
     async def purge(self, name: str, *, dlq: bool = False) -> dict[str, Any]:
         spec = self.queue(name)
@@ -368,5 +422,8 @@ class Admin:
             if n < chunk:
                 break
         remaining = await store.counts(spec.dead_letter_queue)
-        return {"resubmitted": moved, "remaining": remaining.active + remaining.deferred,
-                "dead_letter": remaining.dead_letter}
+        return {
+            "resubmitted": moved,
+            "remaining": remaining.active + remaining.deferred,
+            "dead_letter": remaining.dead_letter,
+        }

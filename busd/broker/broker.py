@@ -53,8 +53,14 @@ class Broker:
         self.catalog = Catalog(store)
         self.catalog.listen(self._entity_changed)
         self.fanout = Fanout(self.catalog, store)
-        self.forwarding = Forwarding(self.catalog, store, self.fanout, new_id=self.new_waiter_id,
-                                     wakeable=self.wakeable, forget=self.forget_wakeable)
+        self.forwarding = Forwarding(
+            self.catalog,
+            store,
+            self.fanout,
+            new_id=self.new_waiter_id,
+            wakeable=self.wakeable,
+            forget=self.forget_wakeable,
+        )
         # entity path -> the links attached to it (detached when the entity is deleted)
         self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
         self.sas_keys = sas_keys
@@ -128,8 +134,10 @@ class Broker:
             return False
         if address.subscription is not None:
             return self.catalog.subscription(address.entity, address.subscription) is not None
-        return (self.catalog.queue(address.entity) is not None
-                or self.catalog.topic(address.entity) is not None)
+        return (
+            self.catalog.queue(address.entity) is not None
+            or self.catalog.topic(address.entity) is not None
+        )
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -164,11 +172,11 @@ class Broker:
         self.buffers.limit = self.limits.process_buffer
 
     def _entity_changed(self, old: Entity | None, new: Entity | None) -> None:
-        if isinstance(old, (QueueEntity, TopicEntity)) or isinstance(new, (QueueEntity,
-                                                                           TopicEntity)):
+        if isinstance(old, (QueueEntity, TopicEntity)) or isinstance(
+            new, (QueueEntity, TopicEntity)
+        ):
             self._refresh_limits()
-        if new is not None or not isinstance(old, (QueueEntity, TopicEntity,
-                                                   SubscriptionEntity)):
+        if new is not None or not isinstance(old, (QueueEntity, TopicEntity, SubscriptionEntity)):
             return
         paths = [old.path]
         if isinstance(old, TopicEntity):  # its subscriptions went with it
@@ -182,8 +190,7 @@ class Broker:
         endpoints = self._attached.pop(path, None)
         if not endpoints:
             return
-        error = BusdError(Condition.NOT_FOUND,
-                          f"The messaging entity '{path}' was deleted.")
+        error = BusdError(Condition.NOT_FOUND, f"The messaging entity '{path}' was deleted.")
         for endpoint in list(endpoints):
             if endpoint.detached:
                 continue

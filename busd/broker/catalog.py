@@ -110,8 +110,7 @@ class Catalog:
         return found if isinstance(found, TopicEntity) else None
 
     def subscription(self, topic: str, name: str) -> SubscriptionEntity | None:
-        found = self._entities.get(("subscription", subscription_path(topic.lower(),
-                                                                      name.lower())))
+        found = self._entities.get(("subscription", subscription_path(topic.lower(), name.lower())))
         return found if isinstance(found, SubscriptionEntity) else None
 
     def rule(self, topic: str, subscription: str, name: str) -> RuleEntity | None:
@@ -125,12 +124,14 @@ class Catalog:
         return None if record is None else self._parse(kind, path, record)
 
     def queues(self) -> list[QueueEntity]:
-        return sorted((e for e in self._entities.values() if isinstance(e, QueueEntity)),
-                      key=lambda e: e.name)
+        return sorted(
+            (e for e in self._entities.values() if isinstance(e, QueueEntity)), key=lambda e: e.name
+        )
 
     def topics(self) -> list[TopicEntity]:
-        return sorted((e for e in self._entities.values() if isinstance(e, TopicEntity)),
-                      key=lambda e: e.name)
+        return sorted(
+            (e for e in self._entities.values() if isinstance(e, TopicEntity)), key=lambda e: e.name
+        )
 
     def subscriptions(self, topic: str) -> list[SubscriptionEntity]:
         """A topic's subscriptions, by name."""
@@ -138,8 +139,7 @@ class Catalog:
 
     def rules(self, topic: str, subscription: str) -> list[RuleEntity]:
         """A subscription's rules in creation order, `$Default` first."""
-        return list(self._rules_of.get(subscription_path(topic.lower(), subscription.lower()),
-                                       ()))
+        return list(self._rules_of.get(subscription_path(topic.lower(), subscription.lower()), ()))
 
     def access_keys(self, name: str) -> tuple[Mapping[str, str], ...]:
         """The keys of a queue's or topic's own shared access rules (busd.auth.rights.EntityKeys:
@@ -158,8 +158,9 @@ class Catalog:
         return len(self._entities)
 
     # --- changes ------------------------------------------------------------------------------
-    async def create(self, entity: Entity, *, rules: Iterable[RuleEntity] | None = None,
-                     check: bool = True) -> Entity:
+    async def create(
+        self, entity: Entity, *, rules: Iterable[RuleEntity] | None = None, check: bool = True
+    ) -> Entity:
         """Create an entity; BusdError ENTITY_ALREADY_EXISTS when it (or a queue or topic of
         the same name) exists, NOT_FOUND when its parent does not, ARGUMENT_ERROR when its
         forwarding is refused (`check_forwarding`; `check=False`: the caller checked, as the
@@ -172,17 +173,22 @@ class Catalog:
         if entity.kind in ("queue", "topic"):
             other = "topic" if entity.kind == "queue" else "queue"
             if (other, entity.path) in self._entities or await self.store.catalog_get(
-                    other, entity.path) is not None:
+                other, entity.path
+            ) is not None:
                 raise _exists(entity)
         if isinstance(entity, SubscriptionEntity):
             await self._open_subscription(entity)
-        if not await self.store.catalog_put(entity.kind, entity.path, to_record(entity),
-                                            only_new=True):
+        if not await self.store.catalog_put(
+            entity.kind, entity.path, to_record(entity), only_new=True
+        ):
             raise _exists(entity)
         self._apply(entity.kind, entity.path, entity)
         if isinstance(entity, SubscriptionEntity):
-            given = list(rules) if rules is not None else [
-                RuleEntity(entity.topic, entity.name, DEFAULT_RULE_NAME)]
+            given = (
+                list(rules)
+                if rules is not None
+                else [RuleEntity(entity.topic, entity.name, DEFAULT_RULE_NAME)]
+            )
             for rule in given:
                 await self.create(rule)
         return entity
@@ -212,21 +218,30 @@ class Catalog:
                 raise
         entity = lowered(entity)
         current = self._entities.get((entity.kind, entity.path))
-        if isinstance(current, (QueueEntity, TopicEntity)) and isinstance(
-                entity, (QueueEntity, TopicEntity)) and entity.partitions != current.partitions:
+        if (
+            isinstance(current, (QueueEntity, TopicEntity))
+            and isinstance(entity, (QueueEntity, TopicEntity))
+            and entity.partitions != current.partitions
+        ):
             # Its messages live in the keys of its partitions: fixed at creation (§3.18).
-            log.warning("%s '%s': partitioning is fixed when an entity is created; the file's "
-                        "EnablePartitioning/PartitionCount is ignored (delete the entity to "
-                        "change it)", entity.kind, entity.path)
+            log.warning(
+                "%s '%s': partitioning is fixed when an entity is created; the file's "
+                "EnablePartitioning/PartitionCount is ignored (delete the entity to "
+                "change it)",
+                entity.kind,
+                entity.path,
+            )
             entity = replace(entity, partitions=current.partitions)
-        if current is None or replace(current, created_ms=None) != replace(
-                entity, created_ms=None):
+        if current is None or replace(current, created_ms=None) != replace(entity, created_ms=None):
             entity = await self.update(entity, check=False)
         if isinstance(entity, SubscriptionEntity) and rules is not None:
             await self._open_subscription(entity)
             wanted = {r.path: r for r in rules}
-            stale = [("rule", r.path) for r in self.rules(entity.topic, entity.name)
-                     if r.path not in wanted]
+            stale = [
+                ("rule", r.path)
+                for r in self.rules(entity.topic, entity.name)
+                if r.path not in wanted
+            ]
             await self._delete_records(stale)
             for rule in wanted.values():
                 existing = self._entities.get(("rule", rule.path))
@@ -271,8 +286,11 @@ class Catalog:
         await self._delete_records(records)
         specs = [s.spec(topic) for s in subs]
         for i, scope in enumerate(_scopes(topic)):  # each partition's keys (§3.18)
-            await self.store.drop_subscriptions(scope, [s.partition_specs[i] for s in specs],
-                                                with_topic=isinstance(entity, TopicEntity))
+            await self.store.drop_subscriptions(
+                scope,
+                [s.partition_specs[i] for s in specs],
+                with_topic=isinstance(entity, TopicEntity),
+            )
         return True
 
     async def _open_subscription(self, entity: SubscriptionEntity) -> None:
@@ -295,24 +313,33 @@ class Catalog:
             return
         # not built: a forwarder takes from and moves to one queue's keys (§3.16)
         source = self.topic(entity.topic) if isinstance(entity, SubscriptionEntity) else entity
-        if getattr(source, "partitions", None) and (entity.forward_to
-                                                    or entity.forward_dead_lettered_to):
-            raise BusdError(Condition.ARGUMENT_ERROR, f"'{entity.path}' is partitioned: "
-                            "auto-forwarding from a partitioned entity is not supported.")
-        for element, target in (("ForwardTo", entity.forward_to),
-                                ("ForwardDeadLetteredMessagesTo",
-                                 entity.forward_dead_lettered_to)):
+        if getattr(source, "partitions", None) and (
+            entity.forward_to or entity.forward_dead_lettered_to
+        ):
+            raise BusdError(
+                Condition.ARGUMENT_ERROR,
+                f"'{entity.path}' is partitioned: "
+                "auto-forwarding from a partitioned entity is not supported.",
+            )
+        for element, target in (
+            ("ForwardTo", entity.forward_to),
+            ("ForwardDeadLetteredMessagesTo", entity.forward_dead_lettered_to),
+        ):
             if target is None or target.lower() == entity.path:  # itself: it exists
                 continue
             destination = self.queue(target) or self.topic(target)
             if destination is None:
-                raise BusdError(Condition.ARGUMENT_ERROR,
-                                f"{element} of '{entity.path}': the destination '{target}' "
-                                "is not a queue or topic of this namespace.")
+                raise BusdError(
+                    Condition.ARGUMENT_ERROR,
+                    f"{element} of '{entity.path}': the destination '{target}' "
+                    "is not a queue or topic of this namespace.",
+                )
             if getattr(destination, "partitions", None):
-                raise BusdError(Condition.ARGUMENT_ERROR,
-                                f"{element} of '{entity.path}': auto-forwarding to a "
-                                "partitioned entity is not supported.")
+                raise BusdError(
+                    Condition.ARGUMENT_ERROR,
+                    f"{element} of '{entity.path}': auto-forwarding to a "
+                    "partitioned entity is not supported.",
+                )
 
     def _stamped(self, entity: Entity) -> Entity:
         if entity.created_ms is not None:
@@ -322,8 +349,10 @@ class Catalog:
     def _check_parent(self, entity: Entity) -> None:
         if isinstance(entity, SubscriptionEntity) and self.topic(entity.topic) is None:
             raise _not_found(entity.topic)
-        if isinstance(entity, RuleEntity) and self.subscription(
-                entity.topic, entity.subscription) is None:
+        if (
+            isinstance(entity, RuleEntity)
+            and self.subscription(entity.topic, entity.subscription) is None
+        ):
             raise _not_found(entity.subscription_path)
 
     # --- following the store ------------------------------------------------------------------
@@ -332,7 +361,8 @@ class Catalog:
         self._dirty.add(field)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(
-                self._follow(), name="busd-catalog-follow")
+                self._follow(), name="busd-catalog-follow"
+            )
 
     async def _follow(self) -> None:
         while self._dirty:
@@ -396,7 +426,8 @@ class Catalog:
         access_keys: dict[str, tuple[Mapping[str, str], ...]] = {}
         for entity in self._entities.values():
             if isinstance(entity, (QueueEntity, TopicEntity)) and entity.extra.get(
-                    "AuthorizationRules"):
+                "AuthorizationRules"
+            ):
                 access_keys[entity.path] = rule_keys(entity.extra["AuthorizationRules"])
             if isinstance(entity, QueueEntity):
                 specs[entity.path] = entity.spec
@@ -410,8 +441,13 @@ class Catalog:
         for subs in subs_of.values():
             subs.sort(key=lambda s: s.name)
         for rules in rules_of.values():
-            rules.sort(key=lambda r: (r.name.lower() != DEFAULT_RULE_NAME.lower(),
-                                      r.created_ms or 0, r.name.lower()))
+            rules.sort(
+                key=lambda r: (
+                    r.name.lower() != DEFAULT_RULE_NAME.lower(),
+                    r.created_ms or 0,
+                    r.name.lower(),
+                )
+            )
         self._specs, self._subs_of, self._rules_of = specs, subs_of, rules_of
         self._access_keys = access_keys
 
@@ -424,8 +460,9 @@ def _scopes(topic: TopicEntity) -> list[str]:
 
 
 def _exists(entity: Entity) -> BusdError:
-    return BusdError(Condition.ENTITY_ALREADY_EXISTS,
-                     f"The messaging entity '{entity.path}' already exists.")
+    return BusdError(
+        Condition.ENTITY_ALREADY_EXISTS, f"The messaging entity '{entity.path}' already exists."
+    )
 
 
 def _not_found(path: str) -> BusdError:

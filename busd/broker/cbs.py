@@ -47,11 +47,11 @@ class CbsEndpoint(RequestEndpoint):
         try:
             if namespaces is None:
                 broker: BrokerScope = self.broker
-                grant = rights.grant_of(token or "", broker.sas_keys,
-                                        entity_keys=broker.catalog.access_keys)
+                grant = rights.grant_of(
+                    token or "", broker.sas_keys, entity_keys=broker.catalog.access_keys
+                )
             else:  # the namespace the host or the key name chose (docs/design.md §3.17)
-                broker, grant = await namespaces.authenticate(token or "",
-                                                              self.conn.host_namespace)
+                broker, grant = await namespaces.authenticate(token or "", self.conn.host_namespace)
         except sas.SasError as exc:
             log.warning(
                 "authentication refused: peer=%s container=%s audience=%s: %s",
@@ -64,13 +64,17 @@ class CbsEndpoint(RequestEndpoint):
                 self.broker.metrics.auth_refused()
             return _response(message_id, 401, str(exc)), None
         if not self.conn.bind(broker):
-            return _response(message_id, 401, "A connection serves one namespace: this token "
-                             "is for another one than the connection's earlier tokens."), None
+            return _response(
+                message_id,
+                401,
+                "A connection serves one namespace: this token "
+                "is for another one than the connection's earlier tokens.",
+            ), None
         # The grant is for the audience the token was signed for, whatever `name` says.
         if not self._exists(grant):
             return _response(
-                message_id, 404,
-                f"The messaging entity '{grant.audience}' could not be found."), None
+                message_id, 404, f"The messaging entity '{grant.audience}' could not be found."
+            ), None
         self.conn.grant(grant)
         return _response(message_id, 202, "Accepted"), None
 
@@ -83,6 +87,7 @@ class CbsEndpoint(RequestEndpoint):
             return self.broker.has_entity(parse_address(path))
         except AddressError:
             return False
+
 
 def _response(message_id, status: int, description: str) -> bytes:
     # Refusals carry no `error-condition`, as Service Bus's: the status code says it, and the

@@ -75,8 +75,9 @@ def kept_endpoints() -> tuple[int, int]:
 class ConnectionHandler:
     """Connection scope: the proton connection, its CBS grants and its links."""
 
-    def __init__(self, proto: AmqpProtocol, broker: Broker,
-                 namespaces: Namespaces | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, proto: AmqpProtocol, broker: Broker, namespaces: Namespaces | None = None
+    ) -> None:
         self.proto = proto
         # the namespace's broker, whose entities the links reach: the default namespace's
         # until a put-token binds the connection to its own (docs/design.md §3.17)
@@ -116,7 +117,8 @@ class ConnectionHandler:
         self._auth_timer: asyncio.TimerHandle | None = None
         if broker.limits.auth_timeout_s:
             self._auth_timer = asyncio.get_running_loop().call_later(
-                broker.limits.auth_timeout_s, self._auth_timed_out)
+                broker.limits.auth_timeout_s, self._auth_timed_out
+            )
 
     # --- event dispatch -------------------------------------------------------------------
     def dispatch(self, event) -> None:
@@ -186,10 +188,14 @@ class ConnectionHandler:
             return
         cap = self.home.limits.connections
         if cap and self.home.open_connections > cap:
-            log.warning("connection %s refused: %d connections open, the limit",
-                        self.proto.peer, cap)
-            self.close_connection(BusdError(
-                Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."))
+            log.warning(
+                "connection %s refused: %d connections open, the limit", self.proto.peer, cap
+            )
+            self.close_connection(
+                BusdError(
+                    Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."
+                )
+            )
             return
         conn.container = self.home.container_id
         self.host_namespace = namespace_of_host(conn.remote_hostname)
@@ -199,12 +205,18 @@ class ConnectionHandler:
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
         if not self.grants and not self._closed:
-            log.info("connection %s closed: no valid put-token within %g s", self.proto.peer,
-                     self.home.limits.auth_timeout_s)
-            self.close_connection(BusdError(
-                Cond.UNAUTHORIZED,
-                f"No valid token was put on $cbs within {self.home.limits.auth_timeout_s:g} s "
-                "of connecting."))
+            log.info(
+                "connection %s closed: no valid put-token within %g s",
+                self.proto.peer,
+                self.home.limits.auth_timeout_s,
+            )
+            self.close_connection(
+                BusdError(
+                    Cond.UNAUTHORIZED,
+                    f"No valid token was put on $cbs within {self.home.limits.auth_timeout_s:g} s "
+                    "of connecting.",
+                )
+            )
 
     def on_connection_remote_close(self, event) -> None:
         conn = event.connection
@@ -235,13 +247,16 @@ class ConnectionHandler:
             limit = self.home.limits.links_per_connection
             if len(self._unanswered) >= limit:
                 # Refusing would keep one more: a client that answers no detach is closed.
-                self.close_connection(BusdError(
-                    Cond.RESOURCE_LIMIT,
-                    f"The client left {limit} detaches of busd unanswered."))
+                self.close_connection(
+                    BusdError(
+                        Cond.RESOURCE_LIMIT, f"The client left {limit} detaches of busd unanswered."
+                    )
+                )
                 return
             if len(self.links) + len(self._unanswered) >= limit:
-                raise BusdError(Cond.RESOURCE_LIMIT,
-                                f"A connection may have at most {limit} links.")
+                raise BusdError(
+                    Cond.RESOURCE_LIMIT, f"A connection may have at most {limit} links."
+                )
             endpoint = make_endpoint(self, link, attach)
         except BusdError as error:
             log.debug("link refused: %s", error)
@@ -286,8 +301,12 @@ class ConnectionHandler:
         # The SDK detaches a $management link after ending its session (docs/wire.md §1.5): proton
         # answers with "no such channel"; the client is leaving anyway.
         late_frame = cond is not None and "no such channel" in (cond.description or "")
-        log.log(logging.DEBUG if late_frame else logging.INFO,
-                "connection %s: transport error: %s", self.proto.peer, cond)
+        log.log(
+            logging.DEBUG if late_frame else logging.INFO,
+            "connection %s: transport error: %s",
+            self.proto.peer,
+            cond,
+        )
 
     def on_transport_closed(self, event) -> None:
         self.proto.kick()
@@ -334,8 +353,7 @@ class ConnectionHandler:
             self._finishing.discard(task)
             self._ending.pop(link._impl, None)
             if not task.cancelled() and task.exception() is not None:
-                log.error("finishing link %s failed", endpoint.link.name,
-                          exc_info=task.exception())
+                log.error("finishing link %s failed", endpoint.link.name, exc_info=task.exception())
             if then is not None:
                 then()
             if link._impl in self._free_when_done:  # the client detached it meanwhile
@@ -444,8 +462,9 @@ class ConnectionHandler:
         if covering:
             reason = f"Unauthorized access to '{entity_path}': {missing_claim(right)}."
         else:
-            reason = (f"Unauthorized access to '{entity_path}': put a valid token for it on "
-                      "$cbs first.")
+            reason = (
+                f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first."
+            )
         raise BusdError(Cond.UNAUTHORIZED, reason)
 
     def _arm_expiry(self) -> None:
@@ -460,7 +479,8 @@ class ConnectionHandler:
             self._expiry_timer.cancel()
         self._expiry_at = earliest
         self._expiry_timer = asyncio.get_running_loop().call_later(
-            max(0.0, earliest - time.time()) + EXPIRY_SLACK_S, self._expire)
+            max(0.0, earliest - time.time()) + EXPIRY_SLACK_S, self._expire
+        )
 
     def _expire(self) -> None:
         """Tokens lapsed: forget them, and detach the links no live token covers any more with
@@ -475,11 +495,17 @@ class ConnectionHandler:
             try:
                 self.authorize(entity_path, right)
             except BusdError:
-                log.info("connection %s: token for '%s' expired: detaching link %s",
-                         self.proto.peer, entity_path, endpoint.link.name)
-                error = BusdError(Cond.UNAUTHORIZED,
-                                  f"The token for '{entity_path}' expired: put a new one on $cbs "
-                                  "before it expires to keep links open.")
+                log.info(
+                    "connection %s: token for '%s' expired: detaching link %s",
+                    self.proto.peer,
+                    entity_path,
+                    endpoint.link.name,
+                )
+                error = BusdError(
+                    Cond.UNAUTHORIZED,
+                    f"The token for '{entity_path}' expired: put a new one on $cbs "
+                    "before it expires to keep links open.",
+                )
                 if endpoint.link.state & Endpoint.LOCAL_UNINIT:  # attach not answered yet
                     self.refuse(endpoint, error)
                 else:
@@ -500,8 +526,9 @@ def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | N
     except UnicodeDecodeError:
         raise BusdError(Cond.INVALID_FIELD, f"The {what} is not valid UTF-8.") from None
     if value is not None and len(value) > MAX_NAME_LENGTH:
-        raise BusdError(Cond.INVALID_FIELD,
-                        f"The {what} is longer than {MAX_NAME_LENGTH} characters.")
+        raise BusdError(
+            Cond.INVALID_FIELD, f"The {what} is longer than {MAX_NAME_LENGTH} characters."
+        )
     return value
 
 
@@ -527,6 +554,7 @@ def _read_attach(link: Link) -> Attach:
     try:
         properties = link.remote_properties
     except UnicodeDecodeError:
-        raise BusdError(Cond.INVALID_FIELD,
-                        "The link's properties map is not valid UTF-8.") from None
+        raise BusdError(
+            Cond.INVALID_FIELD, "The link's properties map is not valid UTF-8."
+        ) from None
     return Attach(source, target, source_address, target_address, properties or {})

@@ -93,8 +93,10 @@ class CoordinatorEndpoint(LinkEndpoint):
 
     def _declare(self, delivery: Delivery, fields: list) -> None:
         if fields and fields[0] is not None:
-            _reject(delivery, BusdError(Condition.NOT_IMPLEMENTED,
-                                        "Distributed transactions are not supported."))
+            _reject(
+                delivery,
+                BusdError(Condition.NOT_IMPLEMENTED, "Distributed transactions are not supported."),
+            )
         else:
             txn_id = os.urandom(16)
             self.scope.declare(txn_id)
@@ -155,18 +157,22 @@ def _control(payload: bytes) -> tuple[Any, list]:
     try:
         message.decode(payload)
     except Exception:
-        raise BusdError(Condition.DECODE_ERROR, "Undecodable transaction control message.")\
-            from None
+        raise BusdError(
+            Condition.DECODE_ERROR, "Undecodable transaction control message."
+        ) from None
     body = message.body
     if isinstance(body, Described) and body.descriptor in _DECLARE_NAMES + _DISCHARGE_NAMES:
         # a binary decodes as a view of proton's buffer, which is reused: copy it now
-        fields = [bytes(f) if isinstance(f, memoryview) else f
-                  for f in (body.value if isinstance(body.value, list) else [])]
+        fields = [
+            bytes(f) if isinstance(f, memoryview) else f
+            for f in (body.value if isinstance(body.value, list) else [])
+        ]
         if body.descriptor in _DISCHARGE_NAMES and (not fields or fields[0] is None):
             raise BusdError(Condition.INVALID_FIELD, "A discharge names its txn-id.")
         return body.descriptor, fields
-    raise BusdError(Condition.NOT_IMPLEMENTED,
-                    "A coordinator takes declare and discharge messages only.")
+    raise BusdError(
+        Condition.NOT_IMPLEMENTED, "A coordinator takes declare and discharge messages only."
+    )
 
 
 def _reject(delivery: Delivery, error: BusdError) -> None:

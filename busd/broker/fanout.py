@@ -46,8 +46,9 @@ class _Route:
 
     __slots__ = ("topic", "subscriptions", "specs", "rules", "match_all")
 
-    def __init__(self, topic: TopicEntity, subscriptions: list[SubscriptionEntity],
-                 rules: list[RuleSet]) -> None:  # fmt: skip
+    def __init__(
+        self, topic: TopicEntity, subscriptions: list[SubscriptionEntity], rules: list[RuleSet]
+    ) -> None:
         self.topic = topic_spec(topic)
         self.subscriptions = subscriptions
         self.specs: list[QueueSpec] = [s.spec(topic) for s in subscriptions]
@@ -73,8 +74,9 @@ class Fanout:
         if found is None:
             entity = self.catalog.topic(topic)
             if entity is None:
-                raise BusdError(Condition.NOT_FOUND,
-                                f"The messaging entity '{topic}' could not be found.")
+                raise BusdError(
+                    Condition.NOT_FOUND, f"The messaging entity '{topic}' could not be found."
+                )
             subs = self.catalog.subscriptions(topic)
             found = self._routes[topic] = _Route(entity, subs, [self._compile(s) for s in subs])
         return found
@@ -95,16 +97,21 @@ class Fanout:
         placements = None if route.match_all else [self.placements(route, m) for m in messages]
         return await self.store.publish(route.topic, route.specs, messages, placements)
 
-    def staged(self, topic: TopicSpec, message: NewMessage, seq: int | None = None
-               ) -> StagedPublish:  # fmt: skip
+    def staged(
+        self, topic: TopicSpec, message: NewMessage, seq: int | None = None
+    ) -> StagedPublish:
         """A message sent to a topic in a transaction, with its copies decided now, as
         `publish` decides them: the rules are evaluated when the send arrives, and a rule
         changed before the commit does not change them (docs/design.md §3.15)."""
         route = self.route(topic.name)
-        placements = ([Placement(i) for i in range(len(route.specs))] if route.match_all
-                      else self.placements(route, message))
-        return StagedPublish(route.topic, message, [s.subscription or "" for s in route.specs],
-                             placements, seq)
+        placements = (
+            [Placement(i) for i in range(len(route.specs))]
+            if route.match_all
+            else self.placements(route, message)
+        )
+        return StagedPublish(
+            route.topic, message, [s.subscription or "" for s in route.specs], placements, seq
+        )
 
     async def cancel_scheduled(self, topic: TopicSpec, seqs: list[int]) -> None:
         route = self.route(topic.name)
@@ -135,8 +142,11 @@ class Fanout:
                         placement.session_id = overrides["session_id"]
                     if "ttl_ms" in overrides:
                         placement.own_ttl = True
-                        ttls = [t for t in (overrides["ttl_ms"], route.topic.default_ttl_ms)
-                                if t is not None]
+                        ttls = [
+                            t
+                            for t in (overrides["ttl_ms"], route.topic.default_ttl_ms)
+                            if t is not None
+                        ]
                         placement.ttl_ms = min(ttls) if ttls else None
                     out.append(placement)
             except FilterEvaluationError as exc:

@@ -67,10 +67,16 @@ def forward_target(catalog: Catalog, entity: QueueSpec) -> str | None:
 class Forwarding:
     """Owns the forwarders of this process, one per forwarding entity of the catalog."""
 
-    def __init__(self, catalog: Catalog, store: Store, fanout: Fanout, *,
-                 new_id: Callable[[], str],
-                 wakeable: Callable[[str, Callable[[], None]], None],
-                 forget: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        catalog: Catalog,
+        store: Store,
+        fanout: Fanout,
+        *,
+        new_id: Callable[[], str],
+        wakeable: Callable[[str, Callable[[], None]], None],
+        forget: Callable[[str], None],
+    ) -> None:
         self.catalog = catalog
         self.store = store
         self.fanout = fanout
@@ -134,8 +140,9 @@ class Forwarding:
             return ForwardDestination(f"queue:{queue.path}", queue=queue.spec)
         if self.catalog.topic(target) is not None:
             route = self.fanout.route(target)
-            return ForwardDestination(f"topic:{route.topic.name}", topic=route.topic,
-                                      subscriptions=route.specs)
+            return ForwardDestination(
+                f"topic:{route.topic.name}", topic=route.topic, subscriptions=route.specs
+            )
         return ForwardDestination(f"gone:{target.lower()}")
 
 
@@ -154,7 +161,8 @@ class Forwarder:
     def start(self) -> None:
         self.owner._wakeable(self.id, self._woken.set)
         self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"busd-forward:{self.entity.path}")
+            self._run(), name=f"busd-forward:{self.entity.path}"
+        )
 
     async def stop(self) -> None:
         self.owner._forget(self.id)
@@ -176,8 +184,9 @@ class Forwarder:
             # cleared before the look: a wake-up that comes during it is not lost
             self._woken.clear()
             try:
-                taken = await store.take_forwarding(self._locked_spec(), self.id, BATCH,
-                                                    new_tokens(BATCH))
+                taken = await store.take_forwarding(
+                    self._locked_spec(), self.id, BATCH, new_tokens(BATCH)
+                )
                 if taken:
                     await self._move(taken)
                     continue
@@ -209,17 +218,32 @@ class Forwarder:
             if session_id is None:
                 session_id = view.sys("SessionId")
             message_id = view.sys("MessageId")
-            moved = ForwardedMessage(token=m.lock_token or b"", seq=m.seq, hops=m.hops,
-                                     session_id=session_id, message_id=message_id, message=m)
+            moved = ForwardedMessage(
+                token=m.lock_token or b"",
+                seq=m.seq,
+                hops=m.hops,
+                session_id=session_id,
+                message_id=message_id,
+                message=m,
+            )
             if route is not None:
                 moved.placements = owner.fanout.placements(
-                    route, NewMessage(m.blob, session_id=session_id, message_id=message_id))
+                    route, NewMessage(m.blob, session_id=session_id, message_id=message_id)
+                )
             moves.append(moved)
-        results = await owner.store.forward(self._locked_spec(), destination, moves,
-                                            hop_limit=HOP_LIMIT)
+        results = await owner.store.forward(
+            self._locked_spec(), destination, moves, hop_limit=HOP_LIMIT
+        )
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("forwarded from %s to %s: %s", self.entity.path, self.target,
-                      [r.name for r in results])
+            log.debug(
+                "forwarded from %s to %s: %s",
+                self.entity.path,
+                self.target,
+                [r.name for r in results],
+            )
         if ForwardResult.LOCK_LOST in results:
-            log.warning("forwarding from %s: %d locks ended before the move; those messages "
-                        "move later", self.entity.path, results.count(ForwardResult.LOCK_LOST))
+            log.warning(
+                "forwarding from %s: %d locks ended before the move; those messages move later",
+                self.entity.path,
+                results.count(ForwardResult.LOCK_LOST),
+            )

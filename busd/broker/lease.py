@@ -27,8 +27,9 @@ LOCK_LOST_GRACE_S = 2.0
 class SessionLease:
     """One session lock held by one receiver link of this process."""
 
-    def __init__(self, store: Store, queue: QueueSpec, session_id: str, holder: str,
-                 locked_until_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self, store: Store, queue: QueueSpec, session_id: str, holder: str, locked_until_ms: int
+    ) -> None:
         self.store = store
         self.queue = queue
         self.session_id = session_id
@@ -52,8 +53,9 @@ class SessionLease:
     async def renew(self) -> int:
         """Extend the lock by LockDuration from now (raises SESSION_LOCK_LOST when it is no
         longer live); returns the new locked-until."""
-        locked_until_ms = await self.store.renew_session_lock(self.queue, self.session_id,
-                                                              self.holder)
+        locked_until_ms = await self.store.renew_session_lock(
+            self.queue, self.session_id, self.holder
+        )
         self.locked_until_ms = locked_until_ms
         if self._on_lost is not None:  # started and not ended: the timer follows the lock
             self._arm()

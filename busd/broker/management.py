@@ -52,8 +52,9 @@ TOPIC_OPERATIONS = frozenset(("schedule-message", "cancel-scheduled-message"))
 
 
 class ManagementEndpoint(RequestEndpoint):
-    def __init__(self, conn: ConnectionScope, link, queue: QueueSpec | TopicSpec, *,
-                 dlq: bool) -> None:  # fmt: skip
+    def __init__(
+        self, conn: ConnectionScope, link, queue: QueueSpec | TopicSpec, *, dlq: bool
+    ) -> None:
         super().__init__(conn, link, conn.broker.limits.link_ceiling(queue.max_message_size))
         # where sent messages go: the queue, or the topic (fanned out)
         self.target = queue
@@ -102,17 +103,24 @@ class ManagementEndpoint(RequestEndpoint):
             status, result = await handler(self, body, app)
         except BusdError as error:
             log.debug("$management %s failed: %s", operation, error)
-            return _response(message_id, error.status_code, error.description, None,
-                             condition=error.condition.value), reply_to
+            return _response(
+                message_id,
+                error.status_code,
+                error.description,
+                None,
+                condition=error.condition.value,
+            ), reply_to
         except StoreUnavailable as exc:  # the SDKs try again
             log.warning("$management %s failed: %s", operation, exc)
             busy = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
-            return _response(message_id, busy.status_code, busy.description, None,
-                             condition=busy.condition.value), reply_to
+            return _response(
+                message_id, busy.status_code, busy.description, None, condition=busy.condition.value
+            ), reply_to
         except Exception:
             log.exception("$management %s failed", operation)
-            return _response(message_id, 500, "Internal error.", None,
-                             condition=Condition.INTERNAL.value), reply_to
+            return _response(
+                message_id, 500, "Internal error.", None, condition=Condition.INTERNAL.value
+            ), reply_to
         return _response(message_id, status, "OK" if status < 300 else "", result), reply_to
 
     # --- helpers ------------------------------------------------------------------------------
@@ -183,8 +191,7 @@ async def get_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     state, etag = await ep.broker.store.read_session_state(ep.queue, session_id, holder)
     # `etag` is busd's own (docs/wire.md §8.4.3), when there is a state: the SDKs read only
     # `session-state`
-    return 200, {"session-state": state} if etag is None else {"session-state": state,
-                                                                 "etag": etag}
+    return 200, {"session-state": state} if etag is None else {"session-state": state, "etag": etag}
 
 
 async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
@@ -202,10 +209,13 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     ):
         return 200, None
     if if_match is not None and staging.REQUEST_TXN.get() is not None:
-        raise BusdError(Condition.NOT_IMPLEMENTED,
-                        "A conditional set-session-state cannot be part of a transaction.")
-    etag = await ep.broker.store.set_session_state(ep.queue, session_id, holder, state,
-                                                   if_match=if_match)
+        raise BusdError(
+            Condition.NOT_IMPLEMENTED,
+            "A conditional set-session-state cannot be part of a transaction.",
+        )
+    etag = await ep.broker.store.set_session_state(
+        ep.queue, session_id, holder, state, if_match=if_match
+    )
     return 200, None if if_match is None else {"etag": etag}
 
 
@@ -213,15 +223,18 @@ async def dead_letter_session(ep: ManagementEndpoint, body: dict, app: dict):
     """busd's own (docs/wire.md §8.4.12): every message of a session and its state to the
     dead-letter sub-queue, whoever holds the session."""
     moved = await session_tools.dead_letter(
-        ep.broker.store, ep.entity, _session_id(body) or "", body.get("deadletter-reason"),
-        body.get("deadletter-description"))
+        ep.broker.store,
+        ep.entity,
+        _session_id(body) or "",
+        body.get("deadletter-reason"),
+        body.get("deadletter-description"),
+    )
     return 200, {"message-count": codec.Int(moved)}
 
 
 async def resubmit_session(ep: ManagementEndpoint, body: dict, app: dict):
     """busd's own (docs/wire.md §8.4.12): a dead-lettered session's messages back, in order."""
-    moved, left = await session_tools.resubmit(ep.broker.store, ep.entity,
-                                               _session_id(body) or "")
+    moved, left = await session_tools.resubmit(ep.broker.store, ep.entity, _session_id(body) or "")
     return 200, {"message-count": codec.Int(moved), "left-count": codec.Int(left)}
 
 
@@ -261,9 +274,7 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
         holder = receiver.holder if receiver is not None else None
     if staging.REQUEST_TXN.get() is not None:
         for settlement in settlements:
-            await staging.stage_request(
-                ep.conn, StagedSettlement(ep.entity, settlement, holder)
-            )
+            await staging.stage_request(ep.conn, StagedSettlement(ep.entity, settlement, holder))
         return 200, None
     for refused in await ep.broker.store.settle(ep.entity, settlements, holder):
         if refused is not None:
@@ -299,8 +310,13 @@ async def schedule_message(ep: ManagementEndpoint, body: dict, app: dict):
         payload = bytes(item.get("message") or b"")
         messages.check_size(ep.target, len(payload))
         session_id = item.get("session-id")
-        new.append(messages.admit(ep.target, messages.parse_one(payload),
-                                  str(session_id) if session_id is not None else None))
+        new.append(
+            messages.admit(
+                ep.target,
+                messages.parse_one(payload),
+                str(session_id) if session_id is not None else None,
+            )
+        )
     if staging.REQUEST_TXN.get() is not None:  # numbered now, scheduled at the commit
         seqs = await staging.stage_scheduled(ep.conn, ep.target, new)
     else:

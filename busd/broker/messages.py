@@ -37,8 +37,9 @@ def check_session_id(session_id: str | None, what: str = "session id") -> None:
         )
 
 
-def admit(entity: QueueSpec | TopicSpec, incoming: codec.IncomingMessage,
-          session_id: str | None = None) -> NewMessage:  # fmt: skip
+def admit(
+    entity: QueueSpec | TopicSpec, incoming: codec.IncomingMessage, session_id: str | None = None
+) -> NewMessage:
     """The message to store for `incoming` (parsed by busd.amqp.incoming), or the BusdError the
     client should see. `session_id`: one given beside the message (schedule-message's
     `session-id`), used when the message carries no group-id. The caller checks the size
@@ -85,8 +86,7 @@ def parse_one(payload: bytes) -> codec.IncomingMessage:
         raise BusdError(Condition.DECODE_ERROR, f"Malformed message: {exc}") from None
 
 
-def delivery_payload(message: StoredMessage, *, locked: bool = True,
-                     state: bool = False) -> bytes:  # fmt: skip
+def delivery_payload(message: StoredMessage, *, locked: bool = True, state: bool = False) -> bytes:
     """The message as a client receives it: the stored form with the broker's annotations
     (docs/wire.md §6.3). `locked`: include the lock expiry and the lock token (peek-lock);
     `state`: include `x-opt-message-state` (peek, receive-by-sequence-number)."""

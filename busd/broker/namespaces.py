@@ -63,8 +63,12 @@ def namespace_of_key(key_name: str) -> str | None:
 class Namespaces:
     """The namespaces this process serves: the default one, and those made on first use."""
 
-    def __init__(self, default: Broker, make: Callable[[str], Coroutine[Any, Any, Broker]],
-                 idle_s: float = IDLE_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        default: Broker,
+        make: Callable[[str], Coroutine[Any, Any, Broker]],
+        idle_s: float = IDLE_S,
+    ) -> None:
         self.default = default
         self._make = make  # a started Broker for a namespace name (busd.server)
         self._made: dict[str, asyncio.Task[Broker]] = {}
@@ -79,12 +83,15 @@ class Namespaces:
         not a namespace's."""
         by_key = namespace_of_key(key_name)
         if host_namespace and by_key and by_key != host_namespace:
-            raise sas.SasError(f"the key {key_name!r} is not one of namespace "
-                               f"{host_namespace!r}, the host connected to")
+            raise sas.SasError(
+                f"the key {key_name!r} is not one of namespace "
+                f"{host_namespace!r}, the host connected to"
+            )
         name = host_namespace or by_key
         if name is not None and not NAME.fullmatch(name):
-            raise sas.SasError(f"{name!r} is not a namespace name (letters, digits and "
-                               "hyphens, at most 50)")
+            raise sas.SasError(
+                f"{name!r} is not a namespace name (letters, digits and hyphens, at most 50)"
+            )
         return name
 
     def keys(self, name: str | None) -> Mapping[str, str]:
@@ -101,11 +108,11 @@ class Namespaces:
         made = self._made.get(name)
         if made is None or (made.done() and made.exception() is not None):
             log.info("namespace %s: serving it", name)
-            made = self._made[name] = asyncio.create_task(self._make(name),
-                                                          name=f"busd-namespace-{name}")
+            made = self._made[name] = asyncio.create_task(
+                self._make(name), name=f"busd-namespace-{name}"
+            )
             if self._reaper is None:
-                self._reaper = asyncio.create_task(self._let_go_idle(),
-                                                   name="busd-namespaces-idle")
+                self._reaper = asyncio.create_task(self._let_go_idle(), name="busd-namespaces-idle")
         self._used[name] = time.monotonic()
         return await asyncio.shield(made)
 
@@ -138,8 +145,12 @@ class Namespaces:
         else:
             self._holders.pop(broker, None)
         for name, made in self._made.items():
-            if made.done() and not made.cancelled() and made.exception() is None \
-                    and made.result() is broker:
+            if (
+                made.done()
+                and not made.cancelled()
+                and made.exception() is None
+                and made.result() is broker
+            ):
                 self._used[name] = time.monotonic()  # idle from now
 
     async def _let_go_idle(self) -> None:
@@ -154,15 +165,17 @@ class Namespaces:
                     continue
                 del self._made[name]
                 self._used.pop(name, None)
-                log.info("namespace %s: unused for %g s, let go (its data stays)", name,
-                         self.idle_s)
+                log.info(
+                    "namespace %s: unused for %g s, let go (its data stays)", name, self.idle_s
+                )
                 try:
                     await broker.stop()
                 except Exception as exc:  # the store, most likely: it is let go all the same
                     log.warning("stopping namespace %s failed: %s", name, exc)
 
-    async def authenticate(self, token: str, host_namespace: str | None
-                           ) -> tuple[Broker, rights.Grant]:  # fmt: skip
+    async def authenticate(
+        self, token: str, host_namespace: str | None
+    ) -> tuple[Broker, rights.Grant]:
         """The namespace a token is for (with the host's choice), and what it grants there.
         The token is verified before the namespace is made: only a client holding its keys
         makes one. Raises SasError."""
@@ -183,8 +196,10 @@ class Namespaces:
             return access_keys
 
         def prefixed(entity: str) -> tuple[Mapping[str, str], ...]:
-            return tuple({**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
-                         for keys in access_keys(entity))
+            return tuple(
+                {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
+                for keys in access_keys(entity)
+            )
 
         return prefixed
 

@@ -114,12 +114,22 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
         self.spawn(self._answer(payload))
 
     def _too_large(self, size: int) -> None:
-        log.info("connection %s: %s request of %d bytes or more refused", self.conn.proto.peer,
-                 self.reply_key or "node", size)
+        log.info(
+            "connection %s: %s request of %d bytes or more refused",
+            self.conn.proto.peer,
+            self.reply_key or "node",
+            size,
+        )
         if not self.detached:
-            self.conn.detach(self, amqp_condition(BusdError(
-                Condition.MESSAGE_SIZE_EXCEEDED,
-                f"A request on this link may have at most {self.max_size} bytes.")))
+            self.conn.detach(
+                self,
+                amqp_condition(
+                    BusdError(
+                        Condition.MESSAGE_SIZE_EXCEEDED,
+                        f"A request on this link may have at most {self.max_size} bytes.",
+                    )
+                ),
+            )
 
     def on_detach(self) -> None:
         super().on_detach()
@@ -144,4 +154,3 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
     @abc.abstractmethod
     async def handle(self, payload: bytes) -> tuple[bytes | None, str | None]:
         """The encoded response to a request, and the address it names in `reply-to`."""
-

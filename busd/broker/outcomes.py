@@ -30,16 +30,24 @@ REJECTED = engine.REJECTED
 RELEASED = engine.RELEASED
 MODIFIED = engine.MODIFIED
 _CODES = {
-    "amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED,
-    "amqp:released:list": RELEASED, "amqp:modified:list": MODIFIED,
-}  # fmt: skip
+    "amqp:accepted:list": ACCEPTED,
+    "amqp:rejected:list": REJECTED,
+    "amqp:released:list": RELEASED,
+    "amqp:modified:list": MODIFIED,
+}
 _DEAD_LETTER_REASON = ("DeadLetterReason", symbol("DeadLetterReason"))
 _DEAD_LETTER_DESCRIPTION = ("DeadLetterErrorDescription", symbol("DeadLetterErrorDescription"))
 
 
-def settlement_for(code: int, *, failed: bool = False, undeliverable: bool = False,
-                   properties_patch: bytes | None = None, info: Any = None,
-                   description: str | None = None) -> Settlement | None:  # fmt: skip
+def settlement_for(
+    code: int,
+    *,
+    failed: bool = False,
+    undeliverable: bool = False,
+    properties_patch: bytes | None = None,
+    info: Any = None,
+    description: str | None = None,
+) -> Settlement | None:
     """The settlement (its token still to set) the outcome `code` asks for; None for a code
     that is no outcome. `failed`/`undeliverable`/`properties_patch` are a modified
     outcome's; `info` (its error's info map) and `description` (its error's) a rejected
@@ -84,13 +92,18 @@ def of_disposition(delivery) -> Settlement | None:
         failed, undeliverable = engine.remote_modified(delivery)
         patch: Any = engine.wrap(delivery).remote.annotations  # properties to modify, if any
         return settlement_for(
-            MODIFIED, failed=failed, undeliverable=undeliverable,
+            MODIFIED,
+            failed=failed,
+            undeliverable=undeliverable,
             properties_patch=codec.encode_properties_patch(patch) if patch else None,
         )
     if state == REJECTED:
         cond = engine.wrap(delivery).remote.condition
-        return settlement_for(REJECTED, info=cond.info if cond is not None else None,
-                              description=cond.description if cond is not None else None)
+        return settlement_for(
+            REJECTED,
+            info=cond.info if cond is not None else None,
+            description=cond.description if cond is not None else None,
+        )
     if state in (ACCEPTED, RELEASED):
         return settlement_for(state)
     if engine.remote_settled(delivery):  # settled without an outcome: released
@@ -111,12 +124,15 @@ def of_described(outcome: Any) -> Settlement | None:
     fields = fields + [None] * (3 - len(fields))
     if code == MODIFIED:
         failed, undeliverable, annotations = fields[:3]
-        return settlement_for(MODIFIED, failed=bool(failed), undeliverable=bool(undeliverable),
-                              properties_patch=_lenient_patch(annotations))
+        return settlement_for(
+            MODIFIED,
+            failed=bool(failed),
+            undeliverable=bool(undeliverable),
+            properties_patch=_lenient_patch(annotations),
+        )
     if code == REJECTED:
         error = fields[0]
-        cond = error.value if isinstance(error, Described) and isinstance(error.value, list) \
-            else []
+        cond = error.value if isinstance(error, Described) and isinstance(error.value, list) else []
         cond = cond + [None] * (3 - len(cond))
         return settlement_for(REJECTED, info=cond[2], description=_text(cond[1]))
     return settlement_for(code)
@@ -129,9 +145,9 @@ def _lenient_patch(annotations: Any) -> bytes | None:
     if not isinstance(annotations, dict) or not annotations:
         return None
     try:
-        return codec.encode_properties_patch({
-            str(k): bytes(v) if isinstance(v, memoryview) else v for k, v in annotations.items()
-        })
+        return codec.encode_properties_patch(
+            {str(k): bytes(v) if isinstance(v, memoryview) else v for k, v in annotations.items()}
+        )
     except codec.CodecError:
         return None
 

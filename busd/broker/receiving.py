@@ -139,8 +139,9 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     return
                 except Exception as exc:  # the store is unreachable
                     log.warning("receive on %s failed: %s", self.entity.path, exc)
-                    self.lost(BusdError(Condition.SERVER_BUSY,
-                                        "The store is unavailable; try again."))
+                    self.lost(
+                        BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+                    )
                     return
                 if self.detached or not is_open(self.link):
                     await self._return_untaken(messages)
@@ -175,16 +176,20 @@ class QueueReceiverEndpoint(LinkEndpoint):
         tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         # Registers this link as a waiter when fewer are available (and wakes arrive here
         # through `look_again`, registered at attach, so none can come before we listen).
-        return await self.broker.store.receive(
-            self.entity, count, self.mode, tokens, self.holder
-        )
+        return await self.broker.store.receive(self.entity, count, self.mode, tokens, self.holder)
 
     async def _return_untaken(self, messages: list[StoredMessage]) -> None:
         if messages and self.mode == ReceiveMode.PEEK_LOCK:
             await self.broker.store.settle(
                 self.entity,
-                [Settlement(token=m.lock_token or b"", outcome=Outcome.RELEASE,
-                            session_id=self.session_id) for m in messages],
+                [
+                    Settlement(
+                        token=m.lock_token or b"",
+                        outcome=Outcome.RELEASE,
+                        session_id=self.session_id,
+                    )
+                    for m in messages
+                ],
                 self.holder,
             )
 
@@ -254,8 +259,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         finally:
             self._settling = False
 
-    def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None
-                          ) -> None:  # fmt: skip
+    def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
         """Answer the client's settlement of a raw delivery (here, or staged in a
         transaction): echo the outcome as a settled disposition (docs/wire.md §7.2), or reject
         it with `error`; then let go of the delivery."""
@@ -276,8 +280,13 @@ class QueueReceiverEndpoint(LinkEndpoint):
         """A settlement the client sent already settled was refused: it cannot be told, so the
         operator is (the message comes back when its lock ends)."""
         reason = error.condition.value.rpartition(":")[2].replace("-", "_")
-        log.warning("settlement %s of lock token %s on %s refused: %s", settlement.outcome.value,
-                    uuid_text(settlement.token), self.entity.path, reason)
+        log.warning(
+            "settlement %s of lock token %s on %s refused: %s",
+            settlement.outcome.value,
+            uuid_text(settlement.token),
+            self.entity.path,
+            reason,
+        )
         if self.broker.metrics is not None:
             self.broker.metrics.settlement_refused(self.entity.path, reason)
 
@@ -299,8 +308,11 @@ class QueueReceiverEndpoint(LinkEndpoint):
         """In the client's order: the fetch under way (it returns what it took too late), the
         settlements received before the detach, then the link's last store call."""
         while True:
-            pending = [task for task in (self._fetch_task, self._settle_task)
-                       if task is not None and not task.done()]
+            pending = [
+                task
+                for task in (self._fetch_task, self._settle_task)
+                if task is not None and not task.done()
+            ]
             if not pending:
                 break
             await asyncio.gather(*pending, return_exceptions=True)

@@ -49,8 +49,7 @@ def make_endpoint(conn: ConnectionScope, link: Link, attach: Attach) -> LinkEndp
     return endpoint
 
 
-def _endpoint(conn: ConnectionScope, link: Link, parsed: Address,
-              attach: Attach) -> LinkEndpoint:  # fmt: skip
+def _endpoint(conn: ConnectionScope, link: Link, parsed: Address, attach: Attach) -> LinkEndpoint:
     broker = conn.broker
     if parsed.is_subscription:
         path = f"{parsed.entity}/subscriptions/{parsed.subscription}"
@@ -82,17 +81,19 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address,
     elif parsed.dlq:
         raise BusdError(Condition.NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.")
     elif parsed.is_subscription:
-        raise BusdError(Condition.NOT_ALLOWED,
-                        f"Messages cannot be sent to the subscription '{entity.name}': send "
-                        "them to its topic.")
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"Messages cannot be sent to the subscription '{entity.name}': send them to its topic.",
+        )
     else:
         endpoint = sending.QueueSenderEndpoint(conn, link, entity)
     broker.track(track, endpoint)
     return endpoint
 
 
-def _topic_endpoint(conn: ConnectionScope, link: Link, parsed: Address,
-                    topic: TopicSpec) -> LinkEndpoint:  # fmt: skip
+def _topic_endpoint(
+    conn: ConnectionScope, link: Link, parsed: Address, topic: TopicSpec
+) -> LinkEndpoint:
     """A topic takes senders and its `$management` node (schedule-message and its cancel);
     messages are received from its subscriptions (`<topic>/Subscriptions/<name>`)."""
     if parsed.sub == "management" and not parsed.dlq:
@@ -100,14 +101,17 @@ def _topic_endpoint(conn: ConnectionScope, link: Link, parsed: Address,
             return nodes.ReplyEndpoint(conn, link)
         return management.ManagementEndpoint(conn, link, topic, dlq=False)
     if link.is_sender or parsed.dlq:
-        raise BusdError(Condition.NOT_ALLOWED,
-                        f"'{topic.name}' is a topic: receive from one of its subscriptions, "
-                        f"'{topic.name}/Subscriptions/<name>'.")
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{topic.name}' is a topic: receive from one of its subscriptions, "
+            f"'{topic.name}/Subscriptions/<name>'.",
+        )
     return sending.QueueSenderEndpoint(conn, link, topic)
 
 
-def _receiver(conn: ConnectionScope, link: Link, queue: QueueSpec, attach: Attach, *,
-              dlq: bool) -> LinkEndpoint:  # fmt: skip
+def _receiver(
+    conn: ConnectionScope, link: Link, queue: QueueSpec, attach: Attach, *, dlq: bool
+) -> LinkEndpoint:
     if dlq:
         return receiving.QueueReceiverEndpoint(conn, link, queue.dead_letter_queue)
     has_filter, session_id = _session_filter(attach.source)
@@ -152,5 +156,6 @@ def _session_filter(source: Terminus | None) -> tuple[bool, str | None]:
             pass
     # A session id is a string: an int (the Python SDK sends session_id=1 as int32) is not
     # taken for one, as Service Bus refuses it too (docs/wire.md §6.5).
-    raise BusdError(Condition.INVALID_FIELD,
-                    "The session filter must be a string (the session id) or null.")
+    raise BusdError(
+        Condition.INVALID_FIELD, "The session filter must be a string (the session id) or null."
+    )

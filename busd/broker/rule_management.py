@@ -64,12 +64,14 @@ async def add_rule(ep: RuleNode, body: dict, app: dict):
     topic, subscription = _subscription(ep)
     name = _rule_name(body)
     try:
-        rule = rules.rule_from_amqp(name, body.get("rule-description"),
-                                    created_ms=int(time.time() * 1000))
+        rule = rules.rule_from_amqp(
+            name, body.get("rule-description"), created_ms=int(time.time() * 1000)
+        )
     except rules.RuleError as exc:
         raise BusdError(Condition.ARGUMENT_ERROR, str(exc)) from None
-    entity = RuleEntity(topic, subscription, rule.name, rule=rules.rule_record(rule),
-                        created_ms=rule.created_ms)
+    entity = RuleEntity(
+        topic, subscription, rule.name, rule=rules.rule_record(rule), created_ms=rule.created_ms
+    )
     await ep.broker.catalog.create(entity)  # ENTITY_ALREADY_EXISTS (409) on a taken name
     return 200, None
 
@@ -79,9 +81,11 @@ async def remove_rule(ep: RuleNode, body: dict, app: dict):
     name = _rule_name(body)
     if not await ep.broker.catalog.delete("rule", rule_path(topic, subscription, name)):
         # Service Bus's wording: the JavaScript SDK reads MessagingEntityNotFound from it
-        raise BusdError(Condition.NOT_FOUND,
-                        f"The messaging entity '{topic}/Subscriptions/{subscription}/Rules/"
-                        f"{name}' could not be found.")
+        raise BusdError(
+            Condition.NOT_FOUND,
+            f"The messaging entity '{topic}/Subscriptions/{subscription}/Rules/"
+            f"{name}' could not be found.",
+        )
     return 200, None
 
 

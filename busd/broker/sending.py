@@ -109,12 +109,21 @@ class QueueSenderEndpoint(LinkEndpoint):
     def _over_budget(self) -> None:
         """The connection's or the process's unfinished transfers would pass their limit:
         this link goes, and what it held with it."""
-        log.warning("connection %s: unfinished transfers past the buffer limit; detaching %s",
-                    self.conn.proto.peer, self.queue.name)
+        log.warning(
+            "connection %s: unfinished transfers past the buffer limit; detaching %s",
+            self.conn.proto.peer,
+            self.queue.name,
+        )
         if not self.detached:
-            self.conn.detach(self, amqp_condition(BusdError(
-                Condition.RESOURCE_LIMIT,
-                "Too many bytes of unfinished transfers are buffered; send fewer at once.")))
+            self.conn.detach(
+                self,
+                amqp_condition(
+                    BusdError(
+                        Condition.RESOURCE_LIMIT,
+                        "Too many bytes of unfinished transfers are buffered; send fewer at once.",
+                    )
+                ),
+            )
 
     def on_detach(self) -> None:
         super().on_detach()
@@ -168,8 +177,9 @@ class QueueSenderEndpoint(LinkEndpoint):
                 await self.broker.send(self.queue, new)
             except Exception as exc:
                 log.error("storing %d messages in %s failed: %s", len(new), self.queue.name, exc)
-                unavailable = BusdError(Condition.SERVER_BUSY,
-                                        "The store is unavailable; try again.")
+                unavailable = BusdError(
+                    Condition.SERVER_BUSY, "The store is unavailable; try again."
+                )
                 for delivery in accepted:
                     _reject(delivery, unavailable)
                 accepted = []

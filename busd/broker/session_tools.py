@@ -16,8 +16,10 @@ DEFAULT_REASON = "SessionDeadLettered"
 def session_queue(spec: QueueSpec) -> QueueSpec:
     """`spec`, which must be an entity with sessions (not its dead-letter sub-queue)."""
     if not spec.requires_session or spec.dlq:
-        raise BusdError(Condition.NOT_ALLOWED,
-                        f"'{spec.path}' has no sessions: its messages are not kept in sessions.")
+        raise BusdError(
+            Condition.NOT_ALLOWED,
+            f"'{spec.path}' has no sessions: its messages are not kept in sessions.",
+        )
     return spec
 
 
@@ -25,15 +27,18 @@ def dead_letter_reason(reason: Any, description: Any) -> tuple[str, str | None]:
     """The reason and description of a dead-lettered session, checked."""
     if reason is None or reason == "":
         reason = DEFAULT_REASON
-    if not isinstance(reason, str) or (description is not None
-                                       and not isinstance(description, str)):
-        raise BusdError(Condition.ARGUMENT_ERROR,
-                        "The dead-letter reason and description must be strings.")
+    if not isinstance(reason, str) or (
+        description is not None and not isinstance(description, str)
+    ):
+        raise BusdError(
+            Condition.ARGUMENT_ERROR, "The dead-letter reason and description must be strings."
+        )
     return reason, description or None
 
 
-async def dead_letter(store: Store, spec: QueueSpec, session_id: str, reason: Any,
-                      description: Any) -> int:
+async def dead_letter(
+    store: Store, spec: QueueSpec, session_id: str, reason: Any, description: Any
+) -> int:
     """Dead-letter every message of the session and its state; how many messages moved."""
     why, text = dead_letter_reason(reason, description)
     return await store.dead_letter_session(session_queue(spec), session_id, why, text)

@@ -44,9 +44,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     """Link scope: a receiver holding one session's lock."""
 
     def __init__(
-        self, conn: ConnectionScope, link: Link, queue: QueueSpec, session_id: str | None,
+        self,
+        conn: ConnectionScope,
+        link: Link,
+        queue: QueueSpec,
+        session_id: str | None,
         timeout_ms: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(conn, link, queue)
         self.requested_session = session_id
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
@@ -90,10 +94,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
 
     async def _accept(self) -> None:
         if self._forwarded:  # its forwarder takes every message (docs/design.md §2.15)
-            return self._refuse(BusdError(
-                Condition.TIMEOUT,
-                "No session can be locked: the entity's messages are auto-forwarded.",
-            ))
+            return self._refuse(
+                BusdError(
+                    Condition.TIMEOUT,
+                    "No session can be locked: the entity's messages are auto-forwarded.",
+                )
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_ms / 1000
         store = self.broker.store
@@ -115,8 +121,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 # With none free, the store registers us as a waiter in the same step: a
                 # session that becomes free afterwards wakes exactly one waiter.
                 lock = await store.accept_session(
-                    self.queue, self.requested_session, self.holder, wait=next_available,
-                    count=count, tokens=new_tokens(count), client=self._client,
+                    self.queue,
+                    self.requested_session,
+                    self.holder,
+                    wait=next_available,
+                    count=count,
+                    tokens=new_tokens(count),
+                    client=self._client,
                 )
             except BusdError as error:
                 return self._refuse(error)
@@ -128,8 +139,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 )
             if lock is not None:
                 self.session_id = lock.session_id
-                self.lease = SessionLease(store, self.queue, lock.session_id, self.holder,
-                                          lock.locked_until_ms)
+                self.lease = SessionLease(
+                    store, self.queue, lock.session_id, self.holder, lock.locked_until_ms
+                )
                 if not self.detached:
                     # woken during the call: the session may have more than was taken
                     self._first = (lock.messages, count, woken.done())
@@ -146,10 +158,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         await self._stop_waiting(next_available)
         if not self.detached:
             log.debug("no session available in %s within %d ms", self.queue.name, self.timeout_ms)
-            self._refuse(BusdError(
-                Condition.TIMEOUT,
-                "No session with available messages could be locked within the timeout.",
-            ))
+            self._refuse(
+                BusdError(
+                    Condition.TIMEOUT,
+                    "No session with available messages could be locked within the timeout.",
+                )
+            )
 
     async def _stop_waiting(self, next_available: bool) -> None:
         """Leave the store's waiters, passing on a wake-up we may have been sent."""
@@ -217,8 +231,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         try:
             await self._return_untaken(messages)
         except Exception as exc:  # they come back when the session is released
-            log.warning("returning messages of session %r of %s failed: %s", self.session_id,
-                        self.queue.name, exc)
+            log.warning(
+                "returning messages of session %r of %s failed: %s",
+                self.session_id,
+                self.queue.name,
+                exc,
+            )
         finally:
             self._fetching = False
         self.look_again()
@@ -267,5 +285,6 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             # Closed by the client: unsettled messages are available again, count unchanged.
             await self.lease.release()
         except Exception as exc:  # the lock then runs out by itself
-            log.warning("releasing session %r of %s failed: %s", self.session_id,
-                        self.queue.name, exc)
+            log.warning(
+                "releasing session %r of %s failed: %s", self.session_id, self.queue.name, exc
+            )

@@ -68,8 +68,9 @@ class TransactionalReceiver(Protocol):
 
     def kick(self) -> None: ...
 
-    def answer_settlement(self, delivery: Any, settlement: Settlement,
-                          error: BusdError | None) -> None: ...  # fmt: skip
+    def answer_settlement(
+        self, delivery: Any, settlement: Settlement, error: BusdError | None
+    ) -> None: ...
 
 
 def txn_id_of(raw_delivery) -> bytes | None:
@@ -83,8 +84,7 @@ def txn_id_of(raw_delivery) -> bytes | None:
     return bytes(data[0])
 
 
-def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes,
-                   size: int) -> None:  # fmt: skip
+def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes, size: int) -> None:
     """A transactional send (the transfer's state is transactional-state): validated now,
     staged, answered `transactional-state(txn-id, accepted)` once the store holds it, or
     rejected (docs/wire.md §10.3)."""
@@ -101,8 +101,12 @@ def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes,
         return
     except Exception as exc:  # (a rule that broke on it): refused, the link goes on
         log.error("staging a send to %s failed: %s", target.name, exc)
-        _answer_transfer(endpoint, raw_delivery, txn_id,
-                         BusdError(Condition.INTERNAL, "The message could not be staged."))
+        _answer_transfer(
+            endpoint,
+            raw_delivery,
+            txn_id,
+            BusdError(Condition.INTERNAL, "The message could not be staged."),
+        )
         return
     futures = [txn.stage(op) for op in ops]
 
@@ -117,8 +121,9 @@ def stage_transfer(endpoint: TransactionalSender, raw_delivery, payload: bytes,
         _answer_transfer(endpoint, raw_delivery, txn_id, None)
 
 
-def _answer_transfer(endpoint: TransactionalSender, raw_delivery, txn_id: bytes,
-                     error: BusdError | None) -> None:  # fmt: skip
+def _answer_transfer(
+    endpoint: TransactionalSender, raw_delivery, txn_id: bytes, error: BusdError | None
+) -> None:
     delivery = engine.wrap(raw_delivery)
     if error is None:
         delivery.local.data = [txn_id, _ACCEPTED]  # type: ignore[list-item]  # any AMQP list
@@ -142,8 +147,9 @@ def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: byte
     error: BusdError | None = None
     if settlement is None:
         settlement = Settlement(token=token, outcome=Outcome.RELEASE)
-        error = BusdError(Condition.INVALID_FIELD,
-                          "A transactional disposition carries an outcome.")
+        error = BusdError(
+            Condition.INVALID_FIELD, "A transactional disposition carries an outcome."
+        )
     settlement.token = token
     settlement.session_id = endpoint.session_id
     try:
@@ -163,23 +169,35 @@ def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: byte
     future.add_done_callback(answered)
 
 
-def _send_op(conn: ConnectionScope, target: QueueSpec | TopicSpec, message: NewMessage,
-             seq: int | None = None) -> StagedSend | StagedPublish:  # fmt: skip
+def _send_op(
+    conn: ConnectionScope,
+    target: QueueSpec | TopicSpec,
+    message: NewMessage,
+    seq: int | None = None,
+) -> StagedSend | StagedPublish:
     """A send to stage: to a topic, with the copies its subscriptions' rules make of it now."""
     if isinstance(target, TopicSpec):
         return conn.broker.fanout.staged(target, message, seq)
     return StagedSend(target, message, seq)
 
 
-async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
-                          new: list[NewMessage]) -> list[int]:  # fmt: skip
+async def stage_scheduled(
+    conn: ConnectionScope, target: QueueSpec | TopicSpec, new: list[NewMessage]
+) -> list[int]:
     """`schedule-message` in a transaction: the messages' numbers now (a topic's), the
     messages at the commit (never, after a rollback: the numbers stay unused)."""
     txn = conn.transactions.get(REQUEST_TXN.get())
     if target.partitions:
         # numbered by the partition the messages go to: one, as the transaction's
-        parts = {txn.partition_of(target, StagedSend(target, m) if isinstance(target, QueueSpec)
-                                  else StagedPublish(target, m, [], [])) for m in new}
+        parts = {
+            txn.partition_of(
+                target,
+                StagedSend(target, m)
+                if isinstance(target, QueueSpec)
+                else StagedPublish(target, m, [], []),
+            )
+            for m in new
+        }
         if len(parts) > 1:
             raise BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
         (target,) = parts
@@ -189,8 +207,9 @@ async def stage_scheduled(conn: ConnectionScope, target: QueueSpec | TopicSpec,
     return seqs
 
 
-async def stage_cancels(conn: ConnectionScope, target: QueueSpec | TopicSpec,
-                        seqs: list[int]) -> None:  # fmt: skip
+async def stage_cancels(
+    conn: ConnectionScope, target: QueueSpec | TopicSpec, seqs: list[int]
+) -> None:
     """`cancel-scheduled-message` in a transaction: the messages go at the commit (every
     subscription's copy, on a topic)."""
     txn = conn.transactions.get(REQUEST_TXN.get())

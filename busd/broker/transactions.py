@@ -56,13 +56,16 @@ NOT_CROSS_PARTITION = (
 
 
 def unknown() -> BusdError:
-    return BusdError(Condition.TRANSACTION_UNKNOWN_ID,
-                     "The transaction is unknown on this connection, or already discharged.")
+    return BusdError(
+        Condition.TRANSACTION_UNKNOWN_ID,
+        "The transaction is unknown on this connection, or already discharged.",
+    )
 
 
 def _timed_out() -> BusdError:
-    return BusdError(Condition.TRANSACTION_TIMEOUT,
-                     "The transaction timed out and was rolled back.")
+    return BusdError(
+        Condition.TRANSACTION_TIMEOUT, "The transaction timed out and was rolled back."
+    )
 
 
 class Transaction:
@@ -127,8 +130,9 @@ class Transaction:
             # as Service Bus asks (docs/design.md §3.18)
             if entity.key_scope[0] != self.via.key_scope[0]:
                 return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_PARTITION)
-        elif (not self.store.cross_slot_transactions
-              and entity.key_scope[0] != self.via.key_scope[0]):
+        elif (
+            not self.store.cross_slot_transactions and entity.key_scope[0] != self.via.key_scope[0]
+        ):
             # one script reaches one cluster slot: one queue, or one topic with its
             # subscriptions (docs/design.md §3.15)
             return BusdError(Condition.NOT_ALLOWED, NOT_CROSS_ENTITY)
@@ -144,8 +148,11 @@ class Transaction:
         assert entity.partitions
         via = self.via
         current = None
-        if via is not None and via.partition is not None and \
-                via.key_scope[0] == partition_scope(_topic_or_name(entity), via.partition):
+        if (
+            via is not None
+            and via.partition is not None
+            and via.key_scope[0] == partition_scope(_topic_or_name(entity), via.partition)
+        ):
             current = via.partition
         return entity.partition_specs[operation_partition(op, entity.partitions, current)]
 
@@ -158,15 +165,20 @@ class Transaction:
                 refused: dict[int, BusdError] = {}
                 try:
                     _, due_ms = await self.store.stage_transaction(
-                        self.via, self.id, [op for op, _ in batch], first=not self.staged,
-                        timeout_ms=int(self.scope.timeout_s * 1000), limit=MAX_OPERATIONS,
+                        self.via,
+                        self.id,
+                        [op for op, _ in batch],
+                        first=not self.staged,
+                        timeout_ms=int(self.scope.timeout_s * 1000),
+                        limit=MAX_OPERATIONS,
                     )
                 except BusdError as error:
                     result: BusdError | None = error
                 except Exception as exc:
                     log.error("staging transaction work failed: %s", exc)
-                    result = BusdError(Condition.SERVER_BUSY,
-                                       "The store is unavailable; try again.")
+                    result = BusdError(
+                        Condition.SERVER_BUSY, "The store is unavailable; try again."
+                    )
                 else:
                     result = None
                     self.staged = True
@@ -261,18 +273,23 @@ class Transaction:
             if topic.partition is None:
                 topics.append((route.topic, route.specs))
             else:  # the transaction's partition of it (docs/design.md §3.18)
-                topics.append((route.topic.partition_specs[topic.partition],
-                               [s.partition_specs[topic.partition] for s in route.specs]))
+                topics.append(
+                    (
+                        route.topic.partition_specs[topic.partition],
+                        [s.partition_specs[topic.partition] for s in route.specs],
+                    )
+                )
         try:
-            await self.store.commit_transaction(self.via, list(self.others.values()), self.id,
-                                                topics)
+            await self.store.commit_transaction(
+                self.via, list(self.others.values()), self.id, topics
+            )
         except BusdError:
             raise
         except Exception as exc:
             log.error("committing transaction %s failed: %s", self.id.hex(), exc)
-            raise BusdError(Condition.INTERNAL,
-                            "The store did not answer the commit: its outcome is unknown.")\
-                from None
+            raise BusdError(
+                Condition.INTERNAL, "The store did not answer the commit: its outcome is unknown."
+            ) from None
 
 
 Spec = QueueSpec | TopicSpec

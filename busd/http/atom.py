@@ -47,9 +47,13 @@ def error_response(status: int, detail: str) -> Response:
 
 
 class AtomApi:
-    def __init__(self, entities: Entities, sas_keys: Mapping[str, str],
-                 name: str = ax.NAMESPACE_NAME,
-                 entity_keys: EntityKeys | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        entities: Entities,
+        sas_keys: Mapping[str, str],
+        name: str = ax.NAMESPACE_NAME,
+        entity_keys: EntityKeys | None = None,
+    ) -> None:
         self.entities = entities
         self.sas_keys = sas_keys
         # the keys of the entities' own rules: a token signed with one covers its entity only
@@ -73,8 +77,13 @@ class AtomApi:
         JavaScript SDK signs). Any host is accepted: behind a port mapping the client's host
         is not ours."""
         try:
-            authorize_header(request.headers.get("authorization", ""), self.sas_keys,
-                             entity_path, MANAGE, self.entity_keys)
+            authorize_header(
+                request.headers.get("authorization", ""),
+                self.sas_keys,
+                entity_path,
+                MANAGE,
+                self.entity_keys,
+            )
         except Unauthorized as exc:
             raise ax.AtomError(401, f"Unauthorized: {exc.reason}") from None
 
@@ -99,12 +108,13 @@ class AtomApi:
         if "subscriptions" in lower:
             at = lower.index("subscriptions")
             topic = _name("/".join(segments[:at]), "topic")
-            rest = segments[at + 1:]
+            rest = segments[at + 1 :]
             if not rest:
                 _only(method, "GET")
                 await self._topic(topic)
-                return await self._feed(request, "Subscriptions",
-                                  await self.entities.list("subscription", topic))
+                return await self._feed(
+                    request, "Subscriptions", await self.entities.list("subscription", topic)
+                )
             sub = _name(rest[0], "subscription", nested=True)
             if len(rest) == 1:
                 return await self._entity(request, "subscription", f"{topic}/{sub}")
@@ -113,8 +123,9 @@ class AtomApi:
             if len(rest) == 2:
                 _only(method, "GET")
                 await self._subscription(topic, sub)
-                return await self._feed(request, "Rules",
-                                  await self.entities.list("rule", f"{topic}/{sub}"))
+                return await self._feed(
+                    request, "Rules", await self.entities.list("rule", f"{topic}/{sub}")
+                )
             rule = _rule_name(rest[2])
             return await self._rule(request, topic, sub, rule)
         name = _name("/".join(segments), "entity")
@@ -129,8 +140,7 @@ class AtomApi:
     async def _subscription(self, topic: str, sub: str) -> Entity:
         found = await self.entities.get("subscription", f"{topic}/{sub}")
         if found is None:
-            raise ax.AtomError(404, f"Entity '{topic}/Subscriptions/{sub}' was not found.",
-                               40400)
+            raise ax.AtomError(404, f"Entity '{topic}/Subscriptions/{sub}' was not found.", 40400)
         return found
 
     # --- queues, topics, subscriptions -------------------------------------------------------
@@ -163,9 +173,12 @@ class AtomApi:
             if kind == "subscription":
                 await self._topic(path.rsplit("/", 1)[0])
             if await self._find(None if kind != "subscription" else kind, path) is not None:
-                raise ax.AtomError(409, "Conflict. You're requesting an operation that isn't "
-                                   f"allowed in the resource's current state: '{path}' exists.",
-                                   40900)
+                raise ax.AtomError(
+                    409,
+                    "Conflict. You're requesting an operation that isn't "
+                    f"allowed in the resource's current state: '{path}' exists.",
+                    40900,
+                )
             created = await self.entities.create(kind, path, properties)
             return _xml(201, await self._entry(request, created))
         raise ax.AtomError(405, f"{method} is not supported here")
@@ -187,7 +200,8 @@ class AtomApi:
             found = await self.entities.get("rule", path)
             if found is None:  # rules, unlike the rest, are a real 404
                 raise ax.AtomError(
-                    404, f"Entity '{ax.NAMESPACE_NAME}:Topic:{topic}|{sub}|{rule}' was not found.")
+                    404, f"Entity '{ax.NAMESPACE_NAME}:Topic:{topic}|{sub}|{rule}' was not found."
+                )
             return _xml(200, await self._entry(request, found))
         if method == "DELETE":
             if not await self.entities.delete("rule", path):
@@ -227,10 +241,15 @@ class AtomApi:
         else:
             runtime = await self.entities.runtime(entity)
             content = ax.description(entity.kind, entity.properties, runtime, request.host)
-        return ax.entry(url, entity.name, content, updated_ms=entity.updated_ms,
-                        published_ms=entity.created_ms,
-                        author=ax.NAMESPACE_NAME if entity.kind in ("queue", "topic") else None,
-                        base=base)
+        return ax.entry(
+            url,
+            entity.name,
+            content,
+            updated_ms=entity.updated_ms,
+            published_ms=entity.created_ms,
+            author=ax.NAMESPACE_NAME if entity.kind in ("queue", "topic") else None,
+            base=base,
+        )
 
     async def _feed(self, request: Request, title: str, found: list[Entity]) -> Response:
         params = request.params
@@ -239,13 +258,14 @@ class AtomApi:
         if skip < 0 or top < 1:
             raise ax.AtomError(400, "$skip must be >= 0 and $top >= 1")
         ordered = sorted(found, key=lambda e: e.path)
-        page = ordered[skip: skip + top]
+        page = ordered[skip : skip + top]
         self_url = f"{request.base_url}{request.target}"
         next_url = None
         if skip + top < len(ordered):
             api = params.get("api-version", [""])[-1]
-            next_url = (f"{request.base_url}{request.path}?$skip={skip + top}&$top={top}"
-                        + (f"&api-version={quote(api)}" if api else ""))
+            next_url = f"{request.base_url}{request.path}?$skip={skip + top}&$top={top}" + (
+                f"&api-version={quote(api)}" if api else ""
+            )
         entries = [await self._entry(request, e, base=self_url) for e in page]
         return _xml(200, ax.feed(title, self_url, entries, next_url), ax.FEED_TYPE)
 

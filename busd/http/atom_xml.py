@@ -64,9 +64,10 @@ class AtomError(Exception):
 # destination (ENTITY) is read as a name or URL, kept as the bare name and answered as the URL
 # `sb://<host>/<name>`.
 DESCRIPTIONS = {
-    "queue": "QueueDescription", "topic": "TopicDescription",
+    "queue": "QueueDescription",
+    "topic": "TopicDescription",
     "subscription": "SubscriptionDescription",
-}  # fmt: skip
+}
 
 
 # --- values ------------------------------------------------------------------------------------
@@ -130,8 +131,9 @@ def entity_kind(body: bytes) -> str:
     inner = content[0] if content is not None and len(content) else root
     kind = {"QueueDescription": "queue", "TopicDescription": "topic"}.get(_local(inner.tag))
     if kind is None:
-        raise AtomError(400, "expected a QueueDescription or a TopicDescription, "
-                        f"got <{_local(inner.tag)}>")
+        raise AtomError(
+            400, f"expected a QueueDescription or a TopicDescription, got <{_local(inner.tag)}>"
+        )
     return kind
 
 
@@ -179,10 +181,15 @@ def _access_rules(element: ET.Element) -> list[dict[str, Any]]:
 # --- rules ---------------------------------------------------------------------------------------
 
 CORRELATION_FIELDS = (
-    ("CorrelationId", "correlation_id"), ("MessageId", "message_id"), ("To", "to"),
-    ("ReplyTo", "reply_to"), ("Label", "label"), ("SessionId", "session_id"),
-    ("ReplyToSessionId", "reply_to_session_id"), ("ContentType", "content_type"),
-)  # fmt: skip
+    ("CorrelationId", "correlation_id"),
+    ("MessageId", "message_id"),
+    ("To", "to"),
+    ("ReplyTo", "reply_to"),
+    ("Label", "label"),
+    ("SessionId", "session_id"),
+    ("ReplyToSessionId", "reply_to_session_id"),
+    ("ContentType", "content_type"),
+)
 FILTER_TYPES = ("SqlFilter", "CorrelationFilter", "TrueFilter", "FalseFilter")
 ACTION_TYPES = ("EmptyRuleAction", "SqlRuleAction")
 
@@ -321,10 +328,12 @@ def _count_details(parent: ET.Element, rt: Runtime) -> None:
     # One attribute, its own prefix declaration: what the JavaScript SDK accepts.
     counts = _el(parent, "CountDetails", **{"xmlns:d2p1": SB11})
     for name, value in (
-        ("ActiveMessageCount", rt.active), ("DeadLetterMessageCount", rt.dead_letter),
-        ("ScheduledMessageCount", rt.scheduled), ("TransferMessageCount", rt.transfer),
+        ("ActiveMessageCount", rt.active),
+        ("DeadLetterMessageCount", rt.dead_letter),
+        ("ScheduledMessageCount", rt.scheduled),
+        ("TransferMessageCount", rt.transfer),
         ("TransferDeadLetterMessageCount", rt.transfer_dead_letter),
-    ):  # fmt: skip
+    ):
         _el(counts, f"d2p1:{name}", str(value))
 
 
@@ -336,13 +345,17 @@ def _runtime_field(parent: ET.Element, name: str, rt: Runtime) -> None:
     elif name in ("CreatedAt", "UpdatedAt", "AccessedAt"):
         _el(parent, name, format_time(getattr(rt, name[:-2].lower() + "_ms")))
     else:
-        value = {"SizeInBytes": rt.size_in_bytes, "MessageCount": rt.message_count,
-                 "SubscriptionCount": rt.subscription_count}[name]
+        value = {
+            "SizeInBytes": rt.size_in_bytes,
+            "MessageCount": rt.message_count,
+            "SubscriptionCount": rt.subscription_count,
+        }[name]
         _el(parent, name, str(value))
 
 
-def description(kind: str, properties: Mapping[str, Any], rt: Runtime,
-                host: str = "localhost") -> ET.Element:  # fmt: skip
+def description(
+    kind: str, properties: Mapping[str, Any], rt: Runtime, host: str = "localhost"
+) -> ET.Element:
     """A Queue/Topic/SubscriptionDescription in the service's element order: `properties`
     over the defaults, the store's counts and times in their places; forwarding destinations
     as URLs on `host` (the namespace's host and port, as the client addressed it)."""
@@ -445,9 +458,16 @@ def rule_description(rule: RuleDescription, created_ms: int | None) -> ET.Elemen
     return root
 
 
-def entry(url: str, title: str, content: ET.Element, *, updated_ms: int | None = None,
-          published_ms: int | None = None, author: str | None = NAMESPACE_NAME,
-          base: str | None = None) -> ET.Element:  # fmt: skip
+def entry(
+    url: str,
+    title: str,
+    content: ET.Element,
+    *,
+    updated_ms: int | None = None,
+    published_ms: int | None = None,
+    author: str | None = NAMESPACE_NAME,
+    base: str | None = None,
+) -> ET.Element:
     """An ATOM entry; `base` for one inside a feed (whose xmlns it inherits)."""
     root = ET.Element("entry", {"xml:base": base} if base else {"xmlns": ATOM})
     _el(root, "id", url)
@@ -461,8 +481,13 @@ def entry(url: str, title: str, content: ET.Element, *, updated_ms: int | None =
     return root
 
 
-def feed(title: str, self_url: str, entries: Iterable[ET.Element], next_url: str | None = None,
-         now_ms: int | None = None) -> ET.Element:  # fmt: skip
+def feed(
+    title: str,
+    self_url: str,
+    entries: Iterable[ET.Element],
+    next_url: str | None = None,
+    now_ms: int | None = None,
+) -> ET.Element:
     """A list: self link, then (when more entries exist) the next link, then the entries."""
     root = ET.Element("feed", {"xmlns": ATOM})
     _el(root, "title", title, type="text")
@@ -480,8 +505,12 @@ def not_found_feed(now_ms: int | None = None) -> ET.Element:
     exist: the Go SDK (KEDA, Dapr) recognises it by this exact title."""
     root = ET.Element("feed", {"xmlns": ATOM})
     _el(root, "title", NOT_FOUND_TITLE, type="text")
-    _el(root, "subtitle", "This is the list of publicly-listed services currently available.",
-        type="text")
+    _el(
+        root,
+        "subtitle",
+        "This is the list of publicly-listed services currently available.",
+        type="text",
+    )
     _el(root, "id", f"uuid:{uuid.uuid4()};id=1")
     _el(root, "updated", format_time(now_ms if now_ms is not None else _now_ms()))
     _el(root, "generator", "Service Bus 1.1")

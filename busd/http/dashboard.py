@@ -56,11 +56,18 @@ async def handle(server, request: Request) -> Response:
         if request.method != "POST":
             return _json(405, {"error": "use POST"})
         return login(lambda key_name: _keys_of(server, request, key_name), request)
-    if request.method not in ("GET", "HEAD") or request.path not in ("/", "/dashboard",
-                                                                         "/dashboard/"):
+    if request.method not in ("GET", "HEAD") or request.path not in (
+        "/",
+        "/dashboard",
+        "/dashboard/",
+    ):
         return Response(404, body=b"not found\n")
-    return Response(200, "text/html; charset=utf-8", _page(),
-                    {"Cache-Control": "no-store", "X-Frame-Options": "DENY"})
+    return Response(
+        200,
+        "text/html; charset=utf-8",
+        _page(),
+        {"Cache-Control": "no-store", "X-Frame-Options": "DENY"},
+    )
 
 
 def _keys_of(server, request: Request, key_name: str) -> Mapping[str, str]:

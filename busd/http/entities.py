@@ -98,8 +98,9 @@ def _to_atom(entity: QueueEntity | TopicEntity | SubscriptionEntity) -> dict[str
     return ep.property_values(entity.kind, entity, entity.extra)
 
 
-def _from_atom(kind: str, names: dict[str, str], props: dict[str, Any],
-               created_ms: int | None, updated_ms: int) -> CatalogEntity:  # fmt: skip
+def _from_atom(
+    kind: str, names: dict[str, str], props: dict[str, Any], created_ms: int | None, updated_ms: int
+) -> CatalogEntity:
     """The entity `props` (every property, by element name) describe."""
     fields, extra = ep.record_fields(kind, props)
     extra[_UPDATED] = updated_ms
@@ -109,9 +110,16 @@ def _from_atom(kind: str, names: dict[str, str], props: dict[str, Any],
 _TRUE_SQL = re.compile(r"\s*1\s*=\s*1\s*")
 _FALSE_SQL = re.compile(r"\s*1\s*=\s*0\s*")
 # ATOM's correlation field names (atom_xml) -> the stored form's
-_CORRELATION = {"correlation_id": "correlation_id", "message_id": "message_id", "to": "to",
-                "reply_to": "reply_to", "label": "subject", "session_id": "session_id",
-                "reply_to_session_id": "reply_to_session_id", "content_type": "content_type"}
+_CORRELATION = {
+    "correlation_id": "correlation_id",
+    "message_id": "message_id",
+    "to": "to",
+    "reply_to": "reply_to",
+    "label": "subject",
+    "session_id": "session_id",
+    "reply_to_session_id": "reply_to_session_id",
+    "content_type": "content_type",
+}
 
 
 def _rule_of(description: ax.RuleDescription) -> dict[str, Any]:
@@ -140,8 +148,11 @@ def _rule_of(description: ax.RuleDescription) -> dict[str, Any]:
             raise ax.AtomError(400, "a CorrelationFilter needs at least one field or property")
     record: dict[str, Any] = {"filter": flt}
     if description.action_sql:
-        record["action"] = {"type": "sql", "expression": description.action_sql,
-                            "parameters": dict(description.action_parameters)}
+        record["action"] = {
+            "type": "sql",
+            "expression": description.action_sql,
+            "parameters": dict(description.action_parameters),
+        }
     try:  # the SQL parses, the names and values are what a rule may hold
         rule = rule_from_dict({**record, "name": description.name or DEFAULT_RULE_NAME})
     except RuleError as exc:
@@ -160,8 +171,11 @@ def _description_of(name: str, record: dict[str, Any]) -> ax.RuleDescription:
         out.properties = dict(flt.parameters)
     elif isinstance(flt, CorrelationFilter):
         out.filter_type = "CorrelationFilter"
-        out.correlation = {atom: getattr(flt, stored) for atom, stored in _CORRELATION.items()
-                           if getattr(flt, stored) is not None}
+        out.correlation = {
+            atom: getattr(flt, stored)
+            for atom, stored in _CORRELATION.items()
+            if getattr(flt, stored) is not None
+        }
         out.properties = dict(flt.properties)
     if rule.action is not None:
         out.action_sql = rule.action.expression
@@ -194,12 +208,12 @@ class CatalogEntities:
         if isinstance(entity, RuleEntity):
             path = f"{entity.topic}/{entity.subscription}/{entity.name.lower()}"
             description = _description_of(entity.name, entity.rule)
-            return Entity("rule", path, {"rule": description}, now, now,
-                          title=entity.name)
+            return Entity("rule", path, {"rule": description}, now, now, title=entity.name)
         updated = entity.extra.get(_UPDATED, now)
         if isinstance(entity, SubscriptionEntity):
-            return Entity("subscription", f"{entity.topic}/{entity.name}", _to_atom(entity), now,
-                          updated)
+            return Entity(
+                "subscription", f"{entity.topic}/{entity.name}", _to_atom(entity), now, updated
+            )
         return Entity(entity.kind, entity.name, _to_atom(entity), now, updated)
 
     def _cached(self, kind: str, path: str) -> CatalogEntity | None:
@@ -240,15 +254,22 @@ class CatalogEntities:
                 topic, sub, _ = path.rsplit("/", 2)
                 description = properties["rule"]
                 created = await self.catalog.create(
-                    RuleEntity(topic, sub, description.name, _rule_of(description)))
+                    RuleEntity(topic, sub, description.name, _rule_of(description))
+                )
             else:
                 names = _names(kind, path)
                 entity = _from_atom(kind, names, properties, None, now)
                 rules = None
                 if kind == "subscription" and properties.get("DefaultRuleDescription"):
                     default = properties["DefaultRuleDescription"]
-                    rules = [RuleEntity(names["topic"], names["name"],
-                                        default.name or DEFAULT_RULE_NAME, _rule_of(default))]
+                    rules = [
+                        RuleEntity(
+                            names["topic"],
+                            names["name"],
+                            default.name or DEFAULT_RULE_NAME,
+                            _rule_of(default),
+                        )
+                    ]
                 created = await self.catalog.create(entity, rules=rules)
         except BusdError as exc:
             raise _atom_error(exc) from None
@@ -260,9 +281,15 @@ class CatalogEntities:
             raise ax.AtomError(404, "Not Found. The Operation doesn't exist.", 40400)
         try:
             if isinstance(current, RuleEntity):
-                updated = await self.catalog.update(RuleEntity(
-                    current.topic, current.subscription, current.name,
-                    _rule_of(properties["rule"]), current.created_ms))
+                updated = await self.catalog.update(
+                    RuleEntity(
+                        current.topic,
+                        current.subscription,
+                        current.name,
+                        _rule_of(properties["rule"]),
+                        current.created_ms,
+                    )
+                )
             else:
                 # The description sent replaces the whole one, as in Service Bus: what it
                 # leaves out takes its default (docs/management.md §3.2).
@@ -272,9 +299,15 @@ class CatalogEntities:
                 for prop in (p for p in ep.OF_KIND[kind].values() if p.immutable):
                     if _changes(prop, replacement, before):
                         raise ax.AtomError(
-                            400, f"{prop.name} cannot be changed on an existing entity")
-                entity = _from_atom(kind, _names(kind, path), replacement, current.created_ms,
-                                    int(time.time() * 1000))
+                            400, f"{prop.name} cannot be changed on an existing entity"
+                        )
+                entity = _from_atom(
+                    kind,
+                    _names(kind, path),
+                    replacement,
+                    current.created_ms,
+                    int(time.time() * 1000),
+                )
                 updated = await self.catalog.update(entity)
         except BusdError as exc:
             raise _atom_error(exc) from None
@@ -288,9 +321,12 @@ class CatalogEntities:
 
     async def runtime(self, entity: Entity) -> ax.Runtime:
         if entity.kind == "topic":
-            return ax.Runtime(subscription_count=len(self.catalog.subscriptions(entity.path)),
-                              created_ms=entity.created_ms, updated_ms=entity.updated_ms,
-                              accessed_ms=entity.updated_ms)
+            return ax.Runtime(
+                subscription_count=len(self.catalog.subscriptions(entity.path)),
+                created_ms=entity.created_ms,
+                updated_ms=entity.updated_ms,
+                accessed_ms=entity.updated_ms,
+            )
         spec = self.catalog.spec(_catalog_path(entity.kind, entity.path))
         runtime = runtime_of(await self.broker.store.counts(spec)) if spec else ax.Runtime()
         runtime.created_ms = entity.created_ms

@@ -57,9 +57,15 @@ def handler(server) -> Handler:
             serving = server.namespaces.serving()  # forget those let go since (idle)
             for stale in [n for n in apis if n is not None and n not in serving]:
                 del apis[stale]
-            known = apis[name] = (broker, AtomApi(CatalogEntities(broker), broker.sas_keys,
-                                                  name or atom_xml.NAMESPACE_NAME,
-                                                  server.namespaces.entity_keys(name)))
+            known = apis[name] = (
+                broker,
+                AtomApi(
+                    CatalogEntities(broker),
+                    broker.sas_keys,
+                    name or atom_xml.NAMESPACE_NAME,
+                    server.namespaces.entity_keys(name),
+                ),
+            )
         return known[1]
 
     async def handle(request: Request) -> Response:
@@ -67,21 +73,30 @@ def handler(server) -> Handler:
         admin = path.startswith("/admin/")
         management = is_atom(request) or (
             request.method in ("PUT", "DELETE")  # a management client that sent no api-version
-            and not admin and path not in ("/health", "/health/detail", "/metrics")
-            and not (path == "/" or path.startswith("/dashboard")))
+            and not admin
+            and path not in ("/health", "/health/detail", "/metrics")
+            and not (path == "/" or path.startswith("/dashboard"))
+        )
         if management or admin:
             name, broker = await namespace(request)
             if broker is None:
                 refusal = "Unauthorized: no valid token for this namespace"
                 if admin:
-                    return Response(401, "application/json",
-                                    json.dumps({"error": refusal}).encode())
+                    return Response(
+                        401, "application/json", json.dumps({"error": refusal}).encode()
+                    )
                 return error_response(401, refusal)
             if management:
                 return await atom_of(name, broker).handle(request)
             code, content_type, body, headers = await admin_request(
-                broker, request.method, path, request.query, request.body, request.headers,
-                server.namespaces.entity_keys(name))
+                broker,
+                request.method,
+                path,
+                request.query,
+                request.body,
+                request.headers,
+                server.namespaces.entity_keys(name),
+            )
             return Response(code, content_type, body, headers)
         if path in ("/health", "/health/detail", "/metrics"):
             status, content_type, body = await route(server, request.method, path)

@@ -157,8 +157,15 @@ class _Exchange:
                     parts.append(bytes(event.data))
         target = head.target.decode("latin-1")
         path, _, query = target.partition("?")
-        return Request(head.method.decode("latin-1").upper(), target, path, query, headers,
-                       b"".join(parts), scheme)
+        return Request(
+            head.method.decode("latin-1").upper(),
+            target,
+            path,
+            query,
+            headers,
+            b"".join(parts),
+            scheme,
+        )
 
     async def _next_event(self) -> h11.Event:
         while True:
@@ -170,20 +177,29 @@ class _Exchange:
                 return event  # type: ignore[return-value]
             self._h11.receive_data(await self._reader.read(READ_SIZE))
 
-    async def write(self, response: Response, *, head_only: bool = False,
-                    close: bool = False) -> None:  # fmt: skip
+    async def write(
+        self, response: Response, *, head_only: bool = False, close: bool = False
+    ) -> None:
         try:
             phrase = HTTPStatus(response.status).phrase
         except ValueError:
             phrase = "Status"
-        headers = [("Content-Type", response.content_type),
-                   ("Content-Length", str(len(response.body)))]
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+        ]
         headers += list(response.headers.items())
         if close:
             headers.append(("Connection", "close"))
         send = self._h11.send
-        data = send(h11.Response(status_code=response.status, headers=headers,
-                                 reason=phrase.encode("latin-1"))) or b""
+        data = (
+            send(
+                h11.Response(
+                    status_code=response.status, headers=headers, reason=phrase.encode("latin-1")
+                )
+            )
+            or b""
+        )
         if response.body and not head_only:
             data += send(h11.Data(data=response.body)) or b""
         data += send(h11.EndOfMessage()) or b""

@@ -50,7 +50,6 @@ OPERATION_TIMEOUT_S = 30.0
 _ACTIONS = ("/dlq/resubmit", "/messages", "/sessions", "/purge")
 
 
-
 @dataclass
 class Raw:
     """An answer that is not a JSON document, or that has headers of its own."""
@@ -62,8 +61,10 @@ class Raw:
 
 Response = tuple[int, Any]
 # /admin/queues/<queue>/sessions/<session>/<operation>: the session's own routes
-_SESSION_ROUTE = re.compile(r"^(?P<queue>.+)/sessions/(?P<session>[^/]+)"
-                            r"/(?P<operation>state|dead-letter|resubmit|release)$")
+_SESSION_ROUTE = re.compile(
+    r"^(?P<queue>.+)/sessions/(?P<session>[^/]+)"
+    r"/(?P<operation>state|dead-letter|resubmit|release)$"
+)
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -115,7 +116,7 @@ _PREFIX = "/admin/queues/"
 def _split(path: str) -> tuple[str, str]:
     """(queue name, action) of a path under /admin/queues/; a session's route is the action
     `/session`."""
-    rest = path[len(_PREFIX):]
+    rest = path[len(_PREFIX) :]
     session = _SESSION_ROUTE.match(rest)
     if session:
         return unquote(session["queue"]), "/session"
@@ -129,8 +130,9 @@ def entity_of(path: str) -> str:
     return _split(path)[0] if path.startswith(_PREFIX) else ""
 
 
-async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: bytes,
-                    headers: dict[str, str]) -> Response:
+async def _dispatch(
+    admin: Admin, method: str, path: str, query: dict, body: bytes, headers: dict[str, str]
+) -> Response:
     if path in ("/admin/queues", "/admin/queues/"):
         if method != "GET":
             raise AdminError(405, "use GET")
@@ -143,18 +145,27 @@ async def _dispatch(admin: Admin, method: str, path: str, query: dict, body: byt
         raise AdminError(404, f"no route {path}")
     name, action = _split(path)
     if action == "/session":
-        return await _session(admin, name, _SESSION_ROUTE.match(path[len(_PREFIX):]), method,
-                              body, headers)
-    allowed = {"": ("GET",), "/sessions": ("GET",), "/purge": ("POST",),
-               "/dlq/resubmit": ("POST",), "/messages": ("GET", "POST")}[action]
+        return await _session(
+            admin, name, _SESSION_ROUTE.match(path[len(_PREFIX) :]), method, body, headers
+        )
+    allowed = {
+        "": ("GET",),
+        "/sessions": ("GET",),
+        "/purge": ("POST",),
+        "/dlq/resubmit": ("POST",),
+        "/messages": ("GET", "POST"),
+    }[action]
     if method not in allowed:
         raise AdminError(405, f"use {' or '.join(allowed)}")
     if action == "":
         return 200, await admin.queue_info(name)
     if action == "/sessions":
         sessions, next_after, total = await admin.sessions(
-            name, (query.get("sort") or ["id"])[-1], (query.get("after") or [None])[-1],
-            _int(query, "top", SESSION_PAGE) or SESSION_PAGE)
+            name,
+            (query.get("sort") or ["id"])[-1],
+            (query.get("after") or [None])[-1],
+            _int(query, "top", SESSION_PAGE) or SESSION_PAGE,
+        )
         headers = {"X-Total-Count": str(total)}
         if next_after is not None:
             headers["X-Next-After"] = quote(next_after, safe="")
@@ -203,8 +214,9 @@ def _condition(headers: dict[str, str]) -> tuple[str | None, bool]:
     return if_match, if_none_match is not None
 
 
-async def _session(admin: Admin, name: str, route: Any, method: str, body: bytes,
-                   headers: dict[str, str]) -> Response:
+async def _session(
+    admin: Admin, name: str, route: Any, method: str, body: bytes, headers: dict[str, str]
+) -> Response:
     session_id, operation = unquote(route["session"]), route["operation"]
     allowed = ("GET", "PUT", "DELETE") if operation == "state" else ("POST",)
     if method not in allowed:
@@ -212,7 +224,8 @@ async def _session(admin: Admin, name: str, route: Any, method: str, body: bytes
     if operation == "dead-letter":
         document = _json_body(body)
         return 200, await admin.dead_letter_session(
-            name, session_id, document.get("reason"), document.get("description"))
+            name, session_id, document.get("reason"), document.get("description")
+        )
     if operation == "resubmit":
         return 200, await admin.resubmit_session(name, session_id)
     if operation == "release":
@@ -224,21 +237,24 @@ async def _session(admin: Admin, name: str, route: Any, method: str, body: bytes
         return 200, Raw(state, headers=_etag_header(etag))
     if_match, if_absent = _condition(headers)
     written = await admin.set_session_state(
-        name, session_id, body if method == "PUT" else None, if_match=if_match,
-        if_absent=if_absent)
+        name, session_id, body if method == "PUT" else None, if_match=if_match, if_absent=if_absent
+    )
     if written is None:
         return 200, {"etag": None}
-    return 200, Raw(json.dumps({"etag": written}).encode(), "application/json",
-                    _etag_header(written))
+    return 200, Raw(
+        json.dumps({"etag": written}).encode(), "application/json", _etag_header(written)
+    )
 
 
-async def route_admin(broker, method: str, path: str, query: str, body: bytes,
-                      headers: dict[str, str] | None = None) -> Response:
+async def route_admin(
+    broker, method: str, path: str, query: str, body: bytes, headers: dict[str, str] | None = None
+) -> Response:
     """(HTTP status, JSON-ready answer or Raw) of one admin request."""
     try:
         return await asyncio.wait_for(
             _dispatch(Admin(broker), method, path, parse_qs(query), body, headers or {}),
-            OPERATION_TIMEOUT_S)
+            OPERATION_TIMEOUT_S,
+        )
     except AdminError as error:
         return error.status, {"error": error.message}
     except Exception as exc:  # the store, most likely: say which

@@ -30,7 +30,12 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
 
 
 async def admin_request(
-    broker, method: str, path: str, query: str, body: bytes, headers: dict[str, str],
+    broker,
+    method: str,
+    path: str,
+    query: str,
+    body: bytes,
+    headers: dict[str, str],
     entity_keys=None,
 ) -> tuple[int, str, bytes, dict[str, str]]:
     """One admin request (`headers`: the request's, names lower-cased) for the namespace of
@@ -42,12 +47,25 @@ async def admin_request(
     # a key holding the Manage right, as Service Bus's management operations (reads too).
     # Health and metrics stay open.
     try:
-        authorize_header(headers.get("authorization", ""), broker.sas_keys, entity_of(path),
-                         MANAGE, entity_keys or broker.catalog.access_keys)
+        authorize_header(
+            headers.get("authorization", ""),
+            broker.sas_keys,
+            entity_of(path),
+            MANAGE,
+            entity_keys or broker.catalog.access_keys,
+        )
     except Unauthorized as exc:
-        return 401, "application/json", json.dumps(
-            {"error": f"admin requests need a valid SAS token with the Manage right covering "
-                      f"the queue: {exc.reason}"}).encode(), {}
+        return (
+            401,
+            "application/json",
+            json.dumps(
+                {
+                    "error": "admin requests need a valid SAS token with the Manage right "
+                    f"covering the queue: {exc.reason}"
+                }
+            ).encode(),
+            {},
+        )
     status, answer = await route_admin(broker, method, path, query, body, headers)
     if isinstance(answer, Raw):
         return status, answer.content_type, answer.body, answer.headers
@@ -69,8 +87,10 @@ async def route(server, method: str, path: str) -> tuple[str, str, bytes]:
             return _status(code), "application/json", body
         health = {"status": "ok" if store_ok else "degraded", "store": store_ok}
         if server.peers is not None:  # one worker of several: the answer is the host's
-            health["workers"] = [{"pid": r["pid"], "connections": r["connections"]}
-                                 for r in await server.peers.reports()]
+            health["workers"] = [
+                {"pid": r["pid"], "connections": r["connections"]}
+                for r in await server.peers.reports()
+            ]
         return _json(200 if store_ok else 503, health)
     if path == "/metrics":
         if broker.metrics is None:

@@ -10,8 +10,13 @@ import time
 
 from busd.amqp.protocol import TRACE
 
-LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO,
-          "warning": logging.WARNING, "error": logging.ERROR}
+LEVELS = {
+    "trace": TRACE,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -47,21 +47,35 @@ _TOTALS = {
     "abandoned": ("busd_messages_abandoned", "Messages abandoned."),
     "released": ("busd_messages_released", "Messages released without a counted attempt."),
     "deferred": ("busd_messages_deferred", "Messages deferred."),
-    "deadlettered": ("busd_messages_dead_lettered",
-                     "Messages moved to the dead-letter sub-queue, for any reason."),
+    "deadlettered": (
+        "busd_messages_dead_lettered",
+        "Messages moved to the dead-letter sub-queue, for any reason.",
+    ),
     "expired": ("busd_messages_expired", "Messages past their time to live."),
-    "resubmitted": ("busd_messages_resubmitted",
-                    "Dead-lettered messages sent back to their queue."),
+    "resubmitted": (
+        "busd_messages_resubmitted",
+        "Dead-lettered messages sent back to their queue.",
+    ),
     "purged": ("busd_messages_purged", "Messages deleted by a purge."),
-    "forwarded": ("busd_messages_forwarded",
-                  "Messages moved to the entity's forwarding destination (auto-forwarding)."),
+    "forwarded": (
+        "busd_messages_forwarded",
+        "Messages moved to the entity's forwarding destination (auto-forwarding).",
+    ),
     "lockexpired": ("busd_lock_expiries", "Message locks that ran out."),
     "sessionlockexpired": ("busd_session_lock_expiries", "Session locks that ran out."),
-    "sessionexpired": ("busd_sessions_expired",
-                       "Idle sessions removed, state included, by SessionIdleTimeToLive."),
+    "sessionexpired": (
+        "busd_sessions_expired",
+        "Idle sessions removed, state included, by SessionIdleTimeToLive.",
+    ),
 }
-_QUEUE_ONLY = {"sent", "duplicates", "expired", "resubmitted", "sessionlockexpired",
-               "sessionexpired"}
+_QUEUE_ONLY = {
+    "sent",
+    "duplicates",
+    "expired",
+    "resubmitted",
+    "sessionlockexpired",
+    "sessionexpired",
+}
 # Store calls one scrape runs at once.
 SCRAPE_CONCURRENCY = 16
 
@@ -78,18 +92,24 @@ class StoreCollector:
         return []  # nothing to check at registration: the figures come at scrape time
 
     def collect(self):
-        totals = {event: CounterMetricFamily(name, doc, labels=["entity"])
-                  for event, (name, doc) in _TOTALS.items()}
-        messages = GaugeMetricFamily("busd_entity_messages", "Messages per entity and state.",
-                                     labels=["entity", "state"])
+        totals = {
+            event: CounterMetricFamily(name, doc, labels=["entity"])
+            for event, (name, doc) in _TOTALS.items()
+        }
+        messages = GaugeMetricFamily(
+            "busd_entity_messages", "Messages per entity and state.", labels=["entity", "state"]
+        )
         sessions = GaugeMetricFamily(
             "busd_entity_sessions",
             "Sessions with messages or state; locked (held) sessions; free sessions (available "
-            "messages, no holder).", labels=["entity", "kind"])
+            "messages, no holder).",
+            labels=["entity", "kind"],
+        )
         oldest = GaugeMetricFamily(
             "busd_entity_oldest_message_age_seconds",
             "Age of the entity's lowest-numbered message (not scheduled for later); 0 empty.",
-            labels=["entity"])
+            labels=["entity"],
+        )
         now_ms = time.time() * 1000
         for name, (counts, dlq) in sorted(self.snapshot.items()):
             dlq_name = f"{name}/$deadletterqueue"
@@ -110,8 +130,9 @@ class StoreCollector:
             sessions.add_metric([name, "free"], counts.free_sessions)
             for entity, figures in ((name, counts), (dlq_name, dlq)):
                 enqueued = figures.oldest_enqueued_ms
-                oldest.add_metric([entity], max(0.0, (now_ms - enqueued) / 1000) if enqueued
-                                  else 0.0)
+                oldest.add_metric(
+                    [entity], max(0.0, (now_ms - enqueued) / 1000) if enqueued else 0.0
+                )
         yield from totals.values()
         yield messages
         yield sessions
@@ -121,52 +142,71 @@ class StoreCollector:
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
-        self.connections = Gauge("busd_connections", "Open AMQP connections (this process).",
-                                 registry=registry)
+        self.connections = Gauge(
+            "busd_connections", "Open AMQP connections (this process).", registry=registry
+        )
         self.connections_total = Counter(
-            "busd_connections_opened", "AMQP connections accepted (this process).",
-            registry=registry)
+            "busd_connections_opened",
+            "AMQP connections accepted (this process).",
+            registry=registry,
+        )
         self.links = Gauge("busd_links", "Attached links (this process).", registry=registry)
         # Not a count of events but of objects: a connection whose memory is never given back
         # shows here as a figure above busd_connections (set_census gives the function).
         self.connection_objects = Gauge(
             "busd_connection_objects",
             "Connection objects of this process still in memory, open or not yet freed.",
-            registry=registry)
+            registry=registry,
+        )
         # The same for what proton keeps inside open connections (set_census gives them too).
         self.session_objects = Gauge(
             "busd_session_objects",
             "AMQP sessions of this process's open connections that proton keeps: begun, or "
             "ended and not yet freed.",
-            registry=registry)
+            registry=registry,
+        )
         self.link_objects = Gauge(
             "busd_link_objects",
             "Links of this process's open connections that proton keeps: attached, or "
             "detached and not yet freed.",
-            registry=registry)
+            registry=registry,
+        )
         self.transfer_bytes = Gauge(
             "busd_unfinished_transfer_bytes",
             "Bytes of unfinished transfers this process holds (bounded by --process-buffer).",
-            registry=registry)
+            registry=registry,
+        )
         self.auth_refusals = Counter(
-            "busd_auth_refused", "CBS put-token requests refused (this process).",
-            registry=registry)
-        self.sent = Counter("busd_process_messages_sent",
-                            "Messages this process stored from sender links.", ["entity"],
-                            registry=registry)
-        self.received = Counter("busd_process_messages_received",
-                                "Messages this process delivered on receiver links.", ["entity"],
-                                registry=registry)
-        self.settled = Counter("busd_process_settlements",
-                               "Settlements this process applied for receiver links, by outcome.",
-                               ["entity", "outcome"], registry=registry)
+            "busd_auth_refused", "CBS put-token requests refused (this process).", registry=registry
+        )
+        self.sent = Counter(
+            "busd_process_messages_sent",
+            "Messages this process stored from sender links.",
+            ["entity"],
+            registry=registry,
+        )
+        self.received = Counter(
+            "busd_process_messages_received",
+            "Messages this process delivered on receiver links.",
+            ["entity"],
+            registry=registry,
+        )
+        self.settled = Counter(
+            "busd_process_settlements",
+            "Settlements this process applied for receiver links, by outcome.",
+            ["entity", "outcome"],
+            registry=registry,
+        )
         self.settlements_refused = Counter(
             "busd_settlements_refused",
             "Settlements a client sent already settled that the store refused (lock lost): "
             "the client cannot hear of it, so each is logged at warning.",
-            ["entity", "reason"], registry=registry)
-        self.sweep_seconds = Histogram("busd_sweep_seconds", "Duration of one entity's sweep.",
-                                       registry=registry)
+            ["entity", "reason"],
+            registry=registry,
+        )
+        self.sweep_seconds = Histogram(
+            "busd_sweep_seconds", "Duration of one entity's sweep.", registry=registry
+        )
         # The store's figures are the deployment's, not this process's: a registry of their
         # own, so that the workers of one host add up only their process figures.
         self.store_figures = StoreCollector()
@@ -215,8 +255,9 @@ class Metrics:
     def messages_received(self, entity: str, count: int) -> None:
         self.received.labels(entity).inc(count)
 
-    def settled_batch(self, entity: str, outcomes: list[Outcome],
-                      refused: list[Condition | None]) -> None:  # fmt: skip
+    def settled_batch(
+        self, entity: str, outcomes: list[Outcome], refused: list[Condition | None]
+    ) -> None:
         # one label lookup per outcome in the batch, not per message (a batch is mostly one)
         counts: dict[Outcome, int] = {}
         for outcome, refusal in zip(outcomes, refused):
@@ -257,8 +298,7 @@ def merge(texts: Iterable[str]) -> bytes:
     families: dict[str, tuple[str, str, dict[tuple[str, tuple], float]]] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
-            _, _, values = families.setdefault(
-                family.name, (family.type, family.documentation, {}))
+            _, _, values = families.setdefault(family.name, (family.type, family.documentation, {}))
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if key not in values:
@@ -273,8 +313,11 @@ def merge(texts: Iterable[str]) -> bytes:
         lines.append(f"# TYPE {name} {kind}")
         for (sample_name, labels), value in values.items():
             shown = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{sample_name}{{{shown}}} {floatToGoString(value)}" if shown
-                         else f"{sample_name} {floatToGoString(value)}")
+            lines.append(
+                f"{sample_name}{{{shown}}} {floatToGoString(value)}"
+                if shown
+                else f"{sample_name} {floatToGoString(value)}"
+            )
     return ("\n".join(lines) + "\n").encode() if lines else b""
 
 

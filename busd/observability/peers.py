@@ -65,7 +65,8 @@ class Peers:
 async def _ask(path: Path) -> dict[str, Any] | None:
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(str(path)), ANSWER_TIMEOUT_S)
+            asyncio.open_unix_connection(str(path)), ANSWER_TIMEOUT_S
+        )
     except (OSError, TimeoutError):
         return None  # gone (its parent removes the socket) or not yet listening
     try:

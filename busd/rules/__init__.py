@@ -66,8 +66,26 @@ from busd.rules.ruleset import PLAIN_COPY, Copy, RuleSet
 from busd.rules.view import MessageView
 
 __all__ = [
-    "Rule", "TrueFilter", "FalseFilter", "SqlFilter", "CorrelationFilter", "SqlRuleAction",
-    "DEFAULT_RULE_NAME", "default_rule", "validate", "rule_to_dict", "rule_from_dict",
-    "rule_record", "rule_from_record", "rule_from_config", "rule_from_amqp", "rule_to_amqp",
-    "RuleSet", "Copy", "PLAIN_COPY", "MessageView", "RuleError", "FilterEvaluationError",
-]  # fmt: skip
+    "Rule",
+    "TrueFilter",
+    "FalseFilter",
+    "SqlFilter",
+    "CorrelationFilter",
+    "SqlRuleAction",
+    "DEFAULT_RULE_NAME",
+    "default_rule",
+    "validate",
+    "rule_to_dict",
+    "rule_from_dict",
+    "rule_record",
+    "rule_from_record",
+    "rule_from_config",
+    "rule_from_amqp",
+    "rule_to_amqp",
+    "RuleSet",
+    "Copy",
+    "PLAIN_COPY",
+    "MessageView",
+    "RuleError",
+    "FilterEvaluationError",
+]

@@ -22,9 +22,16 @@ from busd.rules.model import (
 )
 
 __all__ = [
-    "RULE_DESCRIPTION", "EMPTY_RULE_ACTION", "SQL_RULE_ACTION", "SQL_FILTER", "TRUE_FILTER",
-    "FALSE_FILTER", "CORRELATION_FILTER", "rule_to_amqp", "rule_from_amqp",
-]  # fmt: skip
+    "RULE_DESCRIPTION",
+    "EMPTY_RULE_ACTION",
+    "SQL_RULE_ACTION",
+    "SQL_FILTER",
+    "TRUE_FILTER",
+    "FALSE_FILTER",
+    "CORRELATION_FILTER",
+    "rule_to_amqp",
+    "rule_from_amqp",
+]
 
 # Descriptor codes (the filter codes really have one zero fewer than the others).
 RULE_DESCRIPTION = 0x0000013700000004
@@ -72,8 +79,7 @@ def _amqp_value(value: Any) -> Any:
     """A correlation property's value on the wire: a time span as .NET's described
     `com.microsoft:timespan` (ticks of 100 ns); a date-time encodes as a timestamp."""
     if isinstance(value, timedelta):
-        return Described(Symbol(_TIMESPAN),
-                         Long(value // timedelta(microseconds=1) * 10))
+        return Described(Symbol(_TIMESPAN), Long(value // timedelta(microseconds=1) * 10))
     return value
 
 
@@ -172,8 +178,11 @@ def _scalar(value: Any, key: Any) -> Any:
         return None if value is None else str(value)
     if isinstance(value, Timestamp):
         return _EPOCH + timedelta(milliseconds=int(value))
-    if isinstance(value, Described) and value.descriptor == _TIMESPAN \
-            and isinstance(value.value, int):
+    if (
+        isinstance(value, Described)
+        and value.descriptor == _TIMESPAN
+        and isinstance(value.value, int)
+    ):
         return timedelta(microseconds=value.value // 10)
     if isinstance(value, bool):
         return value

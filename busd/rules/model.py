@@ -15,10 +15,23 @@ from busd.rules.errors import RuleError
 from busd.rules.sql import compile_action, compile_filter
 
 __all__ = [
-    "TrueFilter", "FalseFilter", "SqlFilter", "CorrelationFilter", "SqlRuleAction", "Rule",
-    "Filter", "DEFAULT_RULE_NAME", "default_rule", "validate", "rule_to_dict", "rule_from_dict",
-    "rule_from_config", "rule_record", "rule_from_record", "CORRELATION_FIELDS",
-]  # fmt: skip
+    "TrueFilter",
+    "FalseFilter",
+    "SqlFilter",
+    "CorrelationFilter",
+    "SqlRuleAction",
+    "Rule",
+    "Filter",
+    "DEFAULT_RULE_NAME",
+    "default_rule",
+    "validate",
+    "rule_to_dict",
+    "rule_from_dict",
+    "rule_from_config",
+    "rule_record",
+    "rule_from_record",
+    "CORRELATION_FIELDS",
+]
 
 DEFAULT_RULE_NAME = "$Default"
 MAX_RULE_NAME = 50
@@ -249,8 +262,10 @@ def rule_from_dict(data: Any) -> Rule:
     if ad is not None:
         if not isinstance(ad, dict) or ad.get("type") != "sql":
             raise RuleError(f"rule {data.get('name')!r}: unknown action {ad!r}")
-        action = SqlRuleAction(ad.get("expression"),  # type: ignore[arg-type]
-                               _from_json(ad.get("parameters") or {}))
+        action = SqlRuleAction(
+            ad.get("expression"),  # type: ignore[arg-type]
+            _from_json(ad.get("parameters") or {}),
+        )
     return validate(Rule(data.get("name"), flt, action, data.get("created_ms")))  # type: ignore[arg-type]
 
 

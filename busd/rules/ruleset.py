@@ -35,13 +35,21 @@ RULE_NAME_PROPERTY = "RuleName"
 
 # System properties an action sets, by the message property they live in.
 _PROPERTY_FIELD = {
-    "MessageId": "message_id", "CorrelationId": "correlation_id", "To": "to",
-    "ReplyTo": "reply_to", "Label": "subject", "SessionId": "group_id",
-    "ReplyToSessionId": "reply_to_group_id", "ContentType": "content_type",
-}  # fmt: skip
+    "MessageId": "message_id",
+    "CorrelationId": "correlation_id",
+    "To": "to",
+    "ReplyTo": "reply_to",
+    "Label": "subject",
+    "SessionId": "group_id",
+    "ReplyToSessionId": "reply_to_group_id",
+    "ContentType": "content_type",
+}
 # ... and what the caller must carry over to the stored copy (IncomingMessage names)
-_OVERRIDE = {"MessageId": "message_id", "SessionId": "session_id",
-             "ReplyToSessionId": "reply_to_session_id"}  # fmt: skip
+_OVERRIDE = {
+    "MessageId": "message_id",
+    "SessionId": "session_id",
+    "ReplyToSessionId": "reply_to_session_id",
+}
 _MAX_SESSION_ID = 128
 
 
@@ -96,8 +104,10 @@ class Copy:
     def __repr__(self) -> str:
         if self.rule_name is None:
             return "Copy(plain)"
-        return (f"Copy({self.rule_name!r}, set={self.user_set!r}, remove={set(self.user_remove)!r},"
-                f" properties={self.properties!r}, overrides={self.overrides!r})")  # fmt: skip
+        return (
+            f"Copy({self.rule_name!r}, set={self.user_set!r}, remove={set(self.user_remove)!r},"
+            f" properties={self.properties!r}, overrides={self.overrides!r})"
+        )
 
 
 PLAIN_COPY = Copy()
@@ -186,15 +196,21 @@ def _matcher(rule: Rule) -> Matcher | bool:
 
 
 _CORRELATION_SYS = (
-    ("correlation_id", "CorrelationId"), ("message_id", "MessageId"), ("to", "To"),
-    ("reply_to", "ReplyTo"), ("subject", "Label"), ("session_id", "SessionId"),
-    ("reply_to_session_id", "ReplyToSessionId"), ("content_type", "ContentType"),
-)  # fmt: skip
+    ("correlation_id", "CorrelationId"),
+    ("message_id", "MessageId"),
+    ("to", "To"),
+    ("reply_to", "ReplyTo"),
+    ("subject", "Label"),
+    ("session_id", "SessionId"),
+    ("reply_to_session_id", "ReplyToSessionId"),
+    ("content_type", "ContentType"),
+)
 
 
 def _correlation_matcher(f: CorrelationFilter) -> Matcher:
-    system = [(name, getattr(f, attr)) for attr, name in _CORRELATION_SYS
-              if getattr(f, attr) is not None]  # fmt: skip
+    system = [
+        (name, getattr(f, attr)) for attr, name in _CORRELATION_SYS if getattr(f, attr) is not None
+    ]
     user = [(key.lower(), as_utc(value)) for key, value in f.properties.items()]
 
     def match(message: MessageView) -> bool:
@@ -294,9 +310,7 @@ def _run_action(rule_name: str, statements: tuple[Statement, ...], view: Message
             if name in _OVERRIDE:
                 overrides[_OVERRIDE[name]] = value
         elif name == "TimeToLive":
-            overrides["ttl_ms"] = (
-                None if value is None else int(value / timedelta(milliseconds=1))
-            )
+            overrides["ttl_ms"] = None if value is None else int(value / timedelta(milliseconds=1))
         # ScheduledEnqueueTimeUtc, PartitionKey: accepted, no effect
     return Copy(rule_name, user_set, frozenset(removed), properties, overrides)
 

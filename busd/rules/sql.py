@@ -31,9 +31,13 @@ from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, Unexpec
 from busd.rules.errors import EvaluationError, RuleError
 
 __all__ = [
-    "SYSTEM_PROPERTIES", "SETTABLE_SYSTEM_PROPERTIES", "Expression", "Statement",
-    "compile_filter", "compile_action",
-]  # fmt: skip
+    "SYSTEM_PROPERTIES",
+    "SETTABLE_SYSTEM_PROPERTIES",
+    "Expression",
+    "Statement",
+    "compile_filter",
+    "compile_action",
+]
 
 # Service Bus caps filter and action text at 1024 characters, and an action at 32 statements.
 MAX_EXPRESSION_LENGTH = 1024
@@ -45,20 +49,49 @@ MAX_ACTION_STATEMENTS = 32
 SYSTEM_PROPERTIES = {
     name.lower(): name
     for name in (
-        "MessageId", "CorrelationId", "To", "ReplyTo", "Label", "SessionId",
-        "ReplyToSessionId", "ContentType", "TimeToLive", "ScheduledEnqueueTimeUtc",
-        "PartitionKey", "ViaPartitionKey", "SequenceNumber", "EnqueuedSequenceNumber",
-        "EnqueuedTimeUtc", "ExpiresAtUtc", "DeliveryCount", "Size", "LockToken",
-        "LockedUntilUtc", "DeadLetterSource", "State", "ForcePersistence",
+        "MessageId",
+        "CorrelationId",
+        "To",
+        "ReplyTo",
+        "Label",
+        "SessionId",
+        "ReplyToSessionId",
+        "ContentType",
+        "TimeToLive",
+        "ScheduledEnqueueTimeUtc",
+        "PartitionKey",
+        "ViaPartitionKey",
+        "SequenceNumber",
+        "EnqueuedSequenceNumber",
+        "EnqueuedTimeUtc",
+        "ExpiresAtUtc",
+        "DeliveryCount",
+        "Size",
+        "LockToken",
+        "LockedUntilUtc",
+        "DeadLetterSource",
+        "State",
+        "ForcePersistence",
     )
-}  # fmt: skip
+}
 SYSTEM_PROPERTIES["subject"] = "Label"
 # What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
 # accepted and have no effect (Service Bus ignores the first; busd has no partitions).
 SETTABLE_SYSTEM_PROPERTIES = frozenset(
-    ("MessageId", "CorrelationId", "To", "ReplyTo", "Label", "SessionId", "ReplyToSessionId",
-     "ContentType", "TimeToLive", "ScheduledEnqueueTimeUtc", "PartitionKey")
-)  # fmt: skip
+    (
+        "MessageId",
+        "CorrelationId",
+        "To",
+        "ReplyTo",
+        "Label",
+        "SessionId",
+        "ReplyToSessionId",
+        "ContentType",
+        "TimeToLive",
+        "ScheduledEnqueueTimeUtc",
+        "PartitionKey",
+    )
+)
 
 _GRAMMAR = r"""
 filter: expr
@@ -131,9 +164,7 @@ MULOP: "*" | "/" | "%"
 %ignore WS
 """
 
-_RESERVED = frozenset(
-    "and or not is null in like escape exists true false set remove".split()
-)
+_RESERVED = frozenset("and or not is null in like escape exists true false set remove".split())
 
 _PARSER = Lark(_GRAMMAR, start=["filter", "action"], parser="lalr", propagate_positions=True)
 
@@ -676,9 +707,7 @@ def _arith(op: str, ints: Callable[[int, int], Any], floats: Callable[[float, fl
             return None
         ka, kb = _kind(a), _kind(b)
         if ka == 3 and kb == 3:
-            if type(a) is int and type(b) is int or (
-                isinstance(a, int) and isinstance(b, int)
-            ):
+            if type(a) is int and type(b) is int or (isinstance(a, int) and isinstance(b, int)):
                 return ints(int(a), int(b))
             return floats(float(a), float(b))
         if op == "+" and ka == 1 and kb == 1:

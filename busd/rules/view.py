@@ -21,9 +21,15 @@ __all__ = ["MessageView"]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # properties list position of each system property read from it
 _PROPERTY_POSITION = {
-    "MessageId": 0, "To": 2, "Label": 3, "ReplyTo": 4, "CorrelationId": 5, "ContentType": 6,
-    "SessionId": 10, "ReplyToSessionId": 12,
-}  # fmt: skip
+    "MessageId": 0,
+    "To": 2,
+    "Label": 3,
+    "ReplyTo": 4,
+    "CorrelationId": 5,
+    "ContentType": 6,
+    "SessionId": 10,
+    "ReplyToSessionId": 12,
+}
 _ANNOTATION = {
     "ScheduledEnqueueTimeUtc": "x-opt-scheduled-enqueue-time",
     "PartitionKey": "x-opt-partition-key",
@@ -41,8 +47,18 @@ class MessageView:
     the caller when it knows it, else the matching system properties are NULL:
     `sequence_number`, `enqueued_ms`, `size` (the message's size as sent)."""
 
-    __slots__ = ("_blob", "_seq", "_enqueued_ms", "_size", "_props", "_user", "_user_keys",
-                 "_header", "_ann", "_state")  # fmt: skip
+    __slots__ = (
+        "_blob",
+        "_seq",
+        "_enqueued_ms",
+        "_size",
+        "_props",
+        "_user",
+        "_user_keys",
+        "_header",
+        "_ann",
+        "_state",
+    )
 
     def __init__(
         self,
@@ -121,9 +137,7 @@ class MessageView:
         """(flags, header start, header length, annotation pairs, annotations length,
         bare start) of the blob."""
         try:
-            version, flags, header_len, ann_pairs, ann_len, _, _ = BLOB_HEAD.unpack_from(
-                self._blob
-            )
+            version, flags, header_len, ann_pairs, ann_len, _, _ = BLOB_HEAD.unpack_from(self._blob)
         except Exception:
             raise CodecError("not a stored message") from None
         if version != BLOB_VERSION:
@@ -170,7 +184,7 @@ class MessageView:
                 items = value.items()
             except CodecError:
                 raise
-            except (RAW_ERRORS + (TypeError, AttributeError)) as exc:
+            except RAW_ERRORS + (TypeError, AttributeError) as exc:
                 raise CodecError(f"malformed stored application-properties: {exc}") from None
             for key, v in items:
                 lower = str(key).lower()

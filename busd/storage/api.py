@@ -92,8 +92,9 @@ class QueueSpec:
         one queue to the store: its keys are the partition's, its `partitions` None."""
         if not self.partitions:
             return (self,)
-        return tuple(dataclasses.replace(self, partitions=None, partition=i)
-                     for i in range(self.partitions))
+        return tuple(
+            dataclasses.replace(self, partitions=None, partition=i) for i in range(self.partitions)
+        )
 
     @property
     def dead_letter_queue(self) -> QueueSpec:
@@ -147,8 +148,9 @@ class TopicSpec:
         """As QueueSpec.partition_specs."""
         if not self.partitions:
             return (self,)
-        return tuple(dataclasses.replace(self, partitions=None, partition=i)
-                     for i in range(self.partitions))
+        return tuple(
+            dataclasses.replace(self, partitions=None, partition=i) for i in range(self.partitions)
+        )
 
 
 @dataclass(slots=True)
@@ -322,9 +324,7 @@ class StagedCancel:
     seq: int
 
 
-StagedOperation = (
-    StagedSend | StagedPublish | StagedSettlement | StagedSessionState | StagedCancel
-)
+StagedOperation = StagedSend | StagedPublish | StagedSettlement | StagedSessionState | StagedCancel
 
 
 @dataclass(slots=True)
@@ -510,8 +510,15 @@ class Store(Protocol):
 
     # --- sessions --------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
-        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        self,
+        queue: QueueSpec,
+        session_id: str | None,
+        holder: str,
+        *,
+        wait: bool = False,
+        count: int = 0,
+        mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
+        tokens: Sequence[bytes] = (),
         client: str = "",
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
@@ -553,8 +560,14 @@ class Store(Protocol):
         operator's read (no lock needed); else SESSION_LOCK_LOST without a live lock."""
 
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
-        if_match: str | None = None, if_absent: bool = False,
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        state: bytes | None,
+        *,
+        if_match: str | None = None,
+        if_absent: bool = False,
     ) -> str | None:
         """None clears the state. Returns the etag of the state written (None when cleared).
         `holder` "" is an operator's write (no lock needed). `if_match` (an etag, or "*" for
@@ -580,7 +593,12 @@ class Store(Protocol):
         else only sessions whose state was set after that time."""
 
     async def session_page(
-        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+        self,
+        queue: QueueSpec,
+        sort: str,
+        after: str | None,
+        top: int,
+        preview: int = 32,
     ) -> SessionPage:
         """One page of the session inspector: the sessions of the `sort` index
         (SESSION_SORTS) after the cursor `after` (None: the first page); the store's work
@@ -645,8 +663,12 @@ class Store(Protocol):
         of the entity in the same step."""
 
     async def forward(
-        self, entity: QueueSpec, destination: ForwardDestination,
-        messages: list[ForwardedMessage], *, hop_limit: int,
+        self,
+        entity: QueueSpec,
+        destination: ForwardDestination,
+        messages: list[ForwardedMessage],
+        *,
+        hop_limit: int,
     ) -> list[ForwardResult]:
         """Move taken messages to the destination, each as a new message there, never lost
         nor duplicated: in one script on a single server; on a Redis Cluster, where one script
@@ -680,8 +702,14 @@ class Store(Protocol):
     script reaches one queue's slot only)."""
 
     async def stage_transaction(
-        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
-        first: bool, timeout_ms: int, limit: int,
+        self,
+        via: QueueSpec | TopicSpec,
+        txn_id: bytes,
+        operations: list[StagedOperation],
+        *,
+        first: bool,
+        timeout_ms: int,
+        limit: int,
     ) -> tuple[int, int]:
         """Keep operations of a transaction in the store, under its via entity, until it is
         discharged. `first`: the caller staged nothing for it before; the transaction then
@@ -691,7 +719,10 @@ class Store(Protocol):
         it would hold more than `limit`; either way nothing is staged."""
 
     async def commit_transaction(
-        self, via: QueueSpec | TopicSpec, others: list[QueueSpec], txn_id: bytes,
+        self,
+        via: QueueSpec | TopicSpec,
+        others: list[QueueSpec],
+        txn_id: bytes,
         topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
     ) -> None:
         """Apply every staged operation of the transaction atomically (`others`: the
@@ -701,9 +732,7 @@ class Store(Protocol):
         TRANSACTION_TIMEOUT past its time.
         Its staged state is gone afterwards either way."""
 
-    async def reserve_sequence_numbers(
-        self, queue: QueueSpec | TopicSpec, count: int
-    ) -> list[int]:
+    async def reserve_sequence_numbers(self, queue: QueueSpec | TopicSpec, count: int) -> list[int]:
         """`count` sequence numbers of the queue (or topic) no message has, for
         StagedSend.seq (StagedPublish.seq)."""
 
@@ -713,4 +742,3 @@ class Store(Protocol):
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
         """Drop the staged state of transactions with `queue` as via entity that are past
         their time; returns how many."""
-

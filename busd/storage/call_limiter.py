@@ -62,6 +62,6 @@ class CallLimiter:
                 return
             self._waiting.popleft()
             if not turn.done():
-                turn.set_exception(BusdError(Condition.SERVER_BUSY,
-                                             "The store is busy; try again."))
-
+                turn.set_exception(
+                    BusdError(Condition.SERVER_BUSY, "The store is busy; try again.")
+                )

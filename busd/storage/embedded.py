@@ -94,8 +94,12 @@ class EmbeddedValkey:
                     f"{str(e).splitlines()[0]} (see {server.log_path})"
                 ) from e
             self._server = server
-            log.info("embedded Valkey at %s, data in %s, allocator: %s",
-                     server.connection_url, self.data_dir, allocator(malloc))
+            log.info(
+                "embedded Valkey at %s, data in %s, allocator: %s",
+                server.connection_url,
+                self.data_dir,
+                allocator(malloc),
+            )
             return
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -93,13 +93,32 @@ KEY_DOC: dict[str, str] = {
 }
 
 QUEUE_WIDE = (
-    "seq", "dedup", "sfree", "sholder", "slocks", "sstate", "supdated", "sessions",
-    "swaiters", "procs",
-)  # fmt: skip
+    "seq",
+    "dedup",
+    "sfree",
+    "sholder",
+    "slocks",
+    "sstate",
+    "supdated",
+    "sessions",
+    "swaiters",
+    "procs",
+)
 QUEUE_ENTITY = (
-    "body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall",
-    "sched", "ttl", "sready", "sinflight", "waiters",
-)  # fmt: skip
+    "body",
+    "meta",
+    "all",
+    "ready",
+    "locked",
+    "tokens",
+    "deferred",
+    "sall",
+    "sched",
+    "ttl",
+    "sready",
+    "sinflight",
+    "waiters",
+)
 DLQ_ENTITY = ("body", "meta", "all", "ready", "locked", "tokens", "deferred", "sall", "waiters")
 
 # The full key set, in the order of includes/queueContext.lua: scripts that move messages

@@ -116,9 +116,9 @@ def operation_partition(op: StagedOperation, partitions: int, current: int | Non
 def stamped(tokens: Sequence[bytes], partition: int, start: int, count: int) -> LockTokens:
     """`count` of the tokens from `start`, each with the partition in its last byte."""
     if type(tokens) is LockTokens:
-        raw = bytearray(tokens.packed[16 * start: 16 * (start + count)])
+        raw = bytearray(tokens.packed[16 * start : 16 * (start + count)])
     else:
-        raw = bytearray(b"".join(tokens[start: start + count]))
+        raw = bytearray(b"".join(tokens[start : start + count]))
     raw[15::16] = bytes((partition,)) * (len(raw) // 16)
     out = LockTokens(0)
     out.packed = bytes(raw)
@@ -174,7 +174,10 @@ class PartitionedStore:
         return list(parts[first:] + parts[:first])
 
     async def _by_partition(
-        self, spec: QueueSpec, items: Sequence[T], partition_of: Callable[[T], int],
+        self,
+        spec: QueueSpec,
+        items: Sequence[T],
+        partition_of: Callable[[T], int],
         call: Callable[[QueueSpec, list[T]], Awaitable[list[Any]]],
     ) -> list[Any]:
         """call(partition, its items) for each partition the items fall in, at once; the
@@ -187,7 +190,8 @@ class PartitionedStore:
             ((p, _),) = groups.items()
             return await call(parts[p], list(items))
         answers = await asyncio.gather(
-            *(call(parts[p], [items[i] for i in idx]) for p, idx in groups.items()))
+            *(call(parts[p], [items[i] for i in idx]) for p, idx in groups.items())
+        )
         out: list[Any] = [None] * len(items)
         for idx, answer in zip(groups.values(), answers):
             for i, value in zip(idx, answer):
@@ -201,10 +205,17 @@ class PartitionedStore:
         partitions = record.get("partitions")
         if partitions and kind in ("queue", "topic"):
             # before the record: no message may be numbered from a counter not yet started
-            spec = QueueSpec(name=path, partitions=partitions) if kind == "queue" else \
-                TopicSpec(name=path, partitions=partitions)
-            await asyncio.gather(*(self.inner.start_sequence(part, first_seq(part.partition or 0))
-                                   for part in spec.partition_specs[1:]))
+            spec = (
+                QueueSpec(name=path, partitions=partitions)
+                if kind == "queue"
+                else TopicSpec(name=path, partitions=partitions)
+            )
+            await asyncio.gather(
+                *(
+                    self.inner.start_sequence(part, first_seq(part.partition or 0))
+                    for part in spec.partition_specs[1:]
+                )
+            )
         return bool(await self.inner.catalog_put(kind, path, record, only_new=only_new))
 
     async def catalog_all(self) -> dict[str, dict]:
@@ -233,18 +244,21 @@ class PartitionedStore:
             return await self.inner.send(queue, messages)
         # A batch spanning partitions is stored per partition, each part all or none.
         return await self._by_partition(
-            queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send)
+            queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send
+        )
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)
 
     async def publish(
-        self, topic: TopicSpec, subscriptions: list[QueueSpec], messages: list[NewMessage],
+        self,
+        topic: TopicSpec,
+        subscriptions: list[QueueSpec],
+        messages: list[NewMessage],
         placements: list[list[Placement]] | None = None,
     ) -> list[int]:
         if not topic.partitions:
-            return await self.inner.publish(
-                topic, subscriptions, messages, placements)
+            return await self.inner.publish(topic, subscriptions, messages, placements)
         # A partitioned topic's partition p holds partition p of each of its subscriptions.
         groups: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
@@ -253,9 +267,14 @@ class PartitionedStore:
         sparts = [self.parts(s) for s in subscriptions]
 
         async def publish(p: int, idx: list[int]) -> list[int]:
-            return list(await self.inner.publish(
-                tparts[p], [s[p] for s in sparts], [messages[i] for i in idx],
-                None if placements is None else [placements[i] for i in idx]))
+            return list(
+                await self.inner.publish(
+                    tparts[p],
+                    [s[p] for s in sparts],
+                    [messages[i] for i in idx],
+                    None if placements is None else [placements[i] for i in idx],
+                )
+            )
 
         answers = await asyncio.gather(*(publish(p, idx) for p, idx in groups.items()))
         out = [0] * len(messages)
@@ -275,26 +294,31 @@ class PartitionedStore:
         tparts = self.topic_parts(topic)
         for p, group in groups.items():
             await self.inner.cancel_topic_scheduled(
-                tparts[p], [self.parts(s)[p] for s in subscriptions], group)
+                tparts[p], [self.parts(s)[p] for s in subscriptions], group
+            )
 
     async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
         if not topic.partitions:
             return dict(await self.inner.topic_totals(topic))
         total: dict[str, int] = {}
-        for totals in await asyncio.gather(*(self.inner.topic_totals(t)
-                                             for t in self.topic_parts(topic))):
+        for totals in await asyncio.gather(
+            *(self.inner.topic_totals(t) for t in self.topic_parts(topic))
+        ):
             for name, n in totals.items():
                 total[name] = total.get(name, 0) + n
         return total
 
     # --- receive -----------------------------------------------------------------------------
     async def receive(
-        self, entity: QueueSpec, count: int, mode: ReceiveMode, tokens: Sequence[bytes],
+        self,
+        entity: QueueSpec,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
         waiter: str | None = None,
     ) -> list[StoredMessage]:
         if not entity.partitions:
-            return await self.inner.receive(
-                entity, count, mode, tokens, waiter)
+            return await self.inner.receive(entity, count, mode, tokens, waiter)
         out: list[StoredMessage] = []
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         for part in self._rotation(entity):
@@ -307,25 +331,52 @@ class PartitionedStore:
 
     # --- sessions ----------------------------------------------------------------------------
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
-        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        self,
+        queue: QueueSpec,
+        session_id: str | None,
+        holder: str,
+        *,
+        wait: bool = False,
+        count: int = 0,
+        mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
+        tokens: Sequence[bytes] = (),
         client: str = "",
     ) -> SessionLock | None:
         if not queue.partitions:
             return await self.inner.accept_session(
-                queue, session_id, holder, wait=wait, count=count, mode=mode, tokens=tokens,
-                client=client)
+                queue,
+                session_id,
+                holder,
+                wait=wait,
+                count=count,
+                mode=mode,
+                tokens=tokens,
+                client=client,
+            )
         if session_id is not None:
             part = self.part_of_session(queue, session_id)
             return await self.inner.accept_session(
-                part, session_id, holder, count=count, mode=mode,
-                tokens=stamped(tokens, part.partition or 0, 0, count), client=client)
+                part,
+                session_id,
+                holder,
+                count=count,
+                mode=mode,
+                tokens=stamped(tokens, part.partition or 0, 0, count),
+                client=client,
+            )
         waits = self._session_waits.setdefault(holder, set()) if wait else set()
         for part in self._rotation(queue):
             p = part.partition or 0
             lock = await self.inner.accept_session(
-                part, None, holder, wait=wait, count=count, mode=mode,
-                tokens=stamped(tokens, p, 0, count), client=client)
+                part,
+                None,
+                holder,
+                wait=wait,
+                count=count,
+                mode=mode,
+                tokens=stamped(tokens, p, 0, count),
+                client=client,
+            )
             if lock is not None:
                 waits.discard(p)  # the script took us off this partition's waiters
                 await self.stop_waiting(queue, "s", holder)
@@ -335,7 +386,12 @@ class PartitionedStore:
         return None
 
     async def receive_session(
-        self, queue: QueueSpec, session_id: str, holder: str, count: int, mode: ReceiveMode,
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        count: int,
+        mode: ReceiveMode,
         tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
         if queue.partitions:
@@ -347,43 +403,62 @@ class PartitionedStore:
         return self.part_of_session(queue, session_id) if queue.partitions else queue
 
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
-        return int(await self.inner.renew_session_lock(
-            self._session_part(queue, session_id), session_id, holder))
+        return int(
+            await self.inner.renew_session_lock(
+                self._session_part(queue, session_id), session_id, holder
+            )
+        )
 
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self.inner.release_session(self._session_part(queue, session_id), session_id,
-                                         holder)
+        await self.inner.release_session(self._session_part(queue, session_id), session_id, holder)
 
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:
         return await self.inner.get_session_state(
-            self._session_part(queue, session_id), session_id, holder)
+            self._session_part(queue, session_id), session_id, holder
+        )
 
     async def read_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> tuple[bytes | None, str | None]:
         state, etag = await self.inner.read_session_state(
-            self._session_part(queue, session_id), session_id, holder)
+            self._session_part(queue, session_id), session_id, holder
+        )
         return state, etag
 
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
-        if_match: str | None = None, if_absent: bool = False,
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        state: bytes | None,
+        *,
+        if_match: str | None = None,
+        if_absent: bool = False,
     ) -> str | None:
         return await self.inner.set_session_state(
-            self._session_part(queue, session_id), session_id, holder, state,
-            if_match=if_match, if_absent=if_absent)
+            self._session_part(queue, session_id),
+            session_id,
+            holder,
+            state,
+            if_match=if_match,
+            if_absent=if_absent,
+        )
 
     async def dead_letter_session(
         self, queue: QueueSpec, session_id: str, reason: str, description: str | None
     ) -> int:
-        return int(await self.inner.dead_letter_session(
-            self._session_part(queue, session_id), session_id, reason, description))
+        return int(
+            await self.inner.dead_letter_session(
+                self._session_part(queue, session_id), session_id, reason, description
+            )
+        )
 
     async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
         moved, left = await self.inner.resubmit_session(
-            self._session_part(queue, session_id), session_id)
+            self._session_part(queue, session_id), session_id
+        )
         return moved, left
 
     async def list_sessions(
@@ -392,40 +467,55 @@ class PartitionedStore:
         if not queue.partitions:
             return list(await self.inner.list_sessions(queue, skip, top, updated_after_ms))
         # Each partition's first skip + top, merged in id order: a stable order for paging.
-        pages = await asyncio.gather(*(self.inner.list_sessions(p, 0, skip + top,
-                                                                updated_after_ms)
-                                       for p in self.parts(queue)))
-        return sorted(itertools.chain.from_iterable(pages))[skip: skip + top]
+        pages = await asyncio.gather(
+            *(
+                self.inner.list_sessions(p, 0, skip + top, updated_after_ms)
+                for p in self.parts(queue)
+            )
+        )
+        return sorted(itertools.chain.from_iterable(pages))[skip : skip + top]
 
     async def session_page(
-        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+        self,
+        queue: QueueSpec,
+        sort: str,
+        after: str | None,
+        top: int,
+        preview: int = 32,
     ) -> SessionPage:
         """A partitioned entity's page merges its partitions' pages after the same cursor, in
         the sort's order (the cursor carries the last session's id, or its score and id)."""
         if not queue.partitions:
             return await self.inner.session_page(queue, sort, after, top, preview)
-        pages = await asyncio.gather(*(self.inner.session_page(p, sort, after, top, preview)
-                                       for p in self.parts(queue)))
+        pages = await asyncio.gather(
+            *(self.inner.session_page(p, sort, after, top, preview) for p in self.parts(queue))
+        )
         merged = sorted((d for page in pages for d in page.sessions), key=_page_order(sort))
         more = len(merged) > top or any(page.next for page in pages)
         merged = merged[:top]
-        return SessionPage(merged, merged[-1].cursor if more and merged else None,
-                           sum(page.total for page in pages))
+        return SessionPage(
+            merged,
+            merged[-1].cursor if more and merged else None,
+            sum(page.total for page in pages),
+        )
 
     async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
-        return bool(await self.inner.drop_session_lock(
-            self._session_part(queue, session_id), session_id))
+        return bool(
+            await self.inner.drop_session_lock(self._session_part(queue, session_id), session_id)
+        )
 
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
         if not entity.partitions:
-            return await self.inner.settle(
-                entity, settlements, holder)
+            return await self.inner.settle(entity, settlements, holder)
         count = entity.partitions
         return await self._by_partition(
-            entity, settlements, lambda s: partition_of_token(s.token, count),
-            lambda part, items: self.inner.settle(part, items, holder))
+            entity,
+            settlements,
+            lambda s: partition_of_token(s.token, count),
+            lambda part, items: self.inner.settle(part, items, holder),
+        )
 
     async def renew_message_locks(
         self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
@@ -434,8 +524,11 @@ class PartitionedStore:
             return await self.inner.renew_message_locks(entity, tokens, until_ms)
         count = entity.partitions
         return await self._by_partition(
-            entity, tokens, lambda t: partition_of_token(t, count),
-            lambda part, items: self.inner.renew_message_locks(part, items, until_ms))
+            entity,
+            tokens,
+            lambda t: partition_of_token(t, count),
+            lambda part, items: self.inner.renew_message_locks(part, items, until_ms),
+        )
 
     # --- peek, deferral, scheduling ----------------------------------------------------------
     async def peek(
@@ -445,12 +538,15 @@ class PartitionedStore:
             return list(await self.inner.peek(entity, from_seq, count, session_id))
         if session_id is not None:
             part = self.part_of_session(entity, session_id)
-            return list(await self.inner.peek(part, max(from_seq, first_seq(part.partition or 0)),
-                                              count, session_id))
+            return list(
+                await self.inner.peek(
+                    part, max(from_seq, first_seq(part.partition or 0)), count, session_id
+                )
+            )
         # In sequence-number order, which is partition by partition: a peek continued from
         # the last number seen + 1 goes on where this one stopped.
         out: list[StoredMessage] = []
-        for part in self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT:]:
+        for part in self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT :]:
             if len(out) >= count:
                 break
             start = max(from_seq, first_seq(part.partition or 0))
@@ -458,12 +554,18 @@ class PartitionedStore:
         return out
 
     async def receive_deferred(
-        self, entity: QueueSpec, seqs: list[int], mode: ReceiveMode, tokens: Sequence[bytes],
-        session_id: str | None = None, holder: str | None = None,
+        self,
+        entity: QueueSpec,
+        seqs: list[int],
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        session_id: str | None = None,
+        holder: str | None = None,
     ) -> list[StoredMessage]:
         if not entity.partitions:
-            return list(await self.inner.receive_deferred(entity, seqs, mode, tokens, session_id,
-                                                          holder))
+            return list(
+                await self.inner.receive_deferred(entity, seqs, mode, tokens, session_id, holder)
+            )
         count = entity.partitions
         out: list[StoredMessage] = []
         groups: dict[int, list[int]] = {}
@@ -471,10 +573,12 @@ class PartitionedStore:
             groups.setdefault(partition_of_seq(seq, count), []).append(seq)
         parts = self.parts(entity)
         for p, group in groups.items():
-            given = stamped(tokens, p, len(out), len(group)) if mode == ReceiveMode.PEEK_LOCK \
-                else ()
-            out += await self.inner.receive_deferred(parts[p], group, mode, given, session_id,
-                                                     holder)
+            given = (
+                stamped(tokens, p, len(out), len(group)) if mode == ReceiveMode.PEEK_LOCK else ()
+            )
+            out += await self.inner.receive_deferred(
+                parts[p], group, mode, given, session_id, holder
+            )
         return out
 
     async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
@@ -497,7 +601,8 @@ class PartitionedStore:
         else:
             chosen = list(parts)
         answers = await asyncio.gather(
-            *(self.inner.stop_waiting(p, waiters, waiter) for p in chosen))
+            *(self.inner.stop_waiting(p, waiters, waiter) for p in chosen)
+        )
         return any(answers)
 
     # --- housekeeping ------------------------------------------------------------------------
@@ -543,8 +648,9 @@ class PartitionedStore:
             total.locked_sessions += c.locked_sessions
             total.free_sessions += c.free_sessions
             if c.oldest_enqueued_ms is not None:
-                total.oldest_enqueued_ms = min(total.oldest_enqueued_ms or c.oldest_enqueued_ms,
-                                               c.oldest_enqueued_ms)
+                total.oldest_enqueued_ms = min(
+                    total.oldest_enqueued_ms or c.oldest_enqueued_ms, c.oldest_enqueued_ms
+                )
             for name, n in c.totals.items():
                 total.totals[name] = total.totals.get(name, 0) + n
         return total
@@ -553,15 +659,17 @@ class PartitionedStore:
     async def take_forwarding(
         self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
     ) -> list[StoredMessage] | None:
-        return await self.inner.take_forwarding(
-            entity, forwarder, count, tokens)
+        return await self.inner.take_forwarding(entity, forwarder, count, tokens)
 
     async def forward(
-        self, entity: QueueSpec, destination: ForwardDestination,
-        messages: list[ForwardedMessage], *, hop_limit: int,
+        self,
+        entity: QueueSpec,
+        destination: ForwardDestination,
+        messages: list[ForwardedMessage],
+        *,
+        hop_limit: int,
     ) -> list[ForwardResult]:
-        return list(await self.inner.forward(entity, destination, messages,
-                                             hop_limit=hop_limit))
+        return list(await self.inner.forward(entity, destination, messages, hop_limit=hop_limit))
 
     # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
@@ -570,19 +678,24 @@ class PartitionedStore:
         parts = self.topic_parts(queue) if isinstance(queue, TopicSpec) else self.parts(queue)
         return sum(await asyncio.gather(*(self.inner.sweep_transactions(p) for p in parts)))
 
-    async def reserve_sequence_numbers(
-        self, queue: QueueSpec | TopicSpec, count: int
-    ) -> list[int]:
+    async def reserve_sequence_numbers(self, queue: QueueSpec | TopicSpec, count: int) -> list[int]:
         # a partitioned entity's: its partition's (busd.broker.staging picks it)
         assert not queue.partitions
         return list(await self.inner.reserve_sequence_numbers(queue, count))
 
     async def stage_transaction(
-        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
-        first: bool, timeout_ms: int, limit: int,
+        self,
+        via: QueueSpec | TopicSpec,
+        txn_id: bytes,
+        operations: list[StagedOperation],
+        *,
+        first: bool,
+        timeout_ms: int,
+        limit: int,
     ) -> tuple[int, int]:
         return await self.inner.stage_transaction(
-            via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit)
+            via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit
+        )
 
 
 def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:

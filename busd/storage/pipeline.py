@@ -99,7 +99,8 @@ class PipelinedConnection:
                 return
             if answer is not None and not answer.done():
                 answer.set_exception(
-                    StoreTimeoutError(f"{name}: no answer within {self._timeout} s"))
+                    StoreTimeoutError(f"{name}: no answer within {self._timeout} s")
+                )
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -126,7 +127,8 @@ class PipelinedConnection:
             reader = hiredis.Reader(protocolError=InvalidResponse, replyError=parser.parse_error)
             # Named as busd's other long-lived tasks are: it lives as long as the connection.
             self._reading = asyncio.get_running_loop().create_task(
-                self._read(conn._reader, reader), name="busd-store-reader")
+                self._read(conn._reader, reader), name="busd-store-reader"
+            )
             self._connecting.set_result(None)
         except BaseException as exc:
             self._connecting.set_exception(exc)
@@ -162,16 +164,18 @@ class PipelinedConnection:
             self._broken(StoreConnectionError("The store client is closed."))
             raise
         except Exception as exc:
-            conn = self._broken(exc if isinstance(exc, StoreConnectionError)
-                                else StoreConnectionError(str(exc)))
+            conn = self._broken(
+                exc if isinstance(exc, StoreConnectionError) else StoreConnectionError(str(exc))
+            )
             if conn is not None:
                 await conn.disconnect()
 
     def _waited_for(self, reply: Any) -> None:
         """A wait of the batch answered `reply` (WAITAOF: [fsynced locally, replicas]; WAIT:
         replicas): once all have, give the batch's held answers."""
-        confirmed = reply[0] >= 1 if isinstance(reply, list) else (
-            isinstance(reply, int) and reply >= 1)
+        confirmed = (
+            reply[0] >= 1 if isinstance(reply, list) else (isinstance(reply, int) and reply >= 1)
+        )
         self._batch_confirmed = self._batch_confirmed and confirmed
         self._waited += 1
         if self._waited < self._waits:
@@ -184,10 +188,18 @@ class PipelinedConnection:
             if confirmed:
                 log.warning("the store confirms writes as durable again")
             else:
-                log.warning("the store did not confirm writes as durable (%s): they are "
-                            "refused until it does", reply)
-        refused = None if confirmed else StoreUnavailable(
-            f"the store did not confirm the writes as durable in {DURABILITY_WAIT_MS} ms")
+                log.warning(
+                    "the store did not confirm writes as durable (%s): they are "
+                    "refused until it does",
+                    reply,
+                )
+        refused = (
+            None
+            if confirmed
+            else StoreUnavailable(
+                f"the store did not confirm the writes as durable in {DURABILITY_WAIT_MS} ms"
+            )
+        )
         for answer, result in held:
             if answer.done():
                 continue

@@ -145,8 +145,17 @@ class CatalogCalls(RedisConnection):
 
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         reply = await self._run_queue("countEntity", entity, entity_kind(entity))
-        (active, locked, scheduled, deferred, dead_letter, sessions, locked_sessions,
-         free_sessions, oldest) = reply[:9]
+        (
+            active,
+            locked,
+            scheduled,
+            deferred,
+            dead_letter,
+            sessions,
+            locked_sessions,
+            free_sessions,
+            oldest,
+        ) = reply[:9]
         totals = reply[9:]
         return EntityCounts(
             active=active,
@@ -158,7 +167,5 @@ class CatalogCalls(RedisConnection):
             locked_sessions=locked_sessions,
             free_sessions=free_sessions,
             oldest_enqueued_ms=oldest or None,
-            totals={
-                name.decode(): count for name, count in zip(totals[0::2], totals[1::2])
-            },
+            totals={name.decode(): count for name, count in zip(totals[0::2], totals[1::2])},
         )

@@ -24,8 +24,6 @@ def as_text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-
-
 # Service Bus takes "" for a session id, but the scripts read '' as "no session": the store
 # keeps the empty id as NUL, which no other id contains (check_session_ids).
 _EMPTY_SESSION = "\0"
@@ -109,8 +107,9 @@ def check_session_ids(ids: Any) -> None:
     refuses them first; this keeps the store safe from any caller."""
     for sid in ids:
         if sid is not None and "\0" in sid:
-            raise BusdError(Condition.ARGUMENT_OUT_OF_RANGE,
-                            "A session id must not contain a NUL character.")
+            raise BusdError(
+                Condition.ARGUMENT_OUT_OF_RANGE, "A session id must not contain a NUL character."
+            )
 
 
 class ScriptStatus(enum.IntEnum):
@@ -144,20 +143,28 @@ def refused_condition(status: int) -> Condition | None:
     return None if status >= 0 else _CONDITIONS[ScriptStatus(status)]
 
 
-
 def check_status(status: int) -> None:
     if status < 0:
         raise refusal(_CONDITIONS[ScriptStatus(status)])
 
 
-
 def placement_fields(c: Placement) -> list[Any]:
     """A copy's fields after its subscription, as lua/includes/fanOutMessage.lua reads them."""
-    flags = ((1 if c.blob is not None else 0) | (2 if c.own_session_id else 0)
-             | (4 if c.own_ttl else 0) | (8 if c.dead_letter is not None else 0))
+    flags = (
+        (1 if c.blob is not None else 0)
+        | (2 if c.own_session_id else 0)
+        | (4 if c.own_ttl else 0)
+        | (8 if c.dead_letter is not None else 0)
+    )
     reason, description = c.dead_letter or ("", "")
-    return [flags, optional_arg(c.blob), session_arg(c.session_id), optional_arg(c.ttl_ms),
-            reason, description]
+    return [
+        flags,
+        optional_arg(c.blob),
+        session_arg(c.session_id),
+        optional_arg(c.ttl_ms),
+        reason,
+        description,
+    ]
 
 
 def placement_args(copies: list[Placement] | None) -> list[Any]:

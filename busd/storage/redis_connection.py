@@ -57,17 +57,23 @@ def queue_context_args(
 
 
 if len(queue_context_args(QueueSpec(""), "", 0)) != QUEUE_ARGC:
-    raise ScriptError("queue_context_args does not build the QUEUE_ARGC parameters of "
-                      "lua/includes/queueContext.lua")
+    raise ScriptError(
+        "queue_context_args does not build the QUEUE_ARGC parameters of "
+        "lua/includes/queueContext.lua"
+    )
 
 
 def parse_cluster_url(url: str) -> str | None:
     """The plain URL of a Redis/Valkey Cluster named `redis+cluster://...` (or
     `rediss+cluster://...`, or with `?cluster=true`), None for a single server."""
-    for scheme, plain in (("redis", "redis"), ("rediss", "rediss"),
-                          ("valkey", "redis"), ("valkeys", "rediss")):
+    for scheme, plain in (
+        ("redis", "redis"),
+        ("rediss", "rediss"),
+        ("valkey", "redis"),
+        ("valkeys", "rediss"),
+    ):
         if url.startswith(f"{scheme}+cluster://"):
-            return plain + url[len(scheme) + len("+cluster"):]
+            return plain + url[len(scheme) + len("+cluster") :]
     base, sep, query = url.partition("?")
     params = [p for p in query.split("&") if p]
     if "cluster=true" in params:
@@ -97,14 +103,16 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, 
     options: dict[str, Any] = {"ssl": True} if tls else {}
     if userinfo:
         user, _, password = userinfo.partition(":")
-        options.update({k: unquote(v) for k, v in (("username", user), ("password", password))
-                        if v})
+        options.update(
+            {k: unquote(v) for k, v in (("username", user), ("password", password)) if v}
+        )
     sentinels = []
     for item in hosts.split(","):
         host, _, port = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
         if not host or not service or (port and not port.isdigit()):
-            raise ValueError(f"a Sentinel URL is redis+sentinel://host:port[,host:port...]/"
-                             f"service, got {url!r}")
+            raise ValueError(
+                f"a Sentinel URL is redis+sentinel://host:port[,host:port...]/service, got {url!r}"
+            )
         sentinels.append((host.strip("[]"), int(port) if port else SENTINEL_PORT))
     return sentinels, service, options
 
@@ -120,8 +128,13 @@ def _unavailable(exc: Exception) -> StoreUnavailable:
 
 class RedisConnection:
     def __init__(
-        self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
-        durability: str = "local", call_wait_s: float = CALL_WAIT_S,
+        self,
+        url: str,
+        prefix: str = "busd",
+        *,
+        max_calls: int = DEFAULT_MAX_CALLS,
+        durability: str = "local",
+        call_wait_s: float = CALL_WAIT_S,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
@@ -135,8 +148,10 @@ class RedisConnection:
         if durability not in DURABILITY:
             raise ValueError(f"durability is one of {', '.join(DURABILITY)}")
         if durability != "local" and parse_cluster_url(url) is not None:
-            raise ValueError("--durability fsync or replicated needs a single server or "
-                             "Sentinel; a Cluster has no one connection to wait on")
+            raise ValueError(
+                "--durability fsync or replicated needs a single server or "
+                "Sentinel; a Cluster has no one connection to wait on"
+            )
         self.durability = durability
         # Bounds the calls in flight, so that the connection pool (sized above it) is never
         # exhausted: redis-py's asyncio pool fails at its limit instead of waiting.
@@ -170,10 +185,15 @@ class RedisConnection:
             # them, so after a failover the next connection reaches the promoted replica.
             sentinels, service, primary = sentinel_url
             self._sentinel = Sentinel(
-                sentinels, sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S,
-                                            "socket_connect_timeout": SENTINEL_TIMEOUT_S})
+                sentinels,
+                sentinel_kwargs={
+                    "socket_timeout": SENTINEL_TIMEOUT_S,
+                    "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+                },
+            )
             self._client = self._node = self._sentinel.master_for(
-                service, redis_class=redis.Redis, **primary, **options)
+                service, redis_class=redis.Redis, **primary, **options
+            )
         elif cluster_url is None:
             self._client = self._node = redis.Redis.from_url(self.url, **options)
         else:
@@ -198,12 +218,16 @@ class RedisConnection:
             raise RuntimeError(f"busd needs Redis or Valkey >= 7.0, the server is {version}")
         if self.durability != "local":
             if parsed < WAITAOF_SERVER_VERSION:
-                raise RuntimeError(f"--durability {self.durability} needs Redis or Valkey >= "
-                                   f"7.2 (WAITAOF), the server is {version}")
+                raise RuntimeError(
+                    f"--durability {self.durability} needs Redis or Valkey >= "
+                    f"7.2 (WAITAOF), the server is {version}"
+                )
             persistence = await self._node.info("persistence")
             if not int(persistence.get("aof_enabled", 0)):
-                raise RuntimeError(f"--durability {self.durability} needs the server's "
-                                   "append-only file: appendonly yes")
+                raise RuntimeError(
+                    f"--durability {self.durability} needs the server's "
+                    "append-only file: appendonly yes"
+                )
         try:
             reply = await self._node.config_get("maxmemory-policy")
             policy = next(iter(reply.values()), b"")
@@ -246,9 +270,7 @@ class RedisConnection:
         assert self._node is not None
         pubsub = self._node.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(keyspace.wake_channel(self.prefix, self.process_id))
-        self._listeners.append(
-            asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake")
-        )
+        self._listeners.append(asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake"))
 
     async def _listen(self, pubsub: Any, on_wake: WakeCallback) -> None:
         try:
@@ -288,13 +310,19 @@ class RedisConnection:
             ]
         return cached
 
-    def _queue_args(self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET,
-                    name: str | None = None) -> list[Any]:
+    def _queue_args(
+        self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET, name: str | None = None
+    ) -> list[Any]:
         """A queue context's parameters; `name` for a subscription in a topic context."""
         return queue_context_args(queue, self._channel, budget, name)
 
-    def _topic_args(self, topic: str, subscriptions: list[QueueSpec], names: tuple[str, ...],
-                    budget: int = HOUSEKEEPING_BUDGET) -> list[Any]:
+    def _topic_args(
+        self,
+        topic: str,
+        subscriptions: list[QueueSpec],
+        names: tuple[str, ...],
+        budget: int = HOUSEKEEPING_BUDGET,
+    ) -> list[Any]:
         """A topic context's parameters (lua/includes/topicContext.lua): its name, the number
         of subscriptions, then each subscription's queue context under its own name (what the
         topic's `subs` holds)."""
@@ -312,8 +340,7 @@ class RedisConnection:
             raise RuntimeError("RedisStore.connect() was not called")
         return self._scripts
 
-    async def _call(self, scripts: Scripts, script: str, keys: list[bytes],
-                    args: list[Any]) -> Any:
+    async def _call(self, scripts: Scripts, script: str, keys: list[bytes], args: list[Any]) -> Any:
         """One script call in its turn (the call limiter), the store's unavailability
         raised as StoreUnavailable."""
         await self._acquire()
@@ -349,9 +376,14 @@ class RedisConnection:
         return cached
 
     async def _run_topic(
-        self, script: str, topic: str, subscriptions: list[QueueSpec], args: list[Any],
-        *, budget: int = HOUSEKEEPING_BUDGET,
-    ) -> Any:  # fmt: skip
+        self,
+        script: str,
+        topic: str,
+        subscriptions: list[QueueSpec],
+        args: list[Any],
+        *,
+        budget: int = HOUSEKEEPING_BUDGET,
+    ) -> Any:
         """A `Context: topic` script: ARGV is the topic's name, the number of subscriptions,
         the queue-context parameters of each subscription, then `args`."""
         scripts = self._connected()

@@ -29,8 +29,10 @@ from busd.storage.redis_connection import RedisConnection
 # Why a message that cannot be forwarded stays at its source (lua/forwardMessages.lua keeps
 # the same words for a single server's move).
 FORWARD_HOPS_REASON = "MaxTransferHopCountExceeded"
-FORWARD_HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues "
-                            "has been exceeded. This value is set to 4.")
+FORWARD_HOPS_DESCRIPTION = (
+    "The maximum number of allowed hops when forwarding between queues "
+    "has been exceeded. This value is set to 4."
+)
 FORWARD_GONE_REASON = "MessagingEntityNotFound"
 
 
@@ -42,15 +44,25 @@ class ForwardingCalls(RedisConnection):
             return []
         if len(tokens) < count:
             raise ValueError("a forwarder takes one token per message")
-        reply = await self._run_queue("forwardTake", entity, entity_kind(entity), forwarder, count,
-                                      token_string(tokens, count))
+        reply = await self._run_queue(
+            "forwardTake",
+            entity,
+            entity_kind(entity),
+            forwarder,
+            count,
+            token_string(tokens, count),
+        )
         if reply[0] != 0:
             return None
         return [stored_message(r) for r in reply[1:]]
 
     async def forward(
-        self, entity: QueueSpec, destination: ForwardDestination,
-        messages: list[ForwardedMessage], *, hop_limit: int,
+        self,
+        entity: QueueSpec,
+        destination: ForwardDestination,
+        messages: list[ForwardedMessage],
+        *,
+        hop_limit: int,
     ) -> list[ForwardResult]:
         if not messages:
             return []
@@ -60,14 +72,24 @@ class ForwardingCalls(RedisConnection):
         keys = list(self._keys_for("forwardMessages", entity))
         keys.append(keyspace.catalog_key(self.prefix).encode())
         args: list[Any] = self._queue_args(entity) + [
-            entity_kind(entity), destination.record, hop_limit]
+            entity_kind(entity),
+            destination.record,
+            hop_limit,
+        ]
         if destination.queue is not None:
             queue = destination.queue
             entity_name, subscription = queue.key_scope
-            keys += [k.encode() for k in keyspace.keys(self.prefix, entity_name,
-                                                        keyspace.QUEUE_KEYS, subscription)]
-            args += ["q", *self._queue_args(queue), queue.duplicate_detection_window_ms or 0,
-                     1 if queue.requires_session else 0, optional_arg(queue.default_ttl_ms)]
+            keys += [
+                k.encode()
+                for k in keyspace.keys(self.prefix, entity_name, keyspace.QUEUE_KEYS, subscription)
+            ]
+            args += [
+                "q",
+                *self._queue_args(queue),
+                queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0,
+                optional_arg(queue.default_ttl_ms),
+            ]
         elif destination.topic is not None:
             topic, subs = destination.topic, destination.subscriptions
             names = tuple(sub.subscription or "" for sub in subs)
@@ -85,8 +107,11 @@ class ForwardingCalls(RedisConnection):
         return [ForwardResult(r) for r in reply]
 
     async def _forward_in_steps(
-        self, entity: QueueSpec, destination: ForwardDestination,
-        messages: list[ForwardedMessage], hop_limit: int,
+        self,
+        entity: QueueSpec,
+        destination: ForwardDestination,
+        messages: list[ForwardedMessage],
+        hop_limit: int,
     ) -> list[ForwardResult]:
         """A move on a Redis Cluster: enqueue at the destination, recorded there so that a
         repeat is a no-op (lua/forwardEnqueue.lua, lua/forwardPublish.lua); delete at the
@@ -100,8 +125,11 @@ class ForwardingCalls(RedisConnection):
         for i, m in enumerate(messages):
             if gone:
                 name = destination.record.partition(":")[2]
-                settle += [m.token, FORWARD_GONE_REASON,
-                           f"The forwarding destination '{name}' does not exist."]
+                settle += [
+                    m.token,
+                    FORWARD_GONE_REASON,
+                    f"The forwarding destination '{name}' does not exist.",
+                ]
             elif m.hops >= hop_limit:
                 settle += [m.token, FORWARD_HOPS_REASON, FORWARD_HOPS_DESCRIPTION]
             else:
@@ -111,8 +139,10 @@ class ForwardingCalls(RedisConnection):
         records = [self._forward_record(entity, m) for m in moving]
         if moving:
             await self._forward_enqueue(entity, destination, moving, records, [])
-        results = [ForwardResult(r) for r in await self._run_queue(
-            "forwardSettle", entity, entity_kind(entity), *settle)]
+        results = [
+            ForwardResult(r)
+            for r in await self._run_queue("forwardSettle", entity, entity_kind(entity), *settle)
+        ]
         done = [record for record, i in zip(records, at) if results[i] == ForwardResult.MOVED]
         if done:
             await self._forward_enqueue(entity, destination, [], [], done)
@@ -127,8 +157,12 @@ class ForwardingCalls(RedisConnection):
         return f"\0fwd:{entity.path}:{taken.seq}:{taken.enqueued_ms}"
 
     async def _forward_enqueue(
-        self, entity: QueueSpec, destination: ForwardDestination,
-        moving: list[ForwardedMessage], records: list[str], forget: list[str],
+        self,
+        entity: QueueSpec,
+        destination: ForwardDestination,
+        moving: list[ForwardedMessage],
+        records: list[str],
+        forget: list[str],
     ) -> None:
         per_message: list[Any] = []
         for m, record in zip(moving, records):
@@ -137,20 +171,32 @@ class ForwardingCalls(RedisConnection):
             ttl = None if taken.expires_ms is None else taken.expires_ms - taken.enqueued_ms
             dead = entity.dlq
             per_message += [
-                record, taken.blob, session_arg(m.session_id), optional_arg(m.message_id),
-                taken.enqueue_seq or taken.seq, m.hops + 1, entity.name if dead else "",
+                record,
+                taken.blob,
+                session_arg(m.session_id),
+                optional_arg(m.message_id),
+                taken.enqueue_seq or taken.seq,
+                m.hops + 1,
+                entity.name if dead else "",
                 optional_arg(taken.dead_letter_reason if dead else None),
                 optional_arg(taken.dead_letter_description if dead else None),
-                optional_arg(taken.properties_patch), optional_arg(ttl),
+                optional_arg(taken.properties_patch),
+                optional_arg(ttl),
             ]
             if destination.topic is not None:
                 per_message += placement_args(m.placements)
         if destination.queue is not None:
             queue = destination.queue
             await self._run_queue(
-                "forwardEnqueue", queue, queue.duplicate_detection_window_ms or 0,
-                1 if queue.requires_session else 0, optional_arg(queue.default_ttl_ms),
-                len(forget), *forget, *per_message)
+                "forwardEnqueue",
+                queue,
+                queue.duplicate_detection_window_ms or 0,
+                1 if queue.requires_session else 0,
+                optional_arg(queue.default_ttl_ms),
+                len(forget),
+                *forget,
+                *per_message,
+            )
             return
         assert destination.topic is not None
         topic, subs = destination.topic, destination.subscriptions

@@ -70,18 +70,27 @@ class MessageCalls(RedisConnection):
         for sub in subscriptions:
             args += [1 if sub.requires_session else 0, optional_arg(sub.default_ttl_ms)]
         for i, m in enumerate(messages):
-            args += [m.blob, session_arg(m.session_id), optional_arg(m.message_id),
-                     optional_arg(effective_ttl(topic, m)), optional_arg(m.scheduled_ms)]
+            args += [
+                m.blob,
+                session_arg(m.session_id),
+                optional_arg(m.message_id),
+                optional_arg(effective_ttl(topic, m)),
+                optional_arg(m.scheduled_ms),
+            ]
             args += placement_args(None if placements is None else placements[i])
-        return list(await self._run_topic("publishMessages", topic.key_scope[0], subscriptions,
-                                          args))
+        return list(
+            await self._run_topic("publishMessages", topic.key_scope[0], subscriptions, args)
+        )
 
     async def cancel_topic_scheduled(
         self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
     ) -> None:
         if seqs:
-            check_status(await self._run_topic("cancelTopicScheduled", topic.key_scope[0],
-                                               subscriptions, list(seqs)))
+            check_status(
+                await self._run_topic(
+                    "cancelTopicScheduled", topic.key_scope[0], subscriptions, list(seqs)
+                )
+            )
 
     async def receive(
         self,
@@ -122,16 +131,19 @@ class MessageCalls(RedisConnection):
                 optional_arg(s.dead_letter_description),
                 optional_arg(s.properties_patch),
             ]
-        return [refused_condition(status)
-                for status in await self._run_queue("settleMessages", entity, *args)]
+        return [
+            refused_condition(status)
+            for status in await self._run_queue("settleMessages", entity, *args)
+        ]
 
     async def renew_message_locks(
         self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
     ) -> list[int]:
         if not tokens:
             return []
-        reply = await self._run_queue("renewMessageLocks", entity, entity_kind(entity),
-                                      optional_arg(until_ms), *tokens)
+        reply = await self._run_queue(
+            "renewMessageLocks", entity, entity_kind(entity), optional_arg(until_ms), *tokens
+        )
         check_status(reply[0])
         return list(reply[1:])
 

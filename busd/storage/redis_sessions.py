@@ -30,8 +30,15 @@ from busd.storage.redis_connection import RedisConnection
 
 class SessionCalls(RedisConnection):
     async def accept_session(
-        self, queue: QueueSpec, session_id: str | None, holder: str, *, wait: bool = False,
-        count: int = 0, mode: ReceiveMode = ReceiveMode.PEEK_LOCK, tokens: Sequence[bytes] = (),
+        self,
+        queue: QueueSpec,
+        session_id: str | None,
+        holder: str,
+        *,
+        wait: bool = False,
+        count: int = 0,
+        mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
+        tokens: Sequence[bytes] = (),
         client: str = "",
     ) -> SessionLock | None:
         check_session_ids([session_id])
@@ -40,15 +47,24 @@ class SessionCalls(RedisConnection):
         if count and peek_lock and len(tokens) < count:
             raise ValueError("peek-lock needs one token per message")
         reply = await self._run_queue(
-            "acceptSession", queue, holder, session_arg(session_id), 1 if wait else 0,
-            1 if peek_lock else 0, count,
-            token_string(tokens, count) if count and peek_lock else "", client,
+            "acceptSession",
+            queue,
+            holder,
+            session_arg(session_id),
+            1 if wait else 0,
+            1 if peek_lock else 0,
+            count,
+            token_string(tokens, count) if count and peek_lock else "",
+            client,
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None
         check_status(reply[0])
-        return SessionLock(session_id=session_from_reply(reply[1]) or "", locked_until_ms=reply[2],
-                           messages=[stored_message(r) for r in reply[3:]])
+        return SessionLock(
+            session_id=session_from_reply(reply[1]) or "",
+            locked_until_ms=reply[2],
+            messages=[stored_message(r) for r in reply[3:]],
+        )
 
     async def receive_session(
         self,
@@ -100,13 +116,28 @@ class SessionCalls(RedisConnection):
         return state, as_text(etag)
 
     async def set_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str, state: bytes | None, *,
-        if_match: str | None = None, if_absent: bool = False,
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        state: bytes | None,
+        *,
+        if_match: str | None = None,
+        if_absent: bool = False,
     ) -> str | None:
-        condition, etag = ("absent", "") if if_absent else (
-            ("match", if_match) if if_match is not None else ("", ""))
-        args = [holder, session_arg(session_id), 0 if state is None else 1,
-                b"" if state is None else state, condition, etag]
+        condition, etag = (
+            ("absent", "")
+            if if_absent
+            else (("match", if_match) if if_match is not None else ("", ""))
+        )
+        args = [
+            holder,
+            session_arg(session_id),
+            0 if state is None else 1,
+            b"" if state is None else state,
+            condition,
+            etag,
+        ]
         reply = await self._run("setSessionState", queue, args)
         check_status(reply[0])
         return as_text(reply[1]) if len(reply) > 1 else None
@@ -114,12 +145,16 @@ class SessionCalls(RedisConnection):
     async def dead_letter_session(
         self, queue: QueueSpec, session_id: str, reason: str, description: str | None
     ) -> int:
-        return int(await self._run_queue(
-            "deadLetterSession", queue, session_arg(session_id), reason, description or ""))
+        return int(
+            await self._run_queue(
+                "deadLetterSession", queue, session_arg(session_id), reason, description or ""
+            )
+        )
 
     async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
         moved, left = await self._run_queue(
-            "resubmitSession", queue, session_arg(session_id), optional_arg(queue.default_ttl_ms))
+            "resubmitSession", queue, session_arg(session_id), optional_arg(queue.default_ttl_ms)
+        )
         return moved, left
 
     async def list_sessions(
@@ -131,11 +166,16 @@ class SessionCalls(RedisConnection):
         return [session_from_reply(sid) or "" for sid in reply]
 
     async def session_page(
-        self, queue: QueueSpec, sort: str, after: str | None, top: int, preview: int = 32,
+        self,
+        queue: QueueSpec,
+        sort: str,
+        after: str | None,
+        top: int,
+        preview: int = 32,
     ) -> SessionPage:
         reply = await self._run_queue(
-            "sessionPage", queue, sort, after or "", max(top, 1), max(preview, 0),
-            CLASSIFY_CAP)
+            "sessionPage", queue, sort, after or "", max(top, 1), max(preview, 0), CLASSIFY_CAP
+        )
         next_cursor, total = as_text(reply[0]), reply[1]
         page = [_session_detail(row) for row in reply[2:]]
         return SessionPage(page, next_cursor or None, total)
@@ -149,18 +189,37 @@ CLASSIFY_CAP = 1000
 
 
 def _session_detail(row: list) -> SessionDetail:
-    (sid, holder, locked_until, client, state_size, preview, active, in_flight, deferred,
-     scheduled, oldest, last_activity, updated, score) = row
+    (
+        sid,
+        holder,
+        locked_until,
+        client,
+        state_size,
+        preview,
+        active,
+        in_flight,
+        deferred,
+        scheduled,
+        oldest,
+        last_activity,
+        updated,
+        score,
+    ) = row
     session_id = session_from_reply(sid) or ""
     stored = as_text(sid) or ""
     return SessionDetail(
-        session_id=session_id, holder=as_text(holder) if holder else None,
+        session_id=session_id,
+        holder=as_text(holder) if holder else None,
         locked_until_ms=locked_until or None,
-        client=(client.decode(errors="replace") if isinstance(client, bytes) else client)
-        or None,
-        state_size=state_size, state_preview=preview if preview else None, active=active,
-        in_flight=in_flight, deferred=deferred, scheduled=scheduled,
-        oldest_enqueued_ms=oldest or None, last_activity_ms=last_activity,
+        client=(client.decode(errors="replace") if isinstance(client, bytes) else client) or None,
+        state_size=state_size,
+        state_preview=preview if preview else None,
+        active=active,
+        in_flight=in_flight,
+        deferred=deferred,
+        scheduled=scheduled,
+        oldest_enqueued_ms=oldest or None,
+        last_activity_ms=last_activity,
         state_updated_ms=updated,
         cursor=stored if score is None or score is False else f"{as_text(score)}:{stored}",
     )

@@ -42,16 +42,26 @@ REPAIR_WAKES = 16
 
 class RedisStore(CatalogCalls, MessageCalls, SessionCalls, TransactionCalls, ForwardingCalls):
     def __init__(
-        self, url: str, prefix: str = "busd", *, max_calls: int = DEFAULT_MAX_CALLS,
+        self,
+        url: str,
+        prefix: str = "busd",
+        *,
+        max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
     ) -> None:
-        super().__init__(url, prefix, max_calls=max_calls, durability=durability,
-                         call_wait_s=CALL_WAIT_S)
+        super().__init__(
+            url, prefix, max_calls=max_calls, durability=durability, call_wait_s=CALL_WAIT_S
+        )
 
     async def sweep(self, queue: QueueSpec) -> SweepResult:
         reply = await self._run_queue(
-            "sweepQueue", queue, self.process_id, LIVENESS_MS, REPAIR_WAKES,
-            optional_arg(queue.session_idle_ttl_ms), budget=SWEEP_BUDGET,
+            "sweepQueue",
+            queue,
+            self.process_id,
+            LIVENESS_MS,
+            REPAIR_WAKES,
+            optional_arg(queue.session_idle_ttl_ms),
+            budget=SWEEP_BUDGET,
         )
         return SweepResult(
             expired_message_locks=reply[0],

@@ -49,26 +49,55 @@ def _staged_fields(op: StagedOperation) -> list[Any]:
     lua/commitTransaction.lua)."""
     if isinstance(op, StagedSend):
         m = op.message
-        return ["s", op.queue.name, m.blob, session_arg(m.session_id),
-                optional_arg(m.message_id), optional_arg(effective_ttl(op.queue, m)),
-                optional_arg(m.scheduled_ms), optional_arg(op.seq)]
+        return [
+            "s",
+            op.queue.name,
+            m.blob,
+            session_arg(m.session_id),
+            optional_arg(m.message_id),
+            optional_arg(effective_ttl(op.queue, m)),
+            optional_arg(m.scheduled_ms),
+            optional_arg(op.seq),
+        ]
     if isinstance(op, StagedPublish):
         m = op.message
-        fields = ["p", op.topic.name, m.blob, session_arg(m.session_id),
-                  optional_arg(m.message_id), optional_arg(effective_ttl(op.topic, m)),
-                  optional_arg(m.scheduled_ms), optional_arg(op.seq), len(op.placements)]
+        fields = [
+            "p",
+            op.topic.name,
+            m.blob,
+            session_arg(m.session_id),
+            optional_arg(m.message_id),
+            optional_arg(effective_ttl(op.topic, m)),
+            optional_arg(m.scheduled_ms),
+            optional_arg(op.seq),
+            len(op.placements),
+        ]
         for c in op.placements:
             fields += [op.subscriptions[c.subscription], *placement_fields(c)]
         return fields
     if isinstance(op, StagedSettlement):
         s = op.settlement
-        return ["x", op.entity.name, entity_kind(op.entity), s.token, s.outcome.value,
-                session_arg(s.session_id), optional_arg(s.dead_letter_reason),
-                optional_arg(s.dead_letter_description), optional_arg(s.properties_patch),
-                optional_arg(op.holder)]
+        return [
+            "x",
+            op.entity.name,
+            entity_kind(op.entity),
+            s.token,
+            s.outcome.value,
+            session_arg(s.session_id),
+            optional_arg(s.dead_letter_reason),
+            optional_arg(s.dead_letter_description),
+            optional_arg(s.properties_patch),
+            optional_arg(op.holder),
+        ]
     if isinstance(op, StagedSessionState):
-        return ["t", op.queue.name, session_arg(op.session_id), op.holder,
-                0 if op.state is None else 1, op.state or b""]
+        return [
+            "t",
+            op.queue.name,
+            session_arg(op.session_id),
+            op.holder,
+            0 if op.state is None else 1,
+            op.state or b"",
+        ]
     if isinstance(op, StagedCancel):
         return ["c", op.queue.name, op.seq]
     raise TypeError(f"not a staged operation: {op!r}")
@@ -76,8 +105,14 @@ def _staged_fields(op: StagedOperation) -> list[Any]:
 
 class TransactionCalls(RedisConnection):
     async def stage_transaction(
-        self, via: QueueSpec | TopicSpec, txn_id: bytes, operations: list[StagedOperation], *,
-        first: bool, timeout_ms: int, limit: int,
+        self,
+        via: QueueSpec | TopicSpec,
+        txn_id: bytes,
+        operations: list[StagedOperation],
+        *,
+        first: bool,
+        timeout_ms: int,
+        limit: int,
     ) -> tuple[int, int]:
         check_session_ids(_staged_session_ids(operations))
         args: list[Any] = [txn_id, timeout_ms, limit, 1 if first else 0, len(operations)]
@@ -96,7 +131,10 @@ class TransactionCalls(RedisConnection):
         return reply[0], reply[1]
 
     async def commit_transaction(
-        self, via: QueueSpec | TopicSpec, others: list[QueueSpec], txn_id: bytes,
+        self,
+        via: QueueSpec | TopicSpec,
+        others: list[QueueSpec],
+        txn_id: bytes,
         topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
     ) -> None:
         queues = ([via] if isinstance(via, QueueSpec) else []) + list(others)
@@ -123,13 +161,13 @@ class TransactionCalls(RedisConnection):
         if status == ScriptStatus.TRANSACTION_TIMEOUT:
             raise BusdError(Condition.TRANSACTION_TIMEOUT, "The transaction timed out.")
         if status == ScriptStatus.UNKNOWN_ENTITY:
-            raise BusdError(Condition.TRANSACTION_ROLLBACK,
-                            "The transaction names an entity it was not committed with.")
+            raise BusdError(
+                Condition.TRANSACTION_ROLLBACK,
+                "The transaction names an entity it was not committed with.",
+            )
         check_status(status)
 
-    async def reserve_sequence_numbers(
-        self, queue: QueueSpec | TopicSpec, count: int
-    ) -> list[int]:
+    async def reserve_sequence_numbers(self, queue: QueueSpec | TopicSpec, count: int) -> list[int]:
         if count <= 0:
             return []
         last = await self._run("reserveSequenceNumbers", queue, [count])

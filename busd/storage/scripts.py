@@ -54,8 +54,7 @@ CONTEXTS: dict[str, tuple[str, ...]] = {
     "transaction": TRANSACTION_KEYS,
 }
 # The keys a context repeats once per subscription named by the call.
-PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS,
-                                                "transaction": ()}
+PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS, "transaction": ()}
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
@@ -78,8 +77,9 @@ def read_context_width(path: Path, name: str, reads: re.Pattern[str], what: str)
     width = int(declared["n"])
     read = {int(i) for i in reads.findall(text)}
     if read != set(range(1, width + 1)):
-        raise ScriptError(f"{path.name}: {name} is {width}, the context reads {what} "
-                          f"for i in {sorted(read)}")
+        raise ScriptError(
+            f"{path.name}: {name} is {width}, the context reads {what} for i in {sorted(read)}"
+        )
     return width
 
 
@@ -95,8 +95,10 @@ def read_queue_keyc(path: Path = QUEUE_CONTEXT) -> int:
     of QUEUE_KEYS, which the loader passes in its place."""
     keyc = read_context_width(path, "QUEUE_KEYC", _CONTEXT_KEY, "KEYS[kb+i]")
     if keyc != len(QUEUE_KEYS):
-        raise ScriptError(f"{path.name}: QUEUE_KEYC is {keyc}, busd.storage.keys.QUEUE_KEYS "
-                          f"has {len(QUEUE_KEYS)} keys")
+        raise ScriptError(
+            f"{path.name}: QUEUE_KEYC is {keyc}, busd.storage.keys.QUEUE_KEYS "
+            f"has {len(QUEUE_KEYS)} keys"
+        )
     return keyc
 
 
@@ -208,8 +210,12 @@ class Scripts:
     node owning the queue's slot. Either way a server that lost the scripts (NOSCRIPT:
     restarted, failed over, flushed) gets them again."""
 
-    def __init__(self, client: Redis, sources: dict[str, ScriptSource] | None = None,
-                 durability: str = "local") -> None:
+    def __init__(
+        self,
+        client: Redis,
+        sources: dict[str, ScriptSource] | None = None,
+        durability: str = "local",
+    ) -> None:
         self.sources = sources if sources is not None else load_sources()
         self._client = client
         self._registered: dict[str, AsyncScript] = {

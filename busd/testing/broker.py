@@ -43,12 +43,14 @@ class BusdStartError(RuntimeError):
     """busd did not come up; the message holds its output."""
 
 
-def connection_string(port: int, key: tuple[str, str] = DEFAULT_KEY, host: str = "localhost",
-                      emulator: bool = True) -> str:  # fmt: skip
+def connection_string(
+    port: int, key: tuple[str, str] = DEFAULT_KEY, host: str = "localhost", emulator: bool = True
+) -> str:
     """A Service Bus connection string for busd on `port` (`emulator`: plain AMQP, no TLS)."""
     flag = "UseDevelopmentEmulator=true;" if emulator else ""
-    return (f"Endpoint=sb://{host}:{port};SharedAccessKeyName={key[0]};"
-            f"SharedAccessKey={key[1]};{flag}")
+    return (
+        f"Endpoint=sb://{host}:{port};SharedAccessKeyName={key[0]};SharedAccessKey={key[1]};{flag}"
+    )
 
 
 def delete_prefix(url: str, prefix: str) -> None:
@@ -157,10 +159,28 @@ class BusdBroker:
             self.data_dir = Path(tempfile.mkdtemp(prefix="busd-test-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"busd-{self.key_prefix}.log"
-        cmd = [self.python, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--http-port", "0", "--tls-port", "0", "--ws-port", "0",
-               "--data-dir", str(self.data_dir), "--key-prefix", self.key_prefix,
-               "--sas-key", f"{self.key[0]}={self.key[1]}"]
+        cmd = [
+            self.python,
+            "-m",
+            "busd",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--tls-port",
+            "0",
+            "--ws-port",
+            "0",
+            "--data-dir",
+            str(self.data_dir),
+            "--key-prefix",
+            self.key_prefix,
+            "--sas-key",
+            f"{self.key[0]}={self.key[1]}",
+        ]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         if self.redis_url:
@@ -169,8 +189,9 @@ class BusdBroker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BUSD_")}
         env.update({"PYTHONUNBUFFERED": "1", **self.env})
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         cwd=self.data_dir)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.data_dir
+            )
         try:
             self._wait_for_banner()
         except BaseException:
@@ -196,8 +217,9 @@ class BusdBroker:
             if self.proc.poll() is not None:
                 raise BusdStartError(f"busd exited with {self.proc.returncode}:\n{text}")
             time.sleep(0.05)
-        raise BusdStartError(f"busd did not start within {self.startup_timeout} s:\n"
-                             f"{self.log_text()}")
+        raise BusdStartError(
+            f"busd did not start within {self.startup_timeout} s:\n{self.log_text()}"
+        )
 
     def log_text(self) -> str:
         """What busd printed so far (its banner, then its log)."""
@@ -228,6 +250,10 @@ class BusdBroker:
     def __enter__(self) -> BusdBroker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

@@ -32,8 +32,14 @@ STARTUP_TIMEOUT_S = 60
 class BusdContainer(DockerContainer):
     """A busd container with its four ports published on free host ports."""
 
-    def __init__(self, image: str = "busd", *, config: str | os.PathLike[str] | None = None,
-                 key: tuple[str, str] = DEFAULT_KEY, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        image: str = "busd",
+        *,
+        config: str | os.PathLike[str] | None = None,
+        key: tuple[str, str] = DEFAULT_KEY,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(image, **kwargs)
         self.key = key
         self._built: DockerImage | None = None
@@ -41,12 +47,16 @@ class BusdContainer(DockerContainer):
         self.with_env("BUSD_SAS_KEY", f"{key[0]}={key[1]}")
         if config is not None:
             self.with_volume_mapping(str(Path(config).resolve()), EMULATOR_CONFIG, "ro")
-        self.waiting_for(HttpWaitStrategy(HTTP_PORT, "/health").for_status_code(200)
-                         .with_startup_timeout(STARTUP_TIMEOUT_S))
+        self.waiting_for(
+            HttpWaitStrategy(HTTP_PORT, "/health")
+            .for_status_code(200)
+            .with_startup_timeout(STARTUP_TIMEOUT_S)
+        )
 
     @classmethod
-    def from_dockerfile(cls, context: str | os.PathLike[str], *, tag: str = "busd:test",
-                        **kwargs: Any) -> BusdContainer:  # fmt: skip
+    def from_dockerfile(
+        cls, context: str | os.PathLike[str], *, tag: str = "busd:test", **kwargs: Any
+    ) -> BusdContainer:
         """A container of the image built from `context` (a busd checkout with its
         Dockerfile) at start; the image is removed again at stop."""
         image = DockerImage(path=str(context), tag=tag)
@@ -68,8 +78,12 @@ class BusdContainer(DockerContainer):
                 self._built.remove()
 
     def _endpoint(self, port: int, emulator: bool = True) -> str:
-        return connection_string(self.get_exposed_port(port), self.key,
-                                 host=self.get_container_host_ip(), emulator=emulator)
+        return connection_string(
+            self.get_exposed_port(port),
+            self.key,
+            host=self.get_container_host_ip(),
+            emulator=emulator,
+        )
 
     @property
     def connection_string(self) -> str:

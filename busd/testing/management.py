@@ -23,8 +23,11 @@ from busd.entity_tools import (
 from busd.tools import EXIT_NOT_FOUND, ToolError
 
 DEFAULT_RULE = "$Default"
-_DESCRIPTIONS = {"queue": "QueueDescription", "topic": "TopicDescription",
-                 "subscription": "SubscriptionDescription"}
+_DESCRIPTIONS = {
+    "queue": "QueueDescription",
+    "topic": "TopicDescription",
+    "subscription": "SubscriptionDescription",
+}
 
 
 class ManagementError(RuntimeError):
@@ -85,9 +88,14 @@ class Management:
         self._put("topic", entity_path(name), properties)
         return name
 
-    def create_subscription(self, topic: str, name: str, *,
-                            rules: Mapping[str, RuleSpec] | None = None,
-                            **properties: Any) -> str:  # fmt: skip
+    def create_subscription(
+        self,
+        topic: str,
+        name: str,
+        *,
+        rules: Mapping[str, RuleSpec] | None = None,
+        **properties: Any,
+    ) -> str:
         """A subscription of `topic`. `rules`: name -> a SQL filter, or a mapping with `sql`,
         `correlation` (a mapping: session_id, label, ... or application properties) and
         `action`; given, they replace the `$Default` rule that takes every message."""
@@ -102,8 +110,9 @@ class Management:
     def create_rule(self, topic: str, subscription: str, name: str, spec: RuleSpec) -> None:
         if isinstance(spec, str):
             spec = {"sql": spec}
-        correlation = tuple(f"{_correlation_key(k)}={v}"
-                            for k, v in (spec.get("correlation") or {}).items())
+        correlation = tuple(
+            f"{_correlation_key(k)}={v}" for k, v in (spec.get("correlation") or {}).items()
+        )
         body = rule_document(name, spec.get("sql"), correlation, spec.get("action"))
         self._call("PUT", entity_path(topic, subscription, name), body)
 

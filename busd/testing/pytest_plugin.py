@@ -45,14 +45,24 @@ MARKER = "busd_config"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("busd", "busd broker for tests")
-    group.addoption("--busd-config", default=None, metavar="PATH",
-                    help="Config.json (the Service Bus emulator's format) to seed busd_broker "
-                         "from.")
-    group.addoption("--busd-redis-url", default=None, metavar="URL",
-                    help="Redis/Valkey for the test brokers' state (default: each starts its "
-                         "own embedded Valkey).")
-    parser.addini("busd_config", "Config.json to seed busd_broker from (relative to the ini "
-                  "file).", default=None)
+    group.addoption(
+        "--busd-config",
+        default=None,
+        metavar="PATH",
+        help="Config.json (the Service Bus emulator's format) to seed busd_broker from.",
+    )
+    group.addoption(
+        "--busd-redis-url",
+        default=None,
+        metavar="URL",
+        help="Redis/Valkey for the test brokers' state (default: each starts its "
+        "own embedded Valkey).",
+    )
+    parser.addini(
+        "busd_config",
+        "Config.json to seed busd_broker from (relative to the ini file).",
+        default=None,
+    )
     parser.addini("busd_redis_url", "Redis/Valkey for the test brokers' state.", default=None)
 
 
@@ -60,7 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(path): the test's busd (busd_test_broker and the entity factories) is "
-        "seeded from this Config.json, relative to the test file; one broker per file.")
+        "seeded from this Config.json, relative to the test file; one broker per file.",
+    )
 
 
 def _option(config: pytest.Config, name: str) -> tuple[str | None, Path]:
@@ -69,8 +80,9 @@ def _option(config: pytest.Config, name: str) -> tuple[str | None, Path]:
     if value:
         return value, config.invocation_params.dir
     ini = config.getini(name)
-    return (str(ini) if ini else None), (config.inipath.parent if config.inipath
-                                         else config.rootpath)
+    return (str(ini) if ini else None), (
+        config.inipath.parent if config.inipath else config.rootpath
+    )
 
 
 @pytest.fixture(scope="session")
@@ -102,16 +114,18 @@ def busd_broker_factory(
 
 
 @pytest.fixture(scope="session")
-def busd_broker(pytestconfig: pytest.Config,
-                busd_broker_factory: Callable[..., BusdBroker]) -> BusdBroker:  # fmt: skip
+def busd_broker(
+    pytestconfig: pytest.Config, busd_broker_factory: Callable[..., BusdBroker]
+) -> BusdBroker:
     """The session's busd (this worker's, under pytest-xdist)."""
     config, base = _option(pytestconfig, "busd_config")
     return busd_broker_factory(base / config if config else None)
 
 
 @pytest.fixture
-def busd_test_broker(request: pytest.FixtureRequest,
-                     busd_broker_factory: Callable[..., BusdBroker]) -> BusdBroker:  # fmt: skip
+def busd_test_broker(
+    request: pytest.FixtureRequest, busd_broker_factory: Callable[..., BusdBroker]
+) -> BusdBroker:
     """The busd of this test: the one of its @pytest.mark.busd_config(path), else busd_broker."""
     marker = request.node.get_closest_marker(MARKER)
     if marker is None:
@@ -146,8 +160,9 @@ class _Made:
             except Exception as exc:  # the broker went away: report, but remove the rest
                 errors.append(str(exc))
         if errors:
-            raise RuntimeError("busd: could not remove entities made for the test: "
-                               + "; ".join(errors))
+            raise RuntimeError(
+                "busd: could not remove entities made for the test: " + "; ".join(errors)
+            )
 
 
 @pytest.fixture
@@ -171,8 +186,7 @@ def _factory(request: pytest.FixtureRequest, made: _Made, kind: str) -> Callable
 
 
 @pytest.fixture
-def busd_queue_factory(request: pytest.FixtureRequest,
-                       _busd_made: _Made) -> Callable[..., str]:  # fmt: skip
+def busd_queue_factory(request: pytest.FixtureRequest, _busd_made: _Made) -> Callable[..., str]:
     """busd_queue_factory(prefix=None, **properties) -> the name of a new queue (properties as
     the SDK names them: requires_session=True, lock_duration=timedelta(seconds=5), ...),
     deleted after the test."""
@@ -180,16 +194,16 @@ def busd_queue_factory(request: pytest.FixtureRequest,
 
 
 @pytest.fixture
-def busd_topic_factory(request: pytest.FixtureRequest,
-                       _busd_made: _Made) -> Callable[..., str]:  # fmt: skip
+def busd_topic_factory(request: pytest.FixtureRequest, _busd_made: _Made) -> Callable[..., str]:
     """busd_topic_factory(prefix=None, **properties) -> the name of a new topic, deleted with
     its subscriptions after the test."""
     return _factory(request, _busd_made, "topic")
 
 
 @pytest.fixture
-def busd_subscription_factory(request: pytest.FixtureRequest,
-                              _busd_made: _Made) -> Callable[..., str]:  # fmt: skip
+def busd_subscription_factory(
+    request: pytest.FixtureRequest, _busd_made: _Made
+) -> Callable[..., str]:
     """busd_subscription_factory(topic, prefix=None, rules=None, **properties) -> the name of
     a new subscription of `topic`; `rules`: name -> SQL filter (or a mapping with sql,
     correlation, action) replacing $Default. Deleted after the test."""

@@ -197,8 +197,18 @@ def test_value_round_trips(value, wire):
     decoded, end = codec.decode_value(data)
     assert end == len(data)
     assert decoded == value
-    assert type(decoded) is type(value) or type(value) in (UByte, UShort, UInt, ULong, Byte,
-                                                          Short, Int, Long, Float, tuple)
+    assert type(decoded) is type(value) or type(value) in (
+        UByte,
+        UShort,
+        UInt,
+        ULong,
+        Byte,
+        Short,
+        Int,
+        Long,
+        Float,
+        tuple,
+    )
     if isinstance(value, (Symbol, Timestamp, Array, Described, AmqpDecimal, uuid.UUID, bytes)):
         assert type(decoded) is type(value)
     if isinstance(value, Array):
@@ -271,18 +281,26 @@ def test_decodes_what_proton_encodes(value):
     assert norm(decoded) == norm(value)
     if isinstance(value, proton.Array):
         assert isinstance(decoded, Array)
-        assert (decoded.element_type if value.descriptor is proton.UNDESCRIBED
-                else decoded.element_type.descriptor) == {
-            proton.Data.UUID: "uuid", proton.Data.TIMESTAMP: "timestamp",
-            proton.Data.STRING: "string", proton.Data.LONG: "long",
-        }.get(value.type, value.descriptor)  # fmt: skip
+        assert (
+            decoded.element_type
+            if value.descriptor is proton.UNDESCRIBED
+            else decoded.element_type.descriptor
+        ) == {
+            proton.Data.UUID: "uuid",
+            proton.Data.TIMESTAMP: "timestamp",
+            proton.Data.STRING: "string",
+            proton.Data.LONG: "long",
+        }.get(value.type, value.descriptor)
         # and back: proton reads our re-encoding as the same array
         assert norm(proton_value(codec.encode_value(decoded))) == norm(value)
 
 
 def test_decimals_are_kept_as_raw_bytes():
-    for value, width in ((proton.decimal32(7), 32), (proton.decimal64(8), 64),
-                         (proton.decimal128(b"\x01" * 16), 128)):  # fmt: skip
+    for value, width in (
+        (proton.decimal32(7), 32),
+        (proton.decimal64(8), 64),
+        (proton.decimal128(b"\x01" * 16), 128),
+    ):
         decoded, _ = codec.decode_value(proton_bytes(value))
         assert isinstance(decoded, AmqpDecimal) and decoded.width == width
     # the SDK cannot decode decimal32/64 or char: never emitted
@@ -373,8 +391,14 @@ def test_delivery_annotations_lead_with_the_lock_token_and_drop_a_forged_one():
     )
     incoming = codec.parse_incoming(sdk_bytes(message))
     token = uuid.uuid4()
-    delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0,
-                                      lock_token=token.bytes, dead_letter_reason="why")
+    delivered = codec.encode_delivery(
+        incoming.blob,
+        seq=1,
+        enqueued_ms=2,
+        delivery_count=0,
+        lock_token=token.bytes,
+        dead_letter_reason="why",
+    )
     decoded = decode_payload(memoryview(delivered))
     assert decoded.delivery_annotations == {b"x-opt-lock-token": token, b"hop": 7}
     assert list(decoded.delivery_annotations)[0] == b"x-opt-lock-token"
@@ -385,10 +409,10 @@ def test_delivery_annotations_lead_with_the_lock_token_and_drop_a_forged_one():
     assert pm.instructions == {Symbol("x-opt-lock-token"): token, Symbol("hop"): 7}
     # a message without delivery annotations gets the lock token alone, or an empty map
     plain = codec.parse_incoming(sdk_bytes(AmqpAnnotatedMessage(data_body=b"b"))).blob
-    locked = codec.encode_delivery(plain, seq=1, enqueued_ms=2, delivery_count=0,
-                                   lock_token=token.bytes)
-    assert decode_payload(memoryview(locked)).delivery_annotations == {
-        b"x-opt-lock-token": token}
+    locked = codec.encode_delivery(
+        plain, seq=1, enqueued_ms=2, delivery_count=0, lock_token=token.bytes
+    )
+    assert decode_payload(memoryview(locked)).delivery_annotations == {b"x-opt-lock-token": token}
     unlocked = codec.encode_delivery(plain, seq=1, enqueued_ms=2, delivery_count=0)
     assert decode_payload(memoryview(unlocked)).delivery_annotations == {}
     with pytest.raises(CodecError):
@@ -396,14 +420,20 @@ def test_delivery_annotations_lead_with_the_lock_token_and_drop_a_forged_one():
 
 
 def test_partition_key_and_group_ids_as_utf8_binary_are_read_as_text():
-    payload = (
-        codec.encode_value(Described(ULong(0x72), {Symbol("x-opt-partition-key"): b"p\xc3\xa9"}))
-        + codec.encode_value(Described(ULong(0x73), [
-            "m", None, None, None, None, None, None, None, None, None, b"g", None, b"r"]))
+    payload = codec.encode_value(
+        Described(ULong(0x72), {Symbol("x-opt-partition-key"): b"p\xc3\xa9"})
+    ) + codec.encode_value(
+        Described(
+            ULong(0x73),
+            ["m", None, None, None, None, None, None, None, None, None, b"g", None, b"r"],
+        )
     )
     incoming = codec.parse_incoming(payload)
     assert (incoming.partition_key, incoming.session_id, incoming.reply_to_session_id) == (
-        "p\u00e9", "g", "r")
+        "p\u00e9",
+        "g",
+        "r",
+    )
     bad = codec.encode_value(Described(ULong(0x72), {Symbol("x-opt-partition-key"): b"\xff"}))
     with pytest.raises(CodecError, match="UTF-8"):
         codec.parse_incoming(bad)
@@ -413,21 +443,30 @@ def test_decimal_application_properties_are_stored_in_the_form_the_sdk_reads():
     from decimal import Decimal
 
     message = ServiceBusMessage(
-        b"x", application_properties={"a": Decimal("1.5"), "b": "text", "c": Decimal("-0.05")})
+        b"x", application_properties={"a": Decimal("1.5"), "b": "text", "c": Decimal("-0.05")}
+    )
     payload = sdk_bytes(message)
     incoming = codec.parse_incoming(payload)
-    delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0,
-                                      dead_letter_reason="r")
+    delivered = codec.encode_delivery(
+        incoming.blob, seq=1, enqueued_ms=2, delivery_count=0, dead_letter_reason="r"
+    )
     decoded = decode_payload(memoryview(delivered))
     assert decoded.application_properties == {
-        b"a": Decimal("1.5"), b"b": b"text", b"c": Decimal("-0.05"), b"DeadLetterReason": b"r"}
+        b"a": Decimal("1.5"),
+        b"b": b"text",
+        b"c": Decimal("-0.05"),
+        b"DeadLetterReason": b"r",
+    }
     # canonical bytes are kept as they are: the second pass changes nothing
-    again = codec.parse_incoming(codec.encode_delivery(
-        incoming.blob, seq=1, enqueued_ms=2, delivery_count=0))
+    again = codec.parse_incoming(
+        codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=2, delivery_count=0)
+    )
     assert again.blob[-40:] == incoming.blob[-40:]
     # decimal32 and decimal64 (which the SDK cannot read at all) become decimal128
-    for raw, value in ((bytes.fromhex("743200000f"), Decimal("1.5")),
-                       (bytes.fromhex("843180000000000019"), Decimal("0.25"))):
+    for raw, value in (
+        (bytes.fromhex("743200000f"), Decimal("1.5")),
+        (bytes.fromhex("843180000000000019"), Decimal("0.25")),
+    ):
         entry = b"\xa1\x01d" + raw
         section = b"\x00\x53\x74\xc1" + bytes((len(entry) + 1, 2)) + entry
         got = codec.parse_incoming(section)
@@ -436,10 +475,9 @@ def test_decimal_application_properties_are_stored_in_the_form_the_sdk_reads():
 
 
 def test_symbolic_section_descriptors_are_understood():
-    payload = (
-        codec.encode_value(Described(Symbol("amqp:properties:list"), ["id-1"]))
-        + codec.encode_value(Described(Symbol("amqp:data:binary"), b"hi"))
-    )
+    payload = codec.encode_value(
+        Described(Symbol("amqp:properties:list"), ["id-1"])
+    ) + codec.encode_value(Described(Symbol("amqp:data:binary"), b"hi"))
     assert [c for c, _, _ in codec.split_sections(payload)] == [0x73, 0x75]
     assert codec.parse_incoming(payload).message_id == "id-1"
 
@@ -508,8 +546,11 @@ def test_header_fields_are_kept():
         memoryview(codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=1, delivery_count=2))
     ).header
     assert (header.durable, header.priority, header.ttl, header.delivery_count) == (
-        True, 7, 5000, 2,
-    )  # fmt: skip
+        True,
+        7,
+        5000,
+        2,
+    )
 
 
 def test_broker_owned_annotations_are_replaced():
@@ -532,15 +573,16 @@ def test_broker_owned_annotations_are_replaced():
     incoming = codec.parse_incoming(payload)
     delivered = codec.encode_delivery(incoming.blob, seq=1, enqueued_ms=1000, delivery_count=0)
     annotations = codec.decode_message(delivered).message_annotations
-    assert annotations == {"x-opt-sequence-number": 1, "x-opt-enqueued-time": 1000,
-                           "custom": "kept"}  # fmt: skip
+    assert annotations == {
+        "x-opt-sequence-number": 1,
+        "x-opt-enqueued-time": 1000,
+        "custom": "kept",
+    }
     assert all(type(k) is Symbol for k in annotations)
 
 
 def test_annotation_keys_sent_as_strings_become_symbols():
-    payload = codec.encode_message(
-        properties={"message_id": "m"}, data=b"x"
-    )
+    payload = codec.encode_message(properties={"message_id": "m"}, data=b"x")
     payload = b"\x00\x53\x72" + codec.encode_value({"x-opt-partition-key": "pk", "a": 1}) + payload
     incoming = codec.parse_incoming(payload)
     assert incoming.partition_key == "pk"
@@ -562,9 +604,12 @@ def test_delivery_decodes_in_the_sdk():
     )
     incoming = codec.parse_incoming(payload)
     delivered = codec.encode_delivery(
-        incoming.blob, seq=42, enqueued_ms=1_700_000_000_123, delivery_count=0,
+        incoming.blob,
+        seq=42,
+        enqueued_ms=1_700_000_000_123,
+        delivery_count=0,
         locked_until_ms=1_700_000_060_000,
-    )  # fmt: skip
+    )
     raw = decode_payload(memoryview(delivered))
     assert raw.header.delivery_count == 0  # explicit, not absent
     assert delivered.startswith(bytes.fromhex("005370c006054040404043"))
@@ -606,16 +651,25 @@ def test_dead_letter_reason_and_patch_are_merged_into_application_properties():
     incoming = codec.parse_incoming(payload)
     patch = codec.encode_properties_patch({"over": "b", "new": Int(3)})
     delivered = codec.encode_delivery(
-        incoming.blob, seq=1, enqueued_ms=1, delivery_count=1,
-        dead_letter_reason="TooMany", dead_letter_description="tried 10 times",
+        incoming.blob,
+        seq=1,
+        enqueued_ms=1,
+        delivery_count=1,
+        dead_letter_reason="TooMany",
+        dead_letter_description="tried 10 times",
         properties_patch=patch,
-    )  # fmt: skip
+    )
     message = received(delivered)
     assert message.dead_letter_reason == "TooMany"
     assert message.dead_letter_error_description == "tried 10 times"
     app = codec.decode_message(delivered).application_properties
-    assert app == {"keep": 1, "over": "b", "new": 3, "DeadLetterReason": "TooMany",
-                   "DeadLetterErrorDescription": "tried 10 times"}  # fmt: skip
+    assert app == {
+        "keep": 1,
+        "over": "b",
+        "new": 3,
+        "DeadLetterReason": "TooMany",
+        "DeadLetterErrorDescription": "tried 10 times",
+    }
     # untouched entries keep their wire type: "keep" was sent as a 32-bit int (0x54)
     section = [(s, e) for c, s, e in codec.split_sections(delivered) if c == 0x74][0]
     assert b"\xa1\x04keep\x54\x01" in delivered[section[0] : section[1]]
@@ -651,13 +705,18 @@ def test_properties_patches_concatenate():
 
 def test_large_annotations_and_application_properties_use_32_bit_maps():
     app = {f"key-{i}": "v" * 20 for i in range(40)}
-    payload = sdk_bytes(ServiceBusMessage(b"x" * 1000, application_properties=app,
-                                          partition_key="p" * 100))  # fmt: skip
+    payload = sdk_bytes(
+        ServiceBusMessage(b"x" * 1000, application_properties=app, partition_key="p" * 100)
+    )
     incoming = codec.parse_incoming(payload)
     delivered = codec.encode_delivery(
-        incoming.blob, seq=1, enqueued_ms=1, delivery_count=0, locked_until_ms=5,
+        incoming.blob,
+        seq=1,
+        enqueued_ms=1,
+        delivery_count=0,
+        locked_until_ms=5,
         dead_letter_reason="r" * 300,
-    )  # fmt: skip
+    )
     message = received(delivered)
     assert message.partition_key == "p" * 100
     assert message.dead_letter_reason == "r" * 300
@@ -680,8 +739,9 @@ def test_encode_delivery_rejects_what_is_not_a_blob():
 
 def test_sdk_batch_is_unpacked():
     first = ServiceBusMessage("a", session_id="s1", message_id="first", partition_key="s1")
-    second = ServiceBusMessage(b"b" * 300, session_id="s1", message_id="second",
-                               time_to_live=datetime.timedelta(seconds=9))  # fmt: skip
+    second = ServiceBusMessage(
+        b"b" * 300, session_id="s1", message_id="second", time_to_live=datetime.timedelta(seconds=9)
+    )
     payload = sdk_batch(first, second)
     inner = codec.unpack_batch(payload)
     assert inner is not None and len(inner) == 2
@@ -694,8 +754,10 @@ def test_sdk_batch_is_unpacked():
 
 
 def test_parse_transfer_handles_batches_and_single_messages():
-    batch = sdk_batch(ServiceBusMessage("a", session_id="s", message_id="1"),
-                      ServiceBusMessage("b", session_id="t", message_id="2"))  # fmt: skip
+    batch = sdk_batch(
+        ServiceBusMessage("a", session_id="s", message_id="1"),
+        ServiceBusMessage("b", session_id="t", message_id="2"),
+    )
     messages = codec.parse_transfer(batch)
     assert [(m.message_id, m.session_id) for m in messages] == [("1", "s"), ("2", "t")]
     assert [m.blob for m in messages] == [
@@ -734,19 +796,26 @@ def test_batch_false_positive_is_limited_by_message_id():
 
 def test_decode_management_request_built_by_pyamqp():
     request = PyamqpMessage(
-        value={"lock-tokens": {"TYPE": "ARRAY", "VALUE": [
-            {"TYPE": "UUID", "VALUE": U1}, {"TYPE": "UUID", "VALUE": U2}]}},
+        value={
+            "lock-tokens": {
+                "TYPE": "ARRAY",
+                "VALUE": [{"TYPE": "UUID", "VALUE": U1}, {"TYPE": "UUID", "VALUE": U2}],
+            }
+        },
         properties=PyamqpProperties(message_id=U1, reply_to=b"q/$management"),
-        application_properties={"operation": "com.microsoft:renew-lock",
-                                "com.microsoft:server-timeout": {"TYPE": "UINT", "VALUE": 60000}},
-    )  # fmt: skip
+        application_properties={
+            "operation": "com.microsoft:renew-lock",
+            "com.microsoft:server-timeout": {"TYPE": "UINT", "VALUE": 60000},
+        },
+    )
     payload = bytes(encode_payload(bytearray(), request))
     decoded = codec.decode_message(payload)
     assert decoded.properties["message_id"] == U1
     assert decoded.properties["reply_to"] == "q/$management"
     assert decoded.application_properties == {
-        "operation": "com.microsoft:renew-lock", "com.microsoft:server-timeout": 60000,
-    }  # fmt: skip
+        "operation": "com.microsoft:renew-lock",
+        "com.microsoft:server-timeout": 60000,
+    }
     assert decoded.body_type == "value"
     assert decoded.body == {"lock-tokens": [U1, U2]}
     assert decoded.body["lock-tokens"].element_type == "uuid"
@@ -755,11 +824,16 @@ def test_decode_management_request_built_by_pyamqp():
 def test_encode_management_response_reads_in_pyamqp_and_proton():
     payload = codec.encode_message(
         properties={"correlation_id": U1},
-        application_properties={"statusCode": Int(200), "statusDescription": "OK",
-                                "errorCondition": Symbol("com.microsoft:x")},
-        value={"expirations": Array(Timestamp, [Timestamp(5), Timestamp(6)]),
-               "sequence-numbers": Array(Long, [1, 2])},
-    )  # fmt: skip
+        application_properties={
+            "statusCode": Int(200),
+            "statusDescription": "OK",
+            "errorCondition": Symbol("com.microsoft:x"),
+        },
+        value={
+            "expirations": Array(Timestamp, [Timestamp(5), Timestamp(6)]),
+            "sequence-numbers": Array(Long, [1, 2]),
+        },
+    )
     message = decode_payload(memoryview(payload))
     assert message.properties.correlation_id == U1  # a uuid, matched with ==
     assert message.application_properties[b"statusCode"] == 200
@@ -775,15 +849,31 @@ def test_encode_message_types_property_fields():
     payload = codec.encode_message(
         header={"durable": True, "ttl": 5, "delivery_count": 0},
         message_annotations={"x-opt-a": 1},
-        properties={"message_id": 17, "user_id": "u", "to": "t", "subject": "s",
-                    "reply_to": "r", "correlation_id": b"c", "content_type": "text/plain",
-                    "content_encoding": "gzip", "absolute_expiry_time": 10, "creation_time": 9,
-                    "group_id": "g", "group_sequence": 3, "reply_to_group_id": "rg"},
+        properties={
+            "message_id": 17,
+            "user_id": "u",
+            "to": "t",
+            "subject": "s",
+            "reply_to": "r",
+            "correlation_id": b"c",
+            "content_type": "text/plain",
+            "content_encoding": "gzip",
+            "absolute_expiry_time": 10,
+            "creation_time": 9,
+            "group_id": "g",
+            "group_sequence": 3,
+            "reply_to_group_id": "rg",
+        },
         data=[b"a", b"b"],
-    )  # fmt: skip
+    )
     decoded = codec.decode_message(payload)
-    assert decoded.header == {"durable": True, "priority": None, "ttl": 5,
-                              "first_acquirer": None, "delivery_count": 0}  # fmt: skip
+    assert decoded.header == {
+        "durable": True,
+        "priority": None,
+        "ttl": 5,
+        "first_acquirer": None,
+        "delivery_count": 0,
+    }
     assert type(decoded.message_annotations and list(decoded.message_annotations)[0]) is Symbol
     p = decoded.properties
     assert p["message_id"] == 17 and p["user_id"] == b"u" and p["correlation_id"] == b"c"
@@ -861,16 +951,25 @@ def test_deep_nesting_raises_codec_error():
 
 def test_malformed_messages_raise_codec_error():
     good = sdk_bytes(
-        ServiceBusMessage("hello", session_id="s1", application_properties={"k": "v"},
-                          time_to_live=datetime.timedelta(seconds=3),
-                          scheduled_enqueue_time_utc=datetime.datetime(2030, 1, 1, tzinfo=UTC))
-    )  # fmt: skip
+        ServiceBusMessage(
+            "hello",
+            session_id="s1",
+            application_properties={"k": "v"},
+            time_to_live=datetime.timedelta(seconds=3),
+            scheduled_enqueue_time_utc=datetime.datetime(2030, 1, 1, tzinfo=UTC),
+        )
+    )
     boundaries = {end for _, _, end in codec.split_sections(good)}
     for cut in range(1, len(good)):
         if cut in boundaries:
             continue
-        for parse in (codec.parse_incoming, codec.split_sections, codec.decode_message,
-                      codec.unpack_batch, codec.parse_transfer):  # fmt: skip
+        for parse in (
+            codec.parse_incoming,
+            codec.split_sections,
+            codec.decode_message,
+            codec.unpack_batch,
+            codec.parse_transfer,
+        ):
             with pytest.raises(CodecError):
                 parse(good[:cut])
     bad = [
@@ -894,13 +993,20 @@ def test_malformed_messages_raise_codec_error():
 def test_random_corruption_only_ever_raises_codec_error():
     rng = random.Random(20240601)
     seeds = [
-        sdk_bytes(ServiceBusMessage("hello", session_id="s1", application_properties={"k": 1},
-                                    partition_key="s1",
-                                    time_to_live=datetime.timedelta(seconds=3))),
+        sdk_bytes(
+            ServiceBusMessage(
+                "hello",
+                session_id="s1",
+                application_properties={"k": 1},
+                partition_key="s1",
+                time_to_live=datetime.timedelta(seconds=3),
+            )
+        ),
         sdk_batch(ServiceBusMessage("a", session_id="s"), ServiceBusMessage("b", session_id="s")),
-        codec.encode_message(properties={"message_id": U1},
-                             value={"lock-tokens": Array("uuid", [U1])}),
-    ]  # fmt: skip
+        codec.encode_message(
+            properties={"message_id": U1}, value={"lock-tokens": Array("uuid", [U1])}
+        ),
+    ]
     for _ in range(3000):
         data = bytearray(rng.choice(seeds))
         for _ in range(rng.randint(1, 4)):
@@ -913,16 +1019,23 @@ def test_random_corruption_only_ever_raises_codec_error():
             else:
                 data.insert(i, rng.randrange(256))
         data = bytes(data)
-        for fn in (codec.parse_incoming, codec.decode_message, codec.unpack_batch,
-                   codec.parse_transfer, codec.split_sections, codec.decode_value):  # fmt: skip
+        for fn in (
+            codec.parse_incoming,
+            codec.decode_message,
+            codec.unpack_batch,
+            codec.parse_transfer,
+            codec.split_sections,
+            codec.decode_value,
+        ):
             try:
                 result = fn(data)
             except CodecError:
                 continue
             if fn is codec.parse_incoming:
                 # whatever parses can be delivered; decoding the result raises CodecError at most
-                delivered = codec.encode_delivery(result.blob, seq=1, enqueued_ms=1,
-                                                  delivery_count=0, dead_letter_reason="r")
+                delivered = codec.encode_delivery(
+                    result.blob, seq=1, enqueued_ms=1, delivery_count=0, dead_letter_reason="r"
+                )
                 try:
                     codec.decode_message(delivered)
                 except CodecError:

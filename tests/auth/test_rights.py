@@ -21,14 +21,21 @@ from busd.auth.sas import generate_sas_token
 FUTURE = int(time.time()) + 3600
 
 
-@pytest.mark.parametrize("spec, name, key, claims", [
-    ("RootManageSharedAccessKey=SAS_KEY_VALUE", "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-     ALL_RIGHTS),
-    ("reader=abc+/=:Listen", "reader", "abc+/=", {LISTEN}),
-    ("app=k==:send, LISTEN", "app", "k==", {SEND, LISTEN}),
-    ("ops=k:Manage", "ops", "k", {MANAGE}),
-    ("a=b=c:Send|Listen", "a", "b=c", {SEND, LISTEN}),
-])
+@pytest.mark.parametrize(
+    "spec, name, key, claims",
+    [
+        (
+            "RootManageSharedAccessKey=SAS_KEY_VALUE",
+            "RootManageSharedAccessKey",
+            "SAS_KEY_VALUE",
+            ALL_RIGHTS,
+        ),
+        ("reader=abc+/=:Listen", "reader", "abc+/=", {LISTEN}),
+        ("app=k==:send, LISTEN", "app", "k==", {SEND, LISTEN}),
+        ("ops=k:Manage", "ops", "k", {MANAGE}),
+        ("a=b=c:Send|Listen", "a", "b=c", {SEND, LISTEN}),
+    ],
+)
 def test_keys_parse_with_their_claims(spec, name, key, claims):
     parsed_name, parsed_key = parse_key(spec)
     assert (parsed_name, str(parsed_key), parsed_key.claims) == (name, key, frozenset(claims))
@@ -41,8 +48,14 @@ def test_bad_key_specs_are_refused(spec):
 
 
 def keys():
-    return dict([parse_key("RootManageSharedAccessKey=root"), parse_key("reader=r:Listen"),
-                 parse_key("writer=w:Send"), parse_key("ops=m:Manage")])
+    return dict(
+        [
+            parse_key("RootManageSharedAccessKey=root"),
+            parse_key("reader=r:Listen"),
+            parse_key("writer=w:Send"),
+            parse_key("ops=m:Manage"),
+        ]
+    )
 
 
 def token(audience, name, key, expiry=FUTURE):
@@ -52,8 +65,10 @@ def token(audience, name, key, expiry=FUTURE):
 def test_grant_carries_the_claims_of_the_key_whatever_the_case_of_its_name():
     grant = grant_of(token("sb://h/q", "READER", "r"), keys())
     assert grant.claims == {LISTEN}
-    assert grant_of(token("sb://h/q", "RootManageSharedAccessKey", "root"), keys()).claims \
+    assert (
+        grant_of(token("sb://h/q", "RootManageSharedAccessKey", "root"), keys()).claims
         == ALL_RIGHTS
+    )
     # Keys given as plain strings (no claims) keep every right.
     assert grant_of(token("sb://h/q", "k", "v"), {"k": "v"}).claims == ALL_RIGHTS
 

@@ -26,8 +26,9 @@ FUTURE = int(time.time()) + 3600
 
 def test_spec_check_vector():
     assert sign(quote_plus(CHECK_AUDIENCE), CHECK_EXPIRY, "SAS_KEY_VALUE") == CHECK_SIGNATURE
-    token = generate_sas_token(CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-                               CHECK_EXPIRY)
+    token = generate_sas_token(
+        CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE", CHECK_EXPIRY
+    )
     parsed = verify_sas_token(token, KEYS, now=CHECK_EXPIRY - 10)
     assert parsed.signature == CHECK_SIGNATURE
     assert parsed.audience == CHECK_AUDIENCE
@@ -37,10 +38,12 @@ def test_spec_check_vector():
 
 
 def test_our_tokens_are_the_sdks_tokens():
-    ours = generate_sas_token(CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-                              CHECK_EXPIRY)
-    theirs = sdk_generate_sas_token(CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-                                    CHECK_EXPIRY)
+    ours = generate_sas_token(
+        CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE", CHECK_EXPIRY
+    )
+    theirs = sdk_generate_sas_token(
+        CHECK_AUDIENCE, "RootManageSharedAccessKey", "SAS_KEY_VALUE", CHECK_EXPIRY
+    )
     assert ours == theirs
 
 

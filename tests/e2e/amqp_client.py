@@ -37,14 +37,23 @@ class ProtonCbsClient:
     SASL ANONYMOUS, then one `put-token` on `$cbs` per entity (audience
     `sb://localhost:<port>/<entity>`), then ordinary links to the entity."""
 
-    def __init__(self, port: int, *, timeout: float = 10, heartbeat: float | None = None,
-                 host: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        port: int,
+        *,
+        timeout: float = 10,
+        heartbeat: float | None = None,
+        host: str | None = None,
+    ) -> None:
         """`host`: the open frame's hostname (a namespace's `<name>.localhost`), still
         connecting to 127.0.0.1."""
         self.port = port
         self.conn = BlockingConnection(
-            f"amqp://127.0.0.1:{port}", timeout=timeout, allowed_mechs="ANONYMOUS",
-            heartbeat=heartbeat, **({"virtual_host": host} if host else {}),
+            f"amqp://127.0.0.1:{port}",
+            timeout=timeout,
+            allowed_mechs="ANONYMOUS",
+            heartbeat=heartbeat,
+            **({"virtual_host": host} if host else {}),
         )
         self._cbs: tuple[BlockingSender, BlockingReceiver] | None = None
 
@@ -60,12 +69,15 @@ class ProtonCbsClient:
     def audience(self, entity: str) -> str:
         return f"sb://localhost:{self.port}/{entity}"
 
-    def put_token(self, entity: str, *, key: str = SAS_KEY, key_name: str = SAS_KEY_NAME,
-                  valid_s: int = 3600) -> Message:
+    def put_token(
+        self, entity: str, *, key: str = SAS_KEY, key_name: str = SAS_KEY_NAME, valid_s: int = 3600
+    ) -> Message:
         """Put a SAS token for `entity`; returns the CBS response (status-code 202: granted)."""
         if self._cbs is None:
-            self._cbs = (self.conn.create_sender("$cbs"),
-                         self.conn.create_receiver("$cbs", credit=10))
+            self._cbs = (
+                self.conn.create_sender("$cbs"),
+                self.conn.create_receiver("$cbs", credit=10),
+            )
         requests, responses = self._cbs
         audience = self.audience(entity)
         token = generate_sas_token(audience, key_name, key, int(time.time()) + valid_s)
@@ -86,8 +98,9 @@ class ProtonCbsClient:
     def sender(self, entity: str) -> BlockingSender:
         return self.conn.create_sender(entity, name=f"sender-{uuid.uuid4()}")
 
-    def receiver(self, entity: str, *, credit: int = 10, session=None,
-                 timeout_ms: int | None = None) -> BlockingReceiver:
+    def receiver(
+        self, entity: str, *, credit: int = 10, session=None, timeout_ms: int | None = None
+    ) -> BlockingReceiver:
         """A peek-lock receiver. `session`: a session id, or NEXT_AVAILABLE; None for a plain
         queue. The attach is answered once busd has locked the session."""
         options = []
@@ -116,9 +129,14 @@ class Management:
         if ":" not in operation:
             operation = f"com.microsoft:{operation}"
         message_id = str(uuid.uuid4())
-        self.sender.send(Message(id=message_id, reply_to=self.reply_to, body=body,
-                                 properties={"operation": operation}))
+        self.sender.send(
+            Message(
+                id=message_id,
+                reply_to=self.reply_to,
+                body=body,
+                properties={"operation": operation},
+            )
+        )
         answer = self.receiver.receive(timeout=10)
         assert answer.correlation_id == message_id
         return answer
-

@@ -95,8 +95,11 @@ class SessionReceiver:
     session_id: str | None = None
 
     def wait_for(self, count: int, timeout: float = 15) -> list[Received]:
-        self.client.wait(lambda: len(self.received) >= count or self.gone, timeout,
-                         f"{count} messages on {self.link.name} (have {len(self.received)})")
+        self.client.wait(
+            lambda: len(self.received) >= count or self.gone,
+            timeout,
+            f"{count} messages on {self.link.name} (have {len(self.received)})",
+        )
         return self.received
 
     @property
@@ -107,8 +110,11 @@ class SessionReceiver:
     def locked(self) -> bool:
         """The broker answered the attach: it holds the session's lock for us."""
         link = self.link
-        return (not self.gone and bool(link.state & REMOTE_ACTIVE)
-                and LOCKED_UNTIL in (link.remote_properties or {}))
+        return (
+            not self.gone
+            and bool(link.state & REMOTE_ACTIVE)
+            and LOCKED_UNTIL in (link.remote_properties or {})
+        )
 
     def refusal(self) -> Refused:
         """The error the broker detached this (never locked) link with; closes our end."""
@@ -125,8 +131,9 @@ class SessionReceiver:
 class EngineClient:
     """One AMQP connection whose writes the test controls (see the module docstring)."""
 
-    def __init__(self, port: int, *, timeout: float = 15, trace: bool = False,
-                 container: str | None = None) -> None:
+    def __init__(
+        self, port: int, *, timeout: float = 15, trace: bool = False, container: str | None = None
+    ) -> None:
         self.port = port
         self.timeout = timeout
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -227,7 +234,8 @@ class EngineClient:
                     message = Message()
                     message.decode(data)
                     self._inbox.setdefault(link, []).append(
-                        Received(delivery, message, time.monotonic()))
+                        Received(delivery, message, time.monotonic())
+                    )
             self.collector.pop()
 
     def wait(self, done, timeout: float | None = None, what: str = "the broker") -> None:
@@ -247,8 +255,9 @@ class EngineClient:
         try:
             if not (self.conn.state & Endpoint.LOCAL_CLOSED):
                 self.conn.close()
-            self.wait(lambda: bool(self.conn.state & REMOTE_CLOSED) or self.eof, timeout,
-                      "the close")
+            self.wait(
+                lambda: bool(self.conn.state & REMOTE_CLOSED) or self.eof, timeout, "the close"
+            )
         except (OSError, TimeoutError, ConnectionError):
             pass
         finally:
@@ -286,9 +295,12 @@ class EngineClient:
         requests, responses = self._cbs
         audience = self.audience(entity)
         token = generate_sas_token(audience, SAS_KEY_NAME, SAS_KEY, int(time.time()) + 3600)
-        request = Message(id=str(uuid.uuid4()), reply_to="$cbs", body=token,
-                          properties={"operation": "put-token", "type": "jwt",
-                                      "name": audience})
+        request = Message(
+            id=str(uuid.uuid4()),
+            reply_to="$cbs",
+            body=token,
+            properties={"operation": "put-token", "type": "jwt", "name": audience},
+        )
         inbox = self._inbox.setdefault(responses, [])
         before = len(inbox)
         delivery = requests.delivery(uuid.uuid4().bytes)
@@ -316,8 +328,14 @@ class EngineClient:
             link.send(message.encode())
             link.advance()
             deliveries.append(delivery)
-        self.wait(lambda: all(d.remote_state or d.settled for d in deliveries)
-                  or bool(link.state & REMOTE_CLOSED), timeout, f"{len(messages)} sends")
+        self.wait(
+            lambda: (
+                all(d.remote_state or d.settled for d in deliveries)
+                or bool(link.state & REMOTE_CLOSED)
+            ),
+            timeout,
+            f"{len(messages)} sends",
+        )
         bad = [d.remote_state for d in deliveries if d.remote_state != Delivery.ACCEPTED]
         if bad or link.state & REMOTE_CLOSED:
             raise RuntimeError(f"send refused: {bad[:3]} {link.remote_condition}")
@@ -327,8 +345,9 @@ class EngineClient:
         self.flush()
 
     # --- receiving -------------------------------------------------------------------------
-    def attach(self, entity: str, session=None, *, credit: int = 0,
-               timeout_ms: int | None = None) -> SessionReceiver:
+    def attach(
+        self, entity: str, session=None, *, credit: int = 0, timeout_ms: int | None = None
+    ) -> SessionReceiver:
         """Send a session receiver's attach (and its credit), without waiting for an answer.
         `session`: a session id or NEXT_AVAILABLE."""
         self.authorize(entity)
@@ -345,13 +364,23 @@ class EngineClient:
         receiver = SessionReceiver(self, link, self._inbox.setdefault(link, []))
         return receiver
 
-    def accept(self, entity: str, session=None, *, credit: int = 0,
-               timeout_ms: int | None = None, timeout: float | None = None) -> SessionReceiver:
+    def accept(
+        self,
+        entity: str,
+        session=None,
+        *,
+        credit: int = 0,
+        timeout_ms: int | None = None,
+        timeout: float | None = None,
+    ) -> SessionReceiver:
         """Attach a session receiver and wait until the broker answers: returns it once the
         session is locked, raises Refused when the broker detaches it with an error."""
         receiver = self.attach(entity, session, credit=credit, timeout_ms=timeout_ms)
-        self.wait(lambda: receiver.gone or receiver.locked, timeout,
-                  f"the answer to attach {receiver.link.name}")
+        self.wait(
+            lambda: receiver.gone or receiver.locked,
+            timeout,
+            f"the answer to attach {receiver.link.name}",
+        )
         if not receiver.locked:
             refused = receiver.refusal()
             self.flush()
@@ -394,12 +423,12 @@ def complete(items: list[Received]) -> None:
 
 
 # --- load generator (run as a script) ---------------------------------------------------------
-def run_load(port: int, queue: str, worker: str, batch: int, sessions: int,
-             deadline_s: float) -> dict:
+def run_load(
+    port: int, queue: str, worker: str, batch: int, sessions: int, deadline_s: float
+) -> dict:
     """Send, accept, receive, complete, detach - on `sessions` sessions of this worker's own,
     round robin - until stdin is closed or the deadline passes."""
-    stats = {"worker": worker, "rounds": 0, "sent": 0, "completed": 0, "refused": 0,
-             "errors": 0}
+    stats = {"worker": worker, "rounds": 0, "sent": 0, "completed": 0, "refused": 0, "errors": 0}
     deadline = time.monotonic() + deadline_s
     client = EngineClient(port, timeout=15)
     client.authorize(queue)
@@ -413,8 +442,7 @@ def run_load(port: int, queue: str, worker: str, batch: int, sessions: int,
             sid = f"load-{worker}-{round_no % sessions}"
             round_no += 1
             try:
-                client.send(queue, [Message(body=f"{sid}:{i}", group_id=sid)
-                                    for i in range(batch)])
+                client.send(queue, [Message(body=f"{sid}:{i}", group_id=sid) for i in range(batch)])
                 stats["sent"] += batch
                 try:
                     receiver = client.accept(queue, sid, credit=batch, timeout=15)
@@ -449,8 +477,7 @@ def main(argv: list[str]) -> int:
     load.add_argument("--sessions", type=int, default=4)
     load.add_argument("--deadline", type=float, default=120)
     args = parser.parse_args(argv)
-    stats = run_load(args.port, args.queue, args.worker, args.batch, args.sessions,
-                     args.deadline)
+    stats = run_load(args.port, args.queue, args.worker, args.batch, args.sessions, args.deadline)
     print(json.dumps(stats), flush=True)
     return 0
 

@@ -111,8 +111,11 @@ def subscription(name: str, rules: list[dict] | None = None, **props) -> dict:
 
 def topic(name: str, subscriptions: list[dict], **props) -> dict:
     """One topic entry of an emulator Config.json."""
-    defaults = {"DefaultMessageTimeToLive": "PT1H", "DuplicateDetectionHistoryTimeWindow": "PT20S",
-                "RequiresDuplicateDetection": False}
+    defaults = {
+        "DefaultMessageTimeToLive": "PT1H",
+        "DuplicateDetectionHistoryTimeWindow": "PT20S",
+        "RequiresDuplicateDetection": False,
+    }
     defaults.update(props)
     return {"Name": name, "Properties": defaults, "Subscriptions": subscriptions}
 
@@ -128,9 +131,16 @@ def write_config(path: Path, queues: list[dict], topics: list[dict] | None = Non
     return path
 
 
-def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: str | None = None,
-                extra_env: dict | None = None, log_level: str = "info",
-                data_dir: Path | None = None) -> BusdProcess:
+def launch_busd(
+    redis_url: str | None,
+    config: Path,
+    workdir: Path,
+    *,
+    prefix: str | None = None,
+    extra_env: dict | None = None,
+    log_level: str = "info",
+    data_dir: Path | None = None,
+) -> BusdProcess:
     """Start busd; with redis_url None it runs its embedded Valkey in `data_dir`."""
     prefix = prefix or f"e2e-{uuid.uuid4().hex[:10]}"
     log_path = workdir / f"busd-{uuid.uuid4().hex[:6]}.log"
@@ -143,9 +153,26 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
         }
     )
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--http-port", "0", "--tls-port", "0", "--ws-port", "0", "--config", str(config),
-           "--log-level", log_level]
+    cmd = [
+        sys.executable,
+        "-m",
+        "busd",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls-port",
+        "0",
+        "--ws-port",
+        "0",
+        "--config",
+        str(config),
+        "--log-level",
+        log_level,
+    ]
     if redis_url is not None:
         cmd += ["--redis-url", redis_url]
     else:
@@ -161,11 +188,16 @@ def launch_busd(redis_url: str | None, config: Path, workdir: Path, *, prefix: s
             tls = TLS_BANNER.search(text)
             ws = WS_BANNER.search(text)
             cert = CERT_BANNER.search(text)
-            return BusdProcess(proc, int(match.group(1)), prefix, log_path,
-                               http_port=int(http.group(1)) if http else None,
-                               tls_port=int(tls.group(1)) if tls else None,
-                               ws_port=int(ws.group(1)) if ws else None,
-                               cert_path=cert.group(1) if cert else None)
+            return BusdProcess(
+                proc,
+                int(match.group(1)),
+                prefix,
+                log_path,
+                http_port=int(http.group(1)) if http else None,
+                tls_port=int(tls.group(1)) if tls else None,
+                ws_port=int(ws.group(1)) if ws else None,
+                cert_path=cert.group(1) if cert else None,
+            )
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -180,8 +212,9 @@ def busd_factory(redis_url, tmp_path_factory):
     started: list[BusdProcess] = []
     workdir = tmp_path_factory.mktemp("busd")
 
-    def start(queues: list[dict], *, embedded: bool = False, topics: list[dict] | None = None,
-              **kwargs) -> BusdProcess:
+    def start(
+        queues: list[dict], *, embedded: bool = False, topics: list[dict] | None = None, **kwargs
+    ) -> BusdProcess:
         config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues, topics)
         proc = launch_busd(None if embedded else redis_url, config, workdir, **kwargs)
         started.append(proc)
@@ -208,8 +241,9 @@ def receive(receiver, count: int, wait: float = 3, patience: float = 15) -> list
     got: list = []
     deadline = time.monotonic() + patience
     while len(got) < count and time.monotonic() < deadline:
-        got.extend(receiver.receive_messages(max_message_count=count - len(got),
-                                             max_wait_time=wait))
+        got.extend(
+            receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait)
+        )
     return got
 
 
@@ -234,8 +268,13 @@ def node_modules() -> Path:
     if not (shutil.which("node") and npm):
         pytest.skip("needs node and npm (.ci/run installs them)")
     if not (JS_DIR / "node_modules" / "@azure" / "service-bus").is_dir():
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-                              cwd=JS_DIR, capture_output=True, text=True, timeout=280)
+        done = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=JS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=280,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     return JS_DIR / "node_modules"
 
@@ -248,8 +287,9 @@ def run_node(script: str, *args: str, cert_path: str | None) -> dict:
     env = dict(os.environ)
     if cert_path:
         env["NODE_EXTRA_CA_CERTS"] = str(cert_path)
-    done = subprocess.run([node, script, *args], cwd=JS_DIR, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [node, script, *args], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
     steps = {}
     for line in done.stdout.splitlines():
         if line.startswith("{"):

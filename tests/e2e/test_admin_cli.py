@@ -50,8 +50,7 @@ def busd(busd_factory):
             queue("scrap"),
             queue("subjects"),
         ],
-        topics=[topic("events", [subscription("s1"),
-                                 subscription("s2", RequiresSession=True)])],
+        topics=[topic("events", [subscription("s1"), subscription("s2", RequiresSession=True)])],
     )
 
 
@@ -112,8 +111,15 @@ def test_send_then_peek_shows_the_message_and_the_sdk_receives_it(busd):
     ]
     assert peeked[0]["application_properties"] == {"kind": "test"}
     table = tool(busd, "peek", "plain").output.splitlines()
-    assert table[0].split() == ["SEQ", "STATE", "ENQUEUED", "DELIVERIES", "SESSION", "SUBJECT",
-                                "BODY"]
+    assert table[0].split() == [
+        "SEQ",
+        "STATE",
+        "ENQUEUED",
+        "DELIVERIES",
+        "SESSION",
+        "SUBJECT",
+        "BODY",
+    ]
     assert table[1].split()[0:2] == ["1", "active"] and table[1].endswith("hello admin")
 
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
@@ -130,8 +136,17 @@ def test_queues_lists_every_queue_with_its_counts(busd):
     tool(busd, "send", "orders/eu", "one")
     tool(busd, "send", "orders/eu", "two")
     found = {q["name"]: q for q in tool_json(busd, "queues")}
-    assert set(found) == {"plain", "sessions", "orders/eu", "dead", "many", "scrap", "subjects",
-                          "events/subscriptions/s1", "events/subscriptions/s2"}
+    assert set(found) == {
+        "plain",
+        "sessions",
+        "orders/eu",
+        "dead",
+        "many",
+        "scrap",
+        "subjects",
+        "events/subscriptions/s1",
+        "events/subscriptions/s2",
+    }
     assert found["orders/eu"]["counts"]["active"] == 2
     assert found["sessions"]["properties"]["requires_session"] is True
     lines = tool(busd, "queues").output.splitlines()
@@ -155,8 +170,9 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
         with sb.get_queue_receiver("sessions", session_id="a", max_wait_time=5) as receiver:
             receiver.session.set_state(b"12345")
-            listed = {s["session_id"]: s
-                      for s in tool_json(busd, "sessions", "sessions")["sessions"]}
+            listed = {
+                s["session_id"]: s for s in tool_json(busd, "sessions", "sessions")["sessions"]
+            }
             assert listed["a"]["locked"] is True
             assert (
                 listed["a"]["locked_until"]
@@ -167,8 +183,12 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
             assert listed["a"]["holder_address"].startswith("127.0.0.1:")
             assert listed["a"]["holder_connection"]
             assert listed["a"]["holder_process"]
-            assert (listed["a"]["active"], listed["a"]["in_flight"], listed["a"]["deferred"],
-                    listed["a"]["scheduled"]) == (2, 0, 0, 0)
+            assert (
+                listed["a"]["active"],
+                listed["a"]["in_flight"],
+                listed["a"]["deferred"],
+                listed["a"]["scheduled"],
+            ) == (2, 0, 0, 0)
             assert listed["a"]["state_preview"] == "12345"
             assert listed["a"]["oldest_message_age_s"] >= 0
             assert listed["a"]["last_activity"] and listed["a"]["stuck"] is False
@@ -180,8 +200,17 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
             ) == (False, None, 1, None)
             lines = tool(busd, "sessions", "sessions").output.splitlines()
             assert lines[0].split() == [
-                "SESSION", "HOLDER", "LOCKED-UNTIL", "ACTIVE", "IN-FLIGHT", "DEFERRED",
-                "SCHEDULED", "OLDEST", "STATE-BYTES", "STATE", "LAST-ACTIVITY",
+                "SESSION",
+                "HOLDER",
+                "LOCKED-UNTIL",
+                "ACTIVE",
+                "IN-FLIGHT",
+                "DEFERRED",
+                "SCHEDULED",
+                "OLDEST",
+                "STATE-BYTES",
+                "STATE",
+                "LAST-ACTIVITY",
             ]
             assert lines[1].split()[0] == "a" and lines[1].split()[1].startswith("127.0.0.1:")
             assert lines[1].split()[3] == "2" and "12345" in lines[1].split()
@@ -311,13 +340,20 @@ def test_store_unreachable_is_503_and_exit_69(tmp_path):
     try:
         config = write_config(tmp_path / "config.json", [queue("q")])
         proc = launch_busd(server.connection_url, config, tmp_path)
-        assert http(proc, "GET", "/health") == (200, {"status": "healthy",
-                                                      "message": "Service is healthy."})
+        assert http(proc, "GET", "/health") == (
+            200,
+            {"status": "healthy", "message": "Service is healthy."},
+        )
         assert http(proc, "GET", "/health/detail") == (200, {"status": "ok", "store": True})
         server.stop()
         # the emulator's answer, which container tools wait on; busd's own detail beside it
-        assert http(proc, "GET", "/health") == (503, {
-            "status": "unhealthy", "message": "Service not available. Please try after some time."})
+        assert http(proc, "GET", "/health") == (
+            503,
+            {
+                "status": "unhealthy",
+                "message": "Service not available. Please try after some time.",
+            },
+        )
         assert http(proc, "GET", "/health/detail") == (503, {"status": "degraded", "store": False})
         assert http(proc, "GET", "/admin/queues")[0] == 503
         result = tool(proc, "queues")
@@ -358,7 +394,9 @@ def test_peek_shows_the_subject(busd):
             sender.send_messages(ServiceBusMessage("from the sdk", subject="invoice"))
     assert tool(busd, "send", "subjects", "from the tool", "--subject", "refund").exit_code == 0
     assert [(m["subject"], m["body"]) for m in tool_json(busd, "peek", "subjects")] == [
-        ("invoice", "from the sdk"), ("refund", "from the tool")]
+        ("invoice", "from the sdk"),
+        ("refund", "from the tool"),
+    ]
     table = tool(busd, "peek", "subjects").output.splitlines()
     column = table[0].split().index("SUBJECT") + 1  # ENQUEUED is a date and a time
     assert [row.split()[column] for row in table[1:]] == ["invoice", "refund"]
@@ -371,23 +409,52 @@ def test_topics_lists_topics_without_subscriptions_and_the_rules(busd):
     assert tool(busd, "topic", "create", "lonely").exit_code == 0
     assert tool(busd, "topic", "create", "routed").exit_code == 0
     assert tool(busd, "subscription", "create", "routed", "red").exit_code == 0
-    made = tool(busd, "rule", "create", "routed", "red", "reds", "--sql", "color = 'red'",
-                "--action", "SET seen = 1")
+    made = tool(
+        busd,
+        "rule",
+        "create",
+        "routed",
+        "red",
+        "reds",
+        "--sql",
+        "color = 'red'",
+        "--action",
+        "SET seen = 1",
+    )
     assert made.exit_code == 0, made.output
     assert tool(busd, "rule", "delete", "routed", "red", "$Default").exit_code == 0
     found = {t["name"]: t for t in tool_json(busd, "topics")}
     assert found["lonely"]["subscriptions"] == []
     (red,) = found["routed"]["subscriptions"]
     assert [(r["name"], r["filter_text"], r["action"]) for r in red["rules"]] == [
-        ("reds", "color = 'red'", "SET seen = 1")]
+        ("reds", "color = 'red'", "SET seen = 1")
+    ]
     assert [r["name"] for r in found["events"]["subscriptions"][0]["rules"]] == ["$Default"]
     rows = table_rows(tool(busd, "topics").output)
-    assert rows[0] == {"TOPIC": "events", "SUBSCRIPTION": "s1", "SESSIONS": "no",
-                       "RULE": "$Default", "FILTER": "1=1", "ACTION": "-"}
-    assert {"TOPIC": "lonely", "SUBSCRIPTION": "-", "SESSIONS": "-", "RULE": "-", "FILTER": "-",
-            "ACTION": "-"} in rows
-    assert {"TOPIC": "routed", "SUBSCRIPTION": "red", "SESSIONS": "no", "RULE": "reds",
-            "FILTER": "color = 'red'", "ACTION": "SET seen = 1"} in rows
+    assert rows[0] == {
+        "TOPIC": "events",
+        "SUBSCRIPTION": "s1",
+        "SESSIONS": "no",
+        "RULE": "$Default",
+        "FILTER": "1=1",
+        "ACTION": "-",
+    }
+    assert {
+        "TOPIC": "lonely",
+        "SUBSCRIPTION": "-",
+        "SESSIONS": "-",
+        "RULE": "-",
+        "FILTER": "-",
+        "ACTION": "-",
+    } in rows
+    assert {
+        "TOPIC": "routed",
+        "SUBSCRIPTION": "red",
+        "SESSIONS": "no",
+        "RULE": "reds",
+        "FILTER": "color = 'red'",
+        "ACTION": "SET seen = 1",
+    } in rows
 
 
 def table_rows(output: str) -> list[dict[str, str]]:

@@ -45,8 +45,9 @@ def sdk(busd):
 
 
 def admin(busd, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    token = generate_sas_token("sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-                               int(time.time()) + 300)
+    token = generate_sas_token(
+        "sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 300
+    )
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(busd.http_url + path, data=data, method=method)
     request.add_header("Authorization", token)
@@ -94,8 +95,9 @@ def test_schedule_message_is_refused(sdk, bad):
 
 @pytest.mark.parametrize("bad", BAD_IDS, ids=["nul-inside", "nul-at-end", "129-chars"])
 def test_the_operators_send_is_refused(busd, sdk, bad):
-    status, answer = admin(busd, "POST", "/admin/queues/admit-sessions/messages",
-                           {"body": "leak?", "session_id": bad})
+    status, answer = admin(
+        busd, "POST", "/admin/queues/admit-sessions/messages", {"body": "leak?", "session_id": bad}
+    )
     assert status == 400, answer
     assert "session id" in json.dumps(answer).lower()
 

@@ -133,8 +133,11 @@ def stored(busd):
             sender.send_messages([ServiceBusMessage(body) for body in PLAIN])
         with client.get_queue_sender("keep-sessions") as sender:
             sender.send_messages(
-                [ServiceBusMessage(body, session_id=sid)
-                 for sid, bodies in SESSIONS.items() for body in bodies]
+                [
+                    ServiceBusMessage(body, session_id=sid)
+                    for sid, bodies in SESSIONS.items()
+                    for body in bodies
+                ]
             )
         with client.get_queue_receiver("keep") as receiver:
             peeked = receiver.peek_messages(max_message_count=len(PLAIN) + 5)
@@ -291,9 +294,7 @@ def test_oversized_frame_on_an_open_connection_is_a_framing_error(busd, stored, 
     ],
     ids=["unknown-performative", "string-descriptor"],
 )
-def test_malformed_performative_on_an_open_connection_closes_it(
-    busd, stored, bystander, bad_frame
-):
+def test_malformed_performative_on_an_open_connection_closes_it(busd, stored, bystander, bad_frame):
     raw = RawConnection(busd.port).handshake()
     raw.send_raw(bad_frame)
     data, closed = raw.read_until_closed(wait=5)
@@ -310,9 +311,7 @@ def test_malformed_performative_on_an_open_connection_closes_it(
     assert condition.name in ("amqp:connection:framing-error", "amqp:decode-error"), condition
 
 
-def test_attach_without_its_fields_is_refused_and_the_connection_lives_on(
-    busd, stored, bystander
-):
+def test_attach_without_its_fields_is_refused_and_the_connection_lives_on(busd, stored, bystander):
     raw = RawConnection(busd.port).handshake()
     raw.send_raw(frame(b"\x00\x53\x12\x45"))  # attach(): no name, no address, nothing
     data, closed = raw.read_until_closed(wait=1)
@@ -355,8 +354,9 @@ def test_wrong_kind_of_receiver_is_refused(busd, stored):
                 receiver.receive_messages(max_wait_time=1)
         assert "session" in str(refused.value).lower()
         with pytest.raises(ServiceBusError):
-            with client.get_queue_receiver("keep", session_id=NEXT_AVAILABLE_SESSION,
-                                           max_wait_time=1) as receiver:
+            with client.get_queue_receiver(
+                "keep", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+            ) as receiver:
                 receiver.receive_messages(max_wait_time=1)
 
 
@@ -380,7 +380,9 @@ def test_after_all_that_every_stored_message_is_still_there(busd, stored):
         for _ in range(len(SESSIONS) + 1):
             try:
                 receiver = client.get_queue_receiver(
-                    "keep-sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1,
+                    "keep-sessions",
+                    session_id=NEXT_AVAILABLE_SESSION,
+                    max_wait_time=1,
                     receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
                 )
                 receiver.__enter__()

@@ -32,7 +32,8 @@ def test_banner_strings_work_as_printed(busd_factory):
     cert = banner_value(text, "certificate")
     assert f":{busd.http_port};" in management and "UseDevelopmentEmulator=true;" in management
     with ServiceBusAdministrationClient.from_connection_string(
-            management, connection_verify=cert) as admin:
+        management, connection_verify=cert
+    ) as admin:
         assert [q.name for q in admin.list_queues()] == ["orders"]
     with ServiceBusClient.from_connection_string(amqp) as client:
         with client.get_queue_sender("orders") as sender:

@@ -23,13 +23,13 @@ def busd(busd_factory):
 def test_auto_lock_renewer_renewing_while_the_receiver_works(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_queue_sender("sessions") as sender:
-            sender.send_messages([ServiceBusMessage(f"m{i}", session_id="race")
-                                  for i in range(40)])
+            sender.send_messages([ServiceBusMessage(f"m{i}", session_id="race") for i in range(40)])
         renewer = AutoLockRenewer(max_lock_renewal_duration=60)
         errors: list[BaseException] = []
         try:
-            with client.get_queue_receiver("sessions", session_id="race", max_wait_time=2,
-                                           auto_lock_renewer=renewer) as receiver:
+            with client.get_queue_receiver(
+                "sessions", session_id="race", max_wait_time=2, auto_lock_renewer=renewer
+            ) as receiver:
                 deadline = time.monotonic() + 8
                 got = []
                 while time.monotonic() < deadline:

@@ -20,8 +20,12 @@ SAMPLE = Path(__file__).resolve().parents[2] / "config" / "Config.json"
 
 @pytest.fixture(scope="module")
 def busd(redis_url, tmp_path_factory):
-    proc = launch_busd(redis_url, SAMPLE, tmp_path_factory.mktemp("emulator-config"),
-                       prefix=f"e2e-sample-{uuid.uuid4().hex[:8]}")
+    proc = launch_busd(
+        redis_url,
+        SAMPLE,
+        tmp_path_factory.mktemp("emulator-config"),
+        prefix=f"e2e-sample-{uuid.uuid4().hex[:8]}",
+    )
     yield proc
     proc.stop()
 
@@ -40,24 +44,30 @@ def test_every_queue_of_the_sample_serves_the_sdk(busd):
             session = "s" if queue.requires_session else None
             with client.get_queue_sender(queue.name) as sender:
                 sender.send_messages(ServiceBusMessage(queue.name, session_id=session))
-            with client.get_queue_receiver(queue.name, session_id=session,
-                                           max_wait_time=3) as rx:
+            with client.get_queue_receiver(queue.name, session_id=session, max_wait_time=3) as rx:
                 assert [str(m) for m in take(rx, 1)] == [queue.name]
 
 
 def test_topic_1_routes_as_its_rules_say(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_topic_sender("topic.1") as sender:
-            sender.send_messages([
-                ServiceBusMessage("json", content_type="application/json"),
-                ServiceBusMessage("prop", application_properties={"prop1": "value1"}),
-                ServiceBusMessage("sql", message_id="123456",
-                                  application_properties={"userProp1": "value1"}),
-                ServiceBusMessage("none"),
-            ])
+            sender.send_messages(
+                [
+                    ServiceBusMessage("json", content_type="application/json"),
+                    ServiceBusMessage("prop", application_properties={"prop1": "value1"}),
+                    ServiceBusMessage(
+                        "sql", message_id="123456", application_properties={"userProp1": "value1"}
+                    ),
+                    ServiceBusMessage("none"),
+                ]
+            )
         bodies = {}
-        expected = {"subscription.1": 1, "subscription.2": 1, "subscription.3": 4,
-                    "subscription.4": 1}
+        expected = {
+            "subscription.1": 1,
+            "subscription.2": 1,
+            "subscription.3": 4,
+            "subscription.4": 1,
+        }
         for sub, count in expected.items():
             with client.get_subscription_receiver("topic.1", sub, max_wait_time=2) as rx:
                 got = take(rx, count)
@@ -66,7 +76,8 @@ def test_topic_1_routes_as_its_rules_say(busd):
                 bodies[sub] = [str(m) for m in got]
                 if sub == "subscription.4":
                     assert [(m.to, m.application_properties[b"RuleName"]) for m in got] == [
-                        ("Entity", b"sql-filter-1")]
+                        ("Entity", b"sql-filter-1")
+                    ]
     assert bodies == {
         "subscription.1": ["json"],
         "subscription.2": ["prop"],

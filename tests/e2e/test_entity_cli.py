@@ -24,7 +24,7 @@ def busd(busd_factory):
 
 
 def tool(busd, *args: str, https: bool = False):
-    url = (f"https://localhost:{busd.http_port}" if https else busd.http_url)
+    url = f"https://localhost:{busd.http_port}" if https else busd.http_url
     extra = ["--cacert", busd.cert_path] if https else []
     result = CliRunner().invoke(cli, [*args, "--url", url, *extra], prog_name="busd")
     assert "Traceback" not in result.output, result.output
@@ -32,12 +32,26 @@ def tool(busd, *args: str, https: bool = False):
 
 
 def test_queue_create_show_update_delete(busd):
-    result = tool(busd, "queue", "create", "cli-q", "--requires-session", "--lock-duration",
-                  "PT20S", "--max-delivery-count", "3", "--json")
+    result = tool(
+        busd,
+        "queue",
+        "create",
+        "cli-q",
+        "--requires-session",
+        "--lock-duration",
+        "PT20S",
+        "--max-delivery-count",
+        "3",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     created = json.loads(result.stdout)
-    assert (created["name"], created["RequiresSession"], created["LockDuration"],
-            created["MaxDeliveryCount"]) == ("cli-q", "true", "PT20S", "3")
+    assert (
+        created["name"],
+        created["RequiresSession"],
+        created["LockDuration"],
+        created["MaxDeliveryCount"],
+    ) == ("cli-q", "true", "PT20S", "3")
 
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_queue_sender("cli-q") as sender:
@@ -58,7 +72,8 @@ def test_queue_create_show_update_delete(busd):
     assert lines["CountDetails"][0].startswith("ActiveMessageCount=0")
 
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as admin:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as admin:
         assert admin.get_queue("cli-q").max_delivery_count == 8
 
     assert tool(busd, "queue", "delete", "cli-q").exit_code == 0
@@ -72,17 +87,41 @@ def test_topic_subscription_and_rules(busd):
     result = tool(busd, "subscription", "create", "cli-t", "s1", "--max-delivery-count", "2")
     assert result.exit_code == 0, result.output
     assert tool(busd, "subscription", "create", "nosuch-t", "s1").exit_code == EXIT_NOT_FOUND
-    result = tool(busd, "rule", "create", "cli-t", "s1", "red", "--sql", "color = 'red'",
-                  "--action", "SET seen = 1")
+    result = tool(
+        busd,
+        "rule",
+        "create",
+        "cli-t",
+        "s1",
+        "red",
+        "--sql",
+        "color = 'red'",
+        "--action",
+        "SET seen = 1",
+    )
     assert result.exit_code == 0, result.output
-    result = tool(busd, "rule", "create", "cli-t", "s1", "mine", "--correlation",
-                  "session-id=abc", "--correlation", "kind=blue")
+    result = tool(
+        busd,
+        "rule",
+        "create",
+        "cli-t",
+        "s1",
+        "mine",
+        "--correlation",
+        "session-id=abc",
+        "--correlation",
+        "kind=blue",
+    )
     assert result.exit_code == 0, result.output
     listed = json.loads(tool(busd, "rule", "list", "cli-t", "s1", "--json").stdout)
     by_name = {r["name"]: r for r in listed}
     assert set(by_name) == {"$Default", "red", "mine"}
-    assert by_name["red"] == {"name": "red", "filter_type": "SqlFilter",
-                              "filter": "color = 'red'", "action": "SET seen = 1"}
+    assert by_name["red"] == {
+        "name": "red",
+        "filter_type": "SqlFilter",
+        "filter": "color = 'red'",
+        "action": "SET seen = 1",
+    }
     assert by_name["mine"]["filter_type"] == "CorrelationFilter"
     assert "SessionId=abc" in by_name["mine"]["filter"]
     table = tool(busd, "rule", "list", "cli-t", "s1").output
@@ -107,8 +146,10 @@ def test_the_key_is_read_as_the_other_tools_read_it_rights_and_all(busd, monkeyp
     monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=SAS_KEY_VALUE:Manage")
     result = tool(busd, "queue", "show", "cli-file-queue")
     assert result.exit_code == 0, result.output
-    monkeypatch.setenv("BUSD_SAS_KEY", "reader=other:Listen "
-                       "RootManageSharedAccessKey=SAS_KEY_VALUE:Manage,Send,Listen")
+    monkeypatch.setenv(
+        "BUSD_SAS_KEY",
+        "reader=other:Listen RootManageSharedAccessKey=SAS_KEY_VALUE:Manage,Send,Listen",
+    )
     result = tool(busd, "queue", "show", "cli-file-queue")
     assert result.exit_code == 0, result.output
     monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey")

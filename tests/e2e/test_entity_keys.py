@@ -24,19 +24,39 @@ from tests.e2e.conftest import cbs_refusal, queue, receive, subscription, topic
 pytestmark = pytest.mark.timeout(120)
 
 ORDERS_RULES = [
-    {"KeyName": "orders-send", "PrimaryKey": "send-primary", "SecondaryKey": "send-secondary",
-     "Rights": ["Send"]},
+    {
+        "KeyName": "orders-send",
+        "PrimaryKey": "send-primary",
+        "SecondaryKey": "send-secondary",
+        "Rights": ["Send"],
+    },
     {"KeyName": "orders-listen", "PrimaryKey": "listen-primary", "Rights": ["Listen"]},
-    {"KeyName": "orders-manage", "PrimaryKey": "manage-primary", "Rights": ["Manage", "Send",
-                                                                            "Listen"]},
+    {
+        "KeyName": "orders-manage",
+        "PrimaryKey": "manage-primary",
+        "Rights": ["Manage", "Send", "Listen"],
+    },
 ]
-QUEUES = [queue("orders", AuthorizationRules=ORDERS_RULES), queue("other"),
-          queue("rotated", AuthorizationRules=[{"KeyName": "app", "PrimaryKey": "old-key",
-                                                "Rights": ["Send", "Listen"]}]),
-          queue("made", AuthorizationRules=[{"KeyName": "made", "Rights": ["Send", "Listen"]}])]
-TOPICS = [topic("events", [subscription("all")],
-                AuthorizationRules=[{"KeyName": "events-app", "PrimaryKey": "events-key",
-                                     "Rights": ["Send", "Listen"]}])]
+QUEUES = [
+    queue("orders", AuthorizationRules=ORDERS_RULES),
+    queue("other"),
+    queue(
+        "rotated",
+        AuthorizationRules=[
+            {"KeyName": "app", "PrimaryKey": "old-key", "Rights": ["Send", "Listen"]}
+        ],
+    ),
+    queue("made", AuthorizationRules=[{"KeyName": "made", "Rights": ["Send", "Listen"]}]),
+]
+TOPICS = [
+    topic(
+        "events",
+        [subscription("all")],
+        AuthorizationRules=[
+            {"KeyName": "events-app", "PrimaryKey": "events-key", "Rights": ["Send", "Listen"]}
+        ],
+    )
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +65,16 @@ def busd(busd_factory):
 
 
 def conn_str(busd, name: str, key: str, entity: str | None = None) -> str:
-    return (f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={name};"
-            f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
-            + (f"EntityPath={entity};" if entity else ""))
+    return (
+        f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={name};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+        + (f"EntityPath={entity};" if entity else "")
+    )
 
 
 def sdk(busd, name: str, key: str, entity: str | None = None) -> ServiceBusClient:
     # retry_total=0: refusals are not retried anyway; other failures show at once
-    return ServiceBusClient.from_connection_string(conn_str(busd, name, key, entity),
-                                                   retry_total=0)
+    return ServiceBusClient.from_connection_string(conn_str(busd, name, key, entity), retry_total=0)
 
 
 def send_one(client: ServiceBusClient, queue_name: str, body: str) -> None:
@@ -71,7 +92,8 @@ def bodies(client: ServiceBusClient, queue_name: str, count: int) -> list[str]:
 
 def administration(busd) -> ServiceBusAdministrationClient:
     return ServiceBusAdministrationClient.from_connection_string(
-        busd.admin_connection_string, connection_verify=busd.cert_path)
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    )
 
 
 # --- the SDK --------------------------------------------------------------------------------
@@ -81,8 +103,7 @@ def test_an_entity_path_connection_string_sends_and_receives_with_its_rules(busd
     with sdk(busd, "orders-send", "send-secondary", entity="orders") as client:
         send_one(client, "orders", "by the secondary key")
     with sdk(busd, "orders-listen", "listen-primary", entity="orders") as client:
-        assert sorted(bodies(client, "orders", 2)) == ["by the primary key",
-                                                       "by the secondary key"]
+        assert sorted(bodies(client, "orders", 2)) == ["by the primary key", "by the secondary key"]
 
 
 def test_an_entity_key_opens_no_other_entity(busd):
@@ -90,8 +111,7 @@ def test_an_entity_key_opens_no_other_entity(busd):
         send_one(client, "orders", "its own queue")  # the SDK signs for sb://host/orders
         with pytest.raises(ServiceBusAuthenticationError) as caught:
             send_one(client, "other", "another queue")
-        assert cbs_refusal(caught.value) == (
-            401, "unknown shared access key name 'orders-manage'")
+        assert cbs_refusal(caught.value) == (401, "unknown shared access key name 'orders-manage'")
         with pytest.raises(ServiceBusAuthenticationError) as caught:
             with client.get_topic_sender("events") as sender:
                 sender.send_messages(ServiceBusMessage("another entity"))
@@ -144,7 +164,10 @@ def test_a_changed_key_refuses_new_tokens_signed_with_the_old_one(busd):
     with sdk(busd, "app", "new-key") as client:
         send_one(client, "rotated", "with the new key")
         assert sorted(bodies(client, "rotated", 3)) == [
-            "before", "on the link attached before", "with the new key"]
+            "before",
+            "on the link attached before",
+            "with the new key",
+        ]
 
 
 def test_a_namespaces_entity_keys_are_its_own(busd):
@@ -154,10 +177,18 @@ def test_a_namespaces_entity_keys_are_its_own(busd):
     namespace = f"keys-{uuid.uuid4().hex[:8]}"
     root = f"{namespace}/RootManageSharedAccessKey"
     with ServiceBusAdministrationClient.from_connection_string(
-            conn_str(busd, root, "SAS_KEY_VALUE"), connection_verify=busd.cert_path) as admin:
-        admin.create_queue("orders", authorization_rules=[AuthorizationRule(
-            key_name="team", primary_key="team-key",
-            rights=[AccessRights.SEND, AccessRights.LISTEN])])
+        conn_str(busd, root, "SAS_KEY_VALUE"), connection_verify=busd.cert_path
+    ) as admin:
+        admin.create_queue(
+            "orders",
+            authorization_rules=[
+                AuthorizationRule(
+                    key_name="team",
+                    primary_key="team-key",
+                    rights=[AccessRights.SEND, AccessRights.LISTEN],
+                )
+            ],
+        )
     with sdk(busd, f"{namespace}/team", "team-key", entity="orders") as client:
         send_one(client, "orders", "in the namespace")
         assert bodies(client, "orders", 1) == ["in the namespace"]
@@ -170,15 +201,24 @@ def test_a_namespaces_entity_keys_are_its_own(busd):
 # --- HTTP -----------------------------------------------------------------------------------
 def http(busd, method: str, path: str, token: str, body: bytes | None = None) -> int:
     """The status of a management (ATOM) request."""
-    return status_of(urllib.request.Request(
-        f"http://127.0.0.1:{busd.http_port}/{path}?api-version=2021-05", data=body,
-        method=method, headers={"Authorization": token,
-                                "Content-Type": "application/atom+xml"}))
+    return status_of(
+        urllib.request.Request(
+            f"http://127.0.0.1:{busd.http_port}/{path}?api-version=2021-05",
+            data=body,
+            method=method,
+            headers={"Authorization": token, "Content-Type": "application/atom+xml"},
+        )
+    )
 
 
 def admin_api(busd, method: str, path: str, token: str) -> int:
-    return status_of(urllib.request.Request(f"http://127.0.0.1:{busd.http_port}/admin/{path}",
-                                            method=method, headers={"Authorization": token}))
+    return status_of(
+        urllib.request.Request(
+            f"http://127.0.0.1:{busd.http_port}/admin/{path}",
+            method=method,
+            headers={"Authorization": token},
+        )
+    )
 
 
 def status_of(request: urllib.request.Request) -> int:
@@ -189,31 +229,36 @@ def status_of(request: urllib.request.Request) -> int:
         return exc.code
 
 
-def entity_token(busd, path: str, key_name: str = "orders-manage",
-                 key: str = "manage-primary") -> str:
-    return generate_sas_token(f"http://localhost:{busd.http_port}/{path}", key_name, key,
-                              int(time.time()) + 300)
+def entity_token(
+    busd, path: str, key_name: str = "orders-manage", key: str = "manage-primary"
+) -> str:
+    return generate_sas_token(
+        f"http://localhost:{busd.http_port}/{path}", key_name, key, int(time.time()) + 300
+    )
 
 
-NEW_QUEUE = (b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
-             b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
-             b'servicebus/connect"/></content></entry>')
+NEW_QUEUE = (
+    b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+    b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
+    b'servicebus/connect"/></content></entry>'
+)
 
 
 def test_an_entity_key_manages_its_entity_only_over_http(busd):
     assert http(busd, "GET", "orders", entity_token(busd, "orders")) == 200
     # the namespace: listing queues, with the namespace's audience or the list's own
     assert http(busd, "GET", "$Resources/queues", entity_token(busd, "")) == 401
-    assert http(busd, "GET", "$Resources/queues",
-                entity_token(busd, "$Resources/queues")) == 401
+    assert http(busd, "GET", "$Resources/queues", entity_token(busd, "$Resources/queues")) == 401
     # another entity, signed for it or for the key's own entity
     assert http(busd, "GET", "other", entity_token(busd, "other")) == 401
     assert http(busd, "GET", "other", entity_token(busd, "orders")) == 401
     name = f"made-{uuid.uuid4().hex[:6]}"
     assert http(busd, "PUT", name, entity_token(busd, name), NEW_QUEUE) == 401
     # a rule without Manage cannot read its own entity's description either
-    assert http(busd, "GET", "orders", entity_token(busd, "orders", "orders-send",
-                                                    "send-primary")) == 401
+    assert (
+        http(busd, "GET", "orders", entity_token(busd, "orders", "orders-send", "send-primary"))
+        == 401
+    )
 
 
 def test_an_entity_key_opens_the_admin_api_for_its_queue_only(busd):

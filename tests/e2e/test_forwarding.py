@@ -29,8 +29,10 @@ from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic,
 
 pytestmark = pytest.mark.timeout(120)
 
-HOPS_DESCRIPTION = ("The maximum number of allowed hops when forwarding between queues has been "
-                    "exceeded. This value is set to 4.")
+HOPS_DESCRIPTION = (
+    "The maximum number of allowed hops when forwarding between queues has been "
+    "exceeded. This value is set to 4."
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,8 @@ def busd(busd_factory):
 @pytest.fixture(scope="module")
 def admin(busd):
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as client:
         yield client
 
 
@@ -76,13 +79,17 @@ def test_entities_file_forwarding_moves_each_message_as_a_new_one(busd, admin, c
     # a receiver may attach to a forwarding source (the SDKs open one to peek): it gets nothing
     with client.get_queue_receiver("file-in", max_wait_time=1) as rx:
         with client.get_queue_sender("file-in") as sender:
-            sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id{i}",
-                                                    application_properties={"k": i})
-                                  for i in range(3)])
+            sender.send_messages(
+                [
+                    ServiceBusMessage(f"m{i}", message_id=f"id{i}", application_properties={"k": i})
+                    for i in range(3)
+                ]
+            )
         assert rx.receive_messages(max_wait_time=1) == []
     got = drain_queue(client, "file-out", 3)
     assert [(str(m), m.message_id, m.application_properties[b"k"]) for m in got] == [
-        (f"m{i}", f"id{i}", i) for i in range(3)]
+        (f"m{i}", f"id{i}", i) for i in range(3)
+    ]
     # new numbers at the destination; the source's first numbers carried along
     assert [m.enqueued_sequence_number for m in got] == [1, 2, 3]
     assert all(m.delivery_count == 0 for m in got)
@@ -95,19 +102,31 @@ def test_nservicebus_subscription_forwards_what_its_rules_take(busd, admin, clie
     bundle, endpoint = _name("bundle"), _name("endpoint")
     admin.create_topic(bundle)
     admin.create_queue(endpoint)
-    admin.create_subscription(bundle, endpoint, forward_to=_url(busd, endpoint),
-                              lock_duration="PT5M", max_delivery_count=2_147_483_647,
-                              dead_lettering_on_filter_evaluation_exceptions=False)
+    admin.create_subscription(
+        bundle,
+        endpoint,
+        forward_to=_url(busd, endpoint),
+        lock_duration="PT5M",
+        max_delivery_count=2_147_483_647,
+        dead_lettering_on_filter_evaluation_exceptions=False,
+    )
     admin.create_subscription(bundle, "audit")  # sees the topic's numbers
     admin.delete_rule(bundle, endpoint, "$Default")
     admin.create_rule(bundle, endpoint, "$default", filter=FalseRuleFilter())
-    admin.create_rule(bundle, endpoint, "my-event", filter=CorrelationRuleFilter(
-        properties={"NServiceBus.EnclosedMessageTypes": "MyEvent"}))
+    admin.create_rule(
+        bundle,
+        endpoint,
+        "my-event",
+        filter=CorrelationRuleFilter(properties={"NServiceBus.EnclosedMessageTypes": "MyEvent"}),
+    )
     assert admin.get_subscription(bundle, endpoint).forward_to.endswith(endpoint)
     with client.get_topic_sender(bundle) as sender:
         for i, kind in enumerate(["Other", "MyEvent", "Other", "MyEvent"]):
-            sender.send_messages(ServiceBusMessage(
-                f"e{i}", application_properties={"NServiceBus.EnclosedMessageTypes": kind}))
+            sender.send_messages(
+                ServiceBusMessage(
+                    f"e{i}", application_properties={"NServiceBus.EnclosedMessageTypes": kind}
+                )
+            )
     with client.get_subscription_receiver(bundle, "audit", max_wait_time=2) as rx:
         topic_seq = {str(m): m.sequence_number for m in receive(rx, 4)}
     got = drain_queue(client, endpoint, 2)
@@ -138,8 +157,9 @@ def test_a_chain_of_queue_queue_topic(busd, admin, client):
 def test_dead_letters_are_forwarded_with_their_source_and_reason(busd, admin, client):
     src, sink = _name("dsrc"), _name("dsink")
     admin.create_queue(sink)
-    admin.create_queue(src, max_delivery_count=2,
-                       forward_dead_lettered_messages_to=_url(busd, sink))
+    admin.create_queue(
+        src, max_delivery_count=2, forward_dead_lettered_messages_to=_url(busd, sink)
+    )
     with client.get_queue_sender(src) as sender:
         sender.send_messages([ServiceBusMessage("explicit"), ServiceBusMessage("poison")])
     with client.get_queue_receiver(src, max_wait_time=2) as rx:
@@ -151,8 +171,10 @@ def test_dead_letters_are_forwarded_with_their_source_and_reason(busd, admin, cl
     got = {str(m): m for m in drain_queue(client, sink, 2)}
     assert set(got) == {"explicit", "poison"}
     assert got["explicit"].dead_letter_source == src
-    assert (got["explicit"].dead_letter_reason,
-            got["explicit"].dead_letter_error_description) == ("bad", "why")
+    assert (got["explicit"].dead_letter_reason, got["explicit"].dead_letter_error_description) == (
+        "bad",
+        "why",
+    )
     assert got["poison"].dead_letter_source == src
     assert got["poison"].dead_letter_reason == "MaxDeliveryCountExceeded"
     assert got["explicit"].enqueued_sequence_number == 1
@@ -245,13 +267,18 @@ def test_a_session_queue_forwards_and_its_messages_keep_their_session_ids(busd, 
     admin.create_queue(plain)
     admin.create_queue(src, requires_session=True, forward_to=_url(busd, dst))
     with client.get_queue_sender(src) as sender:
-        sender.send_messages([ServiceBusMessage("a1", session_id="a"),
-                              ServiceBusMessage("b1", session_id="b"),
-                              ServiceBusMessage("a2", session_id="a")])
+        sender.send_messages(
+            [
+                ServiceBusMessage("a1", session_id="a"),
+                ServiceBusMessage("b1", session_id="b"),
+                ServiceBusMessage("a2", session_id="a"),
+            ]
+        )
     # its sessions cannot be locked: the forwarder takes every message
     with pytest.raises(OperationTimeoutError):
-        with client.get_queue_receiver(src, session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=1) as rx:
+        with client.get_queue_receiver(
+            src, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+        ) as rx:
             rx.receive_messages(max_wait_time=1)
     for session, bodies in (("a", ["a1", "a2"]), ("b", ["b1"])):
         got = drain_queue(client, dst, len(bodies), session_id=session)
@@ -274,8 +301,9 @@ def test_a_queue_naming_itself_keeps_its_messages(busd, admin, client):
     ForwardDeadLetteredMessagesTo); busd keeps such messages where they are rather than loop
     them (docs/design.md §2.15)."""
     name = _name("self")
-    admin.create_queue(name, forward_to=_url(busd, name),
-                       forward_dead_lettered_messages_to=_url(busd, name))
+    admin.create_queue(
+        name, forward_to=_url(busd, name), forward_dead_lettered_messages_to=_url(busd, name)
+    )
     found = admin.get_queue(name)
     answered = f"sb://localhost:{busd.http_port}/{name}"  # the URL on the host addressed
     assert found.forward_to == found.forward_dead_lettered_messages_to == answered
@@ -299,8 +327,9 @@ def test_two_processes_forward_one_queue_in_order_exactly_once(busd_factory):
     with ServiceBusClient.from_connection_string(first.connection_string) as client:
         with client.get_queue_sender("two-in") as sender:
             for start in range(0, n, 50):
-                sender.send_messages([ServiceBusMessage(str(i), message_id=str(i))
-                                      for i in range(start, start + 50)])
+                sender.send_messages(
+                    [ServiceBusMessage(str(i), message_id=str(i)) for i in range(start, start + 50)]
+                )
         with client.get_queue_receiver("two-out", max_wait_time=2, prefetch_count=100) as rx:
             got = receive(rx, n, wait=2, patience=20)
             for m in got:
@@ -321,9 +350,11 @@ def cluster_url(tmp_path_factory):
 
 
 def test_forwarding_over_a_redis_cluster(tmp_path, cluster_url):
-    config = write_config(tmp_path / "Config.json",
-                          [queue("k-in", ForwardTo="k-mid"), queue("k-mid", ForwardTo="k-t")],
-                          [topic("k-t", [subscription("s")])])
+    config = write_config(
+        tmp_path / "Config.json",
+        [queue("k-in", ForwardTo="k-mid"), queue("k-mid", ForwardTo="k-t")],
+        [topic("k-t", [subscription("s")])],
+    )
     busd = launch_busd(cluster_url, config, tmp_path)
     try:
         with ServiceBusClient.from_connection_string(busd.connection_string) as client:

@@ -22,8 +22,12 @@ def busd(busd_factory):
 
 
 def _token(busd) -> str:
-    return generate_sas_token(f"https://localhost:{busd.http_port}", "RootManageSharedAccessKey",
-                              "SAS_KEY_VALUE", int(time.time()) + 600)
+    return generate_sas_token(
+        f"https://localhost:{busd.http_port}",
+        "RootManageSharedAccessKey",
+        "SAS_KEY_VALUE",
+        int(time.time()) + 600,
+    )
 
 
 def test_one_connection_serves_many_requests(busd):
@@ -37,7 +41,7 @@ def test_one_connection_serves_many_requests(busd):
         response = conn.getresponse()
         assert response.status == 200
         assert response.getheader("Content-Type").startswith("application/atom+xml")
-        assert b"<title type=\"text\">port-q</title>" in response.read()
+        assert b'<title type="text">port-q</title>' in response.read()
     conn.close()
 
 
@@ -64,12 +68,16 @@ def test_the_dashboard_page_is_served_and_its_login_checks_the_key(busd):
     conn.request("GET", "/")
     response = conn.getresponse()
     assert response.status == 200 and b"<title>busd</title>" in response.read()
-    conn.request("POST", "/dashboard/login",
-                 body=b'{"key_name": "RootManageSharedAccessKey", "key": "nope"}')
+    conn.request(
+        "POST", "/dashboard/login", body=b'{"key_name": "RootManageSharedAccessKey", "key": "nope"}'
+    )
     response = conn.getresponse()
     assert response.status == 401 and b"wrong key" in response.read()
-    conn.request("POST", "/dashboard/login",
-                 body=b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}')
+    conn.request(
+        "POST",
+        "/dashboard/login",
+        body=b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}',
+    )
     response = conn.getresponse()
     assert response.status == 200 and b"SharedAccessSignature" in response.read()
 
@@ -80,22 +88,29 @@ def test_management_over_plain_http_as_dotnet_signs_it(busd):
     base = f"http://localhost:{busd.http_port}"
 
     def call(method: str, path: str, body: bytes | None = None, **headers: str):
-        token = generate_sas_token(f"{base}{path}", "RootManageSharedAccessKey",
-                                   "SAS_KEY_VALUE", int(time.time()) + 600)
-        conn.request(method, f"{path}?api-version=2021-05", body=body,
-                     headers={"Authorization": token, **headers})
+        token = generate_sas_token(
+            f"{base}{path}", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 600
+        )
+        conn.request(
+            method,
+            f"{path}?api-version=2021-05",
+            body=body,
+            headers={"Authorization": token, **headers},
+        )
         response = conn.getresponse()
         return response.status, response.read()
 
-    entry = (b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
-             b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
-             b'servicebus/connect"><MaxDeliveryCount>6</MaxDeliveryCount></QueueDescription>'
-             b'</content></entry>')
+    entry = (
+        b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+        b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
+        b'servicebus/connect"><MaxDeliveryCount>6</MaxDeliveryCount></QueueDescription>'
+        b"</content></entry>"
+    )
     status, data = call("PUT", "/dotnet-q", entry)
     assert status == 201 and b"<MaxDeliveryCount>6</MaxDeliveryCount>" in data
     assert call("PUT", "/dotnet-q", entry)[0] == 409
     status, data = call("GET", "/dotnet-q")
-    assert status == 200 and b"<title type=\"text\">dotnet-q</title>" in data
+    assert status == 200 and b'<title type="text">dotnet-q</title>' in data
     assert call("DELETE", "/dotnet-q") == (200, b"")
     assert call("DELETE", "/dotnet-q")[0] == 404
     status, data = call("GET", "/dotnet-q")
@@ -119,30 +134,58 @@ LOGIN = b'{"key_name": "RootManageSharedAccessKey", "key": "SAS_KEY_VALUE"}'
 
 
 def test_a_chunked_body_and_a_pipelined_second_request_on_one_connection(busd):
-    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part)
-                       for part in (LOGIN[:10], LOGIN[10:])) + b"0\r\n\r\n"
-    got = _exchange(busd, b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\n"
-                          b"Transfer-Encoding: chunked\r\n\r\n" + chunked
-                    + b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    chunked = (
+        b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (LOGIN[:10], LOGIN[10:]))
+        + b"0\r\n\r\n"
+    )
+    got = _exchange(
+        busd,
+        b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + chunked
+        + b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
     first, _, second = got.partition(b"HTTP/1.1 200 OK\r\n")[2].partition(b"HTTP/1.1 ")
     assert b"SharedAccessSignature" in first, got  # the login read the whole chunked body
     assert second.startswith(b"200 OK") and b'"status":"healthy"' in second, got
 
 
-@pytest.mark.parametrize("request_bytes, status", [
-    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"x" * (70 * 1024) + b"\r\n\r\n",
-     b"431 "),
-    (b"GET /health HTTP/1.1\r\nX-Endless: " + b"x" * (70 * 1024), b"431 "),  # no end in sight
-    (b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-     + str(128 * 1024 * 1024 + 1).encode() + b"\r\n\r\n", b"413 "),
-    (b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
-     + b"zz\r\n", b"400 "),
-    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: twelve\r\n\r\n", b"400 "),
-    (b"GET /health\r\n\r\n", b"400 "),
-], ids=["head-too-large", "head-without-end", "body-too-large", "bad-chunk-size",
-        "bad-content-length", "no-version"])
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: "
+            + b"x" * (70 * 1024)
+            + b"\r\n\r\n",
+            b"431 ",
+        ),
+        (b"GET /health HTTP/1.1\r\nX-Endless: " + b"x" * (70 * 1024), b"431 "),  # no end in sight
+        (
+            b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+            + str(128 * 1024 * 1024 + 1).encode()
+            + b"\r\n\r\n",
+            b"413 ",
+        ),
+        (
+            b"POST /dashboard/login HTTP/1.1\r\nHost: localhost\r\n"
+            + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"400 ",
+        ),
+        (b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: twelve\r\n\r\n", b"400 "),
+        (b"GET /health\r\n\r\n", b"400 "),
+    ],
+    ids=[
+        "head-too-large",
+        "head-without-end",
+        "body-too-large",
+        "bad-chunk-size",
+        "bad-content-length",
+        "no-version",
+    ],
+)
 def test_a_bad_request_gets_its_status_and_the_connection_closed(busd, request_bytes, status):
     got = _exchange(busd, request_bytes)
     assert got.startswith(b"HTTP/1.1 " + status), got
-    assert _exchange(busd, b"GET /health HTTP/1.1\r\nConnection: close\r\n"
-                           b"Host: localhost\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    assert _exchange(
+        busd, b"GET /health HTTP/1.1\r\nConnection: close\r\nHost: localhost\r\n\r\n"
+    ).startswith(b"HTTP/1.1 200 ")

@@ -35,8 +35,9 @@ def test_an_sdk_connection_outlives_the_auth_time_out(busd):
 
 
 def test_a_connection_without_a_token_is_closed_unauthorized(busd):
-    conn = BlockingConnection(f"amqp://127.0.0.1:{busd.port}", allowed_mechs="ANONYMOUS",
-                              timeout=10)
+    conn = BlockingConnection(
+        f"amqp://127.0.0.1:{busd.port}", allowed_mechs="ANONYMOUS", timeout=10
+    )
     try:
         time.sleep(1.5)
         with pytest.raises(ConnectionException) as raised:

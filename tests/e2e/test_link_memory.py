@@ -77,11 +77,21 @@ def test_a_proton_connection_keeps_only_its_attached_links(busd):
 def test_the_javascript_sdk_session_per_link_is_not_kept(busd, node_modules):
     """The SDK begins an AMQP session for every receiver (and its `$management` link) on one
     connection: TAKES session receivers later, busd keeps no more than one receiver's worth."""
-    env = dict(os.environ, BUSD_CONN=busd.connection_string, BUSD_QUEUE="churned-sessions",
-               BUSD_SESSIONS=str(TAKES))
-    proc = subprocess.Popen([shutil.which("node"), "session_churn.mjs"], cwd=node_modules.parent,
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        BUSD_CONN=busd.connection_string,
+        BUSD_QUEUE="churned-sessions",
+        BUSD_SESSIONS=str(TAKES),
+    )
+    proc = subprocess.Popen(
+        [shutil.which("node"), "session_churn.mjs"],
+        cwd=node_modules.parent,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         steps = {}
         for line in proc.stdout:

@@ -29,13 +29,23 @@ def _token(busd, audience: str | None = None, key: str = "SAS_KEY_VALUE") -> str
     return generate_sas_token(audience, "RootManageSharedAccessKey", key, int(time.time()) + 600)
 
 
-def call(busd, method: str, path: str, body: bytes | None = None, token: str | None = None,
-         headers: dict | None = None) -> tuple[int, bytes]:
+def call(
+    busd,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    token: str | None = None,
+    headers: dict | None = None,
+) -> tuple[int, bytes]:
     context = ssl.create_default_context(cafile=busd.cert_path)
     conn = http.client.HTTPSConnection("localhost", busd.http_port, context=context, timeout=10)
     sep = "&" if "?" in path else "?"
-    conn.request(method, f"{path}{sep}api-version=2021-05", body=body,
-                 headers={"Authorization": token or _token(busd), **(headers or {})})
+    conn.request(
+        method,
+        f"{path}{sep}api-version=2021-05",
+        body=body,
+        headers={"Authorization": token or _token(busd), **(headers or {})},
+    )
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -43,8 +53,10 @@ def call(busd, method: str, path: str, body: bytes | None = None, token: str | N
 
 
 def entry(inner: str, description: str = "QueueDescription") -> bytes:
-    return (f'<entry xmlns="{ATOM}"><content type="application/xml">'
-            f'<{description} xmlns="{SB}">{inner}</{description}></content></entry>').encode()
+    return (
+        f'<entry xmlns="{ATOM}"><content type="application/xml">'
+        f'<{description} xmlns="{SB}">{inner}</{description}></content></entry>'
+    ).encode()
 
 
 def detail(data: bytes) -> str:
@@ -65,19 +77,25 @@ def assert_absent(busd, name: str) -> None:
     assert status == 200 and b"Publicly Listed Services" in data
 
 
-@pytest.mark.parametrize("body, words", [
-    (b"<entry><content>", "not well-formed"),
-    (b"not xml at all", "not well-formed"),
-    (b'<!DOCTYPE e [<!ENTITY x "xxxxxxxx">]><entry>&x;</entry>', "refused"),
-    (b"", "no body"),
-    (entry("", "WidgetDescription"), "QueueDescription or a TopicDescription"),
-    (entry("<LockDuration>P10D</LockDuration>"), "LockDuration"),
-    (entry("<MaxDeliveryCount>-1</MaxDeliveryCount>"), "MaxDeliveryCount"),
-    (entry("<MaxDeliveryCount>many</MaxDeliveryCount>"), "MaxDeliveryCount"),
-    (entry("<DefaultMessageTimeToLive>soon</DefaultMessageTimeToLive>"), "DefaultMessageTimeTo"),
-    (entry("<RequiresSession>perhaps</RequiresSession>"), "RequiresSession"),
-    (entry("<MaxMessageSizeInKilobytes>0</MaxMessageSizeInKilobytes>"), "MaxMessageSize"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b"<entry><content>", "not well-formed"),
+        (b"not xml at all", "not well-formed"),
+        (b'<!DOCTYPE e [<!ENTITY x "xxxxxxxx">]><entry>&x;</entry>', "refused"),
+        (b"", "no body"),
+        (entry("", "WidgetDescription"), "QueueDescription or a TopicDescription"),
+        (entry("<LockDuration>P10D</LockDuration>"), "LockDuration"),
+        (entry("<MaxDeliveryCount>-1</MaxDeliveryCount>"), "MaxDeliveryCount"),
+        (entry("<MaxDeliveryCount>many</MaxDeliveryCount>"), "MaxDeliveryCount"),
+        (
+            entry("<DefaultMessageTimeToLive>soon</DefaultMessageTimeToLive>"),
+            "DefaultMessageTimeTo",
+        ),
+        (entry("<RequiresSession>perhaps</RequiresSession>"), "RequiresSession"),
+        (entry("<MaxMessageSizeInKilobytes>0</MaxMessageSizeInKilobytes>"), "MaxMessageSize"),
+    ],
+)
 def test_bad_bodies_are_400_and_create_nothing(busd, body, words):
     status, data = call(busd, "PUT", "/bad-new", body)
     assert status == 400, data
@@ -118,12 +136,18 @@ def test_wrong_methods_and_routes(busd):
     assert status == 404 and detail(data)
     status, data = call(busd, "GET", "/nosuch-topic/Subscriptions/s/Rules/r")
     assert status == 404
+
+
 def test_unknown_elements_are_ignored_as_the_service_does(busd):
-    status, data = call(busd, "PUT", "/bad-unknown",
-                        entry("<FancyNewThing>1</FancyNewThing><MaxDeliveryCount>3"
-                              "</MaxDeliveryCount><MessageCount>99</MessageCount>"))
+    status, data = call(
+        busd,
+        "PUT",
+        "/bad-unknown",
+        entry(
+            "<FancyNewThing>1</FancyNewThing><MaxDeliveryCount>3"
+            "</MaxDeliveryCount><MessageCount>99</MessageCount>"
+        ),
+    )
     assert status == 201, data
     assert max_delivery_count(busd, "bad-unknown") == "3"
     assert call(busd, "DELETE", "/bad-unknown")[0] == 200
-
-

@@ -25,7 +25,8 @@ def busd(busd_factory):
 @pytest.fixture(scope="module")
 def admin(busd):
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as client:
         yield client
 
 
@@ -35,19 +36,26 @@ def _name(kind: str) -> str:
 
 def test_queue_create_get_update_list_delete(busd, admin):
     name = _name("mq")
-    created = admin.create_queue(name, lock_duration=dt.timedelta(seconds=30),
-                                 requires_session=True, max_delivery_count=5,
-                                 dead_lettering_on_message_expiration=True,
-                                 default_message_time_to_live=dt.timedelta(hours=2),
-                                 user_metadata="made by a test")
+    created = admin.create_queue(
+        name,
+        lock_duration=dt.timedelta(seconds=30),
+        requires_session=True,
+        max_delivery_count=5,
+        dead_lettering_on_message_expiration=True,
+        default_message_time_to_live=dt.timedelta(hours=2),
+        user_metadata="made by a test",
+    )
     assert created.name == name and created.requires_session is True
     assert created.lock_duration == dt.timedelta(seconds=30)
     with pytest.raises(ResourceExistsError):
         admin.create_queue(name)
     got = admin.get_queue(name)
-    assert (got.max_delivery_count, got.dead_lettering_on_message_expiration,
-            got.default_message_time_to_live, got.user_metadata) == (
-        5, True, dt.timedelta(hours=2), "made by a test")
+    assert (
+        got.max_delivery_count,
+        got.dead_lettering_on_message_expiration,
+        got.default_message_time_to_live,
+        got.user_metadata,
+    ) == (5, True, dt.timedelta(hours=2), "made by a test")
     got.max_delivery_count = 8
     got.lock_duration = dt.timedelta(seconds=45)
     admin.update_queue(got)
@@ -105,8 +113,13 @@ def test_topic_subscription_and_rules(busd, admin):
         admin.create_queue(topic)  # one name, one entity
     assert topic in [t.name for t in admin.list_topics()]
 
-    sub = admin.create_subscription(topic, "s1", requires_session=True, max_delivery_count=3,
-                                    lock_duration=dt.timedelta(seconds=20))
+    sub = admin.create_subscription(
+        topic,
+        "s1",
+        requires_session=True,
+        max_delivery_count=3,
+        lock_duration=dt.timedelta(seconds=20),
+    )
     assert (sub.name, sub.requires_session, sub.max_delivery_count) == ("s1", True, 3)
     got = admin.get_subscription(topic, "s1")
     assert got.lock_duration == dt.timedelta(seconds=20)
@@ -124,11 +137,21 @@ def test_topic_subscription_and_rules(busd, admin):
 
     rules = {r.name: r for r in admin.list_rules(topic, "s1")}
     assert list(rules) == ["$Default"] and isinstance(rules["$Default"].filter, TrueRuleFilter)
-    admin.create_rule(topic, "s1", "red", filter=SqlRuleFilter("color = @c",
-                                                               parameters={"@c": "red", "@n": 2}),
-                      action=SqlRuleAction("SET seen = true"))
-    admin.create_rule(topic, "s1", "corr", filter=CorrelationRuleFilter(
-        session_id="s-9", label="L", properties={"kind": "blue", "big": 2**40}))
+    admin.create_rule(
+        topic,
+        "s1",
+        "red",
+        filter=SqlRuleFilter("color = @c", parameters={"@c": "red", "@n": 2}),
+        action=SqlRuleAction("SET seen = true"),
+    )
+    admin.create_rule(
+        topic,
+        "s1",
+        "corr",
+        filter=CorrelationRuleFilter(
+            session_id="s-9", label="L", properties={"kind": "blue", "big": 2**40}
+        ),
+    )
     red = admin.get_rule(topic, "s1", "red")
     assert red.filter.sql_expression == "color = @c"
     assert red.filter.parameters == {"@c": "red", "@n": 2}
@@ -166,7 +189,8 @@ async def test_the_async_client_does_the_same(busd):
 
     name = _name("aq")
     async with AsyncAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as admin:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as admin:
         created = await admin.create_queue(name, max_delivery_count=4)
         assert created.max_delivery_count == 4
         with pytest.raises(ResourceExistsError):

@@ -29,7 +29,8 @@ def pair(busd_factory):
 
 def _admin(busd):
     return ServiceBusAdministrationClient.from_connection_string(
-        busd.admin_connection_string, connection_verify=busd.cert_path)
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    )
 
 
 def test_created_on_one_served_by_the_other_deleted_refused_by_both(pair):
@@ -56,8 +57,9 @@ def test_created_on_one_served_by_the_other_deleted_refused_by_both(pair):
             with pytest.raises(ResourceNotFoundError):
                 admin.get_queue(name)
         for busd in (one, two):
-            with ServiceBusClient.from_connection_string(busd.connection_string,
-                                                         retry_total=0) as client:
+            with ServiceBusClient.from_connection_string(
+                busd.connection_string, retry_total=0
+            ) as client:
                 # the put-token for it is answered 404 (busd.broker.cbs), else the attach
                 # amqp:not-found: either way the SDK gives up on it
                 with pytest.raises((MessagingEntityNotFoundError, ServiceBusAuthenticationError)):

@@ -34,7 +34,8 @@ def busd(busd_factory):
 def admin(busd):
     assert busd.cert_path, "busd printed no certificate path"
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as client:
         yield client
 
 
@@ -88,8 +89,7 @@ def test_runtime_counts_after_a_known_workload(busd, admin):
         with client.get_queue_sender("kq-plain") as sender:
             sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
             due = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
-            sender.schedule_messages([ServiceBusMessage("later"), ServiceBusMessage("later")],
-                                     due)
+            sender.schedule_messages([ServiceBusMessage("later"), ServiceBusMessage("later")], due)
         with client.get_queue_receiver("kq-plain") as receiver:
             got = receive(receiver, 4)
             assert len(got) == 4
@@ -109,8 +109,10 @@ def test_runtime_counts_after_a_known_workload(busd, admin):
             assert listed["kq-plain"].total_message_count == 7
 
         with client.get_queue_sender("kq-sessions") as sender:
-            sender.send_messages([ServiceBusMessage("a", session_id="a") for _ in range(3)]
-                                 + [ServiceBusMessage("b", session_id="b")])
+            sender.send_messages(
+                [ServiceBusMessage("a", session_id="a") for _ in range(3)]
+                + [ServiceBusMessage("b", session_id="b")]
+            )
         with client.get_queue_receiver("kq-sessions", session_id="a") as receiver:
             (held,) = receive(receiver, 1)
             rt = admin.get_queue_runtime_properties("kq-sessions")
@@ -136,8 +138,9 @@ def test_names_with_a_tilde_serve_as_masstransit_makes_them(busd, admin):
             (got,) = receive(receiver, 1)
             assert str(got) == "to the queue"
             receiver.complete_message(got)
-        with client.get_subscription_receiver("contracts~ordersubmitted", "billing",
-                                              max_wait_time=5) as receiver:
+        with client.get_subscription_receiver(
+            "contracts~ordersubmitted", "billing", max_wait_time=5
+        ) as receiver:
             (got,) = receive(receiver, 1)
             assert str(got) == "to the topic"
             receiver.complete_message(got)
@@ -149,18 +152,40 @@ def test_authorization_rules_are_kept_and_answered_as_service_bus_does(admin):
     with the keys busd made for a rule that had none (tokens signed with them:
     tests/e2e/test_entity_keys.py)."""
     created = dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
-    given = AuthorizationRule(type="SharedAccessAuthorizationRule", claim_type="SharedAccessKey",
-                              claim_value="None", rights=[AccessRights.LISTEN, AccessRights.SEND],
-                              key_name="app", primary_key="primary-app", secondary_key="second",
-                              created_at_utc=created)
-    bare = AuthorizationRule(rights=[AccessRights.MANAGE, AccessRights.SEND,
-                                     AccessRights.LISTEN], key_name="ops")
+    given = AuthorizationRule(
+        type="SharedAccessAuthorizationRule",
+        claim_type="SharedAccessKey",
+        claim_value="None",
+        rights=[AccessRights.LISTEN, AccessRights.SEND],
+        key_name="app",
+        primary_key="primary-app",
+        secondary_key="second",
+        created_at_utc=created,
+    )
+    bare = AuthorizationRule(
+        rights=[AccessRights.MANAGE, AccessRights.SEND, AccessRights.LISTEN], key_name="ops"
+    )
     admin.create_queue("kq-rules", authorization_rules=[given, bare])
     app, ops = admin.get_queue("kq-rules").authorization_rules
-    assert (app.type, app.claim_type, app.claim_value, app.key_name, app.primary_key,
-            app.secondary_key, app.created_at_utc, app.modified_at_utc) == (
-        "SharedAccessAuthorizationRule", "SharedAccessKey", "None", "app", "primary-app",
-        "second", created, created)
+    assert (
+        app.type,
+        app.claim_type,
+        app.claim_value,
+        app.key_name,
+        app.primary_key,
+        app.secondary_key,
+        app.created_at_utc,
+        app.modified_at_utc,
+    ) == (
+        "SharedAccessAuthorizationRule",
+        "SharedAccessKey",
+        "None",
+        "app",
+        "primary-app",
+        "second",
+        created,
+        created,
+    )
     assert app.rights == ["Listen", "Send"]
     assert ops.key_name == "ops" and ops.rights == ["Manage", "Send", "Listen"]
     assert len(base64.b64decode(ops.primary_key)) == 32 != ops.secondary_key
@@ -171,7 +196,8 @@ def test_authorization_rules_are_kept_and_answered_as_service_bus_does(admin):
     admin.update_queue(queue)
     again = admin.get_queue("kq-rules").authorization_rules
     assert [(r.key_name, r.primary_key, r.secondary_key, r.rights) for r in again] == [
-        (r.key_name, r.primary_key, r.secondary_key, r.rights) for r in (app, ops)]
+        (r.key_name, r.primary_key, r.secondary_key, r.rights) for r in (app, ops)
+    ]
 
     admin.create_topic("kt-rules", authorization_rules=[given])
     (rule,) = admin.get_topic("kt-rules").authorization_rules
@@ -194,14 +220,16 @@ def test_missing_entities_raise_resource_not_found(admin):
         admin.delete_queue("kq-nosuch")
 
 
-
 def test_forwarding_destinations_are_answered_as_urls_on_the_namespace_host(busd, admin):
     """The service answers ForwardTo and ForwardDeadLetteredMessagesTo as the destination's URL
     (`sb://<host>/<name>`), whether the request named it by URL (as the SDK does) or bare."""
     host = f"localhost:{busd.http_port}"
     admin.create_queue("kq-fwd-dest")
-    admin.create_queue("kq-fwd-src", forward_to="kq-fwd-dest",
-                       forward_dead_lettered_messages_to=f"sb://{host}/kq-fwd-dest")
+    admin.create_queue(
+        "kq-fwd-src",
+        forward_to="kq-fwd-dest",
+        forward_dead_lettered_messages_to=f"sb://{host}/kq-fwd-dest",
+    )
     found = admin.get_queue("kq-fwd-src")
     assert found.forward_to == f"sb://{host}/kq-fwd-dest"
     assert found.forward_dead_lettered_messages_to == f"sb://{host}/kq-fwd-dest"
@@ -217,8 +245,12 @@ def test_an_update_replaces_the_whole_description(busd, admin):
     the model's forward_to=None sends no ForwardTo, and the forwarding stops."""
     host = f"localhost:{busd.http_port}"
     admin.create_queue("kq-upd-dest")
-    admin.create_queue("kq-upd", forward_to="kq-upd-dest", user_metadata="kept",
-                       forward_dead_lettered_messages_to="kq-upd-dest")
+    admin.create_queue(
+        "kq-upd",
+        forward_to="kq-upd-dest",
+        user_metadata="kept",
+        forward_dead_lettered_messages_to="kq-upd-dest",
+    )
     found = admin.get_queue("kq-upd")
     assert found.forward_to == f"sb://{host}/kq-upd-dest"
     found.forward_to = None
@@ -255,18 +287,29 @@ def test_rule_parameters_may_be_date_times_and_time_spans(busd, admin):
     admin.create_topic("kt-dates")
     admin.create_subscription("kt-dates", "sql")
     admin.delete_rule("kt-dates", "sql", "$Default")
-    admin.create_rule("kt-dates", "sql", "after", filter=SqlRuleFilter(
-        "sent > @since", parameters={"@since": since}), action=SqlRuleAction(
-        "SET sys.TimeToLive = @span; SET stamped = @stamp",
-        parameters={"@span": span, "@stamp": since}))
+    admin.create_rule(
+        "kt-dates",
+        "sql",
+        "after",
+        filter=SqlRuleFilter("sent > @since", parameters={"@since": since}),
+        action=SqlRuleAction(
+            "SET sys.TimeToLive = @span; SET stamped = @stamp",
+            parameters={"@span": span, "@stamp": since},
+        ),
+    )
     admin.create_subscription("kt-dates", "corr")
     admin.delete_rule("kt-dates", "corr", "$Default")
-    admin.create_rule("kt-dates", "corr", "exact", filter=CorrelationRuleFilter(
-        properties={"sent": since, "key_duration": span}))
+    admin.create_rule(
+        "kt-dates",
+        "corr",
+        "exact",
+        filter=CorrelationRuleFilter(properties={"sent": since, "key_duration": span}),
+    )
     admin.create_subscription("kt-dates", "corr-date")
     admin.delete_rule("kt-dates", "corr-date", "$Default")
-    admin.create_rule("kt-dates", "corr-date", "exact", filter=CorrelationRuleFilter(
-        properties={"sent": since}))
+    admin.create_rule(
+        "kt-dates", "corr-date", "exact", filter=CorrelationRuleFilter(properties={"sent": since})
+    )
 
     rule = admin.get_rule("kt-dates", "sql", "after")
     assert rule.filter.parameters == {"@since": since}
@@ -277,14 +320,21 @@ def test_rule_parameters_may_be_date_times_and_time_spans(busd, admin):
     utc = dt.UTC
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_topic_sender("kt-dates") as sender:
-            sender.send_messages([
-                ServiceBusMessage("before", application_properties={
-                    "sent": dt.datetime(2019, 1, 1, tzinfo=utc)}),
-                ServiceBusMessage("at", application_properties={
-                    "sent": since.replace(tzinfo=utc)}),
-                ServiceBusMessage("after", application_properties={
-                    "sent": dt.datetime(2021, 1, 1, tzinfo=utc)}),
-            ])
+            sender.send_messages(
+                [
+                    ServiceBusMessage(
+                        "before",
+                        application_properties={"sent": dt.datetime(2019, 1, 1, tzinfo=utc)},
+                    ),
+                    ServiceBusMessage(
+                        "at", application_properties={"sent": since.replace(tzinfo=utc)}
+                    ),
+                    ServiceBusMessage(
+                        "after",
+                        application_properties={"sent": dt.datetime(2021, 1, 1, tzinfo=utc)},
+                    ),
+                ]
+            )
         with client.get_subscription_receiver("kt-dates", "sql") as receiver:
             (got,) = receive(receiver, 1)
             assert str(got) == "after"

@@ -18,11 +18,13 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([
-        queue("work"),
-        queue("short-lock", LockDuration="PT1S"),
-        queue("sessions", RequiresSession=True),
-    ])
+    return busd_factory(
+        [
+            queue("work"),
+            queue("short-lock", LockDuration="PT1S"),
+            queue("sessions", RequiresSession=True),
+        ]
+    )
 
 
 def scrape(busd) -> dict[tuple[str, frozenset], float]:
@@ -116,8 +118,10 @@ def test_connections_links_and_refused_authentication(busd):
     wait_for(lambda: value(scrape(busd), "busd_connections") == 0)
     after = scrape(busd)
     assert value(after, "busd_auth_refused_total") - value(before, "busd_auth_refused_total") == 1
-    assert (value(after, "busd_connections_opened_total")
-            - value(before, "busd_connections_opened_total")) == 2
+    assert (
+        value(after, "busd_connections_opened_total")
+        - value(before, "busd_connections_opened_total")
+    ) == 2
     assert value(after, "busd_links") == 0
 
 
@@ -127,8 +131,9 @@ def test_lock_expiry_is_counted_once(busd):
             sender.send_messages(ServiceBusMessage("slow"))
         with sb.get_queue_receiver("short-lock", max_wait_time=3) as receiver:
             receive(receiver, 1)  # and never settled: the 1 s lock runs out
-            wait_for(lambda: value(scrape(busd), "busd_lock_expiries_total",
-                                   entity="short-lock") == 1)
+            wait_for(
+                lambda: value(scrape(busd), "busd_lock_expiries_total", entity="short-lock") == 1
+            )
             time.sleep(0.5)  # more sweeps pass
             m = scrape(busd)
     assert value(m, "busd_lock_expiries_total", entity="short-lock") == 1
@@ -139,20 +144,30 @@ def test_lock_expiry_is_counted_once(busd):
 def test_sessions_with_messages_and_locked_sessions(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
         with sb.get_queue_sender("sessions") as sender:
-            sender.send_messages([ServiceBusMessage("a", session_id="a"),
-                                  ServiceBusMessage("a", session_id="a"),
-                                  ServiceBusMessage("b", session_id="b")])
+            sender.send_messages(
+                [
+                    ServiceBusMessage("a", session_id="a"),
+                    ServiceBusMessage("a", session_id="a"),
+                    ServiceBusMessage("b", session_id="b"),
+                ]
+            )
         with sb.get_queue_receiver("sessions", session_id="a", max_wait_time=3):
             m = scrape(busd)
             assert value(m, "busd_entity_sessions", entity="sessions", kind="with_messages") == 2
             assert value(m, "busd_entity_sessions", entity="sessions", kind="locked") == 1
             assert value(m, "busd_entity_sessions", entity="sessions", kind="free") == 1  # b
             time.sleep(1.1)
-            age = value(scrape(busd), "busd_entity_oldest_message_age_seconds",
-                        entity="sessions")
+            age = value(scrape(busd), "busd_entity_oldest_message_age_seconds", entity="sessions")
             assert 1 <= age < 60
-    assert value(scrape(busd), "busd_entity_oldest_message_age_seconds",
-                 entity="sessions/$deadletterqueue") == 0
-    wait_for(lambda: value(scrape(busd), "busd_entity_sessions", entity="sessions",
-                           kind="locked") == 0)
+    assert (
+        value(
+            scrape(busd),
+            "busd_entity_oldest_message_age_seconds",
+            entity="sessions/$deadletterqueue",
+        )
+        == 0
+    )
+    wait_for(
+        lambda: value(scrape(busd), "busd_entity_sessions", entity="sessions", kind="locked") == 0
+    )
     assert value(scrape(busd), "busd_messages_sent_total", entity="sessions") == 3

@@ -50,9 +50,7 @@ def sb_client(busd) -> ServiceBusClient:
 
 @pytest.fixture(scope="module")
 def pair(busd_factory):
-    return start_pair(
-        busd_factory, [queue("sessions", RequiresSession=True, LockDuration="PT5S")]
-    )
+    return start_pair(busd_factory, [queue("sessions", RequiresSession=True, LockDuration="PT5S")])
 
 
 def test_next_available_sessions_are_exclusive_across_processes(pair):
@@ -162,9 +160,7 @@ def drain_sessions_concurrently(a, b) -> list[tuple[str, int, float, float]]:
 
 @pytest.mark.timeout(90)
 def test_session_of_a_killed_process_returns_after_the_lock_duration(busd_factory):
-    a, b = start_pair(
-        busd_factory, [queue("crash", RequiresSession=True, LockDuration="PT2S")]
-    )
+    a, b = start_pair(busd_factory, [queue("crash", RequiresSession=True, LockDuration="PT2S")])
     with sb_client(b) as client, client.get_queue_sender("crash") as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}", session_id="s") for i in range(3)])
 

@@ -36,14 +36,17 @@ def busd(busd_factory):
 
 
 def connection_string(busd, key_name: str = ROOT) -> str:
-    return (f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={key_name};"
-            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    return (
+        f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={key_name};"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    )
 
 
 def admin(busd, namespace: str | None) -> ServiceBusAdministrationClient:
     key_name = f"{namespace}/{ROOT}" if namespace else ROOT
     return ServiceBusAdministrationClient.from_connection_string(
-        connection_string(busd, key_name), connection_verify=busd.cert_path)
+        connection_string(busd, key_name), connection_verify=busd.cert_path
+    )
 
 
 def fresh() -> tuple[str, str]:
@@ -113,15 +116,19 @@ def test_the_host_name_chooses_the_namespace_over_amqp_and_http(busd):
         assert receiver.receive(timeout=10).body == "by host"
         receiver.accept()
     # HTTP: the Host header, with a plain key name
-    token = generate_sas_token(f"https://{host}:{busd.http_port}", ROOT, "SAS_KEY_VALUE",
-                               int(time.time()) + 300)
+    token = generate_sas_token(
+        f"https://{host}:{busd.http_port}", ROOT, "SAS_KEY_VALUE", int(time.time()) + 300
+    )
     conn = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
-    conn.request("GET", "/$Resources/Queues?api-version=2021-05",
-                 headers={"Host": f"{host}:{busd.http_port}", "Authorization": token})
+    conn.request(
+        "GET",
+        "/$Resources/Queues?api-version=2021-05",
+        headers={"Host": f"{host}:{busd.http_port}", "Authorization": token},
+    )
     response = conn.getresponse()
     body = response.read()
     assert response.status == 200
-    assert b"<title type=\"text\">orders</title>" in body and b"file-only" not in body
+    assert b'<title type="text">orders</title>' in body and b"file-only" not in body
 
 
 def test_a_connection_serves_one_namespace(busd):
@@ -130,8 +137,7 @@ def test_a_connection_serves_one_namespace(busd):
         status = client.put_token("", key_name=f"{other}/{ROOT}").properties["status-code"]
         assert status == 401  # the key's namespace is not the host's
     with ProtonCbsClient(busd.port) as client:
-        assert client.put_token("", key_name=f"{namespace}/{ROOT}"
-                                ).properties["status-code"] == 202
+        assert client.put_token("", key_name=f"{namespace}/{ROOT}").properties["status-code"] == 202
         assert client.put_token("", key_name=f"{other}/{ROOT}").properties["status-code"] == 401
         # bound to `namespace`: the default namespace's file queue is not there
         with pytest.raises(LinkDetached, match="amqp:not-found"):
@@ -141,8 +147,9 @@ def test_a_connection_serves_one_namespace(busd):
 def test_a_namespace_is_made_only_for_a_holder_of_its_keys(busd):
     namespace = fresh()[0]
     with ServiceBusAdministrationClient.from_connection_string(
-            connection_string(busd, f"{namespace}/{ROOT}").replace("SAS_KEY_VALUE", "WRONG"),
-            connection_verify=busd.cert_path) as client:
+        connection_string(busd, f"{namespace}/{ROOT}").replace("SAS_KEY_VALUE", "WRONG"),
+        connection_verify=busd.cert_path,
+    ) as client:
         with pytest.raises(ClientAuthenticationError):
             list(client.list_queues())
     with ProtonCbsClient(busd.port) as client:
@@ -155,11 +162,18 @@ def test_a_namespace_is_made_only_for_a_holder_of_its_keys(busd):
 
 def test_the_javascript_sdk_chooses_namespaces_by_key_name(busd, node_modules):
     namespaces = fresh()
-    steps = run_node("namespaces.mjs",
-                     *(connection_string(busd, f"{n}/{ROOT}") for n in namespaces),
-                     cert_path=busd.cert_path)
-    assert steps == {"queues0": ["orders"], "received0": ["namespace 0"],
-                     "queues1": ["orders"], "received1": ["namespace 1"], "done": True}
+    steps = run_node(
+        "namespaces.mjs",
+        *(connection_string(busd, f"{n}/{ROOT}") for n in namespaces),
+        cert_path=busd.cert_path,
+    )
+    assert steps == {
+        "queues0": ["orders"],
+        "received0": ["namespace 0"],
+        "queues1": ["orders"],
+        "received1": ["namespace 1"],
+        "done": True,
+    }
 
 
 @pytest.fixture
@@ -180,10 +194,13 @@ def test_both_python_clients_by_host_name_over_amqp_and_https(busd, localhost_su
     """The administration client checks that the certificate names `<name>.localhost`: busd
     presents one it signed for that host with the certificate the client trusts."""
     namespace = fresh()[0]
-    conn = (f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
-            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    conn = (
+        f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    )
     with ServiceBusAdministrationClient.from_connection_string(
-            conn, connection_verify=busd.cert_path) as client:
+        conn, connection_verify=busd.cert_path
+    ) as client:
         client.create_queue("orders")
         assert [q.name for q in client.list_queues()] == ["orders"]
         assert client.get_namespace_properties().name == namespace
@@ -223,16 +240,25 @@ def test_the_dashboard_and_the_tools_act_on_the_namespace_of_their_key(busd):
     response = conn.getresponse()
     assert [q["name"] for q in json.loads(response.read())] == ["ns-only"]
     result = CliRunner().invoke(
-        cli, ["queues", "--json", "--url", busd.http_url], prog_name="busd",
-        env={"BUSD_SAS_KEY": f"{namespace}/{ROOT}=SAS_KEY_VALUE"})
+        cli,
+        ["queues", "--json", "--url", busd.http_url],
+        prog_name="busd",
+        env={"BUSD_SAS_KEY": f"{namespace}/{ROOT}=SAS_KEY_VALUE"},
+    )
     assert result.exit_code == 0, result.output
     assert [q["name"] for q in json.loads(result.stdout)] == ["ns-only"]
 
 
 def test_the_javascript_sdk_names_a_namespace_by_host(busd, node_modules):
     namespace = fresh()[0]
-    conn = (f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
-            "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    conn = (
+        f"Endpoint=sb://{namespace}.localhost:{busd.port};SharedAccessKeyName={ROOT};"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    )
     steps = run_node("namespace_host.mjs", conn, cert_path=busd.cert_path)
-    assert steps == {"queues": ["orders"], "namespace": namespace, "received": ["by host"],
-                     "done": True}
+    assert steps == {
+        "queues": ["orders"],
+        "namespace": namespace,
+        "received": ["by host"],
+        "done": True,
+    }

@@ -26,14 +26,17 @@ def busd(busd_factory):
 
 def tls_connection_string(port: int) -> str:
     """Service Bus's own form, without the emulator flag: the SDKs speak TLS."""
-    return (f"Endpoint=sb://localhost:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
-            "SharedAccessKey=SAS_KEY_VALUE")
+    return (
+        f"Endpoint=sb://localhost:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE"
+    )
 
 
 def test_the_amqp_ports_connection_string_serves_both_python_clients(busd):
     """The administration client speaks HTTPS to the Endpoint's port, here the AMQP port."""
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.connection_string, connection_verify=busd.cert_path) as admin:
+        busd.connection_string, connection_verify=busd.cert_path
+    ) as admin:
         admin.create_queue("op-made", max_delivery_count=3)
         assert {"op-file", "op-made"} <= {q.name for q in admin.list_queues()}
         with ServiceBusClient.from_connection_string(busd.connection_string) as client:
@@ -51,7 +54,8 @@ def test_the_amqp_ports_connection_string_serves_both_python_clients(busd):
 
 def test_the_tls_ports_connection_string_serves_the_administration_client(busd):
     with ServiceBusAdministrationClient.from_connection_string(
-            tls_connection_string(busd.tls_port), connection_verify=busd.cert_path) as admin:
+        tls_connection_string(busd.tls_port), connection_verify=busd.cert_path
+    ) as admin:
         assert admin.get_queue("op-file").max_delivery_count == 10
 
 
@@ -61,17 +65,24 @@ def _get(conn: http.client.HTTPConnection, path: str) -> tuple[int, str, bytes]:
     return response.status, response.getheader("Content-Type"), response.read()
 
 
-@pytest.mark.parametrize("port_of, scheme", [
-    (lambda b: b.port, "http"), (lambda b: b.port, "https"),
-    (lambda b: b.http_port, "http"), (lambda b: b.http_port, "https"),
-    (lambda b: b.tls_port, "https"),
-], ids=["amqp-http", "amqp-https", "http-http", "http-https", "tls-https"])
+@pytest.mark.parametrize(
+    "port_of, scheme",
+    [
+        (lambda b: b.port, "http"),
+        (lambda b: b.port, "https"),
+        (lambda b: b.http_port, "http"),
+        (lambda b: b.http_port, "https"),
+        (lambda b: b.tls_port, "https"),
+    ],
+    ids=["amqp-http", "amqp-https", "http-http", "http-https", "tls-https"],
+)
 def test_health_answers_as_the_emulator_on_every_port(busd, port_of, scheme):
     port = port_of(busd)
     if scheme == "https":
         context = ssl.create_default_context(cafile=busd.cert_path)
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            "localhost", port, context=context, timeout=10)
+            "localhost", port, context=context, timeout=10
+        )
     else:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     assert _get(conn, "/health") == (200, "application/json", HEALTHY)

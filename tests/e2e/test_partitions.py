@@ -34,14 +34,27 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([
-        queue("orders", RequiresSession=True, EnablePartitioning=True,
-              PartitionCount=PARTITIONS, LockDuration="PT10S"),
-        queue("spread", EnablePartitioning=True, PartitionCount=PARTITIONS),
-        queue("other"),
-    ], topics=[topic("events", [subscription("by-session", RequiresSession=True),
-                                subscription("all")],
-                     EnablePartitioning=True, PartitionCount=PARTITIONS)])
+    return busd_factory(
+        [
+            queue(
+                "orders",
+                RequiresSession=True,
+                EnablePartitioning=True,
+                PartitionCount=PARTITIONS,
+                LockDuration="PT10S",
+            ),
+            queue("spread", EnablePartitioning=True, PartitionCount=PARTITIONS),
+            queue("other"),
+        ],
+        topics=[
+            topic(
+                "events",
+                [subscription("by-session", RequiresSession=True), subscription("all")],
+                EnablePartitioning=True,
+                PartitionCount=PARTITIONS,
+            )
+        ],
+    )
 
 
 @pytest.fixture
@@ -53,7 +66,8 @@ def client(busd):
 @pytest.fixture(scope="module")
 def admin(busd):
     with ServiceBusAdministrationClient.from_connection_string(
-            busd.admin_connection_string, connection_verify=busd.cert_path) as client:
+        busd.admin_connection_string, connection_verify=busd.cert_path
+    ) as client:
         yield client
 
 
@@ -74,13 +88,13 @@ def test_sessions_keep_order_and_numbers_name_their_partition(busd, client, admi
     sids = sessions_in_every_partition()
     with client.get_queue_sender("orders") as sender:
         for n in range(5):
-            sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid)
-                                  for sid in sids])
+            sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid) for sid in sids])
     seen: dict[str, list[int]] = {}
     assert admin.get_queue_runtime_properties("orders").active_message_count == 5 * len(sids)
     for _ in sids:
-        with client.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=5) as receiver:
+        with client.get_queue_receiver(
+            "orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+        ) as receiver:
             sid = receiver.session.session_id
             got = receive(receiver, 5)
             assert [str(m) for m in got] == [f"{sid}:{n}" for n in range(5)]
@@ -100,16 +114,17 @@ def test_a_session_is_exclusive_across_partitions(busd, client):
     sids = sessions_in_every_partition(1)
     with client.get_queue_sender("orders") as sender:
         sender.send_messages([ServiceBusMessage("x", session_id=sid) for sid in sids])
-    receivers = [client.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
-                                           max_wait_time=5) for _ in sids]
+    receivers = [
+        client.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5)
+        for _ in sids
+    ]
     try:
         for r in receivers:
             r.__enter__()
         held = [r.session.session_id for r in receivers]
         assert sorted(held) == sorted(sids)  # each acceptor got a different session
         with pytest.raises(SessionCannotBeLockedError):
-            with client.get_queue_receiver("orders", session_id=sids[0],
-                                           max_wait_time=2) as other:
+            with client.get_queue_receiver("orders", session_id=sids[0], max_wait_time=2) as other:
                 other.receive_messages(max_message_count=1, max_wait_time=1)
         for r in receivers:
             for m in receive(r, 1):
@@ -127,8 +142,9 @@ def test_a_waiting_acceptor_gets_a_session_freed_in_any_partition(busd, client):
 
     def accept() -> None:
         with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
-            with sb.get_queue_receiver("orders", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=20) as receiver:
+            with sb.get_queue_receiver(
+                "orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=20
+            ) as receiver:
                 for m in receive(receiver, 1):
                     receiver.complete_message(m)
                 got.append(receiver.session.session_id)
@@ -156,8 +172,7 @@ def test_deferral_scheduling_and_counts(busd, client, admin):
     with client.get_queue_sender("orders") as sender:
         sender.send_messages([ServiceBusMessage(f"d{n}", session_id=sid) for n in range(3)])
         later = datetime.now(UTC) + timedelta(hours=1)
-        (scheduled,) = sender.schedule_messages(
-            ServiceBusMessage("later", session_id=sid), later)
+        (scheduled,) = sender.schedule_messages(ServiceBusMessage("later", session_id=sid), later)
         assert scheduled >> PARTITION_SHIFT == partition
         props = admin.get_queue_runtime_properties("orders")
         assert (props.active_message_count, props.scheduled_message_count) == (3, 1)
@@ -168,8 +183,11 @@ def test_deferral_scheduling_and_counts(busd, client, admin):
         for m in got:
             receiver.defer_message(m)
         props = admin.get_queue_runtime_properties("orders")
-        assert (props.total_message_count, props.active_message_count,
-                props.scheduled_message_count) == (3, 0, 0)  # the three deferred
+        assert (
+            props.total_message_count,
+            props.active_message_count,
+            props.scheduled_message_count,
+        ) == (3, 0, 0)  # the three deferred
         peeked = receiver.peek_messages(max_message_count=10, sequence_number=numbers[1])
         assert [m.sequence_number for m in peeked] == numbers[1:]
         deferred = receiver.receive_deferred_messages(numbers)
@@ -203,12 +221,14 @@ def test_sessions_are_listed_as_one_queue(busd, client):
 
 
 def test_the_management_api_creates_a_partitioned_queue(busd, client, admin):
-    created = admin.create_queue("made-partitioned", enable_partitioning=True,
-                                 requires_session=True)
+    created = admin.create_queue(
+        "made-partitioned", enable_partitioning=True, requires_session=True
+    )
     assert created.enable_partitioning
     with client.get_queue_sender("made-partitioned") as sender:
-        sender.send_messages([ServiceBusMessage("p", session_id=sid)
-                              for sid in sessions_in_every_partition(1)])
+        sender.send_messages(
+            [ServiceBusMessage("p", session_id=sid) for sid in sessions_in_every_partition(1)]
+        )
     with client.get_queue_receiver("made-partitioned", session_id="s-0") as receiver:
         (m,) = receive(receiver, 1)
         # 16 partitions by default
@@ -227,8 +247,11 @@ def test_a_transaction_stays_in_one_partition(busd):
     partition, or on another entity, is refused and the rest still commits."""
     sids = sessions_in_every_partition(2)
     here, same, elsewhere = sids[0], sids[1], sids[-1]
-    assert partition_of_key(here, PARTITIONS) == partition_of_key(same, PARTITIONS) \
+    assert (
+        partition_of_key(here, PARTITIONS)
+        == partition_of_key(same, PARTITIONS)
         != partition_of_key(elsewhere, PARTITIONS)
+    )
     with ProtonCbsClient(busd.port) as c:
         for entity in ("orders", "other", "events"):
             c.authorize(entity)
@@ -240,9 +263,11 @@ def test_a_transaction_stays_in_one_partition(busd):
         txn = txns.declare()
         settle(c, delivery, txn)
         send(c, sender, txn, Message(body="out", group_id=same))
-        for refused_send in (lambda: send(c, sender, txn, Message(body="x", group_id=elsewhere)),
-                             lambda: send(c, c.sender("other"), txn, Message(body="y")),
-                             lambda: send(c, c.sender("events"), txn, Message(body="z"))):
+        for refused_send in (
+            lambda: send(c, sender, txn, Message(body="x", group_id=elsewhere)),
+            lambda: send(c, c.sender("other"), txn, Message(body="y")),
+            lambda: send(c, c.sender("events"), txn, Message(body="z")),
+        ):
             with pytest.raises(Refused) as err:
                 refused_send()
             assert err.value.condition == "amqp:not-allowed"
@@ -252,8 +277,9 @@ def test_a_transaction_stays_in_one_partition(busd):
         receiver.close()
         bodies = {m.body: m.annotations["x-opt-sequence-number"] for m in peek_all(c, "orders")}
         assert sorted(bodies) == ["out"]
-        assert {n >> PARTITION_SHIFT for n in bodies.values()} == \
-            {partition_of_key(here, PARTITIONS)}
+        assert {n >> PARTITION_SHIFT for n in bodies.values()} == {
+            partition_of_key(here, PARTITIONS)
+        }
         assert peek_all(c, "other") == []
     for sid in (same,):
         with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
@@ -265,27 +291,33 @@ def test_a_transaction_stays_in_one_partition(busd):
 def test_a_partitioned_topic_spreads_its_subscriptions(busd, client, admin, redis_url):
     sids = sessions_in_every_partition(1)
     with client.get_topic_sender("events") as sender:
-        sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid)
-                              for n in range(3) for sid in sids])
+        sender.send_messages(
+            [ServiceBusMessage(f"{sid}:{n}", session_id=sid) for n in range(3) for sid in sids]
+        )
         later = datetime.now(UTC) + timedelta(hours=1)
         (scheduled,) = sender.schedule_messages(
-            ServiceBusMessage("later", session_id=sids[-1]), later)
+            ServiceBusMessage("later", session_id=sids[-1]), later
+        )
         assert scheduled >> PARTITION_SHIFT == partition_of_key(sids[-1], PARTITIONS)
         props = admin.get_subscription_runtime_properties("events", "all")
-        assert (props.active_message_count, props.total_message_count) == \
-            (3 * len(sids), 3 * len(sids) + 1)  # and the scheduled one
+        assert (props.active_message_count, props.total_message_count) == (
+            3 * len(sids),
+            3 * len(sids) + 1,
+        )  # and the scheduled one
         sender.cancel_scheduled_messages(scheduled)
     assert admin.get_subscription_runtime_properties(
-        "events", "by-session").total_message_count == 3 * len(sids)
+        "events", "by-session"
+    ).total_message_count == 3 * len(sids)
     for _ in sids:
-        with client.get_subscription_receiver("events", "by-session",
-                                              session_id=NEXT_AVAILABLE_SESSION,
-                                              max_wait_time=5) as receiver:
+        with client.get_subscription_receiver(
+            "events", "by-session", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+        ) as receiver:
             sid = receiver.session.session_id
             got = receive(receiver, 3)
             assert [str(m) for m in got] == [f"{sid}:{n}" for n in range(3)]
-            assert {m.sequence_number >> PARTITION_SHIFT for m in got} == \
-                {partition_of_key(sid, PARTITIONS)}
+            assert {m.sequence_number >> PARTITION_SHIFT for m in got} == {
+                partition_of_key(sid, PARTITIONS)
+            }
             for m in got:
                 receiver.complete_message(m)
     with client.get_subscription_receiver("events", "all", max_wait_time=3) as receiver:
@@ -294,8 +326,7 @@ def test_a_partitioned_topic_spreads_its_subscriptions(busd, client, admin, redi
         for m in got:
             receiver.complete_message(m)
     for name in ("all", "by-session"):
-        assert admin.get_subscription_runtime_properties("events", name).total_message_count \
-            == 0
+        assert admin.get_subscription_runtime_properties("events", name).total_message_count == 0
     r = redis.Redis.from_url(redis_url)
     tags = {k.split(b"}")[0] for k in r.scan_iter(match=f"{{{busd.prefix}:events:*".encode())}
     assert tags == {f"{{{busd.prefix}:events:{p}".encode() for p in range(PARTITIONS)}
@@ -321,8 +352,16 @@ def cli_tool(busd, *args: str):
 
 
 def test_the_tools_create_a_partitioned_queue_and_show_it_as_one(busd):
-    cli_tool(busd, "queue", "create", "by-cli", "--partitioning", "--partitions", "4",
-             "--requires-session")
+    cli_tool(
+        busd,
+        "queue",
+        "create",
+        "by-cli",
+        "--partitioning",
+        "--partitions",
+        "4",
+        "--requires-session",
+    )
     sids = sessions_in_every_partition(1)
     for sid in sids:
         cli_tool(busd, "send", "by-cli", "--session", sid, f"from {sid}")
@@ -331,8 +370,9 @@ def test_the_tools_create_a_partitioned_queue_and_show_it_as_one(busd):
     listed = json.loads(cli_tool(busd, "sessions", "by-cli", "--json").stdout)["sessions"]
     # the inspector merges the partitions' pages, in id order
     assert [s["session_id"] for s in listed] == sorted(sids)
-    paged = json.loads(cli_tool(busd, "sessions", "by-cli", "--page", "1", "--all",
-                                "--json").stdout)["sessions"]
+    paged = json.loads(
+        cli_tool(busd, "sessions", "by-cli", "--page", "1", "--all", "--json").stdout
+    )["sessions"]
     assert [s["session_id"] for s in paged] == sorted(sids)
     peeked = json.loads(cli_tool(busd, "peek", "by-cli", "--json").stdout)
     assert sorted(m["body"] for m in peeked) == sorted(f"from {sid}" for sid in sids)
@@ -346,8 +386,10 @@ def test_the_entities_file_cannot_repartition_a_queue_with_messages(redis_url, t
     stored queue is warned about and the queue keeps its messages."""
     prefix = f"repart-{uuid.uuid4().hex[:8]}"
     for partitioned in (True, False):
-        config = write_config(tmp_path / f"Config-{partitioned}.json", [
-            queue("kept", EnablePartitioning=partitioned, PartitionCount=PARTITIONS)])
+        config = write_config(
+            tmp_path / f"Config-{partitioned}.json",
+            [queue("kept", EnablePartitioning=partitioned, PartitionCount=PARTITIONS)],
+        )
         proc = launch_busd(redis_url, config, tmp_path, prefix=prefix)
         try:
             with ServiceBusClient.from_connection_string(proc.connection_string) as sb:
@@ -369,16 +411,18 @@ def test_an_acceptor_woken_by_two_partitions_passes_one_wake_up_on(busd_factory)
     """Two sessions freed at once in two partitions both wake the oldest waiting acceptor; it
     takes one and hands the other partition's wake-up to the next waiter. (The sweep, which
     would also find them, is slowed down so that it cannot.)"""
-    slow = busd_factory([queue("pairs", RequiresSession=True, EnablePartitioning=True,
-                               PartitionCount=PARTITIONS)],
-                        extra_env={"BUSD_SWEEP_INTERVAL": "60"})
+    slow = busd_factory(
+        [queue("pairs", RequiresSession=True, EnablePartitioning=True, PartitionCount=PARTITIONS)],
+        extra_env={"BUSD_SWEEP_INTERVAL": "60"},
+    )
     a, b = sessions_in_every_partition(1)[:2]
     got: dict[str, float] = {}
 
     def accept(name: str) -> None:
         with ServiceBusClient.from_connection_string(slow.connection_string) as sb:
-            with sb.get_queue_receiver("pairs", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=15) as receiver:
+            with sb.get_queue_receiver(
+                "pairs", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=15
+            ) as receiver:
                 got[name] = time.monotonic()
                 for m in receive(receiver, 1):
                     receiver.complete_message(m)
@@ -438,11 +482,13 @@ def test_a_transaction_on_a_partitioned_topic_stays_in_one_partition(busd):
         for sub, bodies in (("by-session", ["out"]), ("all", ["in", "out"])):
             peeked = peek_all(c, f"events/subscriptions/{sub}")
             assert sorted(m.body for m in peeked) == bodies
-            assert {m.annotations["x-opt-sequence-number"] >> PARTITION_SHIFT
-                    for m in peeked} == {partition_of_key(here, PARTITIONS)}
+            assert {m.annotations["x-opt-sequence-number"] >> PARTITION_SHIFT for m in peeked} == {
+                partition_of_key(here, PARTITIONS)
+            }
     with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
-        with sb.get_subscription_receiver("events", "by-session", session_id=same,
-                                          max_wait_time=5) as r:
+        with sb.get_subscription_receiver(
+            "events", "by-session", session_id=same, max_wait_time=5
+        ) as r:
             for m in receive(r, 1):
                 r.complete_message(m)
         with sb.get_subscription_receiver("events", "all", max_wait_time=3) as r:

@@ -40,8 +40,10 @@ def slot_ranges(url: str) -> list[tuple[int, int, int]]:
     """(first slot, last slot, port of the primary) of each shard."""
     client = redis.Redis.from_url(url)
     try:
-        return [(int(first), int(last), int(node[1]))
-                for first, last, node, *_ in client.execute_command("CLUSTER", "SLOTS")]
+        return [
+            (int(first), int(last), int(node[1]))
+            for first, last, node, *_ in client.execute_command("CLUSTER", "SLOTS")
+        ]
     finally:
         client.close()
 
@@ -51,9 +53,12 @@ def prefix_on_every_shard(ranges: list[tuple[int, int, int]]) -> str:
     this only makes the test independent of luck)."""
     while True:
         prefix = f"pc-{uuid.uuid4().hex[:8]}"
-        ports = {port for p in range(PARTITIONS) for first, last, port in ranges
-                 if first <= key_slot(f"{prefix}:{partition_scope('orders', p)}".encode())
-                 <= last}
+        ports = {
+            port
+            for p in range(PARTITIONS)
+            for first, last, port in ranges
+            if first <= key_slot(f"{prefix}:{partition_scope('orders', p)}".encode()) <= last
+        }
         if len(ports) == len(ranges):
             return prefix
 
@@ -63,10 +68,11 @@ def test_a_partitioned_session_queue_on_a_three_shard_cluster(shards, tmp_path):
     ranges = slot_ranges(url)
     assert len(ranges) == 3
     prefix = prefix_on_every_shard(ranges)
-    config = write_config(tmp_path / "Config.json", [
-        queue("orders", RequiresSession=True, EnablePartitioning=True, LockDuration="PT30S")])
-    procs = [launch_busd(url + "?cluster=true", config, tmp_path, prefix=prefix)
-             for _ in range(2)]
+    config = write_config(
+        tmp_path / "Config.json",
+        [queue("orders", RequiresSession=True, EnablePartitioning=True, LockDuration="PT30S")],
+    )
+    procs = [launch_busd(url + "?cluster=true", config, tmp_path, prefix=prefix) for _ in range(2)]
     try:
         run_the_load(procs, prefix, ranges)
     finally:
@@ -79,13 +85,17 @@ def run_the_load(procs, prefix, ranges) -> None:
     with ServiceBusClient.from_connection_string(procs[0].connection_string) as client:
         with client.get_queue_sender("orders") as sender:
             for n in range(PER_SESSION):  # interleaved: each batch spans partitions
-                sender.send_messages([ServiceBusMessage(f"{sid}:{n}", session_id=sid)
-                                      for sid in sids])
+                sender.send_messages(
+                    [ServiceBusMessage(f"{sid}:{n}", session_id=sid) for sid in sids]
+                )
     with ServiceBusAdministrationClient.from_connection_string(
-            procs[1].admin_connection_string, connection_verify=procs[1].cert_path) as admin:
+        procs[1].admin_connection_string, connection_verify=procs[1].cert_path
+    ) as admin:
         props = admin.get_queue_runtime_properties("orders")
-        assert (props.active_message_count, props.total_message_count) == \
-            (SESSIONS * PER_SESSION, SESSIONS * PER_SESSION)
+        assert (props.active_message_count, props.total_message_count) == (
+            SESSIONS * PER_SESSION,
+            SESSIONS * PER_SESSION,
+        )
 
         # every shard holds keys of the queue's partitions
         for _, _, port in ranges:
@@ -106,9 +116,9 @@ def run_the_load(procs, prefix, ranges) -> None:
                 with ServiceBusClient.from_connection_string(conn) as sb:
                     while not done.is_set():
                         try:
-                            rx = sb.get_queue_receiver("orders",
-                                                       session_id=NEXT_AVAILABLE_SESSION,
-                                                       max_wait_time=1)
+                            rx = sb.get_queue_receiver(
+                                "orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+                            )
                             rx.__enter__()
                         except (OperationTimeoutError, ServiceBusError):
                             continue  # none free right now
@@ -122,16 +132,25 @@ def run_the_load(procs, prefix, ranges) -> None:
                         finally:
                             rx.__exit__(None, None, None)
                         with lock:
-                            holds.append((sid, taken, leaving, [str(m) for m in got],
-                                          [m.sequence_number for m in got]))
+                            holds.append(
+                                (
+                                    sid,
+                                    taken,
+                                    leaving,
+                                    [str(m) for m in got],
+                                    [m.sequence_number for m in got],
+                                )
+                            )
                             if sum(len(h[3]) for h in holds) >= SESSIONS * PER_SESSION:
                                 done.set()
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
                 done.set()
 
-        threads = [threading.Thread(target=receiver, args=(procs[i % 2].connection_string,))
-                   for i in range(RECEIVERS)]
+        threads = [
+            threading.Thread(target=receiver, args=(procs[i % 2].connection_string,))
+            for i in range(RECEIVERS)
+        ]
         for t in threads:
             t.start()
         done.wait(150)
@@ -150,8 +169,9 @@ def run_the_load(procs, prefix, ranges) -> None:
             for (_, left, _), (taken, _, _) in zip(spans, spans[1:]):
                 assert taken >= left, f"{sid} had two holders at once"
             # in order, each message once
-            assert [b for _, _, bodies in spans for b in bodies] == \
-                [f"{sid}:{n}" for n in range(PER_SESSION)]
+            assert [b for _, _, bodies in spans for b in bodies] == [
+                f"{sid}:{n}" for n in range(PER_SESSION)
+            ]
         numbers = [n for h in holds for n in h[4]]
         assert len(set(numbers)) == SESSIONS * PER_SESSION
         assert len({n >> 48 for n in numbers}) > 3  # from many partitions

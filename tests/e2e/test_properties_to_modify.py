@@ -57,19 +57,22 @@ def test_update_disposition_with_properties_to_modify(client):
     # token stays valid on $management after the link is gone, as in Service Bus.
     receiver.close()
     requests = client.conn.create_sender("modify/$management", name=f"mgmt-{uuid.uuid4()}")
-    responses = client.conn.create_receiver("modify/$management", credit=5,
-                                            name=f"mgmt-r-{uuid.uuid4()}")
+    responses = client.conn.create_receiver(
+        "modify/$management", credit=5, name=f"mgmt-r-{uuid.uuid4()}"
+    )
     request_id = uuid.uuid4()
-    requests.send(Message(
-        id=request_id,
-        reply_to="modify/$management",
-        properties={"operation": "com.microsoft:update-disposition", "type": "entity-mgmt"},
-        body={
-            "disposition-status": "abandoned",
-            "lock-tokens": Array(UNDESCRIBED, Data.UUID, lock_token),
-            "properties-to-modify": {"stage": "from-management"},
-        },
-    ))
+    requests.send(
+        Message(
+            id=request_id,
+            reply_to="modify/$management",
+            properties={"operation": "com.microsoft:update-disposition", "type": "entity-mgmt"},
+            body={
+                "disposition-status": "abandoned",
+                "lock-tokens": Array(UNDESCRIBED, Data.UUID, lock_token),
+                "properties-to-modify": {"stage": "from-management"},
+            },
+        )
+    )
     response = responses.receive(timeout=5)
     assert response.correlation_id == request_id
     assert response.properties["statusCode"] == 200, response.properties

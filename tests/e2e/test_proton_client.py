@@ -30,6 +30,7 @@ from tests.e2e.conftest import queue
 
 pytestmark = pytest.mark.timeout(120)
 
+
 def attach_answer(receiver: BlockingReceiver) -> tuple[dict, dict]:
     """The source filter and the link properties busd answered the attach with."""
     data = receiver.link.remote_source.filter
@@ -171,7 +172,9 @@ def test_next_available_is_answered_when_a_message_arrives(busd, client):
     client.authorize("sessions")
     # Attach without the blocking API (it would wait for the answer) ...
     link = client.conn.container.create_receiver(
-        client.conn.conn, "sessions", name=f"receiver-{uuid.uuid4()}",
+        client.conn.conn,
+        "sessions",
+        name=f"receiver-{uuid.uuid4()}",
         options=[Filter({SESSION_FILTER: None}), LinkProperties({TIMEOUT: uint(10_000)})],
     )
     # ... and see it stay unanswered while no session has messages.

@@ -30,14 +30,18 @@ from tests.e2e.conftest import cbs_refusal, launch_busd, queue, receive, write_c
 
 pytestmark = pytest.mark.timeout(120)
 
-KEYS = ("RootManageSharedAccessKey=SAS_KEY_VALUE reader=listen-key:Listen "
-        "writer=send-key:Send ops=manage-key:Manage")
+KEYS = (
+    "RootManageSharedAccessKey=SAS_KEY_VALUE reader=listen-key:Listen "
+    "writer=send-key:Send ops=manage-key:Manage"
+)
 
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([queue("authq"), queue("other"), queue("rights"), queue("busy"),
-                         queue("idle")], extra_env={"BUSD_SAS_KEY": KEYS})
+    return busd_factory(
+        [queue("authq"), queue("other"), queue("rights"), queue("busy"), queue("idle")],
+        extra_env={"BUSD_SAS_KEY": KEYS},
+    )
 
 
 class ShortLivedTokens:
@@ -53,8 +57,10 @@ class ShortLivedTokens:
     def get_token(self, *scopes: str, **kwargs) -> AccessToken:
         self.issued += 1
         expiry = int(time.time()) + self.ttl
-        return AccessToken(generate_sas_token(scopes[0], "RootManageSharedAccessKey",
-                                              "SAS_KEY_VALUE", expiry), expiry)
+        return AccessToken(
+            generate_sas_token(scopes[0], "RootManageSharedAccessKey", "SAS_KEY_VALUE", expiry),
+            expiry,
+        )
 
 
 def expiry_detaches(busd, entity: str) -> int:
@@ -62,8 +68,10 @@ def expiry_detaches(busd, entity: str) -> int:
 
 
 def conn_str(busd, name: str, key: str) -> str:
-    return (f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={name};"
-            f"SharedAccessKey={key};UseDevelopmentEmulator=true;")
+    return (
+        f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={name};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+    )
 
 
 def sdk(busd, name: str = "RootManageSharedAccessKey", key: str = "SAS_KEY_VALUE"):
@@ -85,12 +93,14 @@ def test_a_listen_only_key_cannot_send(busd):
 
 async def test_the_async_sdk_gets_the_same_refusals(busd):
     async with AsyncServiceBusClient.from_connection_string(
-            conn_str(busd, "reader", "listen-key"), retry_total=0) as client:
+        conn_str(busd, "reader", "listen-key"), retry_total=0
+    ) as client:
         with pytest.raises(ServiceBusAuthorizationError, match="'Send' claim"):
             async with client.get_queue_sender("rights") as sender:
                 await sender.send_messages(ServiceBusMessage("refused"))
     async with AsyncServiceBusClient.from_connection_string(
-            conn_str(busd, "writer", "send-key"), retry_total=0) as client:
+        conn_str(busd, "writer", "send-key"), retry_total=0
+    ) as client:
         with pytest.raises(ServiceBusAuthorizationError, match="'Listen' claim"):
             async with client.get_queue_receiver("rights", max_wait_time=1) as receiver:
                 await receiver.receive_messages(max_wait_time=1)
@@ -120,10 +130,15 @@ def test_a_token_for_a_missing_entity_fails_authentication(busd):
 
 
 def test_a_namespace_token_learns_that_an_entity_does_not_exist_at_attach(busd):
-    token = generate_sas_token(f"sb://localhost:{busd.port}/", "RootManageSharedAccessKey",
-                               "SAS_KEY_VALUE", int(time.time()) + 300)
-    client = ServiceBusClient(f"localhost:{busd.port}", AzureSasCredential(token),
-                              use_tls=False, retry_total=0)
+    token = generate_sas_token(
+        f"sb://localhost:{busd.port}/",
+        "RootManageSharedAccessKey",
+        "SAS_KEY_VALUE",
+        int(time.time()) + 300,
+    )
+    client = ServiceBusClient(
+        f"localhost:{busd.port}", AzureSasCredential(token), use_tls=False, retry_total=0
+    )
     with client:
         with pytest.raises(MessagingEntityNotFoundError):
             with client.get_queue_sender("nosuch") as sender:
@@ -188,12 +203,18 @@ def test_a_token_for_the_management_node_covers_that_node_only(busd):
     with ProtonCbsClient(busd.port) as client:
         assert client.put_token("authq/$management").properties["status-code"] == 202
         requests = client.conn.create_sender("authq/$management", name=f"m-{uuid.uuid4()}")
-        answers = client.conn.create_receiver("authq/$management", credit=5,
-                                              name=f"r-{uuid.uuid4()}")
+        answers = client.conn.create_receiver(
+            "authq/$management", credit=5, name=f"r-{uuid.uuid4()}"
+        )
         request_id = str(uuid.uuid4())
-        requests.send(Message(id=request_id, reply_to="authq/$management",
-                              properties={"operation": "com.microsoft:peek-message"},
-                              body={"from-sequence-number": 1, "message-count": 1}))
+        requests.send(
+            Message(
+                id=request_id,
+                reply_to="authq/$management",
+                properties={"operation": "com.microsoft:peek-message"},
+                body={"from-sequence-number": 1, "message-count": 1},
+            )
+        )
         answer = answers.receive(timeout=10)
         assert answer.correlation_id == request_id
         assert answer.properties["statusCode"] in (200, 204), answer.properties
@@ -205,7 +226,8 @@ def test_keys_declared_in_the_entities_file_join_the_default_key(redis_url, tmp_
     config = write_config(tmp_path / "Config.json", [queue("filed")])
     document = json.loads(config.read_text())
     document["UserConfig"]["Namespaces"][0]["SharedAccessKeys"] = [
-        {"KeyName": "filereader", "Key": "file-key", "Rights": ["Listen"]}]
+        {"KeyName": "filereader", "Key": "file-key", "Rights": ["Listen"]}
+    ]
     config.write_text(json.dumps(document))
     process = launch_busd(redis_url, config, tmp_path)
     try:
@@ -224,12 +246,13 @@ def test_keys_declared_in_the_entities_file_join_the_default_key(redis_url, tmp_
 
 
 # --- the admin HTTP API -----------------------------------------------------------------------
-def admin(busd, method: str, path: str, audience: str = "", key_name: str = "ops",
-          key: str = "manage-key") -> tuple[int, object]:
-    token = generate_sas_token(f"sb://localhost/{audience}", key_name, key,
-                               int(time.time()) + 300)
-    request = urllib.request.Request(busd.http_url + path, method=method,
-                                     data=b"" if method == "POST" else None)
+def admin(
+    busd, method: str, path: str, audience: str = "", key_name: str = "ops", key: str = "manage-key"
+) -> tuple[int, object]:
+    token = generate_sas_token(f"sb://localhost/{audience}", key_name, key, int(time.time()) + 300)
+    request = urllib.request.Request(
+        busd.http_url + path, method=method, data=b"" if method == "POST" else None
+    )
     request.add_header("Authorization", token)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -264,9 +287,16 @@ def test_the_tools_sign_with_the_first_key_holding_manage(busd, monkeypatch):
 
 def test_admin_requests_need_the_manage_right(busd):
     for key_name, key in (("reader", "listen-key"), ("writer", "send-key")):
-        for method, path in (("GET", "/admin/queues/authq"), ("GET", "/admin/queues"),
-                             ("POST", "/admin/queues/authq/purge")):
+        for method, path in (
+            ("GET", "/admin/queues/authq"),
+            ("GET", "/admin/queues"),
+            ("POST", "/admin/queues/authq/purge"),
+        ):
             code, answer = admin(busd, method, path, key_name=key_name, key=key)
             assert code == 401 and "'Manage' claim" in answer["error"], (key_name, path)
-    assert admin(busd, "GET", "/admin/queues", key_name="RootManageSharedAccessKey",
-                 key="SAS_KEY_VALUE")[0] == 200
+    assert (
+        admin(
+            busd, "GET", "/admin/queues", key_name="RootManageSharedAccessKey", key="SAS_KEY_VALUE"
+        )[0]
+        == 200
+    )

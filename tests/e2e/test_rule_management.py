@@ -30,12 +30,16 @@ from tests.e2e.conftest import JS_DIR, launch_busd, queue
 def subscription(name: str, rules: list | None = None) -> dict:
     entry = {
         "Name": name,
-        "Properties": {"DeadLetteringOnMessageExpiration": False,
-                       "DefaultMessageTimeToLive": "PT1H", "LockDuration": "PT1M",
-                       "MaxDeliveryCount": 3,
-                       "ForwardDeadLetteredMessagesTo": "", "ForwardTo": "",
-                       "RequiresSession": False},
-    }  # fmt: skip
+        "Properties": {
+            "DeadLetteringOnMessageExpiration": False,
+            "DefaultMessageTimeToLive": "PT1H",
+            "LockDuration": "PT1M",
+            "MaxDeliveryCount": 3,
+            "ForwardDeadLetteredMessagesTo": "",
+            "ForwardTo": "",
+            "RequiresSession": False,
+        },
+    }
     if rules is not None:
         entry["Rules"] = rules
     return entry
@@ -46,19 +50,46 @@ def busd(redis_url, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("rules")
     topic = {
         "Name": "rt",
-        "Properties": {"DefaultMessageTimeToLive": "PT1H", "RequiresDuplicateDetection": False,
-                       "DuplicateDetectionHistoryTimeWindow": "PT20S"},
-        "Subscriptions": [subscription(f"s{i}") for i in range(1, 6)] + [subscription("cfg", [
-            {"Name": "sql-filter-1", "Properties": {
-                "FilterType": "Sql",
-                "SqlFilter": {"SqlExpression": "sys.MessageId = '123456' AND userProp1 = 'v'"},
-                "Action": {"SqlExpression": "SET sys.To = 'Entity'"}}},
-            {"Name": "corr", "Properties": {"FilterType": "Correlation", "CorrelationFilter": {
-                "ContentType": "application/json", "Properties": {"prop1": "value1"}}}},
-        ])],
-    }  # fmt: skip
-    document = {"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [queue("q")],
-                                              "Topics": [topic]}], "Logging": {"Type": "File"}}}
+        "Properties": {
+            "DefaultMessageTimeToLive": "PT1H",
+            "RequiresDuplicateDetection": False,
+            "DuplicateDetectionHistoryTimeWindow": "PT20S",
+        },
+        "Subscriptions": [subscription(f"s{i}") for i in range(1, 6)]
+        + [
+            subscription(
+                "cfg",
+                [
+                    {
+                        "Name": "sql-filter-1",
+                        "Properties": {
+                            "FilterType": "Sql",
+                            "SqlFilter": {
+                                "SqlExpression": "sys.MessageId = '123456' AND userProp1 = 'v'"
+                            },
+                            "Action": {"SqlExpression": "SET sys.To = 'Entity'"},
+                        },
+                    },
+                    {
+                        "Name": "corr",
+                        "Properties": {
+                            "FilterType": "Correlation",
+                            "CorrelationFilter": {
+                                "ContentType": "application/json",
+                                "Properties": {"prop1": "value1"},
+                            },
+                        },
+                    },
+                ],
+            )
+        ],
+    }
+    document = {
+        "UserConfig": {
+            "Namespaces": [{"Name": "sbemulatorns", "Queues": [queue("q")], "Topics": [topic]}],
+            "Logging": {"Type": "File"},
+        }
+    }
     config = workdir / "Config.json"
     config.write_text(json.dumps(document))
     proc = launch_busd(redis_url, config, workdir)
@@ -97,10 +128,21 @@ def names(answer: Message) -> list[str]:
 
 
 def test_js_rule_manager_creates_lists_in_pages_and_deletes(busd, node_modules):
-    env = dict(os.environ, BUSD_CONN=busd.connection_string, BUSD_TOPIC="rt",
-               BUSD_SUBSCRIPTION="s1", BUSD_EXTRA_RULES="21")
-    done = subprocess.run([shutil.which("node") or "node", "rule_manager.mjs"], cwd=JS_DIR,
-                          env=env, capture_output=True, text=True, timeout=180)
+    env = dict(
+        os.environ,
+        BUSD_CONN=busd.connection_string,
+        BUSD_TOPIC="rt",
+        BUSD_SUBSCRIPTION="s1",
+        BUSD_EXTRA_RULES="21",
+    )
+    done = subprocess.run(
+        [shutil.which("node") or "node", "rule_manager.mjs"],
+        cwd=JS_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     seen = json.loads(done.stdout)
     assert "unexpected" not in seen, seen.get("unexpected")
@@ -108,8 +150,11 @@ def test_js_rule_manager_creates_lists_in_pages_and_deletes(busd, node_modules):
         {"name": "$Default", "filter": {"sqlExpression": "1=1"}, "action": {}}
     ]
     created = {r["name"]: r for r in seen["afterCreate"]}
-    assert created["sql-red"] == {"name": "sql-red", "filter": {"sqlExpression": "color = 'red'"},
-                                  "action": {}}  # fmt: skip
+    assert created["sql-red"] == {
+        "name": "sql-red",
+        "filter": {"sqlExpression": "color = 'red'"},
+        "action": {},
+    }
     assert created["corr-action"]["filter"]["correlationId"] == "c-1"
     assert created["corr-action"]["filter"]["subject"] == "s"
     assert created["corr-action"]["filter"]["applicationProperties"] == {"kind": "order", "n": 3}
@@ -136,15 +181,31 @@ def test_js_rule_manager_creates_lists_in_pages_and_deletes(busd, node_modules):
 
 def test_enumerate_rules_answers_numeric_described_lists(client):
     mgmt = Management(client, "rt/Subscriptions/s2")
-    assert status(mgmt.request("add-rule", {
-        "rule-name": "corr",
-        "rule-description": {
-            "correlation-filter": {"correlation-id": "c", "message-id": None, "to": None,
-                                   "reply-to": None, "label": None, "session-id": None,
-                                   "reply-to-session-id": None, "content-type": None,
-                                   "properties": None},
-            "sql-rule-action": {"expression": "SET x = 1"}},
-    })) == 200  # fmt: skip
+    assert (
+        status(
+            mgmt.request(
+                "add-rule",
+                {
+                    "rule-name": "corr",
+                    "rule-description": {
+                        "correlation-filter": {
+                            "correlation-id": "c",
+                            "message-id": None,
+                            "to": None,
+                            "reply-to": None,
+                            "label": None,
+                            "session-id": None,
+                            "reply-to-session-id": None,
+                            "content-type": None,
+                            "properties": None,
+                        },
+                        "sql-rule-action": {"expression": "SET x = 1"},
+                    },
+                },
+            )
+        )
+        == 200
+    )
     assert status(mgmt.request("add-rule", sql_rule("sql", "a > 1"))) == 200
     assert status(mgmt.request("add-rule", sql_rule("no", "1=0"))) == 200
     answer = mgmt.request("enumerate-rules", {"top": 100, "skip": 0})
@@ -160,11 +221,15 @@ def test_enumerate_rules_answers_numeric_described_lists(client):
         rules[name] = (flt.descriptor, flt.value, action.descriptor, action.value)
     assert rules == {
         "$Default": (TRUE_FILTER, [], EMPTY_RULE_ACTION, []),
-        "corr": (CORRELATION_FILTER, ["c", None, None, None, None, None, None, None, {}],
-                 SQL_RULE_ACTION, ["SET x = 1", 20]),
+        "corr": (
+            CORRELATION_FILTER,
+            ["c", None, None, None, None, None, None, None, {}],
+            SQL_RULE_ACTION,
+            ["SET x = 1", 20],
+        ),
         "sql": (SQL_FILTER, ["a > 1", 20], EMPTY_RULE_ACTION, []),
         "no": (FALSE_FILTER, [], EMPTY_RULE_ACTION, []),
-    }  # fmt: skip
+    }
 
 
 def test_paging_honours_skip_and_top_and_ends_with_204(client):
@@ -184,17 +249,33 @@ def test_bad_requests_change_nothing(client):
     mgmt = Management(client, "rt/Subscriptions/s4")
     before = names(mgmt.request("enumerate-rules", {"top": 100, "skip": 0}))
     cases = [
-        (sql_rule("bad", "color = 'red' AND"), 400, "com.microsoft:argument-error",
-         "syntax error at position 18"),
-        (sql_rule("bad", "1=1", "SET sys.SequenceNumber = 1"), 400,
-         "com.microsoft:argument-error", "cannot be changed"),
-        ({"rule-name": "bad", "rule-description": {}}, 400, "com.microsoft:argument-error",
-         "either a sql-filter or a correlation-filter"),
-        ({"rule-description": {"sql-filter": {"expression": "1=1"}}}, 400,
-         "com.microsoft:argument-error", "rule-name"),
+        (
+            sql_rule("bad", "color = 'red' AND"),
+            400,
+            "com.microsoft:argument-error",
+            "syntax error at position 18",
+        ),
+        (
+            sql_rule("bad", "1=1", "SET sys.SequenceNumber = 1"),
+            400,
+            "com.microsoft:argument-error",
+            "cannot be changed",
+        ),
+        (
+            {"rule-name": "bad", "rule-description": {}},
+            400,
+            "com.microsoft:argument-error",
+            "either a sql-filter or a correlation-filter",
+        ),
+        (
+            {"rule-description": {"sql-filter": {"expression": "1=1"}}},
+            400,
+            "com.microsoft:argument-error",
+            "rule-name",
+        ),
         (sql_rule("x" * 51, "1=1"), 400, "com.microsoft:argument-error", "at most 50"),
         (sql_rule("$DEFAULT", "1=1"), 409, "com.microsoft:entity-already-exists", ""),
-    ]  # fmt: skip
+    ]
     for body, code, condition, fragment in cases:
         answer = mgmt.request("add-rule", body)
         assert status(answer) == code, answer.properties
@@ -211,12 +292,15 @@ def test_bad_requests_change_nothing(client):
 def test_rules_from_the_entities_file_are_listed(client):
     mgmt = Management(client, "rt/Subscriptions/cfg")
     answer = mgmt.request("enumerate-rules", {"top": 100, "skip": 0})
-    listed = {r["rule-description"].value[2]: r["rule-description"].value
-              for r in answer.body["rules"]}  # fmt: skip
+    listed = {
+        r["rule-description"].value[2]: r["rule-description"].value for r in answer.body["rules"]
+    }
     assert set(listed) == {"sql-filter-1", "corr"}  # no $Default: the file gave rules
     flt, action = listed["sql-filter-1"][:2]
     assert (flt.descriptor, flt.value) == (
-        SQL_FILTER, ["sys.MessageId = '123456' AND userProp1 = 'v'", 20])
+        SQL_FILTER,
+        ["sys.MessageId = '123456' AND userProp1 = 'v'", 20],
+    )
     assert (action.descriptor, action.value) == (SQL_RULE_ACTION, ["SET sys.To = 'Entity'", 20])
     flt = listed["corr"][0]
     assert flt.value == [None] * 7 + ["application/json", {"prop1": "value1"}]
@@ -239,17 +323,23 @@ def test_rules_changed_through_one_process_route_messages_sent_through_another(b
     with ProtonCbsClient(busd.other.port) as other_client:
         other = Management(other_client, "rt/Subscriptions/s5")
         deadline = time.monotonic() + 10
-        while (listed := names(other.request("enumerate-rules", {"top": 10, "skip": 0}))) \
-                != ["red", "big"] and time.monotonic() < deadline:
+        while (listed := names(other.request("enumerate-rules", {"top": 10, "skip": 0}))) != [
+            "red",
+            "big",
+        ] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert listed == ["red", "big"]
     sent = [("red", 1), ("blue", 2), ("red", 20), ("blue", 30)]
     with ServiceBusClient.from_connection_string(busd.other.connection_string) as sdk:
         with sdk.get_topic_sender("rt") as sender:
-            sender.send_messages([
-                ServiceBusMessage(f"{color}-{n}", application_properties={"color": color, "n": n})
-                for color, n in sent
-            ])  # fmt: skip
+            sender.send_messages(
+                [
+                    ServiceBusMessage(
+                        f"{color}-{n}", application_properties={"color": color, "n": n}
+                    )
+                    for color, n in sent
+                ]
+            )
         got = []
         with sdk.get_subscription_receiver("rt", "s5", max_wait_time=3) as receiver:
             while len(got) < 5:
@@ -258,11 +348,16 @@ def test_rules_changed_through_one_process_route_messages_sent_through_another(b
                     break
                 for message in batch:
                     props = message.application_properties
-                    got.append((str(message), (props.get(b"RuleName") or b"").decode(),
-                                props.get(b"big")))
+                    got.append(
+                        (str(message), (props.get(b"RuleName") or b"").decode(), props.get(b"big"))
+                    )
                     receiver.complete_message(message)
     # red ones once each (plain), n > 10 ones once more each with the action applied
-    assert sorted(got) == sorted([
-        ("red-1", "", None), ("red-20", "", None),
-        ("red-20", "big", True), ("blue-30", "big", True),
-    ])  # fmt: skip
+    assert sorted(got) == sorted(
+        [
+            ("red-1", "", None),
+            ("red-20", "", None),
+            ("red-20", "big", True),
+            ("blue-30", "big", True),
+        ]
+    )

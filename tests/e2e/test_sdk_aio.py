@@ -35,8 +35,9 @@ async def receive(receiver, count, wait=3):
     for _ in range(10):
         if len(got) >= count:
             break
-        got.extend(await receiver.receive_messages(max_message_count=count - len(got),
-                                                   max_wait_time=wait))
+        got.extend(
+            await receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait)
+        )
     return got
 
 
@@ -53,8 +54,9 @@ async def test_plain_queue_send_receive_settle(busd):
             (again,) = await receive(receiver, 1)
             assert str(again) == "a1" and again.delivery_count == 1
             await receiver.complete_message(again)
-        async with client.get_queue_receiver("plain", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                             max_wait_time=3) as dlq:
+        async with client.get_queue_receiver(
+            "plain", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=3
+        ) as dlq:
             (dead,) = await receive(dlq, 1)
             assert (str(dead), dead.dead_letter_reason) == ("a2", "r")
             await dlq.complete_message(dead)
@@ -64,12 +66,14 @@ async def test_concurrent_next_available_receivers_get_different_sessions(busd):
     async with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         async with client.get_queue_sender("sessions") as sender:
             for sid in ("p1", "p2", "p3", "p4", "p5"):
-                await sender.send_messages([ServiceBusMessage(f"{sid}-{i}", session_id=sid)
-                                            for i in range(3)])
+                await sender.send_messages(
+                    [ServiceBusMessage(f"{sid}-{i}", session_id=sid) for i in range(3)]
+                )
 
         async def pump():
-            async with client.get_queue_receiver("sessions", session_id=NEXT_AVAILABLE_SESSION,
-                                                 max_wait_time=5) as receiver:
+            async with client.get_queue_receiver(
+                "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+            ) as receiver:
                 sid = receiver.session.session_id
                 messages = await receive(receiver, 3)
                 for m in messages:
@@ -87,8 +91,9 @@ async def test_session_state_renew_and_listing(busd):
         async with client.get_queue_sender("short") as sender:
             await sender.send_messages(ServiceBusMessage("x", session_id="aio-s"))
         renewer = AutoLockRenewer(max_lock_renewal_duration=20)
-        async with client.get_queue_receiver("short", session_id="aio-s",
-                                             auto_lock_renewer=renewer) as receiver:
+        async with client.get_queue_receiver(
+            "short", session_id="aio-s", auto_lock_renewer=renewer
+        ) as receiver:
             assert await receiver.session.get_state() is None
             await receiver.session.set_state("state-1")
             await asyncio.sleep(6)  # longer than the 5 s lock: the renewer keeps it
@@ -106,14 +111,16 @@ async def test_a_session_id_that_is_not_a_string_is_refused(busd):
     on receive, and the process goes on serving (docs/wire.md §6.5)."""
     async with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with pytest.raises(ServiceBusError) as refused:
-            async with client.get_queue_receiver("sessions", session_id=1,
-                                                 max_wait_time=5) as receiver:
+            async with client.get_queue_receiver(
+                "sessions", session_id=1, max_wait_time=5
+            ) as receiver:
                 await receiver.receive_messages(max_wait_time=5)
         assert "amqp:invalid-field" in str(refused.value)
         async with client.get_queue_sender("sessions") as sender:
             await sender.send_messages(ServiceBusMessage("after", session_id="int-then"))
-        async with client.get_queue_receiver("sessions", session_id="int-then",
-                                             max_wait_time=5) as receiver:
+        async with client.get_queue_receiver(
+            "sessions", session_id="int-then", max_wait_time=5
+        ) as receiver:
             (message,) = await receive(receiver, 1)
             assert str(message) == "after"
             await receiver.complete_message(message)

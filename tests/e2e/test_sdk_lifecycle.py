@@ -32,8 +32,9 @@ def busd(busd_factory):
             queue("sched"),
             queue("ssched", RequiresSession=True),
             queue("peek"),
-            queue("dedup", RequiresDuplicateDetection=True,
-                  DuplicateDetectionHistoryTimeWindow="PT2S"),
+            queue(
+                "dedup", RequiresDuplicateDetection=True, DuplicateDetectionHistoryTimeWindow="PT2S"
+            ),
         ]
     )
 
@@ -42,7 +43,6 @@ def busd(busd_factory):
 def client(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
         yield sb
-
 
 
 def test_renew_message_lock_extends_the_lock(client):
@@ -102,7 +102,10 @@ def test_deferred_message_can_be_dead_lettered_through_management(client):
     with client.get_queue_receiver("defer", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         (dead,) = receive(dlq, 1)
         assert (str(dead), dead.dead_letter_reason, dead.dead_letter_error_description) == (
-            "to dlq", "why", "because")
+            "to dlq",
+            "why",
+            "because",
+        )
         dlq.complete_message(dead)
 
 
@@ -138,7 +141,8 @@ def test_scheduled_message_is_invisible_until_due_and_can_be_cancelled(client):
         receiver.peek_messages(max_message_count=1)
         due = datetime.now(UTC) + timedelta(seconds=3)
         keep, cancel = sender.schedule_messages(
-            [ServiceBusMessage("scheduled"), ServiceBusMessage("cancelled")], due)
+            [ServiceBusMessage("scheduled"), ServiceBusMessage("cancelled")], due
+        )
         assert keep < cancel
         sender.cancel_scheduled_messages(cancel)
         with pytest.raises(ServiceBusError):
@@ -170,8 +174,9 @@ def test_scheduled_enqueue_time_on_send_delays_delivery(client):
 
 def test_scheduled_session_message_joins_its_session_when_due(client):
     with client.get_queue_sender("ssched") as sender:
-        sender.schedule_messages(ServiceBusMessage("later", session_id="ss"),
-                                 datetime.now(UTC) + timedelta(seconds=3))
+        sender.schedule_messages(
+            ServiceBusMessage("later", session_id="ss"), datetime.now(UTC) + timedelta(seconds=3)
+        )
         sender.send_messages(ServiceBusMessage("now", session_id="ss"))
     with client.get_queue_receiver("ssched", session_id="ss") as receiver:
         (now,) = receive(receiver, 1)
@@ -224,8 +229,10 @@ def test_peek_on_the_dead_letter_queue(client):
 
 def test_scheduled_messages_take_part_in_duplicate_detection(client):
     with client.get_queue_sender("dedup") as sender:
-        sender.schedule_messages(ServiceBusMessage("scheduled", message_id="sched-dup"),
-                                 datetime.now(UTC) + timedelta(seconds=1))
+        sender.schedule_messages(
+            ServiceBusMessage("scheduled", message_id="sched-dup"),
+            datetime.now(UTC) + timedelta(seconds=1),
+        )
         sender.send_messages(ServiceBusMessage("duplicate", message_id="sched-dup"))
     with client.get_queue_receiver("dedup", receive_mode=RECEIVE_AND_DELETE) as r:
         assert [str(m) for m in receive(r, 1, wait=4)] == ["scheduled"]

@@ -46,7 +46,6 @@ def client(busd):
         yield sb
 
 
-
 def test_messages_arrive_in_order_with_sequence_numbers(client):
     with client.get_queue_sender("orders") as sender:
         for i in range(5):
@@ -103,8 +102,9 @@ def test_dead_letter_keeps_reason_and_description(client):
         (message,) = receive(receiver, 1)
         receiver.dead_letter_message(message, reason="bad", error_description="very bad")
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
-    with client.get_queue_receiver("dlq-test", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                   max_wait_time=5) as dlq:
+    with client.get_queue_receiver(
+        "dlq-test", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5
+    ) as dlq:
         (dead,) = receive(dlq, 1)
         assert str(dead) == "poison"
         assert dead.dead_letter_reason == "bad"
@@ -124,8 +124,9 @@ def test_expired_lock_is_redelivered_and_max_delivery_count_dead_letters(client)
         assert str(again) == "slow" and again.delivery_count == 1
         time.sleep(1.5)  # second lapse reaches MaxDeliveryCount=2
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1.5) == []
-    with client.get_queue_receiver("short-lock", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                   max_wait_time=5) as dlq:
+    with client.get_queue_receiver(
+        "short-lock", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5
+    ) as dlq:
         (dead,) = receive(dlq, 1)
         assert str(dead) == "slow"
         assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
@@ -149,8 +150,9 @@ def test_expired_message_is_dead_lettered_when_the_queue_says_so(client):
     time.sleep(1.5)
     with client.get_queue_receiver("ttl-dlq", max_wait_time=1) as receiver:
         assert receiver.receive_messages(max_message_count=1, max_wait_time=1) == []
-    with client.get_queue_receiver("ttl-dlq", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                   max_wait_time=5) as dlq:
+    with client.get_queue_receiver(
+        "ttl-dlq", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5
+    ) as dlq:
         (dead,) = receive(dlq, 1)
         assert str(dead) == "short-lived"
         assert dead.dead_letter_reason == "TTLExpiredException"
@@ -184,9 +186,10 @@ def test_unknown_queue_fails_the_put_token_as_in_service_bus(busd):
     # The token for a missing entity is answered 404 (docs/wire.md §3.4); the SDK raises
     # MessagingEntityNotFoundError only with a namespace-wide token (tests/e2e/test_rights.py).
     # No retries: the SDK would ask again three times with back-off before raising.
-    with pytest.raises(ServiceBusAuthenticationError) as caught, \
-            ServiceBusClient.from_connection_string(busd.connection_string,
-                                                    retry_total=0) as client:
+    with (
+        pytest.raises(ServiceBusAuthenticationError) as caught,
+        ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as client,
+    ):
         with client.get_queue_sender("no-such-queue") as sender:
             sender.send_messages(ServiceBusMessage("nope"))
     assert caught.value.inner_exception.status_code == 404

@@ -56,10 +56,10 @@ def send(client, queue_name, session_id, bodies, **kwargs):
         )
 
 
-
 def drain_session(client, queue_name, session_id):
-    with client.get_queue_receiver(queue_name, session_id=session_id,
-                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
+    with client.get_queue_receiver(
+        queue_name, session_id=session_id, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as r:
         while r.receive_messages(max_message_count=50, max_wait_time=0.5):
             pass
 
@@ -69,8 +69,9 @@ def test_message_without_session_id_is_refused_on_a_session_queue(client):
         with pytest.raises(ServiceBusError, match="SessionId"):
             sender.send_messages(ServiceBusMessage("no session"))
     with pytest.raises(OperationTimeoutError):  # nothing was stored: no session to grant
-        with client.get_queue_receiver("sessions", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=1) as receiver:
+        with client.get_queue_receiver(
+            "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+        ) as receiver:
             receiver.receive_messages(max_wait_time=1)
 
 
@@ -114,8 +115,9 @@ def test_specific_session_is_delivered_in_order_with_many_in_flight(client):
 
 def test_next_available_session_is_granted_and_echoed(client):
     send(client, "sessions", "next-1", ["a"])
-    with client.get_queue_receiver("sessions", session_id=NEXT_AVAILABLE_SESSION,
-                                   max_wait_time=5) as receiver:
+    with client.get_queue_receiver(
+        "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+    ) as receiver:
         assert receiver.session.session_id == "next-1"
         (message,) = receive(receiver, 1)
         assert str(message) == "a"
@@ -132,8 +134,9 @@ def test_next_available_waits_and_is_woken_by_a_send(client):
     sender = threading.Timer(1.0, send, (client, "sessions", "late", ["late"]))
     sender.start()
     try:
-        with client.get_queue_receiver("sessions", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=10) as receiver:
+        with client.get_queue_receiver(
+            "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=10
+        ) as receiver:
             assert receiver.session.session_id == "late"
             (message,) = receive(receiver, 1)
             receiver.complete_message(message)
@@ -143,8 +146,9 @@ def test_next_available_waits_and_is_woken_by_a_send(client):
 
 def test_next_available_times_out_when_no_session_is_free(client):
     with pytest.raises(OperationTimeoutError):
-        with client.get_queue_receiver("sessions", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=1) as receiver:
+        with client.get_queue_receiver(
+            "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+        ) as receiver:
             receiver.receive_messages(max_wait_time=1)
 
 
@@ -198,8 +202,9 @@ def test_expired_session_lock_raises_count_and_loses_the_lock(client):
 def test_auto_lock_renewer_keeps_the_session(client):
     send(client, "short", "renewed", ["r0", "r1"])
     renewer = AutoLockRenewer(max_lock_renewal_duration=20)
-    with client.get_queue_receiver("short", session_id="renewed",
-                                   auto_lock_renewer=renewer) as receiver:
+    with client.get_queue_receiver(
+        "short", session_id="renewed", auto_lock_renewer=renewer
+    ) as receiver:
         (first,) = receive(receiver, 1)
         time.sleep(4)  # twice the lock duration
         receiver.complete_message(first)
@@ -245,8 +250,9 @@ def test_session_state_larger_than_max_message_size_is_refused(client):
 
 def test_one_expired_message_expires_its_whole_session(client):
     with client.get_queue_sender("ttl") as sender:
-        sender.send_messages(ServiceBusMessage("short", session_id="doomed",
-                                               time_to_live=timedelta(seconds=1)))
+        sender.send_messages(
+            ServiceBusMessage("short", session_id="doomed", time_to_live=timedelta(seconds=1))
+        )
         sender.send_messages(ServiceBusMessage("long", session_id="doomed"))
         sender.send_messages(ServiceBusMessage("other", session_id="fine"))
     time.sleep(1.5)
@@ -266,20 +272,28 @@ def test_one_expired_message_expires_its_whole_session(client):
 
 def test_request_reply_over_two_queues(client):
     def responder():
-        with client.get_queue_receiver("requests", session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=10) as receiver:
+        with client.get_queue_receiver(
+            "requests", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=10
+        ) as receiver:
             (request,) = receive(receiver, 1)
             with client.get_queue_sender("replies") as sender:
-                sender.send_messages(ServiceBusMessage(
-                    f"re: {request}", session_id=request.reply_to_session_id,
-                    correlation_id=request.message_id))
+                sender.send_messages(
+                    ServiceBusMessage(
+                        f"re: {request}",
+                        session_id=request.reply_to_session_id,
+                        correlation_id=request.message_id,
+                    )
+                )
             receiver.complete_message(request)
 
     worker = threading.Thread(target=responder)
     worker.start()
     with client.get_queue_sender("requests") as sender:
-        sender.send_messages(ServiceBusMessage("ping", session_id="job-1", message_id="req-1",
-                                               reply_to_session_id="caller-7"))
+        sender.send_messages(
+            ServiceBusMessage(
+                "ping", session_id="job-1", message_id="req-1", reply_to_session_id="caller-7"
+            )
+        )
     with client.get_queue_receiver("replies", session_id="caller-7") as replies:
         (reply,) = receive(replies, 1, wait=10)
         assert str(reply) == "re: ping"
@@ -294,8 +308,11 @@ def test_list_sessions_returns_sessions_with_messages_or_state(client):
     send(client, "sessions", "listed-b", ["2"])
     with client.get_queue_receiver("sessions", session_id="listed-c") as receiver:
         receiver.session.set_state(b"kept")
-    ids = set(client.list_queue_sessions("sessions")) if hasattr(client, "list_queue_sessions") \
+    ids = (
+        set(client.list_queue_sessions("sessions"))
+        if hasattr(client, "list_queue_sessions")
         else None
+    )
     if ids is None:
         from azure.servicebus.management import ServiceBusAdministrationClient  # noqa: F401
     assert {"listed-a", "listed-b", "listed-c"} <= ids

@@ -59,8 +59,7 @@ def test_a_session_life_costs_three_scripts(busd_factory, redis_url):
             sender.send(Message(body=f"m{i}", group_id=f"s{i:03d}"))
         before = command_calls(store)
         for i in range(SESSIONS):
-            receiver = client.receiver("cost", credit=10, session=NEXT_AVAILABLE,
-                                       timeout_ms=5000)
+            receiver = client.receiver("cost", credit=10, session=NEXT_AVAILABLE, timeout_ms=5000)
             assert receiver.receive(timeout=10).body == f"m{i}"  # oldest session first
             receiver.accept()
             receiver.close()  # answered once the release is stored
@@ -88,8 +87,9 @@ def test_a_waiting_receiver_is_woken_by_the_send(busd_factory, redis_url):
         waiter.authorize("woken")
 
         def wait_for_a_session() -> None:
-            receiver = waiter.receiver("woken", credit=10, session=NEXT_AVAILABLE,
-                                       timeout_ms=30_000)
+            receiver = waiter.receiver(
+                "woken", credit=10, session=NEXT_AVAILABLE, timeout_ms=30_000
+            )
             got.append(receiver.receive(timeout=30).body)
             receiver.accept()
             receiver.close()

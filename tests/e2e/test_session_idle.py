@@ -19,17 +19,20 @@ IDLE_TTL_S = 2
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([
-        queue("idle", RequiresSession=True, SessionIdleTimeToLive=f"PT{IDLE_TTL_S}S"),
-        queue("idle3", RequiresSession=True, SessionIdleTimeToLive="PT3S"),
-        queue("kept", RequiresSession=True),  # no idle time to live: never removed
-    ])
+    return busd_factory(
+        [
+            queue("idle", RequiresSession=True, SessionIdleTimeToLive=f"PT{IDLE_TTL_S}S"),
+            queue("idle3", RequiresSession=True, SessionIdleTimeToLive="PT3S"),
+            queue("kept", RequiresSession=True),  # no idle time to live: never removed
+        ]
+    )
 
 
 def _leave_with_state(client, name: str, session_id: str, sent: int, completed: int) -> None:
     with client.get_queue_sender(name) as sender:
-        sender.send_messages([ServiceBusMessage(f"m{i}", session_id=session_id)
-                              for i in range(sent)])
+        sender.send_messages(
+            [ServiceBusMessage(f"m{i}", session_id=session_id) for i in range(sent)]
+        )
     with client.get_queue_receiver(name, session_id=session_id, max_wait_time=5) as receiver:
         for message in receive(receiver, completed)[:completed]:
             receiver.complete_message(message)

@@ -50,10 +50,10 @@ def _tool(busd, *args: str):
 def test_paged_listing_stuck_session_release_and_clear_state(busd):
     with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as sb:
         with sb.get_queue_sender("inspect") as sender:
-            sender.send_messages([ServiceBusMessage(f"m{i}", session_id="stuck")
-                                  for i in range(3)])
-            sender.send_messages([ServiceBusMessage(f"s{i}", session_id=f"idle-{i}")
-                                  for i in range(3)])
+            sender.send_messages([ServiceBusMessage(f"m{i}", session_id="stuck") for i in range(3)])
+            sender.send_messages(
+                [ServiceBusMessage(f"s{i}", session_id=f"idle-{i}") for i in range(3)]
+            )
         with sb.get_queue_receiver("inspect", session_id="idle-0", max_wait_time=5) as rx:
             rx.session.set_state(b"keep me")
 
@@ -61,8 +61,9 @@ def test_paged_listing_stuck_session_release_and_clear_state(busd):
         seen: list[str] = []
         after = ""
         while True:
-            page, headers = _get(busd, "/admin/queues/inspect/sessions?top=2"
-                                 + (f"&after={after}" if after else ""))
+            page, headers = _get(
+                busd, "/admin/queues/inspect/sessions?top=2" + (f"&after={after}" if after else "")
+            )
             assert len(page) <= 2 and headers["X-Total-Count"] == "4"
             seen += [s["session_id"] for s in page]
             after = headers.get("X-Next-After", "")
@@ -70,14 +71,16 @@ def test_paged_listing_stuck_session_release_and_clear_state(busd):
                 break
         assert seen == ["idle-0", "idle-1", "idle-2", "stuck"]
         # the command line follows every page as well
-        listed = json.loads(_tool(busd, "sessions", "inspect", "--page", "3", "--all",
-                                  "--json").stdout)
+        listed = json.loads(
+            _tool(busd, "sessions", "inspect", "--page", "3", "--all", "--json").stdout
+        )
         assert [s["session_id"] for s in listed["sessions"]] == seen
         assert listed["total"] == 4 and listed["next_after"] is None
         first = json.loads(_tool(busd, "sessions", "inspect", "--page", "3", "--json").stdout)
         assert len(first["sessions"]) == 3 and first["next_after"] == "idle-2"
-        rest = json.loads(_tool(busd, "sessions", "inspect", "--after", first["next_after"],
-                                "--json").stdout)
+        rest = json.loads(
+            _tool(busd, "sessions", "inspect", "--after", first["next_after"], "--json").stdout
+        )
         assert [s["session_id"] for s in rest["sessions"]] == ["stuck"]
 
         with sb.get_queue_receiver("inspect", session_id="stuck", max_wait_time=5) as rx:
@@ -89,14 +92,19 @@ def test_paged_listing_stuck_session_release_and_clear_state(busd):
                 time.sleep(0.5)
             (held,), _ = _get(busd, "/admin/queues/inspect/sessions?sort=locked")
             assert (held["session_id"], held["stuck"], held["in_flight"], held["active"]) == (
-                "stuck", True, 1, 2)
+                "stuck",
+                True,
+                1,
+                2,
+            )
             assert held["holder_address"].startswith("127.0.0.1:")
             assert held["oldest_message_age_s"] >= 3
             text = _tool(busd, "sessions", "inspect", "--sort", "locked").output
             assert "stuck (stuck)" in text
 
-            released = json.loads(_tool(busd, "sessions", "release", "inspect", "stuck",
-                                         "--json").stdout)
+            released = json.loads(
+                _tool(busd, "sessions", "release", "inspect", "stuck", "--json").stdout
+            )
             assert released == {"released": True}
             with pytest.raises(SessionLockLostError):
                 rx.complete_message(message)

@@ -24,17 +24,29 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([
-        queue("poison", RequiresSession=True, MaxDeliveryCount=2,
-              DeadLetterSessionOnMaxDeliveryCount=True),
-        queue("poison-alone", RequiresSession=True, MaxDeliveryCount=2),
-        queue("ops", RequiresSession=True),
-        queue("state", RequiresSession=True),
-        queue("amqp", RequiresSession=True),
-        queue("plain"),
-        queue("parts", RequiresSession=True, EnablePartitioning=True, PartitionCount=4,
-              MaxDeliveryCount=1, DeadLetterSessionOnMaxDeliveryCount=True),
-    ])
+    return busd_factory(
+        [
+            queue(
+                "poison",
+                RequiresSession=True,
+                MaxDeliveryCount=2,
+                DeadLetterSessionOnMaxDeliveryCount=True,
+            ),
+            queue("poison-alone", RequiresSession=True, MaxDeliveryCount=2),
+            queue("ops", RequiresSession=True),
+            queue("state", RequiresSession=True),
+            queue("amqp", RequiresSession=True),
+            queue("plain"),
+            queue(
+                "parts",
+                RequiresSession=True,
+                EnablePartitioning=True,
+                PartitionCount=4,
+                MaxDeliveryCount=1,
+                DeadLetterSessionOnMaxDeliveryCount=True,
+            ),
+        ]
+    )
 
 
 @pytest.fixture
@@ -48,8 +60,9 @@ def send(client, queue_name: str, session_id: str, bodies: list[str]) -> None:
         sender.send_messages([ServiceBusMessage(b, session_id=session_id) for b in bodies])
 
 
-def http(busd, method: str, path: str, body: bytes | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+def http(
+    busd, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, dict[str, str]]:
     request = urllib.request.Request(busd.http_url + path, data=body, method=method)
     request.add_header("Authorization", admin_token())
     for name, value in (headers or {}).items():
@@ -73,8 +86,7 @@ def tool(busd, *args: str):
 
 def abandon_first_twice(client, queue_name: str, session_id: str) -> None:
     """The session's first message fails twice: MaxDeliveryCount (2) is reached."""
-    with client.get_queue_receiver(queue_name, session_id=session_id,
-                                   max_wait_time=5) as receiver:
+    with client.get_queue_receiver(queue_name, session_id=session_id, max_wait_time=5) as receiver:
         receiver.session.set_state(b"progress")
         for attempt in range(2):
             (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
@@ -83,8 +95,9 @@ def abandon_first_twice(client, queue_name: str, session_id: str) -> None:
 
 
 def dead_letters(client, queue_name: str, count: int) -> list:
-    with client.get_queue_receiver(queue_name, sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                   max_wait_time=5) as receiver:
+    with client.get_queue_receiver(
+        queue_name, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5
+    ) as receiver:
         got = receive(receiver, count)
         for message in got:
             receiver.complete_message(message)
@@ -120,9 +133,7 @@ def test_without_the_policy_the_poison_message_goes_alone(client):
 # --- on demand: the CLI and the admin HTTP API ------------------------------------------------
 
 
-def test_an_operator_dead_letters_a_session_and_resubmits_it_in_order_with_its_state(
-    busd, client
-):
+def test_an_operator_dead_letters_a_session_and_resubmits_it_in_order_with_its_state(busd, client):
     send(client, "ops", "order/7", ["a1", "a2", "a3"])
     send(client, "ops", "other", ["o1"])
     with client.get_queue_receiver("ops", session_id="order/7", max_wait_time=5) as receiver:
@@ -130,12 +141,22 @@ def test_an_operator_dead_letters_a_session_and_resubmits_it_in_order_with_its_s
         (first,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
         receiver.defer_message(first)
 
-    out = tool(busd, "sessions", "dead-letter", "ops", "order/7", "--reason", "Stuck",
-               "--description", "an operator stopped it")
+    out = tool(
+        busd,
+        "sessions",
+        "dead-letter",
+        "ops",
+        "order/7",
+        "--reason",
+        "Stuck",
+        "--description",
+        "an operator stopped it",
+    )
     assert "dead-lettered 3 message(s)" in out
     dlq = json.loads(tool(busd, "peek", "ops", "--dlq", "--json"))
-    assert [(m["body"], m["dead_letter_reason"], m["dead_letter_description"])
-            for m in dlq] == [(b, "Stuck", "an operator stopped it") for b in ("a1", "a2", "a3")]
+    assert [(m["body"], m["dead_letter_reason"], m["dead_letter_description"]) for m in dlq] == [
+        (b, "Stuck", "an operator stopped it") for b in ("a1", "a2", "a3")
+    ]
     assert http(busd, "GET", state_path("ops", "order/7"))[0] == 404
 
     send(client, "ops", "order/7", ["late"])  # a new message forms the session anew
@@ -158,8 +179,12 @@ def test_session_routes_refuse_what_they_cannot_do(busd):
     assert http(busd, "GET", "/admin/queues/ops/sessions/s/dead-letter")[0] == 405
     assert http(busd, "POST", "/admin/queues/ops/sessions/s/dead-letter", b"[1]")[0] == 400
     assert http(busd, "POST", "/admin/queues/nope/sessions/s/resubmit")[0] == 404
-    status, body, _ = http(busd, "POST", "/admin/queues/ops/sessions/none/dead-letter",
-                           json.dumps({"reason": "x"}).encode())
+    status, body, _ = http(
+        busd,
+        "POST",
+        "/admin/queues/ops/sessions/none/dead-letter",
+        json.dumps({"reason": "x"}).encode(),
+    )
     assert (status, json.loads(body)) == (200, {"dead_lettered": 0})
 
 
@@ -216,35 +241,45 @@ def test_amqp_session_state_carries_an_etag_and_honours_if_match(busd, client):
         etag = answer.body["etag"]
         assert answer.body["session-state"] == b"a" and isinstance(etag, str)
 
-        answer = mgmt.request("set-session-state",
-                              {"session-id": "s1", "session-state": b"b", "if-match": "0"})
+        answer = mgmt.request(
+            "set-session-state", {"session-id": "s1", "session-state": b"b", "if-match": "0"}
+        )
         assert answer.properties["statusCode"] == 412
         assert answer.properties["errorCondition"] == "com.microsoft:precondition-failed"
         assert mgmt.request("get-session-state", {"session-id": "s1"}).body == {
-            "session-state": b"a", "etag": etag}
+            "session-state": b"a",
+            "etag": etag,
+        }
 
-        answer = mgmt.request("set-session-state",
-                              {"session-id": "s1", "session-state": b"b", "if-match": etag})
+        answer = mgmt.request(
+            "set-session-state", {"session-id": "s1", "session-state": b"b", "if-match": etag}
+        )
         assert answer.properties["statusCode"] == 200
         new = answer.body["etag"]
         assert new != etag
         assert mgmt.request("get-session-state", {"session-id": "s1"}).body == {
-            "session-state": b"b", "etag": new}
+            "session-state": b"b",
+            "etag": new,
+        }
 
 
 def test_amqp_dead_letters_and_resubmits_a_session(busd, client):
     send(client, "amqp", "s2", ["d1", "d2"])
     with ProtonCbsClient(busd.port) as proton:
         mgmt = Management(proton, "amqp")
-        answer = mgmt.request("com.busd:dead-letter-session",
-                              {"session-id": "s2", "deadletter-reason": "ByAmqp"})
+        answer = mgmt.request(
+            "com.busd:dead-letter-session", {"session-id": "s2", "deadletter-reason": "ByAmqp"}
+        )
         assert (answer.properties["statusCode"], answer.body) == (200, {"message-count": 2})
-        peeked = mgmt.request("peek-message", {"from-sequence-number": 1, "message-count": 10,
-                                               "session-id": "s2"})
+        peeked = mgmt.request(
+            "peek-message", {"from-sequence-number": 1, "message-count": 10, "session-id": "s2"}
+        )
         assert peeked.properties["statusCode"] == 204  # none left in the queue
         answer = mgmt.request("com.busd:resubmit-session", {"session-id": "s2"})
         assert (answer.properties["statusCode"], answer.body) == (
-            200, {"message-count": 2, "left-count": 0})
+            200,
+            {"message-count": 2, "left-count": 0},
+        )
 
         plain = Management(proton, "plain")
         answer = plain.request("com.busd:dead-letter-session", {"session-id": "s2"})
@@ -263,10 +298,13 @@ def test_session_tools_work_per_partition(busd, client):
         send(client, "parts", sid, [f"{sid}-{n}" for n in range(3)])
     for sid in sessions[:3]:
         path = f"/admin/queues/parts/sessions/{sid}"
-        assert http(busd, "PUT", state_path("parts", sid), sid.encode(),
-                    {"If-None-Match": "*"})[0] == 200
-        status, body, _ = http(busd, "POST", path + "/dead-letter",
-                               json.dumps({"reason": "Split"}).encode())
+        assert (
+            http(busd, "PUT", state_path("parts", sid), sid.encode(), {"If-None-Match": "*"})[0]
+            == 200
+        )
+        status, body, _ = http(
+            busd, "POST", path + "/dead-letter", json.dumps({"reason": "Split"}).encode()
+        )
         assert (status, json.loads(body)) == (200, {"dead_lettered": 3})
     with client.get_queue_receiver("parts", session_id="p3", max_wait_time=5) as receiver:
         (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)

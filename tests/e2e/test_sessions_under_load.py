@@ -63,8 +63,10 @@ QUEUES = ("burst-detach", "burst-close", "reaccept", "churn")
 def pair(busd_factory):
     """Two busd processes over one store (same key prefix, same queues)."""
     prefix = f"e2e-load-{uuid.uuid4().hex[:8]}"
-    queues = [queue(name, RequiresSession=True, LockDuration="PT30S", MaxDeliveryCount=100)
-              for name in QUEUES]
+    queues = [
+        queue(name, RequiresSession=True, LockDuration="PT30S", MaxDeliveryCount=100)
+        for name in QUEUES
+    ]
     return busd_factory(queues, prefix=prefix), busd_factory(queues, prefix=prefix)
 
 
@@ -76,9 +78,22 @@ def load(pair, queue_name: str, workers: int = LOAD_WORKERS):
     script = Path(__file__).with_name("burst_client.py")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), "load", "--port", str(pair[n % 2].port),
-             "--queue", queue_name, "--worker", f"w{n}", "--deadline", "80"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                str(script),
+                "load",
+                "--port",
+                str(pair[n % 2].port),
+                "--queue",
+                queue_name,
+                "--worker",
+                f"w{n}",
+                "--deadline",
+                "80",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         for n in range(workers)
     ]
@@ -111,8 +126,9 @@ def wait_for_load(client: EngineClient, queue_name: str, pair) -> None:
 
 
 def admin(busd, path: str):
-    token = generate_sas_token("sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE",
-                               int(time.time()) + 300)
+    token = generate_sas_token(
+        "sb://localhost/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", int(time.time()) + 300
+    )
     request = urllib.request.Request(busd.http_url + path)
     request.add_header("Authorization", token)
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -128,14 +144,14 @@ def peek_session(busd, queue_name: str, session_id: str) -> list[str]:
 def fill(port: int, queue_name: str, session_id: str, count: int) -> None:
     feeder = EngineClient(port)
     try:
-        feeder.send(queue_name, [Message(body=str(i), group_id=session_id)
-                                 for i in range(count)])
+        feeder.send(queue_name, [Message(body=str(i), group_id=session_id) for i in range(count)])
     finally:
         feeder.close()
 
 
-def accept_at_once(client: EngineClient, queue_name: str, session_id: str, credit: int,
-                   refusals: list[str]) -> SessionReceiver:
+def accept_at_once(
+    client: EngineClient, queue_name: str, session_id: str, credit: int, refusals: list[str]
+) -> SessionReceiver:
     """Accept the session. A refusal goes into `refusals` (the caller decides whether it was
     allowed) and the accept is tried again, for at most RETRY_S."""
     deadline = time.monotonic() + RETRY_S
@@ -152,8 +168,9 @@ def accept_at_once(client: EngineClient, queue_name: str, session_id: str, credi
 def went_out_together(client: EngineClient, ending: str) -> bool:
     """Whether the last write carried both the dispositions and the `ending` frame."""
     frames = client.frames_of_write(client.writes)
-    return (any(f.startswith("@disposition") for f in frames)
-            and any(f.startswith(f"@{ending}") for f in frames))
+    return any(f.startswith("@disposition") for f in frames) and any(
+        f.startswith(f"@{ending}") for f in frames
+    )
 
 
 def summary(problems: list[str], rounds: int, load_stats: list[dict] | None = None) -> str:
@@ -239,7 +256,7 @@ def test_completions_sent_with_the_detach_stick(pair):
             if split:
                 complete(items[: PER_ROUND // 2])
                 client.flush()
-            complete(items[PER_ROUND // 2 if split else 0:])
+            complete(items[PER_ROUND // 2 if split else 0 :])
             client.close_link(receiver)  # the rest of the completions and the detach: one write
             assert went_out_together(client, "detach"), client.frames_of_write(client.writes)
             ledger.completed_now(round_no, indexes)
@@ -302,7 +319,7 @@ def test_completions_sent_with_the_connection_close_stick(pair):
             if split:
                 complete(items[: PER_ROUND // 2])
                 client.flush()
-            complete(items[PER_ROUND // 2 if split else 0:])
+            complete(items[PER_ROUND // 2 if split else 0 :])
             client.conn.close()
             client.flush()  # the rest of the completions and the close frame: one write
             assert went_out_together(client, "close"), client.frames_of_write(client.writes)
@@ -311,8 +328,10 @@ def test_completions_sent_with_the_connection_close_stick(pair):
                 client.sock.shutdown(socket.SHUT_WR)
                 shut = client
             else:
-                client.wait(lambda c=client: bool(c.conn.state & c.conn.REMOTE_CLOSED) or c.eof,
-                            what="the close answer")
+                client.wait(
+                    lambda c=client: bool(c.conn.state & c.conn.REMOTE_CLOSED) or c.eof,
+                    what="the close answer",
+                )
                 client.sock.close()
             previous_ending = ending
     if shut is not None:
@@ -397,8 +416,9 @@ class ChurnReceiver:
             if self.log.finished():
                 self.done = True
                 return
-            self.receiver = self.client.attach(self.queue_name, NEXT_AVAILABLE,
-                                               credit=TAKE_PER_ACCEPT, timeout_ms=300)
+            self.receiver = self.client.attach(
+                self.queue_name, NEXT_AVAILABLE, credit=TAKE_PER_ACCEPT, timeout_ms=300
+            )
             self.client.flush()
             self.state = "accepting"
         elif self.state == "accepting":
@@ -416,7 +436,7 @@ class ChurnReceiver:
             receiver = self.receiver
             count = len(receiver.received)
             if count != self.last_count:
-                self.log.delivered(self.number, receiver, receiver.received[self.last_count:])
+                self.log.delivered(self.number, receiver, receiver.received[self.last_count :])
                 self.last_count, self.last_change = count, now
             if count >= TAKE_PER_ACCEPT or receiver.gone or now - self.last_change > IDLE_S:
                 items = receiver.received
@@ -458,8 +478,7 @@ class ChurnLog:
             if key[0] != receiver.session_id or item.message.group_id != receiver.session_id:
                 self.problems.append(f"receiver {number} holding {receiver.session_id} got {key}")
             if self.completions.get(key):
-                self.problems.append(f"{key} delivered to receiver {number} after it was "
-                                     f"completed")
+                self.problems.append(f"{key} delivered to receiver {number} after it was completed")
             if not self.deliveries[key]:
                 self.first_order[key[0]].append(key[1])
             self.deliveries[key] += 1
@@ -482,8 +501,14 @@ def test_next_available_receivers_under_churn(pair):
     a, b = pair
     name = "churn"
     feeder = EngineClient(a.port)
-    feeder.send(name, [Message(body=f"{s}:{i}", group_id=f"s{s:02d}")
-                       for i in range(CHURN_PER_SESSION) for s in range(CHURN_SESSIONS)])
+    feeder.send(
+        name,
+        [
+            Message(body=f"{s}:{i}", group_id=f"s{s:02d}")
+            for i in range(CHURN_PER_SESSION)
+            for s in range(CHURN_SESSIONS)
+        ],
+    )
     feeder.close()
     log = ChurnLog(CHURN_SESSIONS * CHURN_PER_SESSION)
     receivers = [ChurnReceiver(n, pair[n % 2], name, log) for n in range(CHURN_RECEIVERS)]
@@ -507,11 +532,14 @@ def test_next_available_receivers_under_churn(pair):
     expected = {(f"s{s:02d}", i) for s in range(CHURN_SESSIONS) for i in range(CHURN_PER_SESSION)}
     problems = log.problems
     assert set(log.completions) == expected, (
-        f"never completed: {sorted(expected - set(log.completions))}")
+        f"never completed: {sorted(expected - set(log.completions))}"
+    )
     twice = sorted(key for key, n in log.completions.items() if n > 1)
     if twice:
-        problems.append(f"{len(twice)} message(s) completed more than once (delivered again "
-                        f"after their completion): {twice[:10]}")
+        problems.append(
+            f"{len(twice)} message(s) completed more than once (delivered again "
+            f"after their completion): {twice[:10]}"
+        )
     for session_id, order in sorted(log.first_order.items()):
         if order != list(range(CHURN_PER_SESSION)):
             problems.append(f"{session_id}: first deliveries in the order {order}")
@@ -526,8 +554,9 @@ def test_next_available_receivers_under_churn(pair):
     assert {number % 2 for _, number, _, _ in log.holds} == {0, 1}, "one busd did all the work"
     left = admin(a, f"/admin/queues/{name}/messages?count=1000")
     if left:
-        problems.append(f"{len(left)} message(s) left in the queue: "
-                        f"{[m.get('body') for m in left][:10]}")
+        problems.append(
+            f"{len(left)} message(s) left in the queue: {[m.get('body') for m in left][:10]}"
+        )
     counts = admin(b, f"/admin/queues/{name}")["counts"]
     if any(counts[k] for k in ("active", "locked", "deferred", "dead_letter", "locked_sessions")):
         problems.append(f"after every receiver left, the queue counts {counts}")

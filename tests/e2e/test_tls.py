@@ -35,8 +35,10 @@ def tls_kwargs(busd) -> dict:
 
 
 def tls_connection_string(busd) -> str:
-    return ("Endpoint=sb://localhost;SharedAccessKeyName=RootManageSharedAccessKey;"
-            "SharedAccessKey=SAS_KEY_VALUE")
+    return (
+        "Endpoint=sb://localhost;SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE"
+    )
 
 
 def test_banner_names_the_listener_and_the_certificate(busd):
@@ -49,8 +51,9 @@ def test_banner_names_the_listener_and_the_certificate(busd):
 
 
 def test_sdk_sync_over_tls_queue_and_session(busd):
-    with ServiceBusClient.from_connection_string(tls_connection_string(busd),
-                                                 **tls_kwargs(busd)) as client:
+    with ServiceBusClient.from_connection_string(
+        tls_connection_string(busd), **tls_kwargs(busd)
+    ) as client:
         with client.get_queue_sender("plain") as sender:
             sender.send_messages(ServiceBusMessage(b"over tls"))
         with client.get_queue_receiver("plain", max_wait_time=5) as receiver:
@@ -59,8 +62,7 @@ def test_sdk_sync_over_tls_queue_and_session(busd):
             receiver.complete_message(got[0])
         with client.get_queue_sender("sessions") as sender:
             sender.send_messages([ServiceBusMessage(f"s{i}", session_id="tls-s") for i in range(3)])
-        with client.get_queue_receiver("sessions", session_id="tls-s",
-                                       max_wait_time=5) as receiver:
+        with client.get_queue_receiver("sessions", session_id="tls-s", max_wait_time=5) as receiver:
             got = receive(receiver, 3)
             assert [str(m) for m in got] == ["s0", "s1", "s2"]
             receiver.session.set_state(b"state")
@@ -72,11 +74,13 @@ def test_sdk_sync_over_tls_queue_and_session(busd):
 def test_sdk_aio_over_tls_session(busd):
     async def main() -> list[str]:
         async with AsyncServiceBusClient.from_connection_string(
-                tls_connection_string(busd), **tls_kwargs(busd)) as client:
+            tls_connection_string(busd), **tls_kwargs(busd)
+        ) as client:
             async with client.get_queue_sender("sessions") as sender:
                 await sender.send_messages(ServiceBusMessage("aio", session_id="tls-aio"))
-            async with client.get_queue_receiver("sessions", session_id="tls-aio",
-                                                 max_wait_time=5) as receiver:
+            async with client.get_queue_receiver(
+                "sessions", session_id="tls-aio", max_wait_time=5
+            ) as receiver:
                 got = await receiver.receive_messages(max_wait_time=5)
                 for m in got:
                     await receiver.complete_message(m)
@@ -120,8 +124,9 @@ def test_failed_handshakes_leave_nothing_behind_and_shutdown_is_clean(busd_facto
             with pytest.raises(ssl.SSLError):
                 untrusting.wrap_socket(raw, server_hostname="localhost")
         plain_amqp_header(own.tls_port, b"AMQP\x00\x01\x00\x00")
-    with ServiceBusClient.from_connection_string(tls_connection_string(own),
-                                                 **tls_kwargs(own)) as client:
+    with ServiceBusClient.from_connection_string(
+        tls_connection_string(own), **tls_kwargs(own)
+    ) as client:
         with client.get_queue_sender("plain") as sender:
             sender.send_messages(ServiceBusMessage(b"after"))
     # A graceful stop closes every open connection; the half-made ones must not be among them

@@ -28,20 +28,30 @@ DEADLINE_S = 90
 @pytest.fixture(scope="module")
 def pair(busd_factory):
     prefix = f"e2e-topic-load-{uuid.uuid4().hex[:8]}"
-    topics = [topic("load", [subscription(s, RequiresSession=True, LockDuration="PT30S")
-                             for s in SUBSCRIPTIONS])]
-    return (busd_factory([], topics=topics, prefix=prefix),
-            busd_factory([], topics=topics, prefix=prefix))
+    topics = [
+        topic(
+            "load",
+            [subscription(s, RequiresSession=True, LockDuration="PT30S") for s in SUBSCRIPTIONS],
+        )
+    ]
+    return (
+        busd_factory([], topics=topics, prefix=prefix),
+        busd_factory([], topics=topics, prefix=prefix),
+    )
 
 
 def send(busd, first: int, last: int) -> None:
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_topic_sender("load") as sender:
             for i in range(first, last):
-                sender.send_messages([
-                    ServiceBusMessage(f"{s}:{i}", session_id=f"k{s:02d}",
-                                      application_properties={"i": i})
-                    for s in range(SESSIONS)])
+                sender.send_messages(
+                    [
+                        ServiceBusMessage(
+                            f"{s}:{i}", session_id=f"k{s:02d}", application_properties={"i": i}
+                        )
+                        for s in range(SESSIONS)
+                    ]
+                )
 
 
 def test_session_subscriptions_keep_order_and_exclusivity_on_two_processes(pair):
@@ -64,7 +74,8 @@ def test_session_subscriptions_keep_order_and_exclusivity_on_two_processes(pair)
                 while not done():
                     try:
                         rx = client.get_subscription_receiver(
-                            "load", sub, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=2)
+                            "load", sub, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=2
+                        )
                         rx.__enter__()
                     except (OperationTimeoutError, ServiceBusError):
                         continue  # nothing free right now
@@ -87,8 +98,12 @@ def test_session_subscriptions_keep_order_and_exclusivity_on_two_processes(pair)
         except Exception as exc:  # reported below, with what was received
             errors.append(f"{name}: {exc!r}")
 
-    threads = [threading.Thread(target=work, args=(pair[p], sub, f"{sub}-p{p}-{n}"))
-               for sub in SUBSCRIPTIONS for p in (0, 1) for n in range(RECEIVERS_PER_PROCESS)]
+    threads = [
+        threading.Thread(target=work, args=(pair[p], sub, f"{sub}-p{p}-{n}"))
+        for sub in SUBSCRIPTIONS
+        for p in (0, 1)
+        for n in range(RECEIVERS_PER_PROCESS)
+    ]
     for t in threads:
         t.start()
     send(pair[1], half, PER_SESSION)  # while the receivers run, through the other process

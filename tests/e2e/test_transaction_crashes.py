@@ -31,8 +31,10 @@ pytestmark = pytest.mark.timeout(180)
 # runs its clients.
 QUEUES = [queue("input", LockDuration="PT2S"), queue("output"), queue("work")]
 # The crash test's results also fan out: to every subscription, one of them through a rule.
-PARTS = {"Name": "parts", "Properties": {"FilterType": "Sql",
-                                         "SqlFilter": {"SqlExpression": "part = 'b'"}}}
+PARTS = {
+    "Name": "parts",
+    "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "part = 'b'"}},
+}
 TOPICS = [topic("results", [subscription("x"), subscription("y", rules=[PARTS])])]
 
 
@@ -44,8 +46,13 @@ def pair(redis_url, tmp_path):
     started = []
 
     def start(timeout_s: float = 60):
-        proc = launch_busd(redis_url, config, tmp_path, prefix=prefix,
-                           extra_env={"BUSD_TRANSACTION_TIMEOUT": str(timeout_s)})
+        proc = launch_busd(
+            redis_url,
+            config,
+            tmp_path,
+            prefix=prefix,
+            extra_env={"BUSD_TRANSACTION_TIMEOUT": str(timeout_s)},
+        )
         started.append(proc)
         return proc
 
@@ -61,7 +68,6 @@ def client_of(proc) -> ProtonCbsClient:
     client.authorize("work")
     client.authorize("results")
     return client
-
 
 
 def staged_keys(redis_url: str, prefix: str) -> list[bytes]:
@@ -104,7 +110,8 @@ def test_sigkill_between_declare_and_discharge_applies_nothing(pair, redis_url):
         send(client, client.sender("results"), txns.declare(), Message(body="fanned"))
         keys = staged_keys(redis_url, a.prefix)
         assert {k.split(b"}")[0] for k in keys} == {
-            f"{{{a.prefix}:{e}".encode() for e in ("output", "results")}
+            f"{{{a.prefix}:{e}".encode() for e in ("output", "results")
+        }
         # staged in the store, not only in memory
         a.proc.kill()  # SIGKILL: no rollback, no goodbye
         a.proc.wait()
@@ -158,10 +165,19 @@ def _worker(port: int, stop: threading.Event, taken: list, done: list, errors: l
             message, delivery = take(receiver, timeout=5)
             taken.append(message.body)
             txn = txns.declare()
-            answers = [send(client, sender, txn, Message(body=f"{message.body}/{part}"),
-                            wait=False) for part in ("a", "b")]
-            answers.append(send(client, fan_out, txn, Message(
-                body=f"{message.body}/t", properties={"part": "b"}), wait=False))
+            answers = [
+                send(client, sender, txn, Message(body=f"{message.body}/{part}"), wait=False)
+                for part in ("a", "b")
+            ]
+            answers.append(
+                send(
+                    client,
+                    fan_out,
+                    txn,
+                    Message(body=f"{message.body}/t", properties={"part": "b"}),
+                    wait=False,
+                )
+            )
             answers.append(settle(client, delivery, txn, wait=False))
             # the discharge goes once every operation is answered, as the .NET SDK awaits
             # each operation of a transaction scope before completing it
@@ -186,9 +202,10 @@ def test_commits_under_a_sigkill_are_whole_or_absent(pair):
     taken: list[str] = []
     done: list[str] = []
     errors: list[str] = []
-    workers = [threading.Thread(target=_worker, args=(a.port, stop, taken, done, errors),
-                                daemon=True)
-               for _ in range(WORKERS)]
+    workers = [
+        threading.Thread(target=_worker, args=(a.port, stop, taken, done, errors), daemon=True)
+        for _ in range(WORKERS)
+    ]
     for w in workers:
         w.start()
     deadline = time.monotonic() + 30
@@ -202,16 +219,20 @@ def test_commits_under_a_sigkill_are_whole_or_absent(pair):
     with client_of(b) as checker:  # in any state: locked by the dead process's receivers too
         inputs = [m.body for m in peek_all(checker, "work")]
         outputs = [m.body for m in peek_all(checker, "output")]
-        fanned = {s: [m.body for m in peek_all(checker, f"results/subscriptions/{s}")]
-                  for s in ("x", "y")}
+        fanned = {
+            s: [m.body for m in peek_all(checker, f"results/subscriptions/{s}")] for s in ("x", "y")
+        }
     left = set(inputs)
     committed = rolled_back = untouched = half = 0
     for i in range(INPUTS):
         body = f"in-{i}"
         parts = sorted(o for o in outputs if o.rsplit("/", 1)[0] == body)
         copies = [[o for o in fanned[s] if o == f"{body}/t"] for s in ("x", "y")]
-        if body not in left and parts == [f"{body}/a", f"{body}/b"] \
-                and copies == [[f"{body}/t"]] * 2:
+        if (
+            body not in left
+            and parts == [f"{body}/a", f"{body}/b"]
+            and copies == [[f"{body}/t"]] * 2
+        ):
             committed += 1
         elif body in left and not parts and copies == [[], []]:
             if body in taken:
@@ -220,9 +241,11 @@ def test_commits_under_a_sigkill_are_whole_or_absent(pair):
                 untouched += 1
         else:
             half += 1
-    print(f"\ncrash test: {committed} committed, {rolled_back} rolled back, "
-          f"{half} half-applied ({untouched} inputs never taken; clients heard of "
-          f"{len(done)} commits before the kill)")
+    print(
+        f"\ncrash test: {committed} committed, {rolled_back} rolled back, "
+        f"{half} half-applied ({untouched} inputs never taken; clients heard of "
+        f"{len(done)} commits before the kill)"
+    )
     assert half == 0
     # before the kill nothing was refused: the workers stopped on the lost connection only
     assert not [e for e in errors if "Refused" in e], errors

@@ -28,18 +28,35 @@ from tests.e2e.txn_client import (
 
 pytestmark = pytest.mark.timeout(120)
 
-JSON_ONLY = {"Name": "json-only", "Properties": {
-    "FilterType": "Correlation", "CorrelationFilter": {"ContentType": "application/json"}}}
-BIG_TAGGED = {"Name": "big", "Properties": {
-    "FilterType": "Sql", "SqlFilter": {"SqlExpression": "size > 5"},
-    "Action": {"SqlExpression": "SET tag = 'big'"}}}
+JSON_ONLY = {
+    "Name": "json-only",
+    "Properties": {
+        "FilterType": "Correlation",
+        "CorrelationFilter": {"ContentType": "application/json"},
+    },
+}
+BIG_TAGGED = {
+    "Name": "big",
+    "Properties": {
+        "FilterType": "Sql",
+        "SqlFilter": {"SqlExpression": "size > 5"},
+        "Action": {"SqlExpression": "SET tag = 'big'"},
+    },
+}
 SUBSCRIPTIONS = ("all", "json", "sql")
 
 
 def orders_topic(name: str = "orders") -> dict:
-    return topic(name, [subscription("all"), subscription("json", rules=[JSON_ONLY]),
-                        subscription("sql", rules=[BIG_TAGGED])],
-                 RequiresDuplicateDetection=True, DuplicateDetectionHistoryTimeWindow="PT1M")
+    return topic(
+        name,
+        [
+            subscription("all"),
+            subscription("json", rules=[JSON_ONLY]),
+            subscription("sql", rules=[BIG_TAGGED]),
+        ],
+        RequiresDuplicateDetection=True,
+        DuplicateDetectionHistoryTimeWindow="PT1M",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +93,9 @@ def test_a_topic_send_fans_out_at_the_commit_under_one_number_per_message(client
     sender = client.sender("orders")
     txns = Transactions(client)
     txn = txns.declare()
-    big = Message(id="big-1", body="big json", content_type="application/json",
-                  properties={"size": 10})
+    big = Message(
+        id="big-1", body="big json", content_type="application/json", properties={"size": 10}
+    )
     small = Message(id="small-1", body="small", properties={"size": 1})
     for message in (big, small, Message(id="big-1", body="again")):  # the last: a duplicate
         answer = send(client, sender, txn, message)
@@ -101,18 +119,27 @@ def test_a_rollback_leaves_nothing_in_any_subscription(client):
     sender = client.sender("orders")
     txns = Transactions(client)
     txn = txns.declare()
-    send(client, sender, txn, Message(id="rolled-back", body="never",
-                                      content_type="application/json",
-                                      properties={"size": 10}))
+    send(
+        client,
+        sender,
+        txn,
+        Message(
+            id="rolled-back", body="never", content_type="application/json", properties={"size": 10}
+        ),
+    )
     txns.rollback(txn)
     assert copies(client) == {n: [] for n in SUBSCRIPTIONS}
     # its message-id was never seen by duplicate detection: sent again, it is taken
     txn = txns.declare()
-    send(client, sender, txn, Message(id="rolled-back", body="once",
-                                      content_type="application/json"))
+    send(
+        client, sender, txn, Message(id="rolled-back", body="once", content_type="application/json")
+    )
     txns.commit(txn)
     assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
-        "all": ["once"], "json": ["once"], "sql": []}
+        "all": ["once"],
+        "json": ["once"],
+        "sql": [],
+    }
     for name in SUBSCRIPTIONS:
         drain(client, sub(name))
 
@@ -130,7 +157,10 @@ def test_a_queue_input_completes_with_a_topic_send(client):
     txns.commit(txn)
     assert peek_all(client, "input") == []
     assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
-        "all": ["result"], "json": [], "sql": ["result"]}
+        "all": ["result"],
+        "json": [],
+        "sql": ["result"],
+    }
     receiver.close()
     for name in SUBSCRIPTIONS:
         drain(client, sub(name))
@@ -139,22 +169,37 @@ def test_a_queue_input_completes_with_a_topic_send(client):
 def test_scheduled_and_cancelled_on_a_topic_in_transactions(client):
     mgmt = Management(client, "orders")
     txns = Transactions(client)
-    later = Message(body="later", content_type="application/json", annotations={
-        symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 3_600_000)})
+    later = Message(
+        body="later",
+        content_type="application/json",
+        annotations={
+            symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 3_600_000)
+        },
+    )
     txn = txns.declare()
-    response = mgmt.request("schedule-message", {"messages": [
-        {"message-id": "sched-1", "message": later.encode()}]}, txn)
+    response = mgmt.request(
+        "schedule-message",
+        {"messages": [{"message-id": "sched-1", "message": later.encode()}]},
+        txn,
+    )
     assert response.properties["statusCode"] == 200
     (number,) = response.body["sequence-numbers"]
     assert copies(client) == {n: [] for n in SUBSCRIPTIONS}
     txns.commit(txn)
     got = copies(client)
     assert {n: [(m.body, seq(m)) for m in ms] for n, ms in got.items()} == {
-        "all": [("later", number)], "json": [("later", number)], "sql": []}
+        "all": [("later", number)],
+        "json": [("later", number)],
+        "sql": [],
+    }
     assert got["all"][0].annotations["x-opt-message-state"] == 2  # scheduled
     txn = txns.declare()
-    assert mgmt.request("cancel-scheduled-message", {"sequence-numbers": [number]},
-                        txn).properties["statusCode"] == 200
+    assert (
+        mgmt.request("cancel-scheduled-message", {"sequence-numbers": [number]}, txn).properties[
+            "statusCode"
+        ]
+        == 200
+    )
     txns.rollback(txn)
     assert [len(ms) for ms in copies(client).values()] == [1, 1, 0]  # still scheduled
     txn = txns.declare()
@@ -172,8 +217,7 @@ def test_the_rules_of_the_moment_of_the_send_decide_the_copies(client):
     sender = client.sender("late")
     send(client, sender, txn, Message(body="before"))
     rules = Management(client, sub("s", "late"))
-    assert rules.request("remove-rule", {"rule-name": "$Default"}).properties[
-        "statusCode"] == 200
+    assert rules.request("remove-rule", {"rule-name": "$Default"}).properties["statusCode"] == 200
     send(client, sender, txn, Message(body="after"))
     txns.commit(txn)
     assert [m.body for m in peek_all(client, sub("s", "late"))] == ["before"]
@@ -220,15 +264,32 @@ def test_the_via_partition_key_is_taken_and_kept(client):
     takes them, and the annotation stays on the message as sent (docs/wire.md §10.3)."""
     txns = Transactions(client)
     txn = txns.declare()
-    keyed = Message(body="keyed", annotations={
-        symbol("x-opt-via-partition-key"): "pk", symbol("x-opt-partition-key"): "pk"})
+    keyed = Message(
+        body="keyed",
+        annotations={symbol("x-opt-via-partition-key"): "pk", symbol("x-opt-partition-key"): "pk"},
+    )
     send(client, client.sender("orders"), txn, keyed)
-    later = Message(body="keyed later", annotations={
-        symbol("x-opt-via-partition-key"): "pk",
-        symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 60_000)})
-    response = Management(client, "orders").request("schedule-message", {"messages": [
-        {"message-id": "via-1", "message": later.encode(), "partition-key": "pk",
-         "via-partition-key": "pk"}]}, txn)
+    later = Message(
+        body="keyed later",
+        annotations={
+            symbol("x-opt-via-partition-key"): "pk",
+            symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 60_000),
+        },
+    )
+    response = Management(client, "orders").request(
+        "schedule-message",
+        {
+            "messages": [
+                {
+                    "message-id": "via-1",
+                    "message": later.encode(),
+                    "partition-key": "pk",
+                    "via-partition-key": "pk",
+                }
+            ]
+        },
+        txn,
+    )
     assert response.properties["statusCode"] == 200
     txns.commit(txn)
     got = {m.body: m for m in peek_all(client, sub("all"))}
@@ -236,8 +297,7 @@ def test_the_via_partition_key_is_taken_and_kept(client):
     assert all(m.annotations["x-opt-via-partition-key"] == "pk" for m in got.values())
     assert got["keyed"].annotations["x-opt-partition-key"] == "pk"
     (number,) = response.body["sequence-numbers"]
-    Management(client, "orders").request("cancel-scheduled-message",
-                                         {"sequence-numbers": [number]})
+    Management(client, "orders").request("cancel-scheduled-message", {"sequence-numbers": [number]})
     for name in SUBSCRIPTIONS:
         drain(client, sub(name))
 
@@ -281,10 +341,16 @@ def test_on_a_cluster_a_transaction_keeps_to_one_topic_or_queue(tmp_path):
                 send(client, client.sender("input"), txn, Message(body="elsewhere"))
             assert err.value.condition == "amqp:not-allowed"
             assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
-                "all": ["event"], "json": ["event"], "sql": []}
+                "all": ["event"],
+                "json": ["event"],
+                "sql": [],
+            }
             txns.commit(txn)
             assert {n: [m.body for m in ms] for n, ms in copies(client).items()} == {
-                "all": ["event", "handled"], "json": [], "sql": ["handled"]}
+                "all": ["event", "handled"],
+                "json": [],
+                "sql": ["handled"],
+            }
             assert peek_all(client, "input") == []
             receiver.close()
     finally:

@@ -31,8 +31,12 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def busd(busd_factory):
     return busd_factory(
-        [queue("input"), queue("output"), queue("short", LockDuration="PT2S"),
-         queue("sessions", RequiresSession=True, LockDuration="PT30S")],
+        [
+            queue("input"),
+            queue("output"),
+            queue("short", LockDuration="PT2S"),
+            queue("sessions", RequiresSession=True, LockDuration="PT30S"),
+        ],
         topics=[topic("events", [subscription("all")])],
         extra_env={"BUSD_TRANSACTION_TIMEOUT": "60"},
     )
@@ -44,8 +48,6 @@ def client(busd):
         for entity in ("input", "output", "short", "sessions", "events"):
             c.authorize(entity)
         yield c
-
-
 
 
 def test_declare_answers_declared_with_either_descriptor_and_target(client):
@@ -114,8 +116,9 @@ def test_rollback_keeps_the_input_locked_with_its_token_and_delivery_count(clien
     assert renewed.properties["statusCode"] == 200
     # and it can be settled again, in a new transaction
     txn = txns.declare()
-    done = mgmt.request("update-disposition",
-                        {"disposition-status": "completed", "lock-tokens": [token]}, txn)
+    done = mgmt.request(
+        "update-disposition", {"disposition-status": "completed", "lock-tokens": [token]}, txn
+    )
     assert done.properties["statusCode"] == 200
     assert len(peek_all(client, "input")) == 1
     txns.commit(txn)
@@ -217,8 +220,7 @@ def test_session_work_commits_with_the_session_and_not_without_its_lock(client):
     txn = txns.declare()
     settle(client, delivery, txn)
     send(client, sender, txn, Message(body="s3-out", group_id="s3"))
-    state = mgmt.request("set-session-state", {"session-id": "s1", "session-state": b"done"},
-                         txn)
+    state = mgmt.request("set-session-state", {"session-id": "s1", "session-state": b"done"}, txn)
     assert state.properties["statusCode"] == 200
     before = mgmt.request("get-session-state", {"session-id": "s1"})
     assert before.body["session-state"] is None  # applied at the commit only
@@ -246,11 +248,16 @@ def test_scheduled_and_cancelled_in_a_transaction(client):
     txns = Transactions(client)
     from proton import symbol
 
-    later = Message(body="later", annotations={
-        symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 3_600_000)})
+    later = Message(
+        body="later",
+        annotations={
+            symbol("x-opt-scheduled-enqueue-time"): timestamp(int(time.time() * 1000) + 3_600_000)
+        },
+    )
     txn = txns.declare()
-    response = mgmt.request("schedule-message", {"messages": [
-        {"message-id": "m1", "message": later.encode()}]}, txn)
+    response = mgmt.request(
+        "schedule-message", {"messages": [{"message-id": "m1", "message": later.encode()}]}, txn
+    )
     assert response.properties["statusCode"] == 200
     (seq,) = response.body["sequence-numbers"]
     assert peek_all(client, "output") == []
@@ -289,8 +296,9 @@ def test_cross_entity_session_pins_the_first_entity(client):
     allowed = session.receiver(f"via-{uuid.uuid4()}")
     allowed.source.address = "output"
     allowed.open()
-    client.conn.wait(lambda: allowed.state & (allowed.REMOTE_ACTIVE | allowed.REMOTE_CLOSED),
-                     timeout=10)
+    client.conn.wait(
+        lambda: allowed.state & (allowed.REMOTE_ACTIVE | allowed.REMOTE_CLOSED), timeout=10
+    )
     assert allowed.state & allowed.REMOTE_ACTIVE
 
 

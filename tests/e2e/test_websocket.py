@@ -25,20 +25,26 @@ def busd(busd_factory):
 
 def ws(busd) -> tuple[str, dict]:
     """ws://: the emulator flag makes the SDK skip TLS; the custom endpoint names the port."""
-    return (f"Endpoint=sb://localhost:{busd.port};{ROOT_KEY};UseDevelopmentEmulator=true;", {
-        "transport_type": TransportType.AmqpOverWebsocket,
-        "custom_endpoint_address": f"sb://localhost:{busd.ws_port}",
-        "retry_total": 0,
-    })
+    return (
+        f"Endpoint=sb://localhost:{busd.port};{ROOT_KEY};UseDevelopmentEmulator=true;",
+        {
+            "transport_type": TransportType.AmqpOverWebsocket,
+            "custom_endpoint_address": f"sb://localhost:{busd.ws_port}",
+            "retry_total": 0,
+        },
+    )
 
 
 def wss(busd) -> tuple[str, dict]:
-    return (f"Endpoint=sb://localhost;{ROOT_KEY}", {
-        "transport_type": TransportType.AmqpOverWebsocket,
-        "custom_endpoint_address": f"sb://localhost:{busd.ws_port}",
-        "connection_verify": busd.cert_path,
-        "retry_total": 0,
-    })
+    return (
+        f"Endpoint=sb://localhost;{ROOT_KEY}",
+        {
+            "transport_type": TransportType.AmqpOverWebsocket,
+            "custom_endpoint_address": f"sb://localhost:{busd.ws_port}",
+            "connection_verify": busd.cert_path,
+            "retry_total": 0,
+        },
+    )
 
 
 @pytest.mark.parametrize("flavour", [ws, wss])
@@ -58,8 +64,7 @@ def test_sdk_sync_over_websockets(busd, flavour):
                 receiver.complete_message(m)
         with client.get_queue_sender("sessions") as sender:
             sender.send_messages([ServiceBusMessage(f"s{i}", session_id=name) for i in range(2)])
-        with client.get_queue_receiver("sessions", session_id=name,
-                                       max_wait_time=5) as receiver:
+        with client.get_queue_receiver("sessions", session_id=name, max_wait_time=5) as receiver:
             got = receive(receiver, 2)
             assert [str(m) for m in got] == ["s0", "s1"]
             receiver.session.set_state(b"over websockets")
@@ -76,8 +81,9 @@ def test_sdk_aio_over_websockets(busd, flavour):
         async with AsyncServiceBusClient.from_connection_string(conn_str, **kwargs) as client:
             async with client.get_queue_sender("sessions") as sender:
                 await sender.send_messages(ServiceBusMessage("aio", session_id="ws-aio"))
-            async with client.get_queue_receiver("sessions", session_id="ws-aio",
-                                                 max_wait_time=5) as receiver:
+            async with client.get_queue_receiver(
+                "sessions", session_id="ws-aio", max_wait_time=5
+            ) as receiver:
                 got = await receiver.receive_messages(max_wait_time=5)
                 for m in got:
                     await receiver.complete_message(m)
@@ -88,16 +94,21 @@ def test_sdk_aio_over_websockets(busd, flavour):
 
 def test_other_paths_and_subprotocols_are_refused(busd):
     conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
-    upgrade = {"Upgrade": "websocket", "Connection": "Upgrade",
-               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13"}
+    upgrade = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
     conn.request("GET", "/elsewhere", headers={**upgrade, "Sec-WebSocket-Protocol": "AMQPWSB10"})
     assert conn.getresponse().status == 404
     conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
     conn.request("GET", "/$servicebus/websocket", headers=upgrade)  # no AMQPWSB10
     assert conn.getresponse().status == 400
     conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
-    conn.request("GET", "/$servicebus/websocket",
-                 headers={**upgrade, "Sec-WebSocket-Protocol": "AMQPWSB10"})
+    conn.request(
+        "GET", "/$servicebus/websocket", headers={**upgrade, "Sec-WebSocket-Protocol": "AMQPWSB10"}
+    )
     response = conn.getresponse()
     assert response.status == 101
     assert response.getheader("Sec-WebSocket-Protocol") == "AMQPWSB10"

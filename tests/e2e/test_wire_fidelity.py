@@ -67,8 +67,9 @@ def test_peek_lock_delivery_carries_the_lock_token_and_the_senders_annotations(c
 def test_receive_and_delete_delivery_keeps_the_senders_annotations_without_a_lock(client):
     with client.get_queue_sender("plain") as sender:
         sender.send_messages(_annotated(b"annotated"))
-    with client.get_queue_receiver("plain", max_wait_time=5,
-                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as rx:
+    with client.get_queue_receiver(
+        "plain", max_wait_time=5, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as rx:
         (message,) = receive(rx, 1)
         annotations = message.raw_amqp_message.delivery_annotations
         assert annotations == {b"x-app-hop": b"first"}
@@ -79,8 +80,9 @@ def test_receive_and_delete_delivery_without_annotations_has_an_empty_map(client
     reads {} (its own test_message_backcompat_receive_and_delete_databody), not None."""
     with client.get_queue_sender("plain") as sender:
         sender.send_messages(ServiceBusMessage(b"bare"))
-    with client.get_queue_receiver("plain", max_wait_time=5,
-                                   receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as rx:
+    with client.get_queue_receiver(
+        "plain", max_wait_time=5, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as rx:
         (message,) = receive(rx, 1)
     assert message.raw_amqp_message.delivery_annotations == {}
     assert message.message.delivery_annotations == {}
@@ -92,8 +94,9 @@ def test_aio_session_delivery_carries_the_lock_token(busd):
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
             async with sb.get_queue_sender("sessions") as sender:
                 await sender.send_messages(ServiceBusMessage(b"s", session_id="da"))
-            async with sb.get_queue_receiver("sessions", session_id="da",
-                                             max_wait_time=5) as receiver:
+            async with sb.get_queue_receiver(
+                "sessions", session_id="da", max_wait_time=5
+            ) as receiver:
                 (message,) = await receiver.receive_messages(max_wait_time=5)
                 annotations = message.raw_amqp_message.delivery_annotations
                 token = message.lock_token  # None once settled
@@ -109,8 +112,11 @@ def test_aio_session_delivery_carries_the_lock_token(busd):
 
 def test_a_received_message_can_be_sent_again(client):
     with client.get_queue_sender("sessions") as sender:
-        sender.send_messages(ServiceBusMessage(b"again", session_id="fw", partition_key="fw",
-                                               application_properties={"k": "v"}))
+        sender.send_messages(
+            ServiceBusMessage(
+                b"again", session_id="fw", partition_key="fw", application_properties={"k": "v"}
+            )
+        )
     with client.get_queue_receiver("sessions", session_id="fw", max_wait_time=5) as receiver:
         (first,) = receive(receiver, 1)
         with client.get_queue_sender("sessions") as sender:
@@ -128,9 +134,11 @@ def test_aio_a_received_message_can_be_sent_again(busd):
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
             async with sb.get_queue_sender("sessions") as sender:
                 await sender.send_messages(
-                    ServiceBusMessage(b"again", session_id="fw-aio", partition_key="fw-aio"))
-            async with sb.get_queue_receiver("sessions", session_id="fw-aio",
-                                             max_wait_time=5) as receiver:
+                    ServiceBusMessage(b"again", session_id="fw-aio", partition_key="fw-aio")
+                )
+            async with sb.get_queue_receiver(
+                "sessions", session_id="fw-aio", max_wait_time=5
+            ) as receiver:
                 (first,) = await receiver.receive_messages(max_wait_time=5)
                 async with sb.get_queue_sender("sessions") as sender:
                     await sender.send_messages(first)
@@ -164,12 +172,12 @@ def test_aio_deferred_session_message_is_deferred(busd):
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
             async with sb.get_queue_sender("sessions") as sender:
                 await sender.send_messages(ServiceBusMessage(b"later", session_id="defer"))
-            async with sb.get_queue_receiver("sessions", session_id="defer",
-                                             max_wait_time=5) as receiver:
+            async with sb.get_queue_receiver(
+                "sessions", session_id="defer", max_wait_time=5
+            ) as receiver:
                 (message,) = await receiver.receive_messages(max_wait_time=5)
                 await receiver.defer_message(message)
-                (deferred,) = await receiver.receive_deferred_messages(
-                    [message.sequence_number])
+                (deferred,) = await receiver.receive_deferred_messages([message.sequence_number])
                 await receiver.complete_message(deferred)
                 return deferred.state
 
@@ -178,12 +186,17 @@ def test_aio_deferred_session_message_is_deferred(busd):
 
 # --- 6: decimal application properties -------------------------------------------------------
 
-DECIMALS = {"price": Decimal("1.5"), "neg": Decimal("-2.25"), "whole": Decimal("100"),
-            "pi": Decimal("3.14159265")}
+DECIMALS = {
+    "price": Decimal("1.5"),
+    "neg": Decimal("-2.25"),
+    "whole": Decimal("100"),
+    "pi": Decimal("3.14159265"),
+}
 
 
-@pytest.mark.parametrize("mode", [ServiceBusReceiveMode.PEEK_LOCK,
-                                  ServiceBusReceiveMode.RECEIVE_AND_DELETE])
+@pytest.mark.parametrize(
+    "mode", [ServiceBusReceiveMode.PEEK_LOCK, ServiceBusReceiveMode.RECEIVE_AND_DELETE]
+)
 def test_decimal_application_properties_are_readable(client, mode):
     props = {**DECIMALS, "text": "kept"}
     with client.get_queue_sender("plain") as sender:
@@ -201,11 +214,17 @@ def test_aio_decimal_application_property_in_a_session(busd):
     async def main():
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
             async with sb.get_queue_sender("sessions") as sender:
-                await sender.send_messages(ServiceBusMessage(
-                    b"d", session_id="dec", application_properties={"p": Decimal("0.05")}))
-            async with sb.get_queue_receiver("sessions", session_id="dec", max_wait_time=5,
-                                             receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-                                             ) as receiver:
+                await sender.send_messages(
+                    ServiceBusMessage(
+                        b"d", session_id="dec", application_properties={"p": Decimal("0.05")}
+                    )
+                )
+            async with sb.get_queue_receiver(
+                "sessions",
+                session_id="dec",
+                max_wait_time=5,
+                receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+            ) as receiver:
                 (message,) = await receiver.receive_messages(max_wait_time=5)
                 return message.application_properties[b"p"]
 
@@ -232,8 +251,7 @@ def test_empty_session_id_is_a_session(client):
         for m in got:
             receiver.complete_message(m)
     # the next available session is the other one: "" is not "any session"
-    with client.get_queue_receiver("sessions", session_id="not-empty",
-                                   max_wait_time=5) as receiver:
+    with client.get_queue_receiver("sessions", session_id="not-empty", max_wait_time=5) as receiver:
         (m,) = receive(receiver, 1)
         receiver.complete_message(m)
     with client.get_queue_receiver("sessions", session_id="", max_wait_time=5) as receiver:
@@ -247,8 +265,9 @@ def test_aio_empty_session_id(busd):
         async with AsyncServiceBusClient.from_connection_string(busd.connection_string) as sb:
             async with sb.get_queue_sender("sessions") as sender:
                 await sender.send_messages(ServiceBusMessage(b"aio-empty", session_id=""))
-            async with sb.get_queue_receiver("sessions", session_id="",
-                                             max_wait_time=5) as receiver:
+            async with sb.get_queue_receiver(
+                "sessions", session_id="", max_wait_time=5
+            ) as receiver:
                 (message,) = await receiver.receive_messages(max_wait_time=5)
                 await receiver.complete_message(message)
                 return str(message), message.session_id

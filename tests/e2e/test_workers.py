@@ -56,9 +56,10 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def busd(busd_factory):
-    return busd_factory([queue("plain"),
-                         queue("sessions", RequiresSession=True, LockDuration="PT5S")],
-                        extra_env=WORKERS)
+    return busd_factory(
+        [queue("plain"), queue("sessions", RequiresSession=True, LockDuration="PT5S")],
+        extra_env=WORKERS,
+    )
 
 
 def test_connections_land_on_both_workers_and_scrapes_answer_for_the_host(busd):
@@ -110,8 +111,9 @@ def test_a_killed_worker_is_started_again(busd):
 
 
 def test_sigterm_stops_every_process_and_the_embedded_store_once(busd_factory, tmp_path):
-    busd = busd_factory([queue("plain")], embedded=True, data_dir=tmp_path / "data",
-                        extra_env=WORKERS)
+    busd = busd_factory(
+        [queue("plain")], embedded=True, data_dir=tmp_path / "data", extra_env=WORKERS
+    )
     pids = worker_pids(busd)
     assert len(pids) == 2 and busd.proc.pid not in pids
     assert busd.log_text().count("embedded Valkey at") == 1  # the parent's, not one per worker

@@ -30,8 +30,9 @@ class Coordinator(LinkOption):
 
 class Refused(Exception):
     def __init__(self, condition) -> None:
-        super().__init__(f"{condition.name if condition else None}: "
-                         f"{condition.description if condition else ''}")
+        super().__init__(
+            f"{condition.name if condition else None}: {condition.description if condition else ''}"
+        )
         self.condition = condition.name if condition else None
 
 
@@ -76,8 +77,14 @@ class Transactions:
         self.ctrl.close()
 
 
-def send(client: ProtonCbsClient, sender: BlockingSender, txn: bytes, message: Message,
-         *, wait: bool = True) -> Delivery:  # fmt: skip
+def send(
+    client: ProtonCbsClient,
+    sender: BlockingSender,
+    txn: bytes,
+    message: Message,
+    *,
+    wait: bool = True,
+) -> Delivery:
     """A transactional send; with `wait` its settled answer (Refused when rejected)."""
     delivery = sender.link.send(message)
     delivery.local.data = [txn]
@@ -93,8 +100,9 @@ def take(receiver: BlockingReceiver, timeout: float = 10) -> tuple[Message, Deli
     return message, receiver.fetcher.unsettled.popleft()
 
 
-def settle(client: ProtonCbsClient, delivery: Delivery, txn: bytes, state=ACCEPTED, *,
-           wait: bool = True) -> Delivery:  # fmt: skip
+def settle(
+    client: ProtonCbsClient, delivery: Delivery, txn: bytes, state=ACCEPTED, *, wait: bool = True
+) -> Delivery:
     """A transactional disposition (unsettled, as proton's `Transaction.accept`); with `wait`
     busd's settled answer (Refused when rejected)."""
     delivery.local.data = [txn, state]
@@ -129,13 +137,19 @@ class Management:
         node = f"{entity}/$management"
         self.requests = client.conn.create_sender(node, name=f"mgmt-{uuid.uuid4()}")
         self.responses = client.conn.create_receiver(
-            node, credit=10, name=f"mgmt-reply-{uuid.uuid4()}",
+            node,
+            credit=10,
+            name=f"mgmt-reply-{uuid.uuid4()}",
             options=ReplyAddress(self.reply_to),
         )
 
     def request(self, operation: str, body: dict, txn: bytes | None = None) -> Message:
-        message = Message(id=str(uuid.uuid4()), reply_to=self.reply_to, body=body,
-                          properties={"operation": f"com.microsoft:{operation}"})
+        message = Message(
+            id=str(uuid.uuid4()),
+            reply_to=self.reply_to,
+            body=body,
+            properties={"operation": f"com.microsoft:{operation}"},
+        )
         delivery = self.requests.link.send(message)
         if txn is not None:
             delivery.local.data = [txn]
@@ -150,8 +164,9 @@ def peek_all(client: ProtonCbsClient, entity: str) -> list[Message]:
     out: list[Message] = []
     start = 1
     while True:
-        response = node.request("peek-message",
-                                {"from-sequence-number": start, "message-count": 100})
+        response = node.request(
+            "peek-message", {"from-sequence-number": start, "message-count": 100}
+        )
         if response.properties["statusCode"] == 204:
             return out
         for item in response.body["messages"]:

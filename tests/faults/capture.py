@@ -35,8 +35,7 @@ async def _record(port: int, name: str, script) -> None:
 
 async def send_receive_complete(client) -> None:
     await client.put_token("plain", valid_s=CENTURY_S)
-    await client.send_to("plain", Message(body="seed", id=str(uuid.uuid4()),
-                                          properties={"k": "v"}))
+    await client.send_to("plain", Message(body="seed", id=str(uuid.uuid4()), properties={"k": "v"}))
     receiver = await client.attach_receiver("plain", credit=5)
     (item,) = await receiver.wait_for(1)
     await client.dispose(item, Delivery.ACCEPTED)
@@ -45,8 +44,7 @@ async def send_receive_complete(client) -> None:
 
 async def management(client) -> None:
     await client.put_token("plain", valid_s=CENTURY_S)
-    await client.request("plain", "peek-message", {"from-sequence-number": 1,
-                                                   "message-count": 5})
+    await client.request("plain", "peek-message", {"from-sequence-number": 1, "message-count": 5})
     await client.send_to("plain", Message(body="deferred"))
     receiver = await client.attach_receiver("plain", credit=1)
     (item,) = await receiver.wait_for(1)
@@ -56,15 +54,20 @@ async def management(client) -> None:
 
 async def session_receiver(client) -> None:
     await client.put_token("sessions", valid_s=CENTURY_S)
-    await client.send_to("sessions", Message(body="s", group_id="seed-session"),
-                         Message(body="t", group_id="seed-session"))
-    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=2,
-                                            properties={TIMEOUT: uint(2000)})
+    await client.send_to(
+        "sessions",
+        Message(body="s", group_id="seed-session"),
+        Message(body="t", group_id="seed-session"),
+    )
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, credit=2, properties={TIMEOUT: uint(2000)}
+    )
     items = await receiver.wait_for(2)
     await client.dispose(items[0], Delivery.ACCEPTED)
     await client.dispose(items[1], Delivery.RELEASED)
-    await client.request("sessions", "set-session-state",
-                         {"session-id": "seed-session", "session-state": b"state"})
+    await client.request(
+        "sessions", "set-session-state", {"session-id": "seed-session", "session-state": b"state"}
+    )
     await client.detach(receiver)
 
 
@@ -85,20 +88,23 @@ async def _relay_sdk(port: int) -> None:
                 dst.write(data)
             dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False),
-                             return_exceptions=True)
+        await asyncio.gather(
+            pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True
+        )
 
     server = await asyncio.start_server(relay, "127.0.0.1", 0)
     relay_port = server.sockets[0].getsockname()[1]
-    conn = (f"Endpoint=sb://localhost:{relay_port};SharedAccessKeyName="
-            "RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+    conn = (
+        f"Endpoint=sb://localhost:{relay_port};SharedAccessKeyName="
+        "RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    )
     async with ServiceBusClient.from_connection_string(conn) as client:
         async with client.get_queue_sender("sessions") as sender:
             await sender.send_messages([ServiceBusMessage("sdk", session_id="sdk-seed")])
-        async with client.get_queue_receiver("sessions", session_id="sdk-seed",
-                                             max_wait_time=3) as receiver:
-            for message in await receiver.receive_messages(max_message_count=1,
-                                                           max_wait_time=3):
+        async with client.get_queue_receiver(
+            "sessions", session_id="sdk-seed", max_wait_time=3
+        ) as receiver:
+            for message in await receiver.receive_messages(max_message_count=1, max_wait_time=3):
                 await receiver.complete_message(message)
             await receiver.session.set_state(b"sdk-state")
     await asyncio.sleep(0.5)

@@ -46,10 +46,14 @@ def start_busd(redis_url, tmp_path_factory):
     started: list[BusdProcess] = []
     workdir = tmp_path_factory.mktemp("faults")
 
-    def start(queues: list[dict] | None = None, *, url: str | None = None,
-              prefix: str | None = None, env: dict | None = None) -> BusdProcess:
-        config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json",
-                              queues or QUEUES)
+    def start(
+        queues: list[dict] | None = None,
+        *,
+        url: str | None = None,
+        prefix: str | None = None,
+        env: dict | None = None,
+    ) -> BusdProcess:
+        config = write_config(workdir / f"config-{uuid.uuid4().hex[:6]}.json", queues or QUEUES)
         proc = launch_busd(url or redis_url, config, workdir, prefix=prefix, extra_env=env)
         started.append(proc)
         return proc

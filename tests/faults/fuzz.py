@@ -23,13 +23,13 @@ def split_frames(data: bytes) -> list[bytes]:
     """Protocol headers (8 bytes) and frames (by their size field), in order."""
     frames, at = [], 0
     while at < len(data):
-        if data[at:at + 4] == HEADER:
+        if data[at : at + 4] == HEADER:
             size = 8
         else:
-            size = int.from_bytes(data[at:at + 4], "big")
+            size = int.from_bytes(data[at : at + 4], "big")
             if size < 8 or at + size > len(data):
                 size = len(data) - at  # (a recording never has this; keep the rest whole)
-        frames.append(data[at:at + size])
+        frames.append(data[at : at + size])
         at += size
     return frames
 
@@ -49,8 +49,9 @@ def _set_byte(rng: random.Random, frame: bytes) -> bytes:
 
 
 def _set_size(rng: random.Random, frame: bytes) -> bytes:
-    size = rng.choice([0, 7, 8, len(frame) + 1, len(frame) - 1, 2**31, 2**32 - 1,
-                       rng.randrange(2**32)])
+    size = rng.choice(
+        [0, 7, 8, len(frame) + 1, len(frame) - 1, 2**31, 2**32 - 1, rng.randrange(2**32)]
+    )
     return size.to_bytes(4, "big") + frame[4:]
 
 
@@ -94,12 +95,13 @@ def mutate(rng: random.Random, frames: list[bytes], others: list[list[bytes]]) -
     if rng.random() < 0.2:  # the client vanishes mid-way, maybe inside a frame
         end = rng.randrange(1, len(frames) + 1)
         frames = frames[:end]
-        frames[-1] = frames[-1][:rng.randrange(1, len(frames[-1]) + 1)]
+        frames[-1] = frames[-1][: rng.randrange(1, len(frames[-1]) + 1)]
     return frames
 
 
-async def replay(port: int, frames: list[bytes], pause_s: float = 0.003,
-                 linger_s: float = 0.3) -> bool:
+async def replay(
+    port: int, frames: list[bytes], pause_s: float = 0.003, linger_s: float = 0.3
+) -> bool:
     """Write the frames one by one, as the client did (a frame may need busd's answer to the
     one before), read what busd answers for a moment, and go; True when busd closed the
     connection itself."""
@@ -140,8 +142,10 @@ async def fuzz(port: int, count: int, seed: int, at_once: int = 16) -> dict[str,
     seeds = load_seeds()
     names = sorted(seeds)
     rng = random.Random(seed)
-    jobs = [mutate(rng, seeds[name], [seeds[n] for n in names])
-            for name in (rng.choice(names) for _ in range(count))]
+    jobs = [
+        mutate(rng, seeds[name], [seeds[n] for n in names])
+        for name in (rng.choice(names) for _ in range(count))
+    ]
     queue = iter(jobs)
     closed = 0
 

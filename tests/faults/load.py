@@ -79,8 +79,9 @@ class Record:
     links = itertools.count(1)
 
 
-async def produce(port: int, plan: dict[str, int], record: Record, stop: asyncio.Event,
-                  rate_per_s: float = 400) -> None:
+async def produce(
+    port: int, plan: dict[str, int], record: Record, stop: asyncio.Event, rate_per_s: float = 400
+) -> None:
     """Send every message of `plan` once, session by session interleaved, at about
     `rate_per_s`; reconnect after a failure and go on with the next message."""
     order = [(sid, i) for i in range(max(plan.values())) for sid in plan if i < plan[sid]]
@@ -146,10 +147,9 @@ async def consume(ports: list[int], record: Record, stop: asyncio.Event) -> None
 
 async def hold_one_session(client: ProtocolClient, record: Record, stop: asyncio.Event) -> None:
     receiver = await client.attach_receiver(
-        ENTITY, session=NEXT_AVAILABLE, properties={TIMEOUT: uint(ACCEPT_TIMEOUT_MS)},
-        wait=False)
-    answered = await until(client, lambda: receiver.answered,
-                           ACCEPT_TIMEOUT_MS / 1000 + 10)
+        ENTITY, session=NEXT_AVAILABLE, properties={TIMEOUT: uint(ACCEPT_TIMEOUT_MS)}, wait=False
+    )
+    answered = await until(client, lambda: receiver.answered, ACCEPT_TIMEOUT_MS / 1000 + 10)
     if not answered:
         return  # the connection went (or busd never answered: the check below counts it)
     if receiver.closed_by_broker:
@@ -166,8 +166,9 @@ async def hold_one_session(client: ProtocolClient, record: Record, stop: asyncio
     seen = 0
     unconfirmed: list[tuple[Delivery, tuple[str, int]]] = []
     while not stop.is_set():
-        got = await until(client, lambda n=seen: len(receiver.received) > n
-                          or receiver.closed_by_broker, IDLE_S)
+        got = await until(
+            client, lambda n=seen: len(receiver.received) > n or receiver.closed_by_broker, IDLE_S
+        )
         _confirmations(unconfirmed, record)
         if not got or receiver.closed_by_broker or client.sock.closed:
             break
@@ -218,14 +219,15 @@ class Verdict:
 
     @property
     def violations(self) -> int:
-        return (self.lost + self.stuck + self.duplicated_after_complete + self.order
-                + self.overlap)
+        return self.lost + self.stuck + self.duplicated_after_complete + self.order + self.overlap
 
     def summary(self) -> str:
-        return (f"sent {self.sent}, completed {self.completed} (+{self.completed_unconfirmed} "
-                f"unconfirmed), deliveries {self.deliveries}; lost {self.lost}, stuck "
-                f"{self.stuck}, duplicated after complete "
-                f"{self.duplicated_after_complete}, order {self.order}, overlap {self.overlap}")
+        return (
+            f"sent {self.sent}, completed {self.completed} (+{self.completed_unconfirmed} "
+            f"unconfirmed), deliveries {self.deliveries}; lost {self.lost}, stuck "
+            f"{self.stuck}, duplicated after complete "
+            f"{self.duplicated_after_complete}, order {self.order}, overlap {self.overlap}"
+        )
 
 
 def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[str, int]]:
@@ -235,8 +237,9 @@ def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[st
 
     from busd.storage.keys import key, partition_scope
 
-    scopes = [ENTITY] if partitions is None else [partition_scope(ENTITY, p)
-                                                  for p in range(partitions)]
+    scopes = (
+        [ENTITY] if partitions is None else [partition_scope(ENTITY, p) for p in range(partitions)]
+    )
     client: redis.Redis | redis.RedisCluster
     if "+cluster://" in url:
         client = redis.RedisCluster.from_url(url.replace("+cluster://", "://", 1))
@@ -307,25 +310,37 @@ def check(record: Record, left: set[tuple[str, int]]) -> Verdict:
     return v
 
 
-def recovered(name: str, record: Record, verdict: Verdict, since: float, seconds: float,
-              sessions: set[str] | None = None) -> tuple[float | None, float | None]:
+def recovered(
+    name: str,
+    record: Record,
+    verdict: Verdict,
+    since: float,
+    seconds: float,
+    sessions: set[str] | None = None,
+) -> tuple[float | None, float | None]:
     """After a fault at `since`: seconds to the first send acknowledged after it (to one of
     `sessions`, when given) and to the first delivery of such a message (None: never); and a
     line of what the run saw, printed under `name`."""
-    after = {k: t for k, t in record.acked_at.items()
-             if t > since and (sessions is None or k[0] in sessions)}
+    after = {
+        k: t
+        for k, t in record.acked_at.items()
+        if t > since and (sessions is None or k[0] in sessions)
+    }
     sent = min(after.values(), default=None)
-    received = min((t for t, _link, sid, index in record.deliveries if (sid, index) in after),
-                   default=None)
+    received = min(
+        (t for t, _link, sid, index in record.deliveries if (sid, index) in after), default=None
+    )
     sent_s = None if sent is None else sent - since
     received_s = None if received is None else received - since
 
     def text(s: float | None) -> str:
         return "never" if s is None else f"{s:.1f} s"
 
-    print(f"\n{name}: {seconds:.1f} s; sends acknowledged again after {text(sent_s)}, such a "
-          f"message received after {text(received_s)}; {verdict.summary()}; refusals "
-          f"{dict(record.refusals)}; send failures {record.send_failures}")
+    print(
+        f"\n{name}: {seconds:.1f} s; sends acknowledged again after {text(sent_s)}, such a "
+        f"message received after {text(received_s)}; {verdict.summary()}; refusals "
+        f"{dict(record.refusals)}; send failures {record.send_failures}"
+    )
     for example in verdict.examples:
         print("  ", example)
     return sent_s, received_s
@@ -335,9 +350,16 @@ def plan(sessions: int, per_session: int) -> dict[str, int]:
     return {f"s{n:03d}": per_session for n in range(sessions)}
 
 
-async def run(plan_: dict[str, int], producer_port: int, consumer_ports: list[int], *,
-              consumers: int, deadline_s: float, chaos=None,
-              rate_per_s: float = 400) -> tuple[Record, float]:
+async def run(
+    plan_: dict[str, int],
+    producer_port: int,
+    consumer_ports: list[int],
+    *,
+    consumers: int,
+    deadline_s: float,
+    chaos=None,
+    rate_per_s: float = 400,
+) -> tuple[Record, float]:
     """Send `plan_` and consume it while `chaos()` (a coroutine, cancelled at the end) does
     its worst; stop once every acknowledged send is completed and the producer is done, or
     at the deadline. Returns what was seen and how long it took."""
@@ -345,8 +367,9 @@ async def run(plan_: dict[str, int], producer_port: int, consumer_ports: list[in
     stop = asyncio.Event()
     started = time.monotonic()
     producer = asyncio.ensure_future(produce(producer_port, plan_, record, stop, rate_per_s))
-    workers = [asyncio.ensure_future(consume(consumer_ports, record, stop))
-               for _ in range(consumers)]
+    workers = [
+        asyncio.ensure_future(consume(consumer_ports, record, stop)) for _ in range(consumers)
+    ]
     chaos_task = asyncio.ensure_future(chaos()) if chaos is not None else None
     while time.monotonic() - started < deadline_s:
         await asyncio.sleep(0.2)
@@ -356,6 +379,7 @@ async def run(plan_: dict[str, int], producer_port: int, consumer_ports: list[in
     stop.set()
     if chaos_task is not None:
         chaos_task.cancel()
-    await asyncio.gather(producer, *workers, *([chaos_task] if chaos_task else []),
-                         return_exceptions=True)
+    await asyncio.gather(
+        producer, *workers, *([chaos_task] if chaos_task else []), return_exceptions=True
+    )
     return record, time.monotonic() - started

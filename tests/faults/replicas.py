@@ -17,9 +17,20 @@ from tests.conftest import free_port
 
 SERVICE = "busd"
 # Every node keeps an append-only file: --durability fsync and replicated wait on it.
-NODE_CONFIG = ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-               "--maxmemory-policy", "noeviction", "--repl-diskless-sync", "yes",
-               "--repl-diskless-sync-delay", "0"]
+NODE_CONFIG = [
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "everysec",
+    "--save",
+    "",
+    "--maxmemory-policy",
+    "noeviction",
+    "--repl-diskless-sync",
+    "yes",
+    "--repl-diskless-sync-delay",
+    "0",
+]
 DOWN_AFTER_MS = 1000  # how long a silent primary takes to count as down
 SLOTS = 16384
 
@@ -66,8 +77,9 @@ class Nodes:
     # --- starting ----------------------------------------------------------------------------
     def _start(self, port: int, name: str, args: list[str]) -> None:
         log = open(self.directory / f"{name}.log", "wb")
-        proc = subprocess.Popen([valkey_server(), *args], stdout=log, stderr=subprocess.STDOUT,
-                                cwd=self.directory)
+        proc = subprocess.Popen(
+            [valkey_server(), *args], stdout=log, stderr=subprocess.STDOUT, cwd=self.directory
+        )
         self.processes[port] = proc
         try:
             self._wait_until(lambda: self._pings(port), f"{name} did not start")
@@ -79,8 +91,11 @@ class Nodes:
         port = free_port()
         data = self.directory / name
         data.mkdir(parents=True, exist_ok=True)
-        self._start(port, name, ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                                 *NODE_CONFIG, *extra])
+        self._start(
+            port,
+            name,
+            ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), *NODE_CONFIG, *extra],
+        )
         return port
 
     def _pings(self, port: int) -> bool:
@@ -92,9 +107,13 @@ class Nodes:
     def _replicas_online(self, port: int) -> int:
         with self.client(port) as client:
             info = client.info("replication")
-        return sum(1 for key, value in info.items()
-                   if key.startswith("slave") and isinstance(value, dict)
-                   and value.get("state") == "online")
+        return sum(
+            1
+            for key, value in info.items()
+            if key.startswith("slave")
+            and isinstance(value, dict)
+            and value.get("state") == "online"
+        )
 
     @staticmethod
     def _wait_until(condition, what: str, timeout: float = 20) -> None:
@@ -111,12 +130,16 @@ class ReplicaSet(Nodes):
     def __init__(self, directory: Path, replicas: int = 2, sentinels: int = 3) -> None:
         super().__init__(directory)
         self.primary_port = self._node("primary")
-        self.replica_ports = [self._node(f"replica{i}", replica_of=self.primary_port)
-                              for i in range(replicas)]
-        self._wait_until(lambda: self._replicas_online(self.primary_port) == replicas,
-                         "replicas did not catch up with the primary")
-        self.sentinel_ports = [self._sentinel(i, quorum=sentinels // 2 + 1)
-                               for i in range(sentinels)]
+        self.replica_ports = [
+            self._node(f"replica{i}", replica_of=self.primary_port) for i in range(replicas)
+        ]
+        self._wait_until(
+            lambda: self._replicas_online(self.primary_port) == replicas,
+            "replicas did not catch up with the primary",
+        )
+        self.sentinel_ports = [
+            self._sentinel(i, quorum=sentinels // 2 + 1) for i in range(sentinels)
+        ]
         self._wait_until(self._sentinels_agree, "the Sentinels did not find each other")
 
     @property
@@ -156,12 +179,20 @@ class ReplicaSet(Nodes):
     def _sentinel(self, index: int, quorum: int) -> int:
         port = free_port()
         config = self.directory / f"sentinel{index}.conf"  # Sentinel rewrites it as it learns
-        config.write_text("\n".join([
-            f"port {port}", "bind 127.0.0.1", f"dir {self.directory}",
-            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} {quorum}",
-            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
-            f"sentinel failover-timeout {SERVICE} 5000",
-            f"sentinel parallel-syncs {SERVICE} 2", ""]))
+        config.write_text(
+            "\n".join(
+                [
+                    f"port {port}",
+                    "bind 127.0.0.1",
+                    f"dir {self.directory}",
+                    f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} {quorum}",
+                    f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
+                    f"sentinel failover-timeout {SERVICE} 5000",
+                    f"sentinel parallel-syncs {SERVICE} 2",
+                    "",
+                ]
+            )
+        )
         self._start(port, f"sentinel{index}", [str(config), "--sentinel"])
         return port
 
@@ -170,8 +201,9 @@ class ReplicaSet(Nodes):
         for port in self.sentinel_ports:
             with self.client(port) as sentinel:
                 state = sentinel.sentinel_master(SERVICE)
-            if (state["num-other-sentinels"] < others
-                    or state["num-slaves"] < len(self.replica_ports)):
+            if state["num-other-sentinels"] < others or state["num-slaves"] < len(
+                self.replica_ports
+            ):
                 return False
         return True
 
@@ -181,11 +213,22 @@ class Cluster(Nodes):
     with `replicas` replicas. A primary silent for `node_timeout_ms` counts as failed and one
     of its replicas takes its slots over."""
 
-    def __init__(self, directory: Path, primaries: int = 3, replicas: int = 1,
-                 node_timeout_ms: int = DOWN_AFTER_MS) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        primaries: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = DOWN_AFTER_MS,
+    ) -> None:
         super().__init__(directory)
-        config = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                  "--cluster-node-timeout", str(node_timeout_ms)]
+        config = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+        ]
         try:
             # Each bus port is a free one of its own (by default the port + 10000, which a
             # port the kernel handed out may exceed).
@@ -198,8 +241,7 @@ class Cluster(Nodes):
             self.stop()
             raise
 
-    def _form(self, ports: list[int], buses: dict[int, int], primaries: int,
-              replicas: int) -> None:
+    def _form(self, ports: list[int], buses: dict[int, int], primaries: int, replicas: int) -> None:
         self.primary_ports = ports[:primaries]
         self.ids = {port: self._id(port) for port in ports}
         with self.client(ports[0]) as first:
@@ -211,19 +253,22 @@ class Cluster(Nodes):
             self.slot_ranges[port] = (low, high)
             with self.client(port) as node:
                 node.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
-        self._wait_until(lambda: all(self._known(port) == len(ports) for port in ports),
-                         "the nodes did not meet")
+        self._wait_until(
+            lambda: all(self._known(port) == len(ports) for port in ports), "the nodes did not meet"
+        )
         self.replicas_of: dict[int, list[int]] = {port: [] for port in self.primary_ports}
         for i, port in enumerate(ports[primaries:]):
             primary = self.primary_ports[i % primaries]
             with self.client(port) as node:
                 node.execute_command("CLUSTER", "REPLICATE", self.ids[primary])
             self.replicas_of[primary].append(port)
-        self._wait_until(lambda: all(self._replicas_online(p) == replicas
-                                     for p in self.primary_ports),
-                         "the replicas did not catch up with their primaries")
-        self._wait_until(lambda: all(self._ok(port) for port in ports),
-                         "the cluster did not come up")
+        self._wait_until(
+            lambda: all(self._replicas_online(p) == replicas for p in self.primary_ports),
+            "the replicas did not catch up with their primaries",
+        )
+        self._wait_until(
+            lambda: all(self._ok(port) for port in ports), "the cluster did not come up"
+        )
 
     @property
     def url(self) -> str:
@@ -234,9 +279,11 @@ class Cluster(Nodes):
         for port in self.processes:
             with contextlib.suppress(redis.RedisError):
                 with self.client(port) as node:
-                    return sorted(int(n["port"]) for n in self._nodes(node)
-                                  if "master" in n["flags"] and "fail" not in n["flags"]
-                                  and n["slots"])
+                    return sorted(
+                        int(n["port"])
+                        for n in self._nodes(node)
+                        if "master" in n["flags"] and "fail" not in n["flags"] and n["slots"]
+                    )
         return []
 
     def first_owner(self, key: str) -> int:
@@ -244,8 +291,7 @@ class Cluster(Nodes):
         from redis.crc import key_slot
 
         slot = key_slot(key.encode())
-        return next(port for port, (low, high) in self.slot_ranges.items()
-                    if low <= slot <= high)
+        return next(port for port, (low, high) in self.slot_ranges.items() if low <= slot <= high)
 
     def serving(self) -> bool:
         """Every slot is served again (cluster_state:ok on every live node)."""
@@ -263,8 +309,14 @@ class Cluster(Nodes):
         nodes = []
         for line in text.strip().splitlines():
             fields = line.split()
-            nodes.append({"id": fields[0], "port": fields[1].split("@")[0].rsplit(":", 1)[1],
-                          "flags": fields[2].split(","), "slots": fields[8:]})
+            nodes.append(
+                {
+                    "id": fields[0],
+                    "port": fields[1].split("@")[0].rsplit(":", 1)[1],
+                    "flags": fields[2].split(","),
+                    "slots": fields[8:],
+                }
+            )
         return nodes
 
     def _known(self, port: int) -> int:

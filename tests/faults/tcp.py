@@ -16,8 +16,12 @@ from tests.protocol.harness import ProtocolClient
 class TcpBridge:
     """Stands in for busd's AmqpProtocol on the client's side of a real socket."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 record: list[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        record: list[bytes] | None = None,
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self.record = record
@@ -52,8 +56,11 @@ class TcpBridge:
         self.sock.closed = True  # the broker closed its end
 
 
-async def tcp_client(port: int, *, record: list[bytes] | None = None,
-                     ) -> ProtocolClient:
+async def tcp_client(
+    port: int,
+    *,
+    record: list[bytes] | None = None,
+) -> ProtocolClient:
     """An open (SASL, open, begin) client connection to busd on 127.0.0.1:`port`."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     bridge = TcpBridge(reader, writer, record)

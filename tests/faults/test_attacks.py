@@ -17,8 +17,11 @@ from proton import Message
 from tests.faults.conftest import QUEUES, metric, rss_kib
 from tests.faults.tcp import tcp_client
 
-LIMITS = {"BUSD_CONNECTION_BUFFER": str(4 * 2**20), "BUSD_PROCESS_BUFFER": str(6 * 2**20),
-          "BUSD_MAX_LINKS_PER_CONNECTION": "40"}
+LIMITS = {
+    "BUSD_CONNECTION_BUFFER": str(4 * 2**20),
+    "BUSD_PROCESS_BUFFER": str(6 * 2**20),
+    "BUSD_MAX_LINKS_PER_CONNECTION": "40",
+}
 MIB = 2**20
 
 
@@ -49,7 +52,8 @@ async def _attacks(port: int) -> dict[str, str]:
     await client.settle_down(0.5)  # every byte is over
     detached = [s for s in senders if s.closed_by_broker]
     seen["12 x 512 KB unfinished transfers, one connection"] = (
-        f"{len(detached)} links detached: {detached[0].condition.name}" if detached else "none")
+        f"{len(detached)} links detached: {detached[0].condition.name}" if detached else "none"
+    )
 
     # 3. ... and over two connections, against the process's budget.
     other = await tcp_client(port)
@@ -61,14 +65,16 @@ async def _attacks(port: int) -> dict[str, str]:
     await other.settle_down(0.5)
     detached = [s for s in more if s.closed_by_broker]
     seen["8 more x 512 KB on a second connection"] = (
-        f"{len(detached)} links detached: {detached[0].condition.name}" if detached else "none")
+        f"{len(detached)} links detached: {detached[0].condition.name}" if detached else "none"
+    )
     await other.close()
 
     # 4. More links than a connection may have.
     receivers = [await client.attach_receiver("plain") for _ in range(45)]
     refused = [r for r in receivers if r.closed_by_broker]
     seen["45 more links on one connection"] = (
-        f"{len(refused)} refused: {refused[0].condition.name}" if refused else "none")
+        f"{len(refused)} refused: {refused[0].condition.name}" if refused else "none"
+    )
     client.sock.close()  # the attacker leaves without a word
     return seen
 
@@ -90,12 +96,15 @@ def test_attacks_meet_their_limits_and_busd_serves_on(start_busd, capsys):
 
     asyncio.run(served())
     with capsys.disabled():
-        print(f"\nattacks (connection buffer 4 MiB, process 6 MiB, 40 links): {seen}; RSS "
-              f"{rss_before // 1024} -> {rss_after // 1024} MB; connections "
-              f"{metric(busd, 'busd_connections'):.0f}, links {metric(busd, 'busd_links'):.0f}")
+        print(
+            f"\nattacks (connection buffer 4 MiB, process 6 MiB, 40 links): {seen}; RSS "
+            f"{rss_before // 1024} -> {rss_after // 1024} MB; connections "
+            f"{metric(busd, 'busd_connections'):.0f}, links {metric(busd, 'busd_links'):.0f}"
+        )
     assert seen["endless $cbs request"] == "amqp:link:message-size-exceeded"
     assert seen["12 x 512 KB unfinished transfers, one connection"].endswith(
-        "amqp:resource-limit-exceeded")
+        "amqp:resource-limit-exceeded"
+    )
     assert seen["8 more x 512 KB on a second connection"].endswith("amqp:resource-limit-exceeded")
     assert seen["45 more links on one connection"].endswith("amqp:resource-limit-exceeded")
     assert metric(busd, "busd_links") == 0

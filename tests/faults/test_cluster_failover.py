@@ -45,15 +45,21 @@ def cluster(tmp_path):
     nodes.stop()
 
 
-def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, start_busd,
-                                                                    capsys):
+def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, start_busd, capsys):
     # The session locks outlast the shard's outage (about 2 s): a lock running out meanwhile
     # is lost by design, and its holder hears so only after another consumer may take it.
-    sessions = queue(load.ENTITY, RequiresSession=True, LockDuration="PT5S",
-                     EnablePartitioning=True, PartitionCount=PARTITIONS)
+    sessions = queue(
+        load.ENTITY,
+        RequiresSession=True,
+        LockDuration="PT5S",
+        EnablePartitioning=True,
+        PartitionCount=PARTITIONS,
+    )
     busd = start_busd([sessions], url=cluster.url)
-    owners = [cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p), "q.body"))
-              for p in range(PARTITIONS)]
+    owners = [
+        cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p), "q.body"))
+        for p in range(PARTITIONS)
+    ]
     assert len(set(owners)) > 1, "the partitions are all on one shard"
     old = owners[0]  # the shard of partition 0
     killed: list[float] = []
@@ -63,21 +69,38 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
         await asyncio.to_thread(cluster.kill, old)
         killed.append(time.monotonic())
 
-    record, seconds = asyncio.run(load.run(
-        load.plan(SESSIONS, PER_SESSION), busd.port, [busd.port], consumers=6,
-        deadline_s=45, chaos=chaos, rate_per_s=120))
+    record, seconds = asyncio.run(
+        load.run(
+            load.plan(SESSIONS, PER_SESSION),
+            busd.port,
+            [busd.port],
+            consumers=6,
+            deadline_s=45,
+            chaos=chaos,
+            rate_per_s=120,
+        )
+    )
     primaries = cluster.primaries()
     assert killed and old not in primaries and len(primaries) == PRIMARIES
-    verdict = load.check(record, load.stored(
-        f"redis+cluster://127.0.0.1:{primaries[0]}", busd.prefix, PARTITIONS))
+    verdict = load.check(
+        record, load.stored(f"redis+cluster://127.0.0.1:{primaries[0]}", busd.prefix, PARTITIONS)
+    )
     # Served again: the first send acknowledged after the kill to a session of the killed
     # shard, and the first delivery of such a message (the other shards never stopped).
-    on_shard = {sid for sid in load.plan(SESSIONS, PER_SESSION)
-                if owners[partition_of_key(sid, PARTITIONS)] == old}
+    on_shard = {
+        sid
+        for sid in load.plan(SESSIONS, PER_SESSION)
+        if owners[partition_of_key(sid, PARTITIONS)] == old
+    }
     with capsys.disabled():
-        sent_again, received_again = load.recovered("cluster failover (the killed shard's "
-                                                    "sessions)", record, verdict, killed[0],
-                                                    seconds, on_shard)
+        sent_again, received_again = load.recovered(
+            "cluster failover (the killed shard's sessions)",
+            record,
+            verdict,
+            killed[0],
+            seconds,
+            on_shard,
+        )
     assert busd.proc.poll() is None  # the same busd process throughout
     assert sent_again is not None and sent_again < RESUME_WITHIN_S
     assert received_again is not None and received_again < RESUME_WITHIN_S

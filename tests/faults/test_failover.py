@@ -36,8 +36,7 @@ def replica_set(tmp_path):
     nodes.stop()
 
 
-def test_primary_killed_under_load_loses_nothing_acknowledged(replica_set, start_busd,
-                                                               capsys):
+def test_primary_killed_under_load_loses_nothing_acknowledged(replica_set, start_busd, capsys):
     busd = start_busd(url=replica_set.url, env={"BUSD_DURABILITY": "replicated"})
     killed: list[float] = []
     old = replica_set.primary_port
@@ -55,17 +54,24 @@ def test_primary_killed_under_load_loses_nothing_acknowledged(replica_set, start
         for port in replica_set.replica_ports:
             replica_set.resume(port)
 
-    record, seconds = asyncio.run(load.run(
-        load.plan(SESSIONS, PER_SESSION), busd.port, [busd.port], consumers=6,
-        deadline_s=45, chaos=chaos, rate_per_s=120))
+    record, seconds = asyncio.run(
+        load.run(
+            load.plan(SESSIONS, PER_SESSION),
+            busd.port,
+            [busd.port],
+            consumers=6,
+            deadline_s=45,
+            chaos=chaos,
+            rate_per_s=120,
+        )
+    )
     primary = replica_set.current_primary()
     assert killed and primary not in (None, old)
     verdict = load.check(record, load.stored(f"redis://127.0.0.1:{primary}", busd.prefix))
     # Served again: the first send acknowledged after the kill, and the first delivery of a
     # message sent after it (the killed primary answers nothing: the promoted replica did).
     with capsys.disabled():
-        sent_again, received_again = load.recovered("failover", record, verdict, killed[0],
-                                                    seconds)
+        sent_again, received_again = load.recovered("failover", record, verdict, killed[0], seconds)
     assert busd.proc.poll() is None  # the same busd process throughout
     assert sent_again is not None and sent_again < RESUME_WITHIN_S
     assert received_again is not None and received_again < RESUME_WITHIN_S

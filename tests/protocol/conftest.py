@@ -70,7 +70,8 @@ async def broker(redis_url: str) -> AsyncIterator[object]:
         busd_log.removeHandler(errors)
         delete_prefix(redis_url, prefix)
     assert not errors.records, "busd logged errors: " + "; ".join(
-        r.getMessage() for r in errors.records)
+        r.getMessage() for r in errors.records
+    )
 
 
 @pytest.fixture
@@ -100,8 +101,11 @@ async def connect(new_protocol) -> AsyncIterator[Callable[[], Awaitable[Protocol
             client.sock.close()  # unanswered close: drop the "socket", as a peer would
     # What closing started (link releases) reaches the store before the broker stops.
     current = asyncio.current_task()
-    pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()
-               and not (t.get_name() or "").startswith("busd-")]
+    pending = [
+        t
+        for t in asyncio.all_tasks()
+        if t is not current and not t.done() and not (t.get_name() or "").startswith("busd-")
+    ]
     if pending:
         await asyncio.wait(pending, timeout=3)
 

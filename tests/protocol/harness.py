@@ -44,8 +44,12 @@ from busd.auth.sas import generate_sas_token
 SAS_KEY_NAME = "RootManageSharedAccessKey"
 SAS_KEY = "SAS_KEY_VALUE"
 # The root key keeps every right; the others carry one right each (busd.auth.rights).
-SAS_KEYS = {SAS_KEY_NAME: SAS_KEY, "sender": SasKey("send-key", {SEND}),
-            "listener": SasKey("listen-key", {LISTEN}), "manager": SasKey("manage-key", {MANAGE})}
+SAS_KEYS = {
+    SAS_KEY_NAME: SAS_KEY,
+    "sender": SasKey("send-key", {SEND}),
+    "listener": SasKey("listen-key", {LISTEN}),
+    "manager": SasKey("manage-key", {MANAGE}),
+}
 HOST = "localhost:5672"  # what the client names in its audiences; nothing listens there
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")
@@ -175,9 +179,11 @@ class LinkHandle:
         return self.client.link_frames(self, performative, incoming=incoming)
 
     async def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
-        await self.client.wait(lambda: len(self.received) >= count or self.closed_by_broker,
-                               f"{count} messages on {self.name} (have {len(self.received)})",
-                               timeout)
+        await self.client.wait(
+            lambda: len(self.received) >= count or self.closed_by_broker,
+            f"{count} messages on {self.name} (have {len(self.received)})",
+            timeout,
+        )
         return self.received
 
     def flow(self, credit: int) -> None:
@@ -218,7 +224,7 @@ class ProtocolClient:
         for arrow, incoming in ((" <- ", True), (" -> ", False)):
             if arrow in f" {body}":
                 channel, _, rest = f" {body}".partition(arrow)
-                performative = rest[1:rest.index("(")] if rest.startswith("@") else ""
+                performative = rest[1 : rest.index("(")] if rest.startswith("@") else ""
                 self.frames.append(Frame(incoming, channel.strip(), performative, rest))
                 return
 
@@ -250,8 +256,12 @@ class ProtocolClient:
                 link = event.link
                 delivery = event.delivery
                 handle = self._handles.get(link)
-                if (handle is not None and link.is_receiver and delivery.readable
-                        and not delivery.partial):
+                if (
+                    handle is not None
+                    and link.is_receiver
+                    and delivery.readable
+                    and not delivery.partial
+                ):
                     payload = link.recv(delivery.pending)
                     link.advance()
                     message = Message()
@@ -269,8 +279,9 @@ class ProtocolClient:
             if done():
                 return
             if loop.time() >= deadline:
-                last = "\n".join(("<- " if f.incoming else "-> ") + f.text
-                                 for f in self.frames[-12:])
+                last = "\n".join(
+                    ("<- " if f.incoming else "-> ") + f.text for f in self.frames[-12:]
+                )
                 raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{last}")
             # a store round trip takes a little while; while bytes move, just yield
             await asyncio.sleep(0 if moved else 0.001)
@@ -283,20 +294,27 @@ class ProtocolClient:
             moved = self.pump()
             await asyncio.sleep(0 if moved else 0.002)
 
-    def link_frames(self, handle: LinkHandle, performative: str, *,
-                    incoming: bool = True) -> list[Frame]:
+    def link_frames(
+        self, handle: LinkHandle, performative: str, *, incoming: bool = True
+    ) -> list[Frame]:
         """Frames of one link: its attach by name; other frames by the handle number that
         side's attach gave the link, up to the next attach reusing that number."""
         frames = [f for f in self.frames if f.incoming == incoming]
-        start = next((i for i, f in enumerate(frames) if f.performative == "attach"
-                      and f.has(f'name="{handle.name}"')), None)
+        start = next(
+            (
+                i
+                for i, f in enumerate(frames)
+                if f.performative == "attach" and f.has(f'name="{handle.name}"')
+            ),
+            None,
+        )
         if start is None:
             return []
         if performative == "attach":
             return [frames[start]]
         number = _HANDLE.search(frames[start].text).group(1)
         found = []
-        for frame in frames[start + 1:]:
+        for frame in frames[start + 1 :]:
             match = _HANDLE.search(frame.text)
             if match is None or match.group(1) != number:
                 continue
@@ -310,8 +328,7 @@ class ProtocolClient:
         """The dispositions the broker sent after frame number `since` (`len(frames)` taken
         earlier); `by_sender`: only those about deliveries it sent (role=false, settlements)
         or only those about deliveries it received (role=true, outcomes of transfers)."""
-        found = [f for f in self.frames[since:]
-                 if f.incoming and f.performative == "disposition"]
+        found = [f for f in self.frames[since:] if f.incoming and f.performative == "disposition"]
         if by_sender is not None:
             found = [f for f in found if f.has(f"role={'false' if by_sender else 'true'}")]
         return found
@@ -327,8 +344,9 @@ class ProtocolClient:
         """Close the connection and wait for the broker's close and its socket to go."""
         if not (self.conn.state & Endpoint.LOCAL_CLOSED):
             self.conn.close()
-        await self.wait(lambda: self.sock.closed and bool(self.conn.state & REMOTE_CLOSED),
-                        "the close", timeout)
+        await self.wait(
+            lambda: self.sock.closed and bool(self.conn.state & REMOTE_CLOSED), "the close", timeout
+        )
 
     # --- links -----------------------------------------------------------------------------
     def _handle(self, link: Link) -> LinkHandle:
@@ -393,9 +411,10 @@ class ProtocolClient:
         link.open()
         handle = self._handle(link)
         if wait:
-            await self.wait(lambda: handle.closed_by_broker
-                            or (handle.answered and link.credit > 0),
-                            f"the answer to attach {link.name}")
+            await self.wait(
+                lambda: handle.closed_by_broker or (handle.answered and link.credit > 0),
+                f"the answer to attach {link.name}",
+            )
         return handle
 
     async def detach(self, handle: LinkHandle, timeout: float = 5.0) -> None:
@@ -403,8 +422,9 @@ class ProtocolClient:
         await self.wait(lambda: handle.closed_by_broker, f"the detach of {handle.name}", timeout)
 
     # --- sending ---------------------------------------------------------------------------
-    def transfer(self, handle: LinkHandle, message: Message | bytes, *,
-                 settled: bool = False) -> Delivery:
+    def transfer(
+        self, handle: LinkHandle, message: Message | bytes, *, settled: bool = False
+    ) -> Delivery:
         """Queue one transfer (nothing moves until the next pump)."""
         link = handle.link
         delivery = link.delivery(uuid.uuid4().bytes)
@@ -418,8 +438,10 @@ class ProtocolClient:
         """Send and wait until the broker settled each delivery; returns them (their
         `remote_state` is the outcome)."""
         deliveries = [self.transfer(handle, m) for m in messages]
-        await self.wait(lambda: all(d.settled for d in deliveries) or handle.closed_by_broker,
-                        f"the outcome of {len(deliveries)} transfers")
+        await self.wait(
+            lambda: all(d.settled for d in deliveries) or handle.closed_by_broker,
+            f"the outcome of {len(deliveries)} transfers",
+        )
         return deliveries
 
     async def send_to(self, entity: str, *messages: Message) -> None:
@@ -433,9 +455,17 @@ class ProtocolClient:
         await self.detach(sender)
 
     # --- settling --------------------------------------------------------------------------
-    async def dispose(self, item: Received, state: int, *, failed: bool | None = None,
-                      undeliverable: bool | None = None, condition=None,
-                      settled: bool = False, wait: bool = True) -> Delivery:
+    async def dispose(
+        self,
+        item: Received,
+        state: int,
+        *,
+        failed: bool | None = None,
+        undeliverable: bool | None = None,
+        condition=None,
+        settled: bool = False,
+        wait: bool = True,
+    ) -> Delivery:
         """Send a disposition for a received delivery, unsettled unless `settled`; with
         `wait` (and unsettled), wait for the broker's settled echo (docs/wire.md §7.2)."""
         delivery = item.delivery
@@ -459,14 +489,18 @@ class ProtocolClient:
     def audience(entity: str) -> str:
         return f"sb://{HOST}/{entity}"
 
-    async def put_token(self, entity: str, *, key: str = SAS_KEY, key_name: str = SAS_KEY_NAME,
-                        valid_s: int = 3600) -> Message:
+    async def put_token(
+        self, entity: str, *, key: str = SAS_KEY, key_name: str = SAS_KEY_NAME, valid_s: int = 3600
+    ) -> Message:
         """Put a SAS token for `entity` on `$cbs`; returns the response message."""
         audience = self.audience(entity)
         token = generate_sas_token(audience, key_name, key, int(time.time()) + valid_s)
-        request = Message(id=uuid.uuid4(), reply_to="$cbs", body=token,
-                          properties={"operation": "put-token", "type": "jwt",
-                                      "name": audience})
+        request = Message(
+            id=uuid.uuid4(),
+            reply_to="$cbs",
+            body=token,
+            properties={"operation": "put-token", "type": "jwt", "name": audience},
+        )
         return await self._round_trip("$cbs", request)
 
     def node_links(self, node: str) -> tuple[LinkHandle, LinkHandle]:
@@ -494,12 +528,15 @@ class ProtocolClient:
             assert status == 202, f"put-token for {entity} answered {status}"
 
     # --- $management (docs/wire.md §8) --------------------------------------------------------
-    async def request(self, entity: str, operation: str, body: dict | None = None,
-                      **application_properties) -> Message:
+    async def request(
+        self, entity: str, operation: str, body: dict | None = None, **application_properties
+    ) -> Message:
         """One `$management` request on `<entity>/$management`; returns the response."""
         node = f"{entity}/$management"
         request = Message(
-            id=uuid.uuid4(), reply_to=node, body=body or {},
+            id=uuid.uuid4(),
+            reply_to=node,
+            body=body or {},
             properties={"operation": f"com.microsoft:{operation}", **application_properties},
         )
         return await self._round_trip(node, request)

@@ -125,7 +125,6 @@ async def test_put_token_answers(connect):
     assert all(r.delivery.settled for r in responses.received)
 
 
-
 def server_links(client) -> int:
     """The links proton still keeps in the broker's side of the connection (the census
     behind busd_link_objects)."""
@@ -140,9 +139,11 @@ async def test_links_the_client_detached_are_freed(client):
     await client.send_to("sessions", *(Message(body=f"s{i}", group_id=f"s{i}") for i in range(3)))
     before = server_links(client)  # the $cbs node's two links
     for _ in range(10):
-        for handle in (await client.attach_receiver("plain"),
-                       await client.attach_sender("plain"),
-                       await client.attach_receiver("no-such-queue")):
+        for handle in (
+            await client.attach_receiver("plain"),
+            await client.attach_sender("plain"),
+            await client.attach_receiver("no-such-queue"),
+        ):
             if handle.closed_by_broker:  # refused: the client answers the broker's detach
                 handle.link.close()
             else:

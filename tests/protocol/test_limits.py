@@ -23,8 +23,9 @@ def set_limits(broker, **changes) -> None:
     broker.buffers = Buffers(broker.limits.process_buffer)
 
 
-async def raw_link(client: ProtocolClient, name: bytes, *, sender: bool,
-                   address: bytes) -> LinkHandle:
+async def raw_link(
+    client: ProtocolClient, name: bytes, *, sender: bool, address: bytes
+) -> LinkHandle:
     """A link whose name and address are raw bytes (proton's API takes only text)."""
     make = lib.pn_sender if sender else lib.pn_receiver
     link = Link.wrap(make(client.session._impl, name))
@@ -36,15 +37,19 @@ async def raw_link(client: ProtocolClient, name: bytes, *, sender: bool,
     return handle
 
 
-@pytest.mark.parametrize("name, address", [
-    (b"bad-\xff\xfe", b"plain"),
-    (b"good", b"pla\xc3in"),
-    (b"x" * (MAX_NAME_LENGTH + 1), b"plain"),
-    (b"good", b"p" * (MAX_NAME_LENGTH + 1)),
-])
+@pytest.mark.parametrize(
+    "name, address",
+    [
+        (b"bad-\xff\xfe", b"plain"),
+        (b"good", b"pla\xc3in"),
+        (b"x" * (MAX_NAME_LENGTH + 1), b"plain"),
+        (b"good", b"p" * (MAX_NAME_LENGTH + 1)),
+    ],
+)
 @pytest.mark.parametrize("sender", [True, False])
 async def test_names_that_are_not_text_are_refused_and_the_connection_serves_on(
-        client: ProtocolClient, broker, name: bytes, address: bytes, sender: bool):
+    client: ProtocolClient, broker, name: bytes, address: bytes, sender: bool
+):
     handle = await raw_link(client, name, sender=sender, address=address)
     assert handle.condition.name == "amqp:invalid-field"
     assert "UTF-8" in handle.condition.description or "longer" in handle.condition.description
@@ -53,8 +58,7 @@ async def test_names_that_are_not_text_are_refused_and_the_connection_serves_on(
     assert (await receiver.wait_for(1))[0].message.body == "still served"
 
 
-async def test_a_container_id_that_is_not_text_closes_the_connection(new_protocol, broker,
-                                                                      connect):
+async def test_a_container_id_that_is_not_text_closes_the_connection(new_protocol, broker, connect):
     bad = ProtocolClient(new_protocol())
     lib.pn_connection_set_container(bad.conn._impl, b"client-\xff")
     bad.conn.open()
@@ -68,7 +72,8 @@ async def test_a_container_id_that_is_not_text_closes_the_connection(new_protoco
 
 
 async def test_a_session_lock_is_released_when_its_connection_drops_after_a_bad_name(
-        connect, client: ProtocolClient):
+    connect, client: ProtocolClient
+):
     await client.send_to("sessions", Message(body="m", group_id="s-bad-name"))
     holder = await connect()
     await holder.authorize("sessions")
@@ -103,8 +108,7 @@ async def test_connections_per_process_are_capped(broker, connect, new_protocol)
     await first.authorize("plain")  # the first serves on
 
 
-async def test_a_connection_without_a_valid_token_is_closed_after_the_time_out(broker,
-                                                                                 connect):
+async def test_a_connection_without_a_valid_token_is_closed_after_the_time_out(broker, connect):
     set_limits(broker, auth_timeout_s=0.3)
     idle = await connect()
     authorized = await connect()
@@ -125,8 +129,7 @@ def partial_transfer(client: ProtocolClient, handle: LinkHandle, size: int):
     return delivery
 
 
-async def test_an_endless_cbs_request_detaches_its_link_and_frees_what_it_held(
-        connect, broker):
+async def test_an_endless_cbs_request_detaches_its_link_and_frees_what_it_held(connect, broker):
     client = await connect()  # no token
     requests = await client.attach_sender("$cbs", source="$cbs")
     for _ in range(4):
@@ -138,8 +141,7 @@ async def test_an_endless_cbs_request_detaches_its_link_and_frees_what_it_held(
     assert (await client.put_token("plain")).properties["status-code"] == 202
 
 
-async def test_unfinished_transfers_past_the_connection_budget_detach_the_link(
-        broker, connect):
+async def test_unfinished_transfers_past_the_connection_budget_detach_the_link(broker, connect):
     set_limits(broker, connection_buffer=300 * 1024)
     client = await connect()
     await client.authorize("plain")

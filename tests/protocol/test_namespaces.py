@@ -29,8 +29,11 @@ async def namespaces(redis_url):
     await default.start()
 
     async def make(name: str) -> Broker:
-        broker = Broker(RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
-                        sas_keys=dict(made.keys(name)), sweep_interval_s=0.2)
+        broker = Broker(
+            RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
+            sas_keys=dict(made.keys(name)),
+            sweep_interval_s=0.2,
+        )
         await broker.start()
         return broker
 
@@ -64,8 +67,9 @@ async def test_an_idle_namespace_is_let_go_unless_held_and_its_data_stays(namesp
 async def test_refused_tokens_do_not_keep_a_namespace_from_being_let_go(namespaces):
     """A token is checked against the entities' own keys of a served namespace too
     (docs/design.md §2.10); that look-up does not count as a use of the namespace."""
-    refused = generate_sas_token("sb://localhost/orders", "team-c/RootManageSharedAccessKey",
-                                 "WRONG", int(time.time()) + 60)
+    refused = generate_sas_token(
+        "sb://localhost/orders", "team-c/RootManageSharedAccessKey", "WRONG", int(time.time()) + 60
+    )
     await namespaces.broker("team-c")
     for _ in range(12):
         with pytest.raises(SasError):

@@ -68,8 +68,9 @@ async def test_drain_sends_what_there_is_then_a_drained_flow(client):
 
 async def test_peek_lock_delivery_annotations_and_header(client):
     before_ms = time.time() * 1000
-    await client.send_to("plain", Message(body="one", annotations={"x-user": "kept"}),
-                         Message(body="two"))
+    await client.send_to(
+        "plain", Message(body="one", annotations={"x-user": "kept"}), Message(body="two")
+    )
     receiver = await client.attach_receiver("plain", credit=2)
     first, second = await receiver.wait_for(2)
     after_ms = time.time() * 1000
@@ -102,16 +103,14 @@ async def test_delivery_tag_is_the_lock_token_in_dotnet_guid_order(client):
     assert len(tag) == 16
     token = token_of_tag(tag)  # docs/wire.md §6.4: uuid.UUID(bytes_le=tag)
     # In $management the token travels in RFC order: renewing it proves it is the live lock.
-    renewed = await client.request("plain", "renew-lock",
-                                   {"lock-tokens": uuid_array([token])})
+    renewed = await client.request("plain", "renew-lock", {"lock-tokens": uuid_array([token])})
     assert renewed.properties["statusCode"] == 200
     (expiration,) = renewed.body["expirations"].elements
     assert expiration > time.time() * 1000
     # The same 16 bytes read in RFC order name no lock (unless symmetric in layout).
     as_rfc = uuid.UUID(bytes=tag)
     if as_rfc != token:
-        refused = await client.request("plain", "renew-lock",
-                                       {"lock-tokens": uuid_array([as_rfc])})
+        refused = await client.request("plain", "renew-lock", {"lock-tokens": uuid_array([as_rfc])})
         assert refused.properties["statusCode"] == 410
         assert refused.properties["errorCondition"] == "com.microsoft:message-lock-lost"
 
@@ -134,13 +133,13 @@ async def test_receive_and_delete_deliveries_are_settled_without_lock(client):
 
 @pytest.mark.parametrize("entity", ["plain", "sessions"])
 @pytest.mark.parametrize("credit", [5, 2**31 - 1, 2**31, 2**32 - 1])
-async def test_any_credit_delivers_what_is_waiting(client: ProtocolClient, credit: int,
-                                                   entity: str):
+async def test_any_credit_delivers_what_is_waiting(
+    client: ProtocolClient, credit: int, entity: str
+):
     """Link credit is an AMQP uint [2.7.4]: any amount up to 2^32-1 delivers, to a queue
     receiver and a session receiver, and a drain on it is answered (docs/wire.md §6.2)."""
     session = "big-credit" if entity == "sessions" else None
-    await client.send_to(entity, *(Message(body=f"m{i}", group_id=session)
-                                   for i in range(300)))
+    await client.send_to(entity, *(Message(body=f"m{i}", group_id=session) for i in range(300)))
     receiver = await client.attach_receiver(entity, session=session, wait=False)
     receiver.flow(credit - 2**32 if credit >= 2**31 else credit)  # proton takes an int
     expected = min(credit, 300)
@@ -155,5 +154,7 @@ async def test_any_credit_delivers_what_is_waiting(client: ProtocolClient, credi
     await receiver.wait_for(expected + 1)
     assert receiver.received[-1].message.body == "later"
     receiver.drain(0)
-    await client.wait(lambda: any(f.has("drain=true", "link-credit=0x0,")
-                                  for f in receiver.frames("flow")), "the drained flow")
+    await client.wait(
+        lambda: any(f.has("drain=true", "link-credit=0x0,") for f in receiver.frames("flow")),
+        "the drained flow",
+    )

@@ -40,12 +40,17 @@ async def test_a_listen_key_receives_but_cannot_send_or_schedule(connect):
     receiver = await client.attach_receiver("plain", credit=5)
     assert not receiver.closed_by_broker
     assert not (await client.attach_receiver("plain/$DeadLetterQueue")).closed_by_broker
-    assert status(await client.request("plain", "peek-message",
-                                       {"from-sequence-number": 1, "message-count": 1}))[0] == 204
+    assert (
+        status(
+            await client.request(
+                "plain", "peek-message", {"from-sequence-number": 1, "message-count": 1}
+            )
+        )[0]
+        == 204
+    )
     scheduled = await client.request("plain", "schedule-message", {"messages": []})
     assert status(scheduled) == (401, UNAUTHORIZED)
-    cancelled = await client.request("plain", "cancel-scheduled-message",
-                                     {"sequence-numbers": []})
+    cancelled = await client.request("plain", "cancel-scheduled-message", {"sequence-numbers": []})
     assert status(cancelled) == (401, UNAUTHORIZED)
 
 
@@ -55,8 +60,11 @@ async def test_a_send_key_sends_and_schedules_but_cannot_receive_or_peek(connect
     assert not sender.closed_by_broker
     (delivery,) = await client.send(sender, Message(body="sent with Send"))
     assert delivery.remote_state == delivery.ACCEPTED
-    for address, session in (("plain", None), ("sessions", NEXT_AVAILABLE),
-                             ("plain/$DeadLetterQueue", None)):
+    for address, session in (
+        ("plain", None),
+        ("sessions", NEXT_AVAILABLE),
+        ("plain/$DeadLetterQueue", None),
+    ):
         receiver = await client.attach_receiver(address, session=session)
         assert_refused(receiver, UNAUTHORIZED, client_receives=True)
         assert "'Listen' claim(s) are required" in receiver.condition.description
@@ -67,13 +75,17 @@ async def test_a_send_key_sends_and_schedules_but_cannot_receive_or_peek(connect
         ("receive-by-sequence-number", {"sequence-numbers": []}),
         ("update-disposition", {"disposition-status": "completed", "lock-tokens": []}),
     ):
-        assert status(await client.request("plain", operation, body)) == (401, UNAUTHORIZED), \
+        assert status(await client.request("plain", operation, body)) == (401, UNAUTHORIZED), (
             operation
-    for operation, body in (("get-message-sessions", {"skip": 0, "top": 10}),
-                            ("get-session-state", {"session-id": "s"}),
-                            ("renew-session-lock", {"session-id": "s"})):
-        assert status(await client.request("sessions", operation, body)) == (401, UNAUTHORIZED), \
+        )
+    for operation, body in (
+        ("get-message-sessions", {"skip": 0, "top": 10}),
+        ("get-session-state", {"session-id": "s"}),
+        ("renew-session-lock", {"session-id": "s"}),
+    ):
+        assert status(await client.request("sessions", operation, body)) == (401, UNAUTHORIZED), (
             operation
+        )
 
 
 async def test_a_manage_key_sends_and_receives(connect):
@@ -83,8 +95,14 @@ async def test_a_manage_key_sends_and_receives(connect):
     assert delivery.remote_state == delivery.ACCEPTED
     receiver = await client.attach_receiver("plain", credit=5)
     assert not receiver.closed_by_broker
-    assert status(await client.request("plain", "peek-message",
-                                       {"from-sequence-number": 1, "message-count": 1}))[0] == 200
+    assert (
+        status(
+            await client.request(
+                "plain", "peek-message", {"from-sequence-number": 1, "message-count": 1}
+            )
+        )[0]
+        == 200
+    )
     assert status(await client.request("plain", "schedule-message", {"messages": []}))[0] == 200
 
 
@@ -96,10 +114,12 @@ async def test_without_a_token_existing_and_missing_entities_answer_alike(connec
         for attach in (client.attach_sender, client.attach_receiver):
             handle = await attach(address)
             assert handle.closed_by_broker
-            answers.append((handle.condition.name,
-                            handle.condition.description.replace(address, "<name>")))
-    assert set(answers) == {(UNAUTHORIZED, "Unauthorized access to '<name>': put a valid token "
-                                           "for it on $cbs first.")}
+            answers.append(
+                (handle.condition.name, handle.condition.description.replace(address, "<name>"))
+            )
+    assert set(answers) == {
+        (UNAUTHORIZED, "Unauthorized access to '<name>': put a valid token for it on $cbs first.")
+    }
     # A token signed with a wrong key learns nothing either: 401, not 404.
     assert (await client.put_token("nosuch", key="WRONG")).properties["status-code"] == 401
     assert (await client.put_token("plain", key="WRONG")).properties["status-code"] == 401
@@ -122,9 +142,13 @@ async def test_put_token_for_topics_and_subscriptions_answers_by_the_catalog(con
     await broker.catalog.create(TopicEntity("news"))
     await broker.catalog.create(SubscriptionEntity("news", "all"))
     client = await connect()
-    for entity, expected in (("news", 202), ("News/Subscriptions/All", 202),
-                             ("news/subscriptions/all/$DeadLetterQueue", 202),
-                             ("news/subscriptions/none", 404), ("olds", 404)):
+    for entity, expected in (
+        ("news", 202),
+        ("News/Subscriptions/All", 202),
+        ("news/subscriptions/all/$DeadLetterQueue", 202),
+        ("news/subscriptions/none", 404),
+        ("olds", 404),
+    ):
         assert (await client.put_token(entity)).properties["status-code"] == expected, entity
 
 
@@ -133,11 +157,13 @@ async def test_links_are_detached_when_their_token_expires(connect):
     await client.put_token("plain", valid_s=3)  # se in whole seconds: lapses in 2 to 3 s
     sender = await client.attach_sender("plain")
     receiver = await client.attach_receiver("plain", credit=5)
-    await client.request("plain", "peek-message", {"from-sequence-number": 1,
-                                                   "message-count": 1})
+    await client.request("plain", "peek-message", {"from-sequence-number": 1, "message-count": 1})
     management = client.node_links("plain/$management")
-    await client.wait(lambda: sender.closed_by_broker and receiver.closed_by_broker,
-                      "the detach of both links", timeout=5)
+    await client.wait(
+        lambda: sender.closed_by_broker and receiver.closed_by_broker,
+        "the detach of both links",
+        timeout=5,
+    )
     for handle in (sender, receiver, *management):
         assert handle.closed_by_broker
         assert handle.condition.name == UNAUTHORIZED
@@ -172,18 +198,20 @@ async def test_one_expiry_timer_per_connection_whatever_its_links(connect):
     for _ in range(50):
         await client.attach_receiver("plain", credit=1)
     loop = asyncio.get_running_loop()
-    timers = [h for h in loop._scheduled if not h.cancelled()  # type: ignore[attr-defined]
-              and getattr(h._callback, "__name__", "") == "_expire"]  # type: ignore[attr-defined]
+    timers = [
+        h
+        for h in loop._scheduled
+        if not h.cancelled()  # type: ignore[attr-defined]
+        and getattr(h._callback, "__name__", "") == "_expire"
+    ]  # type: ignore[attr-defined]
     assert len(timers) == 1
 
 
 async def test_a_waiting_session_receiver_is_refused_when_its_token_expires(connect):
     client = await connect()
     await client.put_token("sessions", valid_s=3)
-    waiting = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=1,
-                                           wait=False)
-    await client.wait(lambda: waiting.answered, "the refusal of the waiting receiver",
-                      timeout=5)
+    waiting = await client.attach_receiver("sessions", session=NEXT_AVAILABLE, credit=1, wait=False)
+    await client.wait(lambda: waiting.answered, "the refusal of the waiting receiver", timeout=5)
     assert_refused(waiting, UNAUTHORIZED, client_receives=True)
     assert "expired" in waiting.condition.description
     # It waits no more: a session that becomes available goes to the next receiver.

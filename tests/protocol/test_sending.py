@@ -70,13 +70,15 @@ def batch(*messages: Message) -> bytes:
 async def test_a_batch_is_one_delivery_answered_once_and_stored_as_its_messages(client):
     sender = await client.attach_sender("plain")
     mark = len(client.frames)
-    (delivery,) = await client.send(sender, batch(*(Message(id=f"b{i}", body=f"in batch {i}")
-                                                    for i in range(3))))
+    (delivery,) = await client.send(
+        sender, batch(*(Message(id=f"b{i}", body=f"in batch {i}") for i in range(3)))
+    )
     assert delivery.remote_state == Delivery.ACCEPTED
     assert len(client.dispositions(mark, by_sender=False)) == 1
     got = await drain_all(client, "plain")
     assert [(r.message.id, r.message.body) for r in got] == [
-        (f"b{i}", f"in batch {i}") for i in range(3)]
+        (f"b{i}", f"in batch {i}") for i in range(3)
+    ]
     seqs = [r.annotations[SEQUENCE_NUMBER] for r in got]
     assert seqs == list(range(seqs[0], seqs[0] + 3))  # each its own number
 
@@ -164,7 +166,7 @@ async def test_credit_never_outruns_the_store(client):
             permitted = int(m.group(1), 0) + int(m.group(2), 0)
             # proton writes a flow ahead of the dispositions produced in the same step
             batch = 0
-            for later in frames[i + 1:]:
+            for later in frames[i + 1 :]:
                 if later.performative != "disposition":
                     break
                 batch += settled(later)

@@ -27,8 +27,9 @@ pytestmark = pytest.mark.timeout(30)
 
 async def fill(client: ProtocolClient, entity: str = "sessions") -> None:
     """Three messages in each of the sessions "a" and "b", interleaved ("a" first)."""
-    await client.send_to(entity, *(Message(body=f"{g}{i}", group_id=g)
-                                   for i in range(3) for g in ("a", "b")))
+    await client.send_to(
+        entity, *(Message(body=f"{g}{i}", group_id=g) for i in range(3) for g in ("a", "b"))
+    )
 
 
 async def test_specific_session_attach_echoes_the_filter_and_lock_expiry(client):
@@ -54,12 +55,14 @@ async def test_specific_session_attach_echoes_the_filter_and_lock_expiry(client)
 
 async def test_next_available_takes_the_oldest_free_session(client):
     await fill(client)
-    first = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                         properties={TIMEOUT: uint(2000)}, credit=5)
+    first = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(2000)}, credit=5
+    )
     assert first.remote_filter == {SESSION_FILTER: "a"}  # its oldest message is older
     assert ticks_to_unix(first.remote_properties[LOCKED_UNTIL_UTC]) > time.time()
-    second = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                          properties={TIMEOUT: uint(2000)}, credit=5)
+    second = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(2000)}, credit=5
+    )
     assert second.remote_filter == {SESSION_FILTER: "b"}  # "a" is held
     a_items, b_items = await first.wait_for(3), await second.wait_for(3)
     assert [i.message.body for i in a_items] == ["a0", "a1", "a2"]
@@ -69,7 +72,8 @@ async def test_next_available_takes_the_oldest_free_session(client):
 async def test_described_and_binary_filter_values_name_a_session(client):
     await fill(client)
     described = await client.attach_receiver(
-        "sessions", filter={SESSION_FILTER: Described(symbol("x"), "a")})
+        "sessions", filter={SESSION_FILTER: Described(symbol("x"), "a")}
+    )
     assert described.remote_filter == {SESSION_FILTER: "a"}
     binary = await client.attach_receiver("sessions", filter={SESSION_FILTER: b"b"})
     assert binary.remote_filter == {SESSION_FILTER: "b"}
@@ -77,8 +81,9 @@ async def test_described_and_binary_filter_values_name_a_session(client):
 
 async def test_next_available_with_no_session_is_refused_after_its_timeout(client):
     started = time.monotonic()
-    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                            properties={TIMEOUT: uint(300)})
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(300)}
+    )
     waited = time.monotonic() - started
     assert 0.25 <= waited < 3
     # Refused as any link (docs/wire.md §4.3): null source, detach with the condition.
@@ -92,8 +97,9 @@ async def test_next_available_with_no_session_is_refused_after_its_timeout(clien
 
 
 async def test_next_available_is_answered_when_a_session_gets_a_message(connect, client):
-    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                            properties={TIMEOUT: uint(5000)}, wait=False)
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(5000)}, wait=False
+    )
     await client.settle_down(0.1)
     assert not receiver.answered  # the attach waits for a session (docs/wire.md §6.5)
     producer = await connect()
@@ -104,8 +110,9 @@ async def test_next_available_is_answered_when_a_session_gets_a_message(connect,
 
 
 async def test_detaching_while_waiting_for_a_session_is_answered_at_once(client):
-    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                            properties={TIMEOUT: uint(5000)}, wait=False)
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(5000)}, wait=False
+    )
     await client.settle_down(0.05)
     assert not receiver.answered
     started = time.monotonic()
@@ -137,8 +144,9 @@ async def test_session_lock_expiry_detaches_with_session_lock_lost(client):
     await fill(client, "short-sessions")  # 300 ms session locks
     receiver = await client.attach_receiver("short-sessions", session="a", credit=1)
     (item,) = await receiver.wait_for(1)
-    await client.wait(lambda: receiver.closed_by_broker, "the detach of the expired session",
-                      timeout=3)
+    await client.wait(
+        lambda: receiver.closed_by_broker, "the detach of the expired session", timeout=3
+    )
     (detach,) = receiver.frames("detach")
     assert detach.has("closed=true")
     cond = receiver.condition
@@ -173,8 +181,9 @@ async def test_one_store_call_locks_the_session_and_takes_its_first_messages(bro
     (woken), and a drain still gets its answer."""
     await fill(client)
     calls = StoreCalls(broker.store, "accept_session", "receive_session")
-    receiver = await client.attach_receiver("sessions", session=NEXT_AVAILABLE,
-                                            properties={TIMEOUT: uint(2000)}, credit=10)
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(2000)}, credit=10
+    )
     assert receiver.remote_filter == {SESSION_FILTER: "a"}
     await receiver.wait_for(3)
     for item in receiver.received:
@@ -193,12 +202,15 @@ async def test_one_store_call_locks_the_session_and_takes_its_first_messages(bro
 
 
 async def test_the_accept_takes_what_the_connection_granted_before_when_credit_comes_later(
-        broker, client):
+    broker, client
+):
     """Most clients grant credit once the attach is answered: the accept then takes as many
     as this connection's last session receiver first granted and sends them when the credit
     comes; more than that credit go back first, and order holds."""
-    await client.send_to("sessions", *(Message(body=f"{g}{i}", group_id=g)
-                                       for g in ("a", "b", "c") for i in range(3)))
+    await client.send_to(
+        "sessions",
+        *(Message(body=f"{g}{i}", group_id=g) for g in ("a", "b", "c") for i in range(3)),
+    )
     calls = StoreCalls(broker.store, "accept_session", "receive_session", "settle")
     first = await client.attach_receiver("sessions", session="a")
     first.flow(10)  # after the answer
@@ -238,14 +250,18 @@ async def test_a_renewal_moves_the_expiry_the_link_is_detached_at(client):
     await receiver.wait_for(1)
     for _ in range(4):  # 800 ms: past the first lock's end and grace
         await asyncio.sleep(0.2)
-        renewed = await client.request("short-sessions", "renew-session-lock",
-                                       {"session-id": "a"}, **{"associated-link-name":
-                                                               receiver.name})
+        renewed = await client.request(
+            "short-sessions",
+            "renew-session-lock",
+            {"session-id": "a"},
+            **{"associated-link-name": receiver.name},
+        )
         assert renewed.properties["statusCode"] == 200
     assert not receiver.closed_by_broker
     expiration = renewed.body["expiration"] / 1000
-    await client.wait(lambda: receiver.closed_by_broker, "the detach of the expired session",
-                      timeout=3)
+    await client.wait(
+        lambda: receiver.closed_by_broker, "the detach of the expired session", timeout=3
+    )
     assert time.time() >= expiration + 0.3
     assert receiver.condition.name == "com.microsoft:session-lock-lost"
 

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.timeout(30)
 ACTIVE, DEFERRED = 0, 1  # x-opt-message-state (docs/wire.md §6.3)
 
 
-async def one_locked(client: ProtocolClient, entity: str = "plain",
-                     body: str = "m") -> tuple[LinkHandle, Received]:
+async def one_locked(
+    client: ProtocolClient, entity: str = "plain", body: str = "m"
+) -> tuple[LinkHandle, Received]:
     """Send one message to `entity` and take it in peek-lock on a fresh receiver."""
     await client.send_to(entity, Message(body=body))
     receiver = await client.attach_receiver(entity, credit=1)
@@ -96,8 +97,7 @@ async def test_release_is_echoed_released_and_redelivered_uncounted(client, how)
     if how == "released":
         delivery = await client.dispose(item, Delivery.RELEASED)
     elif how == "modified-without-flags":
-        delivery = await client.dispose(item, Delivery.MODIFIED, failed=False,
-                                        undeliverable=False)
+        delivery = await client.dispose(item, Delivery.MODIFIED, failed=False, undeliverable=False)
     else:  # settled with no state: a release, applied without an echo (docs/wire.md §7.1)
         item.delivery.settle()
         delivery = None
@@ -117,7 +117,8 @@ async def test_rejected_dead_letters_and_is_echoed_rejected_without_error(client
     mark = len(client.frames)
     info = {symbol("DeadLetterReason"): "bad", symbol("DeadLetterErrorDescription"): "why"}
     delivery = await client.dispose(
-        item, Delivery.REJECTED, condition=Condition("com.microsoft:dead-letter", None, info))
+        item, Delivery.REJECTED, condition=Condition("com.microsoft:dead-letter", None, info)
+    )
     assert delivery.remote_state == Delivery.REJECTED
     assert delivery.remote.condition is None  # success (docs/wire.md §7.2)
     assert "error=" not in echo_of(client, mark).text
@@ -147,9 +148,11 @@ async def test_settling_an_expired_lock_is_echoed_rejected_message_lock_lost(cli
 async def test_settling_a_lock_settled_elsewhere_is_rejected_and_changes_nothing(client):
     _, item = await one_locked(client)
     token = token_of_tag(item.tag)
-    done = await client.request("plain", "update-disposition",
-                                {"disposition-status": "abandoned",
-                                 "lock-tokens": uuid_array([token])})
+    done = await client.request(
+        "plain",
+        "update-disposition",
+        {"disposition-status": "abandoned", "lock-tokens": uuid_array([token])},
+    )
     assert done.properties["statusCode"] == 200
     delivery = await client.dispose(item, Delivery.ACCEPTED)
     assert delivery.remote_state == Delivery.REJECTED

@@ -58,16 +58,30 @@ RULES = [
     default_rule(1_700_000_000_000),
     Rule("f", FalseFilter()),
     Rule("sql", SqlFilter("color = @c AND n > 1", {"@c": "red"})),
-    Rule("corr", CorrelationFilter(correlation_id="c", subject="l", properties={"a": 1, "b": "x",
-                                                                               "t": True})),
+    Rule(
+        "corr",
+        CorrelationFilter(
+            correlation_id="c", subject="l", properties={"a": 1, "b": "x", "t": True}
+        ),
+    ),
     Rule("all", CorrelationFilter("c", "m", "t", "r", "l", "s", "rs", "ct", {"p": 2.5})),
     Rule("act", SqlFilter("n = 1"), SqlRuleAction("SET x = 1; REMOVE y"), 5),
     # date-times with and without a zone, time spans: in parameters and properties alike
-    Rule("dates", SqlFilter("sent > @since", {"@since": dt.datetime(2020, 7, 5, 11, 12, 13)}),
-         SqlRuleAction("SET sys.TimeToLive = @ttl", {"@ttl": dt.timedelta(days=1, hours=2)})),
-    Rule("corr-dates", CorrelationFilter(properties={
-        "at": dt.datetime(2020, 7, 5, tzinfo=dt.UTC), "span": dt.timedelta(microseconds=3)})),
-]  # fmt: skip
+    Rule(
+        "dates",
+        SqlFilter("sent > @since", {"@since": dt.datetime(2020, 7, 5, 11, 12, 13)}),
+        SqlRuleAction("SET sys.TimeToLive = @ttl", {"@ttl": dt.timedelta(days=1, hours=2)}),
+    ),
+    Rule(
+        "corr-dates",
+        CorrelationFilter(
+            properties={
+                "at": dt.datetime(2020, 7, 5, tzinfo=dt.UTC),
+                "span": dt.timedelta(microseconds=3),
+            }
+        ),
+    ),
+]
 
 
 # --- the store's form ---------------------------------------------------------------------
@@ -131,7 +145,7 @@ def test_the_sample_configs_rules_as_the_emulator_ships_them():
                 SqlRuleAction("SET sys.To = 'Entity'"),
             )
         ],
-    }  # fmt: skip
+    }
 
 
 def test_config_rule_forms():
@@ -139,33 +153,62 @@ def test_config_rule_forms():
         {"Name": "r", "Properties": {"FilterType": "sql", "SqlFilter": {"SqlExpression": "1=1"}}}
     ) == Rule("r", TrueFilter())
     assert rule_from_config(
-        {"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "1 = 0"},
-                                     "Action": {"SqlExpression": ""}}}
-    ) == Rule("r", FalseFilter())  # fmt: skip
+        {
+            "Name": "r",
+            "Properties": {
+                "FilterType": "Sql",
+                "SqlFilter": {"SqlExpression": "1 = 0"},
+                "Action": {"SqlExpression": ""},
+            },
+        }
+    ) == Rule("r", FalseFilter())
     assert rule_from_config(
-        {"Name": "r", "Properties": {"FilterType": "Correlation", "CorrelationFilter": {
-            "CorrelationId": "c", "MessageId": "m", "To": "t", "ReplyTo": "r", "Label": "l",
-            "SessionId": "s", "ReplyToSessionId": "rs", "ContentType": "ct",
-            "Properties": {"n": 3, "b": True}}}}
+        {
+            "Name": "r",
+            "Properties": {
+                "FilterType": "Correlation",
+                "CorrelationFilter": {
+                    "CorrelationId": "c",
+                    "MessageId": "m",
+                    "To": "t",
+                    "ReplyTo": "r",
+                    "Label": "l",
+                    "SessionId": "s",
+                    "ReplyToSessionId": "rs",
+                    "ContentType": "ct",
+                    "Properties": {"n": 3, "b": True},
+                },
+            },
+        }
     ) == Rule("r", CorrelationFilter("c", "m", "t", "r", "l", "s", "rs", "ct", {"n": 3, "b": True}))
 
 
 @pytest.mark.parametrize(
     "props,fragment",
     [
-        ({"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = 'x' AND"}},
-         "rule 'bad': SQL filter: syntax error at position 12"),
-        ({"FilterType": "Sql", "SqlFilter": {"SqlExpression": "1=1"},
-          "Action": {"SqlExpression": "SET sys.Size = 1"}}, "rule 'bad': SQL action: system"),
+        (
+            {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = 'x' AND"}},
+            "rule 'bad': SQL filter: syntax error at position 12",
+        ),
+        (
+            {
+                "FilterType": "Sql",
+                "SqlFilter": {"SqlExpression": "1=1"},
+                "Action": {"SqlExpression": "SET sys.Size = 1"},
+            },
+            "rule 'bad': SQL action: system",
+        ),
         ({"FilterType": "Sql"}, "needs SqlFilter.SqlExpression"),
         ({"FilterType": "Regex"}, "FilterType must be Correlation or Sql"),
         ({"FilterType": "Correlation", "CorrelationFilter": {}}, "at least one"),
         ({"FilterType": "Correlation", "CorrelationFilter": {"Colour": "x"}}, "unknown Correl"),
         ({"FilterType": "Correlation", "CorrelationFilter": {"To": 5}}, "must be a string"),
-        ({"FilterType": "Correlation", "CorrelationFilter": {"Properties": {"a": [1]}}},
-         "values are strings, numbers, booleans"),
+        (
+            {"FilterType": "Correlation", "CorrelationFilter": {"Properties": {"a": [1]}}},
+            "values are strings, numbers, booleans",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_config_rules_name_the_rule(props, fragment):
     with pytest.raises(RuleError, match=re.escape(fragment)):
         rule_from_config({"Name": "bad", "Properties": props})
@@ -201,10 +244,14 @@ def test_enumerate_rules_encoding_decodes_in_proton_with_numeric_descriptors():
     [
         (default_rule(), TRUE_FILTER, [], EMPTY_RULE_ACTION),
         (Rule("f", FalseFilter()), FALSE_FILTER, [], EMPTY_RULE_ACTION),
-        (Rule("s", SqlFilter("a = 1"), SqlRuleAction("SET b = 2")), SQL_FILTER, ["a = 1", 20],
-         SQL_RULE_ACTION),
+        (
+            Rule("s", SqlFilter("a = 1"), SqlRuleAction("SET b = 2")),
+            SQL_FILTER,
+            ["a = 1", 20],
+            SQL_RULE_ACTION,
+        ),
     ],
-)  # fmt: skip
+)
 def test_enumerate_rules_descriptors(rule, filter_code, filter_fields, action_code):
     value = proton_value(encode_value(rule_to_amqp(rule)))
     flt, action = value.value[:2]
@@ -242,12 +289,19 @@ def add_rule_body(name, sdk_filter, sdk_action=None, dotnet=False):
         description = {"sql-filter": {"expression": sdk_filter.sql_expression}}
     else:
         f = sdk_filter
-        description = {"correlation-filter": {
-            "correlation-id": f.correlation_id, "message-id": f.message_id, "to": f.to,
-            "reply-to": f.reply_to, "label": f.label, "session-id": f.session_id,
-            "reply-to-session-id": f.reply_to_session_id, "content-type": f.content_type,
-            "properties": f.properties,
-        }}  # fmt: skip
+        description = {
+            "correlation-filter": {
+                "correlation-id": f.correlation_id,
+                "message-id": f.message_id,
+                "to": f.to,
+                "reply-to": f.reply_to,
+                "label": f.label,
+                "session-id": f.session_id,
+                "reply-to-session-id": f.reply_to_session_id,
+                "content-type": f.content_type,
+                "properties": f.properties,
+            }
+        }
     if sdk_action is not None:
         description["sql-rule-action"] = {"expression": sdk_action.sql_expression}
     elif dotnet:
@@ -264,12 +318,18 @@ def add_rule_body(name, sdk_filter, sdk_action=None, dotnet=False):
         (TrueRuleFilter(), None, TrueFilter()),
         (FalseRuleFilter(), None, FalseFilter()),
         (SqlRuleFilter("color = 'red'"), SdkSqlRuleAction("SET x = 1"), SqlFilter("color = 'red'")),
-        (CorrelationRuleFilter(correlation_id="c", label="l", properties={"k": "v", "n": 3}), None,
-         CorrelationFilter(correlation_id="c", subject="l", properties={"k": "v", "n": 3})),
-        (CorrelationRuleFilter(content_type="application/json"), None,
-         CorrelationFilter(content_type="application/json")),
+        (
+            CorrelationRuleFilter(correlation_id="c", label="l", properties={"k": "v", "n": 3}),
+            None,
+            CorrelationFilter(correlation_id="c", subject="l", properties={"k": "v", "n": 3}),
+        ),
+        (
+            CorrelationRuleFilter(content_type="application/json"),
+            None,
+            CorrelationFilter(content_type="application/json"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_add_rule_request(sdk_filter, sdk_action, expected, dotnet):
     body = sent_by_pyamqp(add_rule_body("r", sdk_filter, sdk_action, dotnet))
     rule = rule_from_amqp(body["rule-name"], body["rule-description"], created_ms=9)
@@ -282,23 +342,43 @@ def test_add_rule_request(sdk_filter, sdk_action, expected, dotnet):
 @pytest.mark.parametrize(
     "body,fragment",
     [
-        ({"rule-name": "r", "rule-description": {"sql-filter": {"expression": "a = = 1"}}},
-         "rule 'r': SQL filter: syntax error at position 5"),
+        (
+            {"rule-name": "r", "rule-description": {"sql-filter": {"expression": "a = = 1"}}},
+            "rule 'r': SQL filter: syntax error at position 5",
+        ),
         ({"rule-name": "r", "rule-description": {}}, "either a sql-filter or a correlation"),
-        ({"rule-name": "r", "rule-description": {"sql-filter": {"expression": "1=1"},
-                                                 "correlation-filter": {"to": "x"}}}, "either"),
-        ({"rule-name": "", "rule-description": {"sql-filter": {"expression": "1=1"}}},
-         "rule-name"),
+        (
+            {
+                "rule-name": "r",
+                "rule-description": {
+                    "sql-filter": {"expression": "1=1"},
+                    "correlation-filter": {"to": "x"},
+                },
+            },
+            "either",
+        ),
+        ({"rule-name": "", "rule-description": {"sql-filter": {"expression": "1=1"}}}, "rule-name"),
         ({"rule-name": "r", "rule-description": {"sql-filter": {}}}, "needs an expression"),
-        ({"rule-name": "r", "rule-description": {"correlation-filter": {"to": None}}},
-         "at least one"),
-        ({"rule-name": "r", "rule-description": {"sql-filter": {"expression": "1=1"},
-                                                 "sql-rule-action": {"expression": "SET"}}},
-         "SQL action: syntax error"),
-        ({"rule-name": "r" * 51, "rule-description": {"sql-filter": {"expression": "1=1"}}},
-         "at most 50"),
+        (
+            {"rule-name": "r", "rule-description": {"correlation-filter": {"to": None}}},
+            "at least one",
+        ),
+        (
+            {
+                "rule-name": "r",
+                "rule-description": {
+                    "sql-filter": {"expression": "1=1"},
+                    "sql-rule-action": {"expression": "SET"},
+                },
+            },
+            "SQL action: syntax error",
+        ),
+        (
+            {"rule-name": "r" * 51, "rule-description": {"sql-filter": {"expression": "1=1"}}},
+            "at most 50",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_add_rule_requests(body, fragment):
     decoded = sent_by_pyamqp(body)
     with pytest.raises(RuleError, match=re.escape(fragment)):
@@ -309,8 +389,9 @@ def test_not_a_rule_description():
     with pytest.raises(RuleError):
         rule_from_amqp(None, Described(1, []))
     with pytest.raises(RuleError, match="unknown filter descriptor"):
-        rule_from_amqp(None, Described(RULE_DESCRIPTION, [Described(5, []), None, "x",
-                                                          Timestamp(0)]))  # fmt: skip
+        rule_from_amqp(
+            None, Described(RULE_DESCRIPTION, [Described(5, []), None, "x", Timestamp(0)])
+        )
 
 
 # --- catalog records ----------------------------------------------------------------------
@@ -324,8 +405,11 @@ def test_record_round_trip(rule):
 
 
 def test_record_in_the_config_form():
-    props = {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = 1"},
-             "Action": {"SqlExpression": "SET b = 2"}}  # fmt: skip
+    props = {
+        "FilterType": "Sql",
+        "SqlFilter": {"SqlExpression": "a = 1"},
+        "Action": {"SqlExpression": "SET b = 2"},
+    }
     assert rule_from_record("r", {"config": props}, 7) == Rule(
         "r", SqlFilter("a = 1"), SqlRuleAction("SET b = 2"), 7
     )

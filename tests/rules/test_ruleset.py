@@ -54,9 +54,15 @@ def copies(rules, message):
 
 
 FULL = dict(
-    message_id="m1", correlation_id="c1", to="t1", reply_to="r1", subject="s1",
-    session_id="g1", reply_to_session_id="rg1", content_type="application/json",
-)  # fmt: skip
+    message_id="m1",
+    correlation_id="c1",
+    to="t1",
+    reply_to="r1",
+    subject="s1",
+    session_id="g1",
+    reply_to_session_id="rg1",
+    content_type="application/json",
+)
 
 
 @pytest.mark.parametrize(
@@ -87,9 +93,7 @@ FULL = dict(
     ],
 )
 def test_correlation_filter(flt, matches):
-    message = stored(
-        **FULL, application_properties={"color": "red", "n": 4, "flag": True}
-    )
+    message = stored(**FULL, application_properties={"color": "red", "n": 4, "flag": True})
     assert copies([Rule("r", flt)], message) == ([PLAIN_COPY] if matches else [])
 
 
@@ -126,8 +130,11 @@ def test_no_rules_or_false_filters_match_nothing():
 
 
 def test_plain_rules_are_ored_into_one_copy():
-    rules = [Rule("a", SqlFilter("color = 'red'")), Rule("b", SqlFilter("n = 4")),
-             Rule("c", SqlFilter("n = 5"))]  # fmt: skip
+    rules = [
+        Rule("a", SqlFilter("color = 'red'")),
+        Rule("b", SqlFilter("n = 4")),
+        Rule("c", SqlFilter("n = 5")),
+    ]
     assert copies(rules, stored()) == [PLAIN_COPY]
     assert copies(rules[2:], stored()) == []
 
@@ -135,19 +142,21 @@ def test_plain_rules_are_ored_into_one_copy():
 def test_five_matching_rules_two_with_actions_make_three_copies():
     # the example of the Service Bus documentation
     rules = [
-        Rule("p1", TrueFilter()), Rule("p2", SqlFilter("color = 'red'")),
+        Rule("p1", TrueFilter()),
+        Rule("p2", SqlFilter("color = 'red'")),
         Rule("p3", CorrelationFilter(properties={"n": 4})),
         Rule("a1", SqlFilter("n > 1"), SqlRuleAction("SET tag = 'one'")),
         Rule("a2", TrueFilter(), SqlRuleAction("SET tag = 'two'")),
         Rule("nomatch", SqlFilter("n > 100"), SqlRuleAction("SET tag = 'never'")),
-    ]  # fmt: skip
+    ]
     rules_set = RuleSet.compile(rules)
     assert not rules_set.is_match_all
     result = rules_set.copies(view(stored()))
     assert [c.rule_name for c in result] == [None, "a1", "a2"]
     assert result[0] is PLAIN_COPY
-    assert [received(c.apply(stored().blob)).application_properties[b"tag"] for c in result[1:]] \
-        == [b"one", b"two"]  # fmt: skip
+    assert [
+        received(c.apply(stored().blob)).application_properties[b"tag"] for c in result[1:]
+    ] == [b"one", b"two"]
 
 
 def test_only_action_rules_match_no_plain_copy():
@@ -188,8 +197,10 @@ def act(expression, message=None):
 
 
 def props(msg):
-    return {k.decode(): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in msg.application_properties.items()}  # fmt: skip
+    return {
+        k.decode(): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in msg.application_properties.items()
+    }
 
 
 def test_set_and_remove_user_properties_and_rule_name():
@@ -208,8 +219,14 @@ def test_set_keeps_the_existing_key_casing():
 
 def test_statements_see_earlier_statements_and_run_in_order():
     _, msg = act("SET a = 1; SET b = a + 1; REMOVE a SET c = EXISTS(a)")
-    assert props(msg) == {"color": "red", "Priority": "low", "n": 4, "b": 2, "c": False,
-                          "RuleName": "act"}  # fmt: skip
+    assert props(msg) == {
+        "color": "red",
+        "Priority": "low",
+        "n": 4,
+        "b": 2,
+        "c": False,
+        "RuleName": "act",
+    }
 
 
 def test_remove_of_a_missing_property_is_a_no_op():
@@ -231,11 +248,20 @@ def test_set_system_properties():
         "SET sys.ReplyToSessionId = 'rs'; SET sys.ScheduledEnqueueTimeUtc = NULL",
         stored(session_id="first", message_id="m"),
     )
-    assert (msg.to, msg.subject, msg.message_id, msg.session_id, msg.reply_to,
-            msg.content_type, msg.reply_to_session_id) == (
-        "Entity", "lbl", "new-id", "other", "rt", "text/x", "rs")  # fmt: skip
-    assert copy.overrides == {"message_id": "new-id", "session_id": "other",
-                              "reply_to_session_id": "rs"}  # fmt: skip
+    assert (
+        msg.to,
+        msg.subject,
+        msg.message_id,
+        msg.session_id,
+        msg.reply_to,
+        msg.content_type,
+        msg.reply_to_session_id,
+    ) == ("Entity", "lbl", "new-id", "other", "rt", "text/x", "rs")
+    assert copy.overrides == {
+        "message_id": "new-id",
+        "session_id": "other",
+        "reply_to_session_id": "rs",
+    }
 
 
 def test_set_sys_property_on_a_message_without_properties():

@@ -24,20 +24,24 @@ def test_a_queue_holds_only_what_its_test_sent(busd_broker, busd_queue_factory, 
 
 
 def test_a_session_queue_with_its_properties(busd_broker, busd_queue_factory):
-    queue = busd_queue_factory(requires_session=True, max_delivery_count=2,
-                               lock_duration=timedelta(seconds=10))
+    queue = busd_queue_factory(
+        requires_session=True, max_delivery_count=2, lock_duration=timedelta(seconds=10)
+    )
     admin = ServiceBusAdministrationClient.from_connection_string(
-        busd_broker.admin_connection_string, connection_verify=busd_broker.cert_path)
+        busd_broker.admin_connection_string, connection_verify=busd_broker.cert_path
+    )
     with admin:
         props = admin.get_queue(queue)
     assert props.requires_session and props.max_delivery_count == 2
     assert props.lock_duration == timedelta(seconds=10)
     with ServiceBusClient.from_connection_string(busd_broker.connection_string) as client:
         with client.get_queue_sender(queue) as sender:
-            sender.send_messages([ServiceBusMessage(f"step {i}", session_id="order-42")
-                                  for i in range(3)])
-        with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=5) as receiver:
+            sender.send_messages(
+                [ServiceBusMessage(f"step {i}", session_id="order-42") for i in range(3)]
+            )
+        with client.get_queue_receiver(
+            queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+        ) as receiver:
             assert receiver.session.session_id == "order-42"
             got = receive_all(receiver, 3)
             assert [str(m) for m in got] == ["step 0", "step 1", "step 2"]

@@ -61,16 +61,24 @@ async def test_subscriptions_get_the_default_rule_and_cascade_on_delete(two_view
     a, b = two_views
     await a.create(TopicEntity("t"))
     await a.create(SubscriptionEntity("t", "s1"))
-    await a.create(SubscriptionEntity("t", "s2", requires_session=True),
-                   rules=[RuleEntity("t", "s2", "mine", {"config": {"FilterType": "Sql"}})])
+    await a.create(
+        SubscriptionEntity("t", "s2", requires_session=True),
+        rules=[RuleEntity("t", "s2", "mine", {"config": {"FilterType": "Sql"}})],
+    )
     await until(lambda: len(b.rules("t", "s2")) == 1 and len(b.rules("t", "s1")) == 1)
     assert [r.name for r in b.rules("t", "s1")] == ["$Default"]
     assert b.spec("t/subscriptions/s2").requires_session
     assert b.spec("t/subscriptions/s2").topic == "t"
     assert [s.name for s in b.subscriptions("T")] == ["s1", "s2"]
     await a.delete("topic", "t")
-    await until(lambda: b.topic("t") is None and not b.subscriptions("t")
-                and not b.rules("t", "s1") and b.spec("t/subscriptions/s1") is None)
+    await until(
+        lambda: (
+            b.topic("t") is None
+            and not b.subscriptions("t")
+            and not b.rules("t", "s1")
+            and b.spec("t/subscriptions/s1") is None
+        )
+    )
 
 
 async def test_names_are_unique_across_queues_and_topics(two_views):
@@ -87,17 +95,24 @@ async def test_names_are_unique_across_queues_and_topics(two_views):
 async def test_put_seeds_and_the_file_wins_for_what_it_names(two_views):
     a, b = two_views
     await a.create(TopicEntity("t"))
-    await a.put(SubscriptionEntity("t", "s", max_delivery_count=3),
-                rules=[RuleEntity("t", "s", "r1", {"config": 1})])
+    await a.put(
+        SubscriptionEntity("t", "s", max_delivery_count=3),
+        rules=[RuleEntity("t", "s", "r1", {"config": 1})],
+    )
     await b.create(RuleEntity("t", "s", "added-at-run-time"))
-    await b.put(SubscriptionEntity("t", "s", max_delivery_count=5),
-                rules=[RuleEntity("t", "s", "R1", {"config": 2})])
-    await until(lambda: a.subscription("t", "s").max_delivery_count == 5
-                and [r.rule for r in a.rules("t", "s")] == [{"config": 2}])
+    await b.put(
+        SubscriptionEntity("t", "s", max_delivery_count=5),
+        rules=[RuleEntity("t", "s", "R1", {"config": 2})],
+    )
+    await until(
+        lambda: (
+            a.subscription("t", "s").max_delivery_count == 5
+            and [r.rule for r in a.rules("t", "s")] == [{"config": 2}]
+        )
+    )
 
 
-async def test_a_new_view_loads_everything_and_unreadable_records_are_skipped(two_views,
-                                                                               redis_url):
+async def test_a_new_view_loads_everything_and_unreadable_records_are_skipped(two_views, redis_url):
     a, _ = two_views
     await a.create(QueueEntity("q"))
     await a.store.catalog_put("queue", "broken", {"name": "broken", "lock_duration_ms": []})
@@ -126,8 +141,7 @@ async def test_deleting_an_entity_deletes_its_messages(two_views):
     assert len(await store.receive(keep, 5, ReceiveMode.RECEIVE_AND_DELETE, [])) == 1
     client = store._client
     leftovers = [k async for k in client.scan_iter(match=f"{{{store.prefix}:q}}:*")]
-    leftovers += [k async for k in client.scan_iter(
-        match=f"{{{store.prefix}:t}}:s:gone:*")]
+    leftovers += [k async for k in client.scan_iter(match=f"{{{store.prefix}:t}}:s:gone:*")]
     assert leftovers == []
     assert await client.smembers(f"{{{store.prefix}:t}}:subs") == {b"keep"}
 
@@ -151,7 +165,10 @@ async def test_seeding_keeps_the_access_keys_another_process_made_first(redis_ur
         await seed_catalog(late, entities)
         (kept,) = (await first.stored("queue", "orders")).extra["AuthorizationRules"]
         assert (kept["PrimaryKey"], kept["SecondaryKey"], kept["CreatedTime"]) == (
-            made["PrimaryKey"], made["SecondaryKey"], made["CreatedTime"])
+            made["PrimaryKey"],
+            made["SecondaryKey"],
+            made["CreatedTime"],
+        )
         await first.stop()
     finally:
         for s in stores:

@@ -134,15 +134,27 @@ async def test_fan_out_and_topic_scripts_run_in_cluster_mode(cluster_store, toke
     from busd.storage.api import Placement, TopicSpec, subscription_path
 
     s = cluster_store
-    subs = [QueueSpec(subscription_path("orders/t", n), topic="orders/t",
-                      requires_session=(n == "c")) for n in ("a", "b", "c")]
+    subs = [
+        QueueSpec(subscription_path("orders/t", n), topic="orders/t", requires_session=(n == "c"))
+        for n in ("a", "b", "c")
+    ]
     await s.open_subscriptions("orders/t", ["a", "b", "c"])
     topic = TopicSpec("orders/t", duplicate_detection_window_ms=1000)
     now = int(time.time() * 1000)
-    seqs = await s.publish(topic, subs, [NewMessage(b"m", message_id="1", session_id="k"),
-                                         NewMessage(b"later", scheduled_ms=now + 60_000)])
-    await s.publish(topic, subs, [NewMessage(b"r")], [[Placement(0), Placement(1, blob=b"x"),
-                                                       Placement(2, dead_letter=("r", "d"))]])
+    seqs = await s.publish(
+        topic,
+        subs,
+        [
+            NewMessage(b"m", message_id="1", session_id="k"),
+            NewMessage(b"later", scheduled_ms=now + 60_000),
+        ],
+    )
+    await s.publish(
+        topic,
+        subs,
+        [NewMessage(b"r")],
+        [[Placement(0), Placement(1, blob=b"x"), Placement(2, dead_letter=("r", "d"))]],
+    )
     await s.cancel_topic_scheduled(topic, subs, [seqs[1]])
     (a1, a2) = await s.receive(subs[0], 5, PL, tokens(5))
     assert (a1.seq, a1.blob, a2.blob) == (seqs[0], b"m", b"r")
@@ -186,12 +198,16 @@ async def test_a_topic_transaction_commits_in_one_slot(routed_store, tokens):
     ops = [
         StagedSettlement(subs[0], Settlement(m.lock_token, Outcome.COMPLETE)),
         StagedPublish(topic, NewMessage(b"out"), ["a", "b"], [Placement(0), Placement(1)]),
-        StagedPublish(topic, NewMessage(b"sched", scheduled_ms=now + 60_000), ["a", "b"],
-                      [Placement(1)], reserved),
+        StagedPublish(
+            topic,
+            NewMessage(b"sched", scheduled_ms=now + 60_000),
+            ["a", "b"],
+            [Placement(1)],
+            reserved,
+        ),
         StagedCancel(topic, later),
     ]
-    _, due = await s.stage_transaction(topic, txn, ops, first=True, timeout_ms=60_000,
-                                       limit=100)
+    _, due = await s.stage_transaction(topic, txn, ops, first=True, timeout_ms=60_000, limit=100)
     assert due > now
     await s.renew_message_locks(subs[0], [m.lock_token], until_ms=due)
     await s.commit_transaction(topic, [subs[0]], txn, [(topic, subs)])
@@ -220,14 +236,12 @@ async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_s
     assert await s.take_forwarding(src, "live:1", 5, tokens(5)) is None  # the lease
     # the first forwarder's process dies after the destination's half
     first = moves(taken)
-    await s._forward_enqueue(src, to_queue, first,
-                             [s._forward_record(src, m) for m in first], [])
+    await s._forward_enqueue(src, to_queue, first, [s._forward_record(src, m) for m in first], [])
     await asyncio.sleep(0.35)
     await s.sweep(src)
     again = await s.take_forwarding(src, "live:1", 5, tokens(5))
     assert [m.blob for m in again] == [b"a", b"b"]
-    assert await s.forward(src, to_queue, moves(again), hop_limit=4) == [
-        ForwardResult.MOVED] * 2
+    assert await s.forward(src, to_queue, moves(again), hop_limit=4) == [ForwardResult.MOVED] * 2
     got = await s.peek(dst, 0, 10)
     assert [(m.blob, m.enqueue_seq) for m in got] == [(b"a", 1), (b"b", 2)]
     assert await s.peek(src, 0, 10) == []
@@ -245,14 +259,19 @@ async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_s
     c_move.placements = [Placement(1)]
     d_move.hops = 4
     assert await s.forward(src, to_topic, [c_move, d_move], hop_limit=4) == [
-        ForwardResult.MOVED, ForwardResult.DEAD_LETTERED]
+        ForwardResult.MOVED,
+        ForwardResult.DEAD_LETTERED,
+    ]
     assert await s.peek(subs[0], 0, 10) == []
     assert [(m.blob, m.enqueue_seq) for m in await s.peek(subs[1], 0, 10)] == [(b"c", 3)]
     assert await s.forward(src, ForwardDestination("gone:fwd-x"), [e_move], hop_limit=4) == [
-        ForwardResult.DEAD_LETTERED]
+        ForwardResult.DEAD_LETTERED
+    ]
     dead = await s.peek(src.dead_letter_queue, 0, 10)
     assert [(m.blob, m.dead_letter_reason) for m in dead] == [
-        (b"d", "MaxTransferHopCountExceeded"), (b"e", "MessagingEntityNotFound")]
+        (b"d", "MaxTransferHopCountExceeded"),
+        (b"e", "MessagingEntityNotFound"),
+    ]
 
 
 async def test_the_catalog_is_written_and_announced_on_a_cluster(routed_store):

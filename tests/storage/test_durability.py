@@ -64,8 +64,9 @@ async def test_fsync_needs_the_append_only_file(tmp_path):
 
 
 async def test_replicated_refuses_writes_no_replica_confirms(aof_server):
-    store = RedisStore(aof_server.connection_url, prefix=f"dur-{uuid.uuid4().hex[:8]}",
-                       durability="replicated")
+    store = RedisStore(
+        aof_server.connection_url, prefix=f"dur-{uuid.uuid4().hex[:8]}", durability="replicated"
+    )
     await store.connect()
     try:
         started = time.monotonic()

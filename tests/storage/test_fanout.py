@@ -46,12 +46,19 @@ async def test_every_subscription_gets_each_message_under_the_topic_number(store
 async def test_placements_route_copies_and_a_message_nobody_takes_is_dropped(store, tokens):
     a, b = subscription("t", "a"), subscription("t", "b")
     topic = await open_topic(store, "t", a, b)
-    seqs = await store.publish(topic, [a, b], [NewMessage(b"x", session_id="s"),
-                                               NewMessage(b"y")], [
-        [Placement(0), Placement(0, blob=b"x-ruled", own_session_id=True, session_id=None),
-         Placement(1, dead_letter=("FilterEvaluationException", "division by zero"))],
-        [],
-    ])
+    seqs = await store.publish(
+        topic,
+        [a, b],
+        [NewMessage(b"x", session_id="s"), NewMessage(b"y")],
+        [
+            [
+                Placement(0),
+                Placement(0, blob=b"x-ruled", own_session_id=True, session_id=None),
+                Placement(1, dead_letter=("FilterEvaluationException", "division by zero")),
+            ],
+            [],
+        ],
+    )
     assert seqs == [1, 3]  # the extra copy took number 2
     got = await store.receive(a, 10, PL, tokens(10))
     assert sorted(m.blob for m in got) == [b"x", b"x-ruled"]
@@ -79,8 +86,11 @@ async def test_sessions_ttl_and_a_subscription_that_is_gone(store):
     short = subscription("t", "short", default_ttl_ms=1000)
     gone = subscription("t", "gone")
     topic = await open_topic(store, "t", sessions, short)  # `gone` never opened
-    await store.publish(TopicSpec("t", default_ttl_ms=60_000), [sessions, short, gone],
-                        [NewMessage(b"s1", session_id="k"), NewMessage(b"none")])
+    await store.publish(
+        TopicSpec("t", default_ttl_ms=60_000),
+        [sessions, short, gone],
+        [NewMessage(b"s1", session_id="k"), NewMessage(b"none")],
+    )
     lock = await store.accept_session(sessions, None, "p:1")
     assert lock.session_id == "k"
     (dead,) = await store.receive(sessions.dead_letter_queue, 10, RD, [])
@@ -108,8 +118,7 @@ async def test_scheduled_on_a_topic_then_cancelled_everywhere(store, server_now)
 async def test_a_resubmitted_dead_letter_takes_a_fresh_topic_number(store):
     sub = subscription("t", "a")
     topic = await open_topic(store, "t", sub)
-    await store.publish(topic, [sub], [NewMessage(b"m")], [[Placement(0, dead_letter=("r",
-                                                                                       "d"))]])
+    await store.publish(topic, [sub], [NewMessage(b"m")], [[Placement(0, dead_letter=("r", "d"))]])
     assert await store.resubmit_dead_letters(sub, 10) == 1
     (back,) = await store.receive(sub, 10, RD, [])
     (nxt,) = await store.publish(topic, [sub], [NewMessage(b"n")])

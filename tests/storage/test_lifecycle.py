@@ -80,20 +80,14 @@ async def test_receive_deferred_in_session_needs_that_session_and_its_holder(
     assert await store.receive_session(q, "s1", "h1", 5, PL, tokens(5)) == []
     assert await store.list_sessions(q, 0, 10, None) == ["s1", "s2"]  # still a member of s1
     with pytest.raises(BusdError) as err:
-        await store.receive_deferred(
-            q, [m.seq], PL, tokens(1), session_id="s1", holder="h2"
-        )
+        await store.receive_deferred(q, [m.seq], PL, tokens(1), session_id="s1", holder="h2")
     assert err.value.condition == Condition.SESSION_LOCK_LOST
     await store.accept_session(q, "s2", "h2")
     with pytest.raises(BusdError) as err:
-        await store.receive_deferred(
-            q, [m.seq], PL, tokens(1), session_id="s2", holder="h2"
-        )
+        await store.receive_deferred(q, [m.seq], PL, tokens(1), session_id="s2", holder="h2")
     assert err.value.condition == Condition.MESSAGE_NOT_FOUND
     toks = tokens(1)
-    (d,) = await store.receive_deferred(
-        q, [m.seq], PL, toks, session_id="s1", holder="h1"
-    )
+    (d,) = await store.receive_deferred(q, [m.seq], PL, toks, session_id="s1", holder="h1")
     assert d.blob == b"a"
     done = Settlement(toks[0], Outcome.COMPLETE, session_id="s1")
     assert await store.settle(q, [done], "h1") == [OK]
@@ -209,6 +203,7 @@ async def test_peek_by_session(store, make_queue):
 
 async def test_duplicate_message_id_within_window_is_dropped(store, make_queue, tokens):
     q = make_queue(duplicate_detection_window_ms=60_000)
+
     def with_ids(*pairs):
         return [NewMessage(body, message_id=mid) for body, mid in pairs]
 

@@ -28,9 +28,7 @@ async def test_calls_in_flight_together_each_get_their_own_answer(store, make_qu
     numbers, and together they are every number once."""
     q = make_queue()
     sizes = [1 + (i * 7) % 13 for i in range(120)]
-    results = await asyncio.gather(
-        *(store.send(q, [NewMessage(b"m")] * n) for n in sizes)
-    )
+    results = await asyncio.gather(*(store.send(q, [NewMessage(b"m")] * n) for n in sizes))
     assert [len(r) for r in results] == sizes
     for r in results:
         assert r == list(range(r[0], r[0] + len(r)))  # one script run: consecutive numbers
@@ -42,8 +40,9 @@ async def test_a_call_that_timed_out_does_not_shift_the_answers_of_later_calls(t
     goes to no one; the next call gets its own."""
     server = start_valkey(data_dir=tmp_path)
     try:
-        store = RedisStore(server.connection_url + "?socket_timeout=0.3",
-                           prefix="late-" + os.urandom(4).hex())
+        store = RedisStore(
+            server.connection_url + "?socket_timeout=0.3", prefix="late-" + os.urandom(4).hex()
+        )
         await store.connect()
         admin = redis.Redis.from_url(server.connection_url)
         try:
@@ -80,16 +79,19 @@ async def test_a_move_and_a_commit_report_a_stopped_store_as_unavailable(tmp_pat
     server.stop()
     try:
         with pytest.raises(StoreUnavailable):
-            await store.forward(src, ForwardDestination("queue:dst", queue=dst),
-                                [ForwardedMessage(token=os.urandom(16), seq=1)], hop_limit=4)
+            await store.forward(
+                src,
+                ForwardDestination("queue:dst", queue=dst),
+                [ForwardedMessage(token=os.urandom(16), seq=1)],
+                hop_limit=4,
+            )
         with pytest.raises(StoreUnavailable):
             await store.commit_transaction(src, [dst], b"txn")
     finally:
         await store.close()
 
 
-async def test_a_dropped_connection_fails_only_calls_in_flight_and_is_made_again(store,
-                                                                                 make_queue):
+async def test_a_dropped_connection_fails_only_calls_in_flight_and_is_made_again(store, make_queue):
     q = make_queue()
     assert await store.send(q, [NewMessage(b"a")]) == [1]
     admin = redis.Redis.from_url(store.url)

@@ -14,8 +14,9 @@ from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
 async def dead_letter_all(store, q, tokens, n):
     got = await store.receive(q, n, ReceiveMode.PEEK_LOCK, tokens(n))
     assert len(got) == n
-    settlements = [Settlement(m.lock_token, Outcome.DEAD_LETTER, dead_letter_reason="bad")
-                   for m in got]
+    settlements = [
+        Settlement(m.lock_token, Outcome.DEAD_LETTER, dead_letter_reason="bad") for m in got
+    ]
     assert await store.settle(q, settlements) == [None] * n  # every one applied
     return got
 
@@ -69,11 +70,18 @@ async def test_totals_count_each_event_once(store, make_queue, tokens):
 
     got = await store.receive(q, 6, ReceiveMode.PEEK_LOCK, tokens(6))  # expires one
     assert len(got) == 6
-    outcomes = [Outcome.COMPLETE, Outcome.COMPLETE, Outcome.ABANDON, Outcome.DEFER,
-                Outcome.DEAD_LETTER, Outcome.RELEASE]
-    assert await store.settle(
-        q, [Settlement(m.lock_token, o) for m, o in zip(got, outcomes)]
-    ) == [None] * 6
+    outcomes = [
+        Outcome.COMPLETE,
+        Outcome.COMPLETE,
+        Outcome.ABANDON,
+        Outcome.DEFER,
+        Outcome.DEAD_LETTER,
+        Outcome.RELEASE,
+    ]
+    assert (
+        await store.settle(q, [Settlement(m.lock_token, o) for m, o in zip(got, outcomes)])
+        == [None] * 6
+    )
     # the abandoned and released ones: delivered again, then their locks run out; the
     # abandoned one reaches MaxDeliveryCount 2 and is dead-lettered
     again = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, tokens(2))
@@ -84,8 +92,15 @@ async def test_totals_count_each_event_once(store, make_queue, tokens):
 
     totals = (await store.counts(q)).totals
     assert totals == {
-        "sent": 7, "received": 8, "completed": 2, "abandoned": 1, "deferred": 1,
-        "released": 1, "deadlettered": 2, "expired": 1, "lockexpired": 2,
+        "sent": 7,
+        "received": 8,
+        "completed": 2,
+        "abandoned": 1,
+        "deferred": 1,
+        "released": 1,
+        "deadlettered": 2,
+        "expired": 1,
+        "lockexpired": 2,
     }
     assert await store.purge(q.dead_letter_queue) == 2
     assert (await store.counts(q.dead_letter_queue)).totals == {"purged": 2}
@@ -94,10 +109,16 @@ async def test_totals_count_each_event_once(store, make_queue, tokens):
 
 
 async def test_session_lock_expiry_and_duplicates_are_counted(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=200,
-                   duplicate_detection_window_ms=60_000)
-    seqs = await store.send(q, [NewMessage(b"x", session_id="s", message_id="id-1"),
-                                NewMessage(b"x", session_id="s", message_id="id-1")])
+    q = make_queue(
+        requires_session=True, lock_duration_ms=200, duplicate_detection_window_ms=60_000
+    )
+    seqs = await store.send(
+        q,
+        [
+            NewMessage(b"x", session_id="s", message_id="id-1"),
+            NewMessage(b"x", session_id="s", message_id="id-1"),
+        ],
+    )
     assert seqs[1] == 0
     assert await store.accept_session(q, "s", "holder") is not None
     await asyncio.sleep(0.3)

@@ -64,8 +64,7 @@ def test_a_script_with_the_topic_context_declares_it_once(name):
 def test_topic_context_maps_keys_in_the_topic_key_order():
     text = (INCLUDE_DIR / "topicContext.lua").read_text()
     pairs = re.findall(r"(\w+) = KEYS\[kb \+ (\d+)\]", text)
-    assert [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))] == list(
-        keyspace.TOPIC_KEYS)
+    assert [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))] == list(keyspace.TOPIC_KEYS)
 
 
 def test_subscription_keys_share_the_topic_tag_and_its_counter():
@@ -192,8 +191,9 @@ def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tm
     for name, src in SOURCES.items():
         # a key after a queue context is found from QUEUE_KEYC, never by number
         body = re.sub(r"--.*", "", src.path.read_text().split("]]", 1)[1])
-        assert not re.search(r"\b(catalogKey|queueContext|topicContext)\(0*[1-9]\d*\s*[,)]",
-                             body), name
+        assert not re.search(
+            r"\b(catalogKey|queueContext|topicContext)\(0*[1-9]\d*\s*[,)]", body
+        ), name
         assert not re.search(rf"\b{QUEUE_KEYC}\b|\b{QUEUE_KEYC + 1}\b", body), name
     text = (INCLUDE_DIR / "queueContext.lua").read_text()
     bad = tmp_path / "queueContext.lua"

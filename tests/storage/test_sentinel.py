@@ -20,9 +20,15 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_sentinel_urls_name_the_sentinels_the_service_and_the_primary_credentials():
     assert parse_sentinel_url("redis+sentinel://a:26380,b/mymaster") == (
-        [("a", 26380), ("b", 26379)], "mymaster", {})
+        [("a", 26380), ("b", 26379)],
+        "mymaster",
+        {},
+    )
     assert parse_sentinel_url("rediss+sentinel://:p%40ss@h:1/svc") == (
-        [("h", 1)], "svc", {"ssl": True, "password": "p@ss"})
+        [("h", 1)],
+        "svc",
+        {"ssl": True, "password": "p@ss"},
+    )
     assert parse_sentinel_url("redis://localhost:6379") is None
     with pytest.raises(ValueError):
         parse_sentinel_url("redis+sentinel://h:1")  # no service
@@ -55,12 +61,14 @@ async def call_until(store: RedisStore, payload: bytes, done, timeout: float = 2
 
 
 async def test_calls_fail_fast_while_the_primary_is_gone_and_resume_on_the_promoted_one(
-        replica_set):
+    replica_set,
+):
     """--durability replicated with one replica: once it is promoted, no replica is left to
     confirm a write, and writes are refused (never acknowledged unreplicated) until one is
     back."""
-    store = RedisStore(replica_set.url, prefix=f"sentinel-{uuid.uuid4().hex[:8]}",
-                       durability="replicated")
+    store = RedisStore(
+        replica_set.url, prefix=f"sentinel-{uuid.uuid4().hex[:8]}", durability="replicated"
+    )
     await store.connect()
     try:
         q = QueueSpec("q")
@@ -68,8 +76,9 @@ async def test_calls_fail_fast_while_the_primary_is_gone_and_resume_on_the_promo
         old = replica_set.primary_port
         replica_set.kill(old)
         # the promoted replica answers, but cannot confirm: refused, not acknowledged
-        followed = await call_until(store, b"refused",
-                                    lambda e: e is not None and "durable" in str(e))
+        followed = await call_until(
+            store, b"refused", lambda e: e is not None and "durable" in str(e)
+        )
         assert followed < 10, followed
         assert replica_set.current_primary() not in (None, old)
         replica_set.add_replica("replacement")

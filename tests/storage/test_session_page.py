@@ -26,8 +26,13 @@ def _commands(redis_url: str) -> int:
 async def _fill(store, queue, count: int) -> None:
     batch = 1000  # one send call (one script) per thousand sessions
     for start in range(0, count, batch):
-        await store.send(queue, [NewMessage(b"x", session_id=f"s{i:05d}")
-                                 for i in range(start, min(count, start + batch))])
+        await store.send(
+            queue,
+            [
+                NewMessage(b"x", session_id=f"s{i:05d}")
+                for i in range(start, min(count, start + batch))
+            ],
+        )
 
 
 async def _page_cost(store, queue, redis_url: str) -> int:
@@ -37,7 +42,8 @@ async def _page_cost(store, queue, redis_url: str) -> int:
 
 
 async def test_pages_cover_every_session_once_at_a_cost_that_does_not_grow(
-        store, make_queue, redis_url):
+    store, make_queue, redis_url
+):
     small = make_queue(requires_session=True)
     big = make_queue(requires_session=True)
     await _fill(store, small, 500)
@@ -51,8 +57,9 @@ async def test_pages_cover_every_session_once_at_a_cost_that_does_not_grow(
         page = await store.session_page(big, "id", after, PAGE)
         assert page.total == 5000
         seen += [d.session_id for d in page.sessions]
-        assert all((d.active, d.in_flight, d.deferred, d.scheduled) == (1, 0, 0, 0)
-                   for d in page.sessions)
+        assert all(
+            (d.active, d.in_flight, d.deferred, d.scheduled) == (1, 0, 0, 0) for d in page.sessions
+        )
         after = page.next
         if after is None:
             break
@@ -71,8 +78,7 @@ async def test_sorts_follow_their_index_and_columns_count_by_state(store, make_q
     assert [d.session_id for d in waiting.sessions] == ["late", "early"]
     assert waiting.sessions[1].active == 2
     (held,) = (await store.session_page(q, "locked", None, 10)).sessions
-    assert (held.session_id, held.holder, held.locked_until_ms) == ("x", "h1",
-                                                                     lock.locked_until_ms)
+    assert (held.session_id, held.holder, held.locked_until_ms) == ("x", "h1", lock.locked_until_ms)
     assert (held.active, held.in_flight, held.state_size) == (0, 1, 100)
     assert held.state_preview == b"0123456789" * 3 + b"01"
     # paging a score-sorted index by its cursor
@@ -90,9 +96,11 @@ async def test_an_operator_release_loses_the_holders_lock(store, make_queue, tok
     assert await store.drop_session_lock(q, "s") is True
     assert await store.drop_session_lock(q, "s") is False
     (refused,) = await store.settle(
-        q, [Settlement(lock.messages[0].lock_token, Outcome.COMPLETE, session_id="s")], "h1")
+        q, [Settlement(lock.messages[0].lock_token, Outcome.COMPLETE, session_id="s")], "h1"
+    )
     assert refused == Condition.SESSION_LOCK_LOST
-    again = await store.accept_session(q, "s", "h2", count=1, tokens=tokens(1),
-                                       mode=ReceiveMode.PEEK_LOCK)
+    again = await store.accept_session(
+        q, "s", "h2", count=1, tokens=tokens(1), mode=ReceiveMode.PEEK_LOCK
+    )
     assert [m.blob for m in again.messages] == [b"a"]  # available again, uncounted
     assert again.messages[0].delivery_count == 0

@@ -135,8 +135,9 @@ async def test_accept_takes_the_first_messages_in_the_same_step(store, sq, token
     # the rest in order, then the session's messages are settled under its lock
     rest = await store.receive_session(sq, "s1", "h1", 5, PL, tokens(5))
     assert [m.blob for m in rest] == [b"3"]
-    done = [Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1")
-            for m in lock.messages + rest]
+    done = [
+        Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1") for m in lock.messages + rest
+    ]
     assert await store.settle(sq, done, "h1") == [OK] * 3
     counts = await store.counts(sq)
     assert (counts.active, counts.locked, counts.totals["received"]) == (1, 0, 3)
@@ -158,8 +159,7 @@ async def test_accept_without_count_takes_nothing(store, sq, tokens):
     await store.send(sq, msgs("s1", b"1"))
     lock = await store.accept_session(sq, None, "h1")
     assert lock.messages == []
-    assert [m.blob for m in await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))] \
-        == [b"1"]
+    assert [m.blob for m in await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))] == [b"1"]
 
 
 async def test_receive_session_without_live_lock_is_session_lock_lost(store, sq, tokens):
@@ -441,9 +441,7 @@ async def test_session_ids_that_share_a_prefix_stay_apart(store, sq, tokens):
         got = await store.receive_session(sq, sid, f"h{i}", 10, PL, tokens(10))
         assert [m.blob for m in got] == [sid.encode()]
         assert [m.session_id for m in got] == [sid]
-        assert [m.blob for m in await store.peek(sq, 0, 10, session_id=sid)] == [
-            sid.encode()
-        ]
+        assert [m.blob for m in await store.peek(sq, 0, 10, session_id=sid)] == [sid.encode()]
 
 
 async def test_session_with_only_scheduled_messages_exists(store, sq, server_now):
@@ -458,8 +456,9 @@ async def test_the_store_refuses_a_nul_in_a_session_id_and_stores_nothing(store,
     # filed among session "a"'s messages. The broker refuses such ids first; the store too.
     q = make_queue(requires_session=True)
     with pytest.raises(BusdError) as refused:
-        await store.send(q, [NewMessage(b"ok", session_id="b"),
-                             NewMessage(b"x", session_id="a\0b")])
+        await store.send(
+            q, [NewMessage(b"ok", session_id="b"), NewMessage(b"x", session_id="a\0b")]
+        )
     assert refused.value.condition == Condition.ARGUMENT_OUT_OF_RANGE
     with pytest.raises(BusdError):
         await store.accept_session(q, "a\0", "h1")
@@ -481,8 +480,9 @@ async def test_the_empty_session_id_is_a_session_of_its_own(store, sq, tokens):
     page = await store.session_page(sq, "id", None, 1)  # the empty id pages like any other
     rest = await store.session_page(sq, "id", page.next, 1)
     assert [i.session_id for i in page.sessions + rest.sessions] == ["", "\x01"]
-    refused = await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE, session_id="")
-                                      for m in got], "h1")
+    refused = await store.settle(
+        sq, [Settlement(m.lock_token, Outcome.COMPLETE, session_id="") for m in got], "h1"
+    )
     assert refused == [OK, OK]
     assert (await store.accept_session(sq, None, "h2")).session_id == "\x01"
     await store.release_session(sq, "", "h1")
@@ -495,8 +495,9 @@ async def test_dead_letter_session_moves_every_state_in_order_with_its_state(
 ):
     await store.send(sq, msgs("s1", b"1", b"2", b"3", b"4"))
     await store.send(sq, msgs("other", b"x"))
-    await store.schedule(sq, [NewMessage(b"later", session_id="s1",
-                                         scheduled_ms=server_now() + 600_000)])
+    await store.schedule(
+        sq, [NewMessage(b"later", session_id="s1", scheduled_ms=server_now() + 600_000)]
+    )
     await store.accept_session(sq, "s1", "h1")
     await store.set_session_state(sq, "s1", "h1", b"step 2")
     got = await store.receive_session(sq, "s1", "h1", 2, PL, tokens(2))
@@ -506,12 +507,12 @@ async def test_dead_letter_session_moves_every_state_in_order_with_its_state(
     dead = await store.peek(sq.dead_letter_queue, 0, 10)
     assert [m.blob for m in dead] == [b"1", b"2", b"3", b"4", b"later"]
     assert {(m.dead_letter_reason, m.dead_letter_description) for m in dead} == {
-        ("Poison", "by hand")}
+        ("Poison", "by hand")
+    }
     assert await store.peek(sq, 0, 10, "s1") == []
     assert await store.get_session_state(sq, "s1", "h1") is None
     # the lock stays; the message it had in flight is gone from under it
-    assert await store.settle(sq, [Settlement(got[0].lock_token, Outcome.COMPLETE)], "h1") \
-        != [None]
+    assert await store.settle(sq, [Settlement(got[0].lock_token, Outcome.COMPLETE)], "h1") != [None]
     assert [m.blob for m in await store.peek(sq, 0, 10, "other")] == [b"x"]
 
     # a message sent afterwards forms the session anew; the resubmitted ones come before it
@@ -527,8 +528,9 @@ async def test_dead_letter_session_moves_every_state_in_order_with_its_state(
 
 
 async def test_policy_dead_letters_the_session_at_max_delivery_count(store, make_queue, tokens):
-    q = make_queue(requires_session=True, max_delivery_count=2,
-                   dead_letter_session_on_max_delivery=True)
+    q = make_queue(
+        requires_session=True, max_delivery_count=2, dead_letter_session_on_max_delivery=True
+    )
     await store.send(q, msgs("s1", b"1", b"2", b"3"))
     await store.send(q, msgs("s2", b"y"))
     await store.accept_session(q, "s1", "h1")

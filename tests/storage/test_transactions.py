@@ -30,8 +30,9 @@ def txn() -> bytes:
 
 async def stage(store, via, txn_id, ops, *, first=True, timeout_ms=TIMEOUT_MS, limit=100):
     """How many operations the transaction holds."""
-    count, _ = await store.stage_transaction(via, txn_id, ops, first=first,
-                                             timeout_ms=timeout_ms, limit=limit)
+    count, _ = await store.stage_transaction(
+        via, txn_id, ops, first=first, timeout_ms=timeout_ms, limit=limit
+    )
     return count
 
 
@@ -44,8 +45,10 @@ async def staged_keys(store, queue) -> list:
 async def test_staged_sends_are_invisible_until_the_commit(store, make_queue):
     q = make_queue()
     t = txn()
-    assert await stage(store, q, t, [StagedSend(q, NewMessage(b"a")),
-                                     StagedSend(q, NewMessage(b"b"))]) == 2
+    assert (
+        await stage(store, q, t, [StagedSend(q, NewMessage(b"a")), StagedSend(q, NewMessage(b"b"))])
+        == 2
+    )
     assert await stage(store, q, t, [StagedSend(q, NewMessage(b"c"))], first=False) == 3
     assert (await store.counts(q)).active == 0
     await store.commit_transaction(q, [], t)
@@ -70,10 +73,15 @@ async def test_complete_and_send_across_queues_commit_together(store, make_queue
     await store.send(source, [NewMessage(b"in")])
     (m,) = await store.receive(source, 1, ReceiveMode.PEEK_LOCK, tokens(1))
     t = txn()
-    await stage(store, source, t, [
-        StagedSettlement(source, Settlement(m.lock_token, Outcome.COMPLETE)),
-        StagedSend(target, NewMessage(b"out")),
-    ])
+    await stage(
+        store,
+        source,
+        t,
+        [
+            StagedSettlement(source, Settlement(m.lock_token, Outcome.COMPLETE)),
+            StagedSend(target, NewMessage(b"out")),
+        ],
+    )
     # until the commit: the input is locked still, the output nowhere
     assert (await store.counts(source)).locked == 1
     assert await store.peek(target, 0, 10) == []
@@ -89,11 +97,16 @@ async def test_a_lost_lock_refuses_the_whole_commit(store, make_queue, tokens):
     # b is settled outside the transaction first: its lock is gone
     assert await store.settle(q, [Settlement(b.lock_token, Outcome.COMPLETE)]) == [None]
     t = txn()
-    await stage(store, q, t, [
-        StagedSend(q, NewMessage(b"out")),
-        StagedSettlement(q, Settlement(a.lock_token, Outcome.COMPLETE)),
-        StagedSettlement(q, Settlement(b.lock_token, Outcome.COMPLETE)),
-    ])
+    await stage(
+        store,
+        q,
+        t,
+        [
+            StagedSend(q, NewMessage(b"out")),
+            StagedSettlement(q, Settlement(a.lock_token, Outcome.COMPLETE)),
+            StagedSettlement(q, Settlement(b.lock_token, Outcome.COMPLETE)),
+        ],
+    )
     with pytest.raises(BusdError) as err:
         await store.commit_transaction(q, [], t)
     assert err.value.condition == Condition.MESSAGE_LOCK_LOST
@@ -122,9 +135,15 @@ async def test_every_outcome_applies_at_the_commit(store, make_queue, tokens):
     ms = await store.receive(q, 4, ReceiveMode.PEEK_LOCK, tokens(4))
     outcomes = [Outcome.COMPLETE, Outcome.ABANDON, Outcome.DEFER, Outcome.DEAD_LETTER]
     t = txn()
-    await stage(store, q, t, [StagedSettlement(q, Settlement(m.lock_token, o,
-                                                             dead_letter_reason="why"))
-                              for m, o in zip(ms, outcomes)])
+    await stage(
+        store,
+        q,
+        t,
+        [
+            StagedSettlement(q, Settlement(m.lock_token, o, dead_letter_reason="why"))
+            for m, o in zip(ms, outcomes)
+        ],
+    )
     await store.commit_transaction(q, [], t)
     counts = await store.counts(q)
     assert (counts.active, counts.deferred, counts.dead_letter, counts.locked) == (1, 1, 1, 0)
@@ -139,8 +158,9 @@ async def test_the_operation_limit_stages_nothing_past_it(store, make_queue):
     t = txn()
     await stage(store, q, t, [StagedSend(q, NewMessage(b"%d" % i)) for i in range(3)], limit=4)
     with pytest.raises(BusdError) as err:
-        await stage(store, q, t, [StagedSend(q, NewMessage(b"x")) for _ in range(2)],
-                    first=False, limit=4)
+        await stage(
+            store, q, t, [StagedSend(q, NewMessage(b"x")) for _ in range(2)], first=False, limit=4
+        )
     assert err.value.condition == Condition.RESOURCE_LIMIT
     await store.commit_transaction(q, [], t)
     assert len(await store.peek(q, 0, 10)) == 3
@@ -170,9 +190,12 @@ async def test_session_work_needs_the_session_lock_at_the_commit(store, make_que
     await store.send(q, [NewMessage(b"a", session_id="s1")])
     await store.accept_session(q, "s1", "h1")
     (m,) = await store.receive_session(q, "s1", "h1", 1, ReceiveMode.PEEK_LOCK, tokens(1))
-    ops = [StagedSettlement(q, Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1"),
-                            holder="h1"),
-           StagedSessionState(q, "s1", "h1", b"done")]
+    ops = [
+        StagedSettlement(
+            q, Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1"), holder="h1"
+        ),
+        StagedSessionState(q, "s1", "h1", b"done"),
+    ]
     lost = txn()
     await stage(store, q, lost, ops)
     await store.release_session(q, "s1", "h1")
@@ -192,8 +215,7 @@ async def test_session_work_needs_the_session_lock_at_the_commit(store, make_que
     assert await store.get_session_state(q, "s1", "h1") == b"done"
 
 
-async def test_cancel_of_a_scheduled_message_applies_at_the_commit(store, make_queue,
-                                                                   server_now):
+async def test_cancel_of_a_scheduled_message_applies_at_the_commit(store, make_queue, server_now):
     q = make_queue()
     (seq,) = await store.schedule(q, [NewMessage(b"later", scheduled_ms=server_now() + 60_000)])
     t = txn()
@@ -229,8 +251,12 @@ async def test_a_topic_send_fans_out_at_the_commit_to_the_copies_staged(store, m
     q = make_queue()
 
     def publish(blob: bytes, message_id: str | None = None) -> StagedPublish:
-        return StagedPublish(topic, NewMessage(blob, message_id=message_id), ["a", "b", "gone"],
-                             [Placement(0), Placement(1, blob=b"own"), Placement(2)])
+        return StagedPublish(
+            topic,
+            NewMessage(blob, message_id=message_id),
+            ["a", "b", "gone"],
+            [Placement(0), Placement(1, blob=b"own"), Placement(2)],
+        )
 
     t = txn()
     await stage(store, q, t, [publish(b"m", "id-1"), publish(b"dup", "id-1")])

@@ -108,9 +108,7 @@ async def test_idle_waiters_cost_nothing_per_message(store, make_queue, wakes):
     assert await wakes.all() == [waiter(store, "r0")]
 
 
-async def test_a_receiver_that_got_everything_it_asked_for_is_not_waiting(
-    store, make_queue, wakes
-):
+async def test_a_receiver_that_got_everything_it_asked_for_is_not_waiting(store, make_queue, wakes):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
     w = waiter(store, "r")
@@ -204,9 +202,7 @@ async def test_the_holder_is_not_woken_by_its_own_abandon(store, make_queue, wak
     holder = waiter(store, "holder")
     await store.accept_session(q, "s1", holder)
     (m,) = await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
-    await store.settle(
-        q, [Settlement(m.lock_token, Outcome.ABANDON, session_id="s1")], holder
-    )
+    await store.settle(q, [Settlement(m.lock_token, Outcome.ABANDON, session_id="s1")], holder)
     assert await wakes.none()
 
 
@@ -335,7 +331,8 @@ async def test_listener_resubscribes_after_its_connection_is_killed_and_wakes_ev
 
 
 async def test_a_topic_send_committed_in_a_transaction_wakes_the_subscriptions_it_reached(
-        store, wakes):  # fmt: skip
+    store, wakes
+):
     """The commit fans out as a send does: a waiter on each subscription that got a copy is
     woken, one on a subscription that got none is not."""
     import os
@@ -349,9 +346,14 @@ async def test_a_topic_send_committed_in_a_transaction_wakes_the_subscriptions_i
     topic = TopicSpec(name)
     a, b, c = [await wait_for_message(store, s, s.subscription) for s in subs]
     txn = os.urandom(16)
-    await store.stage_transaction(topic, txn, [StagedPublish(
-        topic, NewMessage(b"m"), ["a", "b", "c"], [Placement(0), Placement(2)])],
-        first=True, timeout_ms=60_000, limit=100)
+    await store.stage_transaction(
+        topic,
+        txn,
+        [StagedPublish(topic, NewMessage(b"m"), ["a", "b", "c"], [Placement(0), Placement(2)])],
+        first=True,
+        timeout_ms=60_000,
+        limit=100,
+    )
     assert await wakes.none()  # staged: nothing to take yet
     await store.commit_transaction(topic, [], txn, [(topic, subs)])
     assert sorted(await wakes.all()) == sorted([a, c])

@@ -31,10 +31,12 @@ def test_a_broker_over_a_given_store_serves_and_leaves_nothing(redis_url: str) -
         prefix, port = broker.key_prefix, broker.port
         with urllib.request.urlopen(f"{broker.http_url}/health", timeout=5) as answer:
             assert answer.status == 200
-        queue = broker.management.create_queue("orders", requires_session=True,
-                                               lock_duration=timedelta(seconds=7))
+        queue = broker.management.create_queue(
+            "orders", requires_session=True, lock_duration=timedelta(seconds=7)
+        )
         with ServiceBusAdministrationClient.from_connection_string(
-                broker.admin_connection_string, connection_verify=broker.cert_path) as admin:
+            broker.admin_connection_string, connection_verify=broker.cert_path
+        ) as admin:
             props = admin.get_queue(queue)
             assert props.requires_session and props.lock_duration == timedelta(seconds=7)
         with ServiceBusClient.from_connection_string(broker.connection_string) as client:

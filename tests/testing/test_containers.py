@@ -23,8 +23,10 @@ def test_the_image_serves_the_sdk_and_its_config(tmp_path: Path) -> None:
     from busd.testing.containers import BusdContainer
 
     config = tmp_path / "Config.json"
-    config.write_text('{"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": '
-                      '[{"Name": "orders", "Properties": {"RequiresSession": true}}]}]}}')
+    config.write_text(
+        '{"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": '
+        '[{"Name": "orders", "Properties": {"RequiresSession": true}}]}]}}'
+    )
     with BusdContainer.from_dockerfile(ROOT, config=config) as busd:
         with urllib.request.urlopen(f"{busd.http_url}/health", timeout=5) as answer:
             assert answer.status == 200

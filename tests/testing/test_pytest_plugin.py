@@ -25,8 +25,14 @@ SAMPLE = ROOT / "tests" / "sample_project"
 def _run_pytest(args: list[str], cwd: Path = ROOT, timeout: float = 280) -> tuple[int, str]:
     # none of this run's pytest settings (PYTEST_ADDOPTS, xdist's worker variables)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -40,7 +46,8 @@ def _project(path: Path, files: dict[str, str]) -> Path:
 def test_the_plugin_is_installed_as_pytest11_busd() -> None:
     found = importlib.metadata.entry_points(group="pytest11", name="busd")
     assert [ep.value for ep in found] == ["busd.testing.pytest_plugin"], (
-        "busd's pytest plugin is not registered: reinstall busd (pip install -e .)")
+        "busd's pytest plugin is not registered: reinstall busd (pip install -e .)"
+    )
 
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["one-process", "xdist-2-workers"])
@@ -55,7 +62,10 @@ def test_the_sample_project_passes_on_the_plugin_alone(xdist: list[str]) -> None
 def test_entities_made_for_a_test_are_gone_after_it(tmp_path: Path, redis_url: str) -> None:
     """Test 1 makes a queue, a topic and a subscription; test 2 (same broker) finds none of
     them. With --busd-redis-url the broker's keys are gone from that store at the end."""
-    project = _project(tmp_path, {"test_cleanup.py": """
+    project = _project(
+        tmp_path,
+        {
+            "test_cleanup.py": """
         made = {}
 
         def test_1_make(busd_broker, busd_queue_factory, busd_topic_factory,
@@ -73,7 +83,9 @@ def test_entities_made_for_a_test_are_gone_after_it(tmp_path: Path, redis_url: s
             assert not management.exists(made["queue"])
             assert not management.exists(made["topic"])
             assert not management.exists(made["topic"], made["subscription"])
-    """})
+    """
+        },
+    )
     code, out = _run_pytest(["-q", "--busd-redis-url", redis_url], cwd=project)
     assert code == 0, out
     assert "2 passed" in out, out
@@ -92,7 +104,10 @@ def test_a_config_marker_and_an_ini_option(tmp_path: Path) -> None:
     for file, queue in queues.items():
         namespace = {"Name": "sbemulatorns", "Queues": [{"Name": queue, "Properties": {}}]}
         (tmp_path / file).write_text(json.dumps({"UserConfig": {"Namespaces": [namespace]}}))
-    project = _project(tmp_path, {"test_seeded.py": """
+    project = _project(
+        tmp_path,
+        {
+            "test_seeded.py": """
         import pytest
 
         marked = []
@@ -112,7 +127,9 @@ def test_a_config_marker_and_an_ini_option(tmp_path: Path) -> None:
         @pytest.mark.busd_config("marked.json")
         def test_marked_again(busd_test_broker):
             assert marked == [busd_test_broker.port]
-    """})
+    """
+        },
+    )
     code, out = _run_pytest(["-q", "--busd-config", "default.json"], cwd=project)
     assert code == 0, out
     assert "3 passed" in out, out
@@ -122,8 +139,14 @@ def test_off_with_p_no_busd(tmp_path: Path) -> None:
     project = _project(tmp_path, {})
     code, out = _run_pytest(["--fixtures"], cwd=project)
     assert code == 0, out
-    for name in ("busd_broker", "busd_queue_factory", "busd_topic_factory",
-                 "busd_subscription_factory", "busd_broker_factory", "busd_test_broker"):
+    for name in (
+        "busd_broker",
+        "busd_queue_factory",
+        "busd_topic_factory",
+        "busd_subscription_factory",
+        "busd_broker_factory",
+        "busd_test_broker",
+    ):
         assert name in out
     code, out = _run_pytest(["--fixtures", "-p", "no:busd"], cwd=project)
     assert code == 0, out
@@ -132,12 +155,25 @@ def test_off_with_p_no_busd(tmp_path: Path) -> None:
 
 def test_loading_the_plugin_imports_nothing_of_the_broker() -> None:
     """pytest loads the plugin in every run of every project with busd installed."""
-    heavy = ["proton", "redis", "click", "azure", "testcontainers", "docker", "busd.server",
-             "busd.broker", "busd.storage", "busd.testing.management"]
-    code = ("import sys, busd.testing.pytest_plugin; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} "
-            f"or any(m.startswith(h + '.') or m == h for h in {heavy!r})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    heavy = [
+        "proton",
+        "redis",
+        "click",
+        "azure",
+        "testcontainers",
+        "docker",
+        "busd.server",
+        "busd.broker",
+        "busd.storage",
+        "busd.testing.management",
+    ]
+    code = (
+        "import sys, busd.testing.pytest_plugin; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} "
+        f"or any(m.startswith(h + '.') or m == h for h in {heavy!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
