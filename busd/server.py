@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from busd.http.server import HttpService
     from busd.observability.peers import Peers
     from busd.storage.embedded import EmbeddedValkey
-    from busd.workers import WorkerRole
+    from busd.worker_role import WorkerRole
 
 log = logging.getLogger("busd")
 

@@ -35,6 +35,7 @@ from busd.config import ConfigError, Settings, load_entities
 from busd.listener import bind
 from busd.server import GRACE_S, entities_file
 from busd.server import run as run_server
+from busd.worker_role import WorkerRole
 
 log = logging.getLogger("busd")
 
@@ -48,40 +49,6 @@ STOP_TIMEOUT_S = GRACE_S + 10.0  # for a worker to stop after SIGTERM; then SIGK
 STEADY_S = 5.0
 MAX_RESTART_PAUSE_S = 10.0
 EXIT_STARTUP = 69  # as the command line's: a worker could not start
-
-
-@dataclass
-class WorkerRole:
-    """What a worker takes from its parent (sent to the new process, so every field pickles)."""
-
-    index: int
-    ports: dict[str, int]  # listener name ("amqp", "tls", "ws", "http") -> port
-    inherited: dict[str, socket.socket]  # listening sockets handed down (no SO_REUSEPORT)
-    peer_dir: str  # where the workers' report sockets are (busd/observability/peers.py)
-    embedded: bool  # the store is the parent's embedded Valkey
-    parent: Connection  # to the parent: the banner once started; closed: the parent is gone
-
-    def socket(self, name: str, host: str) -> socket.socket:
-        """The listening socket of listener `name`."""
-        sock = self.inherited.get(name)
-        if sock is not None:
-            sock.setblocking(False)
-            return sock
-        return bind(host, self.ports[name], reuse_port=True)
-
-    def ready(self, banner: str) -> None:
-        self.parent.send(banner)
-
-    def on_parent_gone(self, loop: Any, stop: Any) -> None:
-        """Stop when the parent's end of the pipe closes (it never writes to it): a parent
-        killed with SIGKILL leaves no workers behind."""
-
-        def readable() -> None:
-            loop.remove_reader(self.parent.fileno())
-            log.warning("the parent process is gone: stopping")
-            stop()
-
-        loop.add_reader(self.parent.fileno(), readable)
 
 
 def _worker_main(settings: Settings, role: WorkerRole) -> None:

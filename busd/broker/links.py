@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from busd.broker.fanout import Fanout
     from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
-    from busd.broker.namespaces import Namespaces
     from busd.broker.transactions import TransactionScope
     from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
@@ -97,6 +96,15 @@ def end_session(session: Session) -> None:
 
 
 # --- interfaces ---------------------------------------------------------------------------------
+class NamespaceAuthority(Protocol):
+    """What `$cbs` uses of the process's namespaces (busd.broker.namespaces.Namespaces, which
+    imports the broker above this module: described here, not imported)."""
+
+    async def authenticate(
+        self, token: str, host_namespace: str | None
+    ) -> tuple[BrokerScope, Grant]: ...
+
+
 class BrokerScope(Protocol):
     """What endpoints and connections use of the broker (busd.broker.broker.Broker, which
     imports them: described here, not imported, so imports flow one way)."""
@@ -153,10 +161,12 @@ class ConnectionScope(Protocol):
     # its transactions, unknown to every other connection (busd.broker.transactions)
     transactions: TransactionScope
 
-    # the namespaces of the process (None: the default one only), and the one the open
-    # frame's hostname chose (busd.broker.namespaces)
-    namespaces: Namespaces | None
+    # the namespace the open frame's hostname chose, and the process's namespaces (None: the
+    # default one only; busd.broker.namespaces)
     host_namespace: str | None
+
+    @property
+    def namespaces(self) -> NamespaceAuthority | None: ...
 
     @property
     def broker(self) -> BrokerScope: ...

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proton import Link
 
@@ -35,7 +35,7 @@ from busd.storage.keys import partition_scope
 from busd.storage.partitions import operation_partition
 
 if TYPE_CHECKING:
-    from busd.broker.links import BrokerScope
+    from busd.broker.fanout import Fanout
 
 log = logging.getLogger("busd.broker")
 
@@ -319,12 +319,24 @@ def _entity_of(op: StagedOperation) -> QueueSpec | TopicSpec:
     return op.queue
 
 
+class TransactionBroker(Protocol):
+    """What transactions use of their broker: declared here rather than imported from
+    busd.broker.links (whose ConnectionScope holds a TransactionScope), so that imports flow
+    one way; busd.broker.links.BrokerScope has all of it."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def fanout(self) -> Fanout: ...
+
+
 class TransactionScope:
     """A connection's transactions (they are unknown to its other connections), and which
     entity each of its cross-entity AMQP sessions is pinned to (docs/wire.md §10.6). The
     connection holds it (`ConnectionScope.transactions`) and it goes with the connection."""
 
-    def __init__(self, broker: BrokerScope) -> None:
+    def __init__(self, broker: TransactionBroker) -> None:
         self.broker = broker
         self.transactions: dict[bytes, Transaction] = {}
         # raw pn_session_t -> entity name of its first entity link (None: not yet), for
