@@ -79,7 +79,7 @@ def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
             "--mode",
             "fanout",
             "--messages",
-            "300",
+            "3000",
             "--timeout",
             "90",
         ],
@@ -94,7 +94,7 @@ def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
         r"send to a topic \(3 subs\)",
         "receive from one subscription",
     ):
-        assert re.search(rf"^{phase}\s+300\s", out, re.M), out
+        assert re.search(rf"^{phase}\s+3000\s", out, re.M), out
     assert re.search(r"busd\+store CPU per message [\d.]+x the queue's", out), out
 
 
