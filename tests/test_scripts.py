@@ -1,5 +1,6 @@
 """scripts/test runs pytest in the environment it is given, adding the test tools only when
-some are missing (they are all here: it must not reinstall anything)."""
+some are missing (they are all here: it must not reinstall anything), in pytest-xdist
+workers."""
 
 from __future__ import annotations
 
@@ -25,3 +26,4 @@ def test_scripts_test_runs_pytest_in_the_given_environment_without_reinstalling(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "passed" in done.stdout
     assert "installing" not in done.stdout + done.stderr
+    assert "bringing up nodes" in done.stdout  # pytest-xdist's workers
