@@ -61,6 +61,7 @@ _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
 _CONTEXT_ARG = re.compile(r"ARGV\[ab \+ (?P<index>\d+)\]")
 _CONTEXT_KEY = re.compile(r"KEYS\[kb \+ (?P<index>\d+)\]")
 QUEUE_CONTEXT = INCLUDE_DIR / "queueContext.lua"
+TOPIC_CONTEXT = INCLUDE_DIR / "topicContext.lua"
 
 
 class ScriptError(Exception):
@@ -102,11 +103,26 @@ def read_queue_keyc(path: Path = QUEUE_CONTEXT) -> int:
     return keyc
 
 
+def read_topic_keyc(path: Path = TOPIC_CONTEXT) -> int:
+    """The number of a topic context's own keys, as lua/includes/topicContext.lua declares it
+    (`local TOPIC_KEYC = <n>`) and its function reads them: the length of TOPIC_KEYS."""
+    keyc = read_context_width(path, "TOPIC_KEYC", _CONTEXT_KEY, "KEYS[kb+i]")
+    if keyc != len(TOPIC_KEYS):
+        raise ScriptError(
+            f"{path.name}: TOPIC_KEYC is {keyc}, busd.storage.keys.TOPIC_KEYS "
+            f"has {len(TOPIC_KEYS)} keys"
+        )
+    read_context_width(path, "TOPIC_ARGC", _CONTEXT_ARG, "ARGV[ab+i]")
+    return keyc
+
+
 # What a `Context: queue` script takes after the queue's keys, before its own arguments; the
 # store's queue_context_args (busd/storage/redis_connection.py) builds them.
 QUEUE_ARGC = read_queue_argc()
 # How many keys a queue context is: a script finds the keys it takes after one from there.
 QUEUE_KEYC = read_queue_keyc()
+# How many keys a topic's own context is, before its subscriptions' queue contexts.
+TOPIC_KEYC = read_topic_keyc()
 
 
 @dataclass(frozen=True, slots=True)

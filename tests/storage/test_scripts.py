@@ -56,9 +56,10 @@ def test_a_script_with_the_topic_context_declares_it_once(name):
     assert src.per_subscription == keyspace.QUEUE_KEYS
     assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)
     assert "topicContext()" in raw
-    # subscription contexts follow the topic's keys, each a whole queue key set
+    # subscription contexts follow the topic's keys (TOPIC_KEYC of them), each a whole queue
+    # key set
     for offset in re.findall(r"queueContext\((.*?),", raw):
-        assert offset.startswith(f"{len(keyspace.TOPIC_KEYS)} + "), offset
+        assert offset.startswith("TOPIC_KEYC + "), offset
 
 
 def test_topic_context_maps_keys_in_the_topic_key_order():
@@ -208,3 +209,23 @@ def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tm
     bad.write_text(re.sub(r"local QUEUE_KEYC = \d+", f"local QUEUE_KEYC = {QUEUE_KEYC - 1}", fewer))
     with pytest.raises(ScriptError, match="QUEUE_KEYS"):
         read_queue_keyc(bad)
+
+
+def test_the_topic_context_width_is_declared_once_and_matches_the_key_set(tmp_path):
+    from busd.storage.scripts import TOPIC_KEYC, ScriptError, read_topic_keyc
+
+    assert TOPIC_KEYC == len(keyspace.TOPIC_KEYS)
+    for name, src in SOURCES.items():
+        # the subscription contexts and the arguments after them are found from TOPIC_KEYC,
+        # TOPIC_ARGC and T.rest, never by number
+        body = re.sub(r"--.*", "", src.path.read_text().split("]]", 1)[1])
+        assert not re.search(r"\b\d+ \+ \(\w+ - 1\) \* QUEUE_(KEYC|ARGC)", body), name
+        assert not re.search(r"\b\d+ \+ QUEUE_ARGC \* \w+(\.n)?\b", body), name
+    text = (INCLUDE_DIR / "topicContext.lua").read_text()
+    bad = tmp_path / "topicContext.lua"
+    bad.write_text(re.sub(r"local TOPIC_KEYC = \d+", f"local TOPIC_KEYC = {TOPIC_KEYC + 1}", text))
+    with pytest.raises(ScriptError):
+        read_topic_keyc(bad)
+    bad.write_text(re.sub(r"local TOPIC_ARGC = \d+", "local TOPIC_ARGC = 3", text))
+    with pytest.raises(ScriptError):
+        read_topic_keyc(bad)

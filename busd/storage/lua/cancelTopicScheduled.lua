@@ -29,10 +29,10 @@
 local T = topicContext()
 local subs = {}
 for s = 1, T.n do
-  subs[s] = queueContext(4 + (s - 1) * QUEUE_KEYC, 2 + (s - 1) * QUEUE_ARGC)
+  subs[s] = queueContext(TOPIC_KEYC + (s - 1) * QUEUE_KEYC, TOPIC_ARGC + (s - 1) * QUEUE_ARGC)
 end
 local found, seen = {}, {}
-for i = 3 + QUEUE_ARGC * T.n, #ARGV do
+for i = T.rest + 1, #ARGV do
   local seq = tonumber(ARGV[i])
   if not seen[seq] then
     seen[seq] = true

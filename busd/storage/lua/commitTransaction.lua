@@ -89,7 +89,7 @@ local nt = tonumber(ARGV[ab + 1])
 ab = ab + 1
 for _ = 1, nt do
   local tc = topicContext(kb, ab)
-  local b = ab + 3 + QUEUE_ARGC * tc.n
+  local b = tc.rest + 1
   local t = { T = tc, subs = topicSubscriptions(tc, kb, ab, b), byName = {},
               window = tonumber(ARGV[b]), accepted = 0, duplicates = 0, dropped = 0 }
   for s, Q in ipairs(t.subs) do
@@ -98,7 +98,7 @@ for _ = 1, nt do
   end
   t.pick = function(name) return t.byName[name] end
   topics[tc.topic] = t
-  kb, ab = kb + 4 + QUEUE_KEYC * tc.n, b + 2 * tc.n
+  kb, ab = kb + TOPIC_KEYC + QUEUE_KEYC * tc.n, b + 2 * tc.n
 end
 
 local function drop()

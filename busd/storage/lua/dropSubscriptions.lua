@@ -30,7 +30,7 @@
 local T = topicContext()
 local n = 0
 for i = 1, T.n do
-  local Q = queueContext(4 + (i - 1) * QUEUE_KEYC, 2 + (i - 1) * QUEUE_ARGC)
+  local Q = queueContext(TOPIC_KEYC + (i - 1) * QUEUE_KEYC, TOPIC_ARGC + (i - 1) * QUEUE_ARGC)
   n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
   for name, key in pairs(Q) do
     if type(key) == 'table' then
@@ -44,7 +44,7 @@ for i = 1, T.n do
   end
   redis.call('SREM', T.subs, Q.queue)
 end
-if ARGV[3 + QUEUE_ARGC * T.n] == '1' then
+if ARGV[T.rest + 1] == '1' then
   redis.call('UNLINK', T.seq, T.dedup, T.subs, T.tstats)
 end
 return n

@@ -98,7 +98,7 @@ elseif kind == 't' then
   T.now = Q.now
   dedup = T.dedup
   local n = T.n
-  local b = at + 3 + QUEUE_ARGC * n
+  local b = T.rest + 1
   window = tonumber(ARGV[b])
   subs = topicSubscriptions(T, QUEUE_KEYC + 1, at, b)
   i = b + 2 * n + 1

@@ -50,7 +50,7 @@
 
 local T = topicContext()
 local n = T.n
-local b = 3 + QUEUE_ARGC * n
+local b = T.rest + 1
 local window = tonumber(ARGV[b])
 local subs = topicSubscriptions(T, 0, 0, b)
 
