@@ -104,6 +104,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         deadline = loop.time() + self.timeout_ms / 1000
         store = self.broker.store
         next_available = self.requested_session is None
+        waiting = False  # an earlier call registered us as a waiter
         while not self.detached:
             self._woken = woken = loop.create_future()
             # The same store call takes the session's first messages: as many as the client
@@ -128,6 +129,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                     count=count,
                     tokens=new_tokens(count),
                     client=self._client,
+                    waiting=waiting,
                 )
             except BusdError as error:
                 return self._refuse(error)
@@ -147,6 +149,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                     self._first = (lock.messages, count, woken.done())
                     self._open_locked(self.lease)
                 return  # (detached meanwhile: finish() releases the lock and what it took)
+            waiting = next_available
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break

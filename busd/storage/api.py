@@ -520,6 +520,7 @@ class Store(Protocol):
         mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
         tokens: Sequence[bytes] = (),
         client: str = "",
+        waiting: bool = True,
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
@@ -528,7 +529,9 @@ class Store(Protocol):
         when held by someone else. Session-wide TTL expiry is applied first. Once locked, up
         to `count` of its messages are taken in the same step, as `receive_session` would
         (peek-lock: one token each), and returned in the lock's `messages`. `client`, the
-        holder's connection ('<container id>\0<address>'), is kept for the inspector."""
+        holder's connection ('<container id>\0<address>'), is kept for the inspector.
+        `waiting` False tells that no earlier call registered the holder as a waiter, which
+        spares taking it off the waiters once it locks a session."""
 
     async def receive_session(
         self,

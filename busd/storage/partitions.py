@@ -341,6 +341,7 @@ class PartitionedStore:
         mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
         tokens: Sequence[bytes] = (),
         client: str = "",
+        waiting: bool = True,
     ) -> SessionLock | None:
         if not queue.partitions:
             return await self.inner.accept_session(
@@ -352,6 +353,7 @@ class PartitionedStore:
                 mode=mode,
                 tokens=tokens,
                 client=client,
+                waiting=waiting,
             )
         if session_id is not None:
             part = self.part_of_session(queue, session_id)
@@ -376,6 +378,7 @@ class PartitionedStore:
                 mode=mode,
                 tokens=stamped(tokens, p, 0, count),
                 client=client,
+                waiting=waiting and p in waits,
             )
             if lock is not None:
                 waits.discard(p)  # the script took us off this partition's waiters

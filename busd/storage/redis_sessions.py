@@ -40,6 +40,7 @@ class SessionCalls(RedisConnection):
         mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
         tokens: Sequence[bytes] = (),
         client: str = "",
+        waiting: bool = True,
     ) -> SessionLock | None:
         check_session_ids([session_id])
         count = max(count, 0)
@@ -56,6 +57,7 @@ class SessionCalls(RedisConnection):
             count,
             token_string(tokens, count) if count and peek_lock else "",
             client,
+            1 if waiting else 0,
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None

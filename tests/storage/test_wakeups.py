@@ -182,6 +182,28 @@ async def test_a_new_session_wakes_one_next_available_waiter(store, make_queue, 
     assert await wakes.next() == second
 
 
+async def test_a_waiter_that_locks_a_session_is_no_longer_woken(store, make_queue, wakes):
+    """An accept tells whether an earlier call registered the holder as a waiter (`waiting`):
+    then the lock takes it off the waiters, else there is nothing to take off."""
+    q = make_queue(requires_session=True)
+    woken = await wait_for_session(store, q, "woken")
+    early = await wait_for_session(store, q, "early")
+    await store.send(q, [NewMessage(b"a", session_id="s1")])
+    assert await wakes.next() == woken  # taken off the waiters by the wake-up
+    # a waiter not woken locks it first (its time-out ran out, say): it leaves the waiters
+    lock = await store.accept_session(q, None, early, wait=True, waiting=True)
+    assert lock is not None and lock.session_id == "s1"
+    await store.send(q, [NewMessage(b"b", session_id="s2")])
+    assert await wakes.none()  # neither waits any more
+    # a receiver no call registered needs no taking off
+    fresh = waiter(store, "fresh")
+    lock = await store.accept_session(q, None, fresh, wait=True, waiting=False)
+    assert lock is not None and lock.session_id == "s2"
+    later = await wait_for_session(store, q, "later")
+    await store.send(q, [NewMessage(b"c", session_id="s3")])
+    assert await wakes.next() == later
+
+
 async def test_a_held_session_wakes_its_holder_only(store, make_queue, wakes, other, tokens):
     q = make_queue(requires_session=True)
     await store.send(q, [NewMessage(b"a", session_id="s1")])

@@ -31,6 +31,8 @@
               as one string
     ARGV[c+7] the holder's connection, for the session inspector: '<client container
               id>\0<client address>' ('' unknown)
+    ARGV[c+8] '1' when an earlier call may have registered the holder as a waiter (it is
+              then taken off the waiters once it locks a session), '0' when none did
 
   Output:
     { 0, session id, locked-until ms, delivery row, ... } (includes/deliveryRow.lua; the
@@ -52,7 +54,8 @@ local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
 housekeeping(Q, Q.q)
 
-if sid ~= '' then
+local nextAvailable = sid == ''
+if not nextAvailable then
   local current = redis.call('HGET', Q.sholder, sid)
   if current then
     local until_ = tonumber(redis.call('ZSCORE', Q.slocks, sid))
@@ -68,14 +71,17 @@ else
     if ARGV[QUEUE_ARGC + 3] == '1' then redis.call('ZADD', Q.swaiters, Q.now, holder) end
     return { -5 }
   end
-  redis.call('ZREM', Q.swaiters, holder)
+  if ARGV[QUEUE_ARGC + 8] == '1' then redis.call('ZREM', Q.swaiters, holder) end
 end
 
 local lockedUntil = Q.now + Q.lockMs
 redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
 redis.call('ZREM', Q.sfree, sid)
-if redis.call('ZSCORE', Q.sessions, sid) then redis.call('HSET', Q.sactive, sid, Q.now) end
+-- A free session has available messages, so it exists; a named one may not (yet).
+if nextAvailable or redis.call('ZSCORE', Q.sessions, sid) then
+  redis.call('HSET', Q.sactive, sid, Q.now)
+end
 local client = ARGV[QUEUE_ARGC + 7]
 if client and client ~= '' then redis.call('HSET', Q.sclient, sid, client) end
 local out = { 0, sid, lockedUntil }

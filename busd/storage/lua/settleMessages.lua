@@ -66,9 +66,14 @@ for i = QUEUE_ARGC + 3, #ARGV, 6 do
   end
   out[#out + 1] = status
 end
-for _, sid in ipairs(Q.emptied) do forgetSessionIfEmpty(Q, sid) end
+local forgotten = {}
+for _, sid in ipairs(Q.emptied) do
+  if forgetSessionIfEmpty(Q, sid) then forgotten[sid] = true end
+end
+-- A session keeps existing while it has messages or state: one that was not forgotten just
+-- now still has them.
 for sid in pairs(settled) do
-  if redis.call('ZSCORE', Q.sessions, sid) then redis.call('HSET', Q.sactive, sid, Q.now) end
+  if not forgotten[sid] then redis.call('HSET', Q.sactive, sid, Q.now) end
 end
 for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
   countEvent(Q, E, event, counts[event] or 0)
