@@ -7,12 +7,12 @@
 -- of them at ARGV[T.rest + 1].
 local TOPIC_KEYC = 4
 local TOPIC_ARGC = 2
--- A topic's context: its own keys (KEYS[kb+1 .. kb+TOPIC_KEYC], the order of busd/storage/keys.py TOPIC_KEYS,
--- expanded by the loader wherever a header says `Context: topic`), followed by one queue
--- context per subscription the call names (QUEUE_KEYC keys each, includes/queueContext.lua;
--- see includes/topicSubscriptions.lua). The topic's sequence counter and duplicate-detection
--- ids are also the `seq` and `dedup` of each subscription context: copies keep the topic's
--- numbers.
+-- A topic's context: its own keys (KEYS[kb+1 .. kb+TOPIC_KEYC], the order of
+-- busd/storage/keys.py TOPIC_KEYS, expanded by the loader wherever a header says
+-- `Context: topic`), followed by one queue context per subscription the call names
+-- (QUEUE_KEYC keys each, includes/queueContext.lua; see includes/topicSubscriptions.lua). The
+-- topic's sequence counter and duplicate-detection ids are also the `seq` and `dedup` of each
+-- subscription context: copies keep the topic's numbers.
 --   ARGV[ab+1]  topic name
 --   ARGV[ab+2]  number of subscriptions the call names
 -- The offsets (0 when absent) let a script hold it after other contexts (the destination of

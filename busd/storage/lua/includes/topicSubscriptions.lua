@@ -6,7 +6,8 @@
 local function topicSubscriptions(T, kb, ab, b)
   local subs = {}
   for i = 1, T.n do
-    local Q = queueContext(kb + TOPIC_KEYC + (i - 1) * QUEUE_KEYC, ab + TOPIC_ARGC + (i - 1) * QUEUE_ARGC)
+    local Q = queueContext(kb + TOPIC_KEYC + (i - 1) * QUEUE_KEYC,
+                           ab + TOPIC_ARGC + (i - 1) * QUEUE_ARGC)
     Q.now = T.now  -- one clock for every copy
     Q.live = redis.call('SISMEMBER', T.subs, Q.queue) == 1
     Q.sessionQueue = ARGV[b + 2 * i - 1] == '1'
