@@ -186,8 +186,9 @@ async def test_a_waiter_that_locks_a_session_is_no_longer_woken(store, make_queu
     """An accept tells whether an earlier call registered the holder as a waiter (`waiting`):
     then the lock takes it off the waiters, else there is nothing to take off."""
     q = make_queue(requires_session=True)
-    woken = await wait_for_session(store, q, "woken")
-    early = await wait_for_session(store, q, "early")
+    # waiters are woken oldest first, and by name within a millisecond: "a-" goes first
+    woken = await wait_for_session(store, q, "a-woken")
+    early = await wait_for_session(store, q, "b-early")
     await store.send(q, [NewMessage(b"a", session_id="s1")])
     assert await wakes.next() == woken  # taken off the waiters by the wake-up
     # a waiter not woken locks it first (its time-out ran out, say): it leaves the waiters
