@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proton import Condition, Delivery, Endpoint, Link, Session, Terminus, symbol
 
+from busd.allocator import trim_soon
+from busd.amqp import engine
 from busd.errors import BusdError
 
 if TYPE_CHECKING:
@@ -241,6 +243,19 @@ class LinkEndpoint:
         """The link is gone (detached by either side, or its session or connection ended):
         stop starting work for it."""
         self.detached = True
+
+    def drop_unfinished(self, partial: dict[Any, Any]) -> None:
+        """Drop the unfinished transfers of a detached link (delivery -> (chunks, bytes held)):
+        settled, proton frees each delivery with the bytes it buffered and reads the rest of
+        its frames without keeping them (docs/design.md §3.12), even while the client has not
+        answered the detach yet; their bytes go back to the connection's buffers."""
+        if not partial:
+            return
+        for delivery, chunks in partial.items():
+            self.conn.buffers.give(chunks[1])
+            engine.settle(delivery)
+        partial.clear()
+        trim_soon()
 
     async def finish(self) -> None:
         """The store work of this link that must be done before its detach is answered: what

@@ -14,8 +14,6 @@ import os
 
 from proton import Delivery, Link
 
-from busd.allocator import trim_soon
-from busd.amqp import engine
 from busd.broker.links import (
     CREDIT_WINDOW,
     ConnectionScope,
@@ -133,12 +131,7 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
 
     def on_detach(self) -> None:
         super().on_detach()
-        if self._partial:  # dropped: see QueueSenderEndpoint
-            for delivery, chunks in self._partial.items():
-                self.conn.buffers.give(chunks[1])
-                engine.settle(delivery)
-            self._partial.clear()
-            trim_soon()
+        self.drop_unfinished(self._partial)
 
     async def _answer(self, payload: bytes) -> None:
         response, reply_to = await self.handle(payload)

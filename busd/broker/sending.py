@@ -14,7 +14,6 @@ import logging
 
 from proton import Delivery, symbol
 
-from busd.allocator import trim_soon
 from busd.amqp import engine
 from busd.broker import messages, staging
 from busd.broker.links import (
@@ -127,15 +126,7 @@ class QueueSenderEndpoint(LinkEndpoint):
 
     def on_detach(self) -> None:
         super().on_detach()
-        # Unfinished transfers are dropped: settled, proton frees each delivery with the bytes
-        # it buffered and reads the rest of its frames without keeping them (docs/design.md
-        # §3.12), even while the client has not answered the detach yet.
-        if self._partial:
-            for delivery, chunks in self._partial.items():
-                self.conn.buffers.give(chunks[1])
-                engine.settle(delivery)
-            self._partial.clear()
-            trim_soon()
+        self.drop_unfinished(self._partial)
 
     async def finish(self) -> None:
         """Transfers received before the detach are stored (and answered) first."""
