@@ -288,7 +288,7 @@ class Catalog:
         for i, scope in enumerate(_scopes(topic)):  # each partition's keys (§3.18)
             await self.store.drop_subscriptions(
                 scope,
-                [s.partition_specs[i] for s in specs],
+                [s.partition_spec(i) for s in specs],
                 with_topic=isinstance(entity, TopicEntity),
             )
         return True

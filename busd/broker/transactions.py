@@ -151,10 +151,10 @@ class Transaction:
         if (
             via is not None
             and via.partition is not None
-            and via.key_scope[0] == partition_scope(_topic_or_name(entity), via.partition)
+            and via.key_scope[0] == partition_scope(entity.key_scope[0], via.partition)
         ):
             current = via.partition
-        return entity.partition_specs[operation_partition(op, entity.partitions, current)]
+        return entity.partition_spec(operation_partition(op, entity.partitions, current))
 
     async def _stage_pending(self) -> None:
         try:
@@ -275,8 +275,8 @@ class Transaction:
             else:  # the transaction's partition of it (docs/design.md §3.18)
                 topics.append(
                     (
-                        route.topic.partition_specs[topic.partition],
-                        [s.partition_specs[topic.partition] for s in route.specs],
+                        route.topic.partition_spec(topic.partition),
+                        [s.partition_spec(topic.partition) for s in route.specs],
                     )
                 )
         try:
@@ -293,11 +293,6 @@ class Transaction:
 
 
 Spec = QueueSpec | TopicSpec
-
-
-def _topic_or_name(entity: Spec) -> str:
-    """What a partitioned entity's partitions are scoped by: a subscription's topic."""
-    return entity.topic or entity.name if isinstance(entity, QueueSpec) else entity.name
 
 
 def _set_entity(op: StagedOperation, entity: Spec) -> None:

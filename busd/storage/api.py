@@ -86,15 +86,17 @@ class QueueSpec:
     partitions: int | None = None  # a partitioned entity's partition count; None: not one
     partition: int | None = None  # the one partition of one this handle reaches, if set
 
+    def partition_spec(self, i: int) -> QueueSpec:
+        """The handle of partition `i`: one queue to the store, its keys the partition's, its
+        `partitions` None."""
+        return dataclasses.replace(self, partitions=None, partition=i)
+
     @property
     def partition_specs(self) -> tuple[QueueSpec, ...]:
-        """A handle of each partition, itself when not partitioned. A partition's handle is
-        one queue to the store: its keys are the partition's, its `partitions` None."""
+        """A handle of each partition (`partition_spec`), itself when not partitioned."""
         if not self.partitions:
             return (self,)
-        return tuple(
-            dataclasses.replace(self, partitions=None, partition=i) for i in range(self.partitions)
-        )
+        return tuple(self.partition_spec(i) for i in range(self.partitions))
 
     @property
     def dead_letter_queue(self) -> QueueSpec:
@@ -143,14 +145,16 @@ class TopicSpec:
             return (self.name, None)
         return (partition_scope(self.name, self.partition), None)
 
+    def partition_spec(self, i: int) -> TopicSpec:
+        """As QueueSpec.partition_spec."""
+        return dataclasses.replace(self, partitions=None, partition=i)
+
     @property
     def partition_specs(self) -> tuple[TopicSpec, ...]:
         """As QueueSpec.partition_specs."""
         if not self.partitions:
             return (self,)
-        return tuple(
-            dataclasses.replace(self, partitions=None, partition=i) for i in range(self.partitions)
-        )
+        return tuple(self.partition_spec(i) for i in range(self.partitions))
 
 
 @dataclass(slots=True)
