@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from busd.storage.redis_connection import parse_cluster_url, parse_sentinel_url
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.faults.replicas
 
 SCRIPT_RUNS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
@@ -29,14 +31,6 @@ def start(kind: str, directory: Path) -> Any:  # -> tests.faults.replicas.Nodes
     if kind == "cluster":
         return Cluster(directory, primaries=3, replicas=1)
     return ReplicaSet(directory, replicas=2, sentinels=3)
-
-
-def is_cluster(url: str) -> bool:
-    return "+cluster://" in url or "cluster=true" in url
-
-
-def plain_url(url: str) -> str:
-    return url.replace("+cluster://", "://", 1).replace("?cluster=true", "")
 
 
 @dataclass
@@ -58,15 +52,16 @@ def discover(url: str, pids: dict[int, int] | None = None) -> list[Node]:
     primary and replicas Sentinel names), primaries first. `pids`: port -> pid of the nodes
     started here; other nodes' pids come from INFO when they run on this machine."""
     found: list[tuple[str, int, str]] = []  # host, port, role
-    if "+sentinel://" in url:
-        hosts, _, service = url.split("+sentinel://", 1)[1].rpartition("@")[2].partition("/")
-        sentinels = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",")]
+    sentinel_url = parse_sentinel_url(url)
+    cluster_url = parse_cluster_url(url)
+    if sentinel_url is not None:
+        sentinels, service, _ = sentinel_url
         sentinel = redis.sentinel.Sentinel(sentinels, socket_timeout=2)
-        host, port = sentinel.discover_master(service.strip("/"))
+        host, port = sentinel.discover_master(service)
         found.append((host, int(port), "primary"))
-        found += [(h, int(p), "replica") for h, p in sentinel.discover_slaves(service.strip("/"))]
-    elif is_cluster(url):
-        with redis.Redis.from_url(plain_url(url), socket_timeout=5) as seed:
+        found += [(h, int(p), "replica") for h, p in sentinel.discover_slaves(service)]
+    elif cluster_url is not None:
+        with redis.Redis.from_url(cluster_url, socket_timeout=5) as seed:
             for line in seed.execute_command("CLUSTER", "NODES").decode().splitlines():
                 fields = line.split()
                 host, _, port = fields[1].split("@")[0].rpartition(":")
