@@ -7,7 +7,8 @@ session receiver (source filter `com.microsoft:session-filter` = null, link prop
 `com.microsoft:timeout`), completes every message the moment it arrives (settled `accepted`:
 the client settles first), closes the link once no message came for `idle_ms` and at once
 attaches for the next session. A refusal with `com.microsoft:timeout` (no session free) just
-attaches again.
+attaches again. A steady run (`scripts/bench --mode steady`) runs the same loops; its messages
+carry the time they were sent (`stamp`) and each delivery's send-to-delivery latency is kept.
 
 The parent (`Clients`) talks to each worker over its pipes: a config line, then `go`, then
 `stop` on stdin; progress lines (JSON) on stdout; at the end the worker writes every event it
@@ -38,8 +39,12 @@ from proton import Delivery, Endpoint, Handler, Link, Message, Terminus, uint  #
 from proton.reactor import Container, Filter  # noqa: E402
 
 # Where a message says which session it belongs to and its index there: "<marker><sid>/<i>;"
-# at the start of its body, found in the raw payload without decoding the message.
+# at the start of its body, found in the raw payload without decoding the message. A steady
+# run's messages hold "<marker><sid>/<i>@<send time>;", the time written as the message goes
+# out (time.monotonic_ns(): one clock for every process here), over a placeholder of the same
+# length, so the pre-encoded message stays valid.
 MARKER = b"\x00churn:"
+STAMP = b"@" + b"0" * 19
 TIMEOUT_CONDITION = "com.microsoft:timeout"
 TICK_S = 0.05  # how often a worker reads its orders and reports progress
 EXAMPLES = 3  # violations described per kind
@@ -70,8 +75,8 @@ def make_plan(sessions: int, messages: int, per_session: str | None, seed: int) 
     return {sid: n for sid, n in zip(ids, counts) if n}
 
 
-def encode(sid: str, index: int, body_size: int) -> bytes:
-    head = MARKER + f"{sid}/{index};".encode()
+def encode(sid: str, index: int, body_size: int, stamped: bool = False) -> bytes:
+    head = MARKER + f"{sid}/{index}".encode() + (STAMP if stamped else b"") + b";"
     body = head + b"x" * max(0, body_size - len(head))
     return Message(body=body, group_id=sid, durable=True).encode()
 
@@ -83,15 +88,32 @@ def parse(payload: bytes) -> tuple[str, int] | None:
         return None
     sid, _, index = payload[at + len(MARKER) : end].partition(b"/")
     try:
-        return sid.decode(), int(index)
+        return sid.decode(), int(index.partition(b"@")[0])
     except ValueError:
         return None
 
 
-def sender_payloads(plan: dict[str, int], body_size: int, senders: int) -> list[list[bytes]]:
+def stamp(payload: bytes) -> bytes:
+    """`payload` (encoded with stamped=True) with the time now written into it."""
+    return payload.replace(STAMP, b"@%019d" % time.monotonic_ns(), 1)
+
+
+def sent_at(payload: bytes) -> float | None:
+    """The time.monotonic() `stamp` wrote into the payload (None: not a stamped message)."""
+    at = payload.find(b"@", payload.find(MARKER))
+    digits = payload[at + 1 : at + len(STAMP)]
+    if at < 0 or not digits.isdigit() or not int(digits):
+        return None
+    return int(digits) / 1e9
+
+
+def sender_payloads(
+    plan: dict[str, int], body_size: int, senders: int, stamped: bool = False
+) -> list[list[bytes]]:
     """One list per sender connection. A session is sent by one sender only, its messages in
     index order, so the order the broker stores them in is the order they are checked in;
-    each sender goes round its sessions (first messages first), as many producers would."""
+    each sender goes round its sessions (first messages first), as many producers would.
+    `stamped`: with room for the send time (`stamp`)."""
     shares: list[list[str]] = [[] for _ in range(senders)]
     for k, sid in enumerate(plan):
         shares[k % senders].append(sid)
@@ -99,7 +121,7 @@ def sender_payloads(plan: dict[str, int], body_size: int, senders: int) -> list[
     for sids in shares:
         payloads = []
         for index in range(max((plan[s] for s in sids), default=0)):
-            payloads.extend(encode(s, index, body_size) for s in sids if index < plan[s])
+            payloads.extend(encode(s, index, body_size, stamped) for s in sids if index < plan[s])
         out.append(payloads)
     return [p for p in out if p]
 
@@ -116,6 +138,7 @@ class Recorder:
         self.latencies: list[float] = []  # attach sent -> answered with a session, seconds
         # answered -> its first message: longer than idle_ms and the receiver lets go first
         self.first_latencies: list[float] = []
+        self.delivery_latencies: list[float] = []  # stamped send -> delivered here, seconds
         self.accept_timeouts = 0
         self.late = 0  # arrived on a link already closed here: not taken, the broker releases it
         self.errors = 0
@@ -145,6 +168,7 @@ class Recorder:
             "intervals": self.intervals,
             "latencies": self.latencies,
             "first_latencies": self.first_latencies,
+            "delivery_latencies": self.delivery_latencies,
             "accept_timeouts": self.accept_timeouts,
             "late": self.late,
             "errors": self.errors,
@@ -224,6 +248,9 @@ class Loop(Handler):
             self.rec.error(f"a message without a churn marker on {link.name}")
         else:
             self.rec.deliveries.append((now, self.number, key[0], key[1]))
+        sent = sent_at(payload)
+        if sent is not None:
+            self.rec.delivery_latencies.append(now - sent)
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()  # first: the disposition goes out settled
         if key is not None:
@@ -626,6 +653,7 @@ class Verdict:
     error_texts: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     first_latencies: list[float] = field(default_factory=list)
+    delivery_latencies: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -659,6 +687,7 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
         v.error_texts += r.get("error_texts", [])[: 5 - len(v.error_texts)]
         v.latencies += r.get("latencies", [])
         v.first_latencies += r.get("first_latencies", [])
+        v.delivery_latencies += r.get("delivery_latencies", [])
     v.deliveries = len(deliveries)
     v.sessions_accepted = len(intervals)
     holding = {link: sid for link, sid, _, _ in intervals}

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote_plus, urlencode
 
@@ -228,7 +229,9 @@ class Sender(Client):
     """Sends `count` copies of pre-encoded messages (cycling through `payloads`, e.g. one per
     session) as fast as the broker's credit allows, and with `window` at most that many not
     answered yet (as a producer waiting for its sends would); done when every one is
-    accepted."""
+    accepted. With `rate`, at most that many a second from the first credit on (a steady
+    producer: sends that fall behind catch up, none run ahead); `stamp` turns a payload into
+    the one sent, at the moment it is sent (e.g. writing the send time into it)."""
 
     def __init__(
         self,
@@ -241,11 +244,16 @@ class Sender(Client):
         count: int,
         payloads: list[bytes],
         window: int | None = None,
+        rate: float | None = None,
+        stamp: Callable[[bytes], bytes] | None = None,
     ) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.count = count
         self.payloads = payloads
         self.window = window
+        self.rate = rate
+        self.stamp = stamp
+        self.began: float | None = None  # the first credit (rate: sends are due from then)
         self.sent = 0
         self.answered = 0
         self.link = None
@@ -256,14 +264,30 @@ class Sender(Client):
     def on_link_flow(self, event) -> None:
         if event.link == self.link:
             self.stats.started()
+            if self.began is None:
+                self.began = time.monotonic()
+                if self.rate:
+                    self.container.schedule(0, self)
             self._send()
 
+    def on_timer_task(self, event) -> None:
+        """rate: send what is due, and wake when the next one is (2 ms at the least: a few
+        sent together then, each stamped when it goes)."""
+        if self.closed or self.sent >= self.count or self.began is None or not self.rate:
+            return
+        self._send()
+        due = self.began + (self.sent + 1) / self.rate
+        self.container.schedule(max(0.002, due - time.monotonic()), self)
+
     def _send(self) -> None:
-        link, payloads = self.link, self.payloads
+        link, payloads, stamp = self.link, self.payloads, self.stamp
         limit = self.count if self.window is None else min(self.count, self.answered + self.window)
+        if self.rate and self.began is not None:
+            limit = min(limit, int((time.monotonic() - self.began) * self.rate) + 1)
         while link.credit > 0 and self.sent < limit:
+            payload = payloads[self.sent % len(payloads)]
             link.delivery(str(self.sent).encode())
-            link.send(payloads[self.sent % len(payloads)])
+            link.send(stamp(payload) if stamp else payload)
             link.advance()
             self.sent += 1
 

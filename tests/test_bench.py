@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -69,6 +70,42 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
     assert 0 < float(calls) < float(cmds)
     assert re.search(r"store commands per message: [\d.]+ script runs \(evalsha", out), out
     assert "sessions accepted" in out
+
+
+def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
+    """--scenario steady-32, 2 s of it: sends at the rate, send-to-delivery latency taken."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--scenario",
+            "steady-32",
+            "--messages",
+            "2000",
+            "--client-procs",
+            "2",
+            "--timeout",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    row = re.search(
+        rf"^steady: 32 rx / 2 procs\s+2000\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s.*"
+        r"sent 2000 at (\d+) msg/s \(--rate 1000\); send-to-delivery p50 ([\d.]+) ms, "
+        r"p99 ([\d.]+) ms",
+        out,
+        re.M,
+    )
+    assert row, out
+    _secs, rate, busd, store, sent_rate, p50, p99 = row.groups()
+    assert "nan" not in (busd, store), out
+    assert 700 <= int(sent_rate) <= 1100 and 800 <= float(rate) <= 1100, out
+    assert 0 < float(p50) <= float(p99), out
+    assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
 
 
 def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
@@ -238,6 +275,13 @@ def test_events_of_several_workers_are_merged() -> None:
 def test_messages_carry_their_session_and_index() -> None:
     payload = churn.encode("s000042", 17, 64)
     assert churn.parse(payload) == ("s000042", 17)
+    assert churn.sent_at(payload) is None
+    stamped = churn.encode("s000042", 17, 64, stamped=True)
+    assert churn.sent_at(stamped) is None  # the placeholder, not a time yet
+    before = time.monotonic()
+    sent = churn.stamp(stamped)
+    assert len(sent) == len(stamped) and churn.parse(sent) == ("s000042", 17)
+    assert before <= churn.sent_at(sent) <= time.monotonic()
     plan = churn.make_plan(10, 0, "1-5", 3)
     assert len(plan) == 10 and all(1 <= n <= 5 for n in plan.values())
     assert churn.make_plan(10, 0, "1-5", 3) == plan  # seeded
