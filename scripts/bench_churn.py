@@ -9,6 +9,8 @@ the client settles first), closes the link once no message came for `idle_ms` an
 attaches for the next session. A refusal with `com.microsoft:timeout` (no session free) just
 attaches again. A steady run (`scripts/bench --mode steady`) runs the same loops; its messages
 carry the time they were sent (`stamp`) and each delivery's send-to-delivery latency is kept.
+Against a broker without sessions (`sessions` false: scripts/bench --peer) each loop is a plain
+consumer of the queue instead: it attaches once and takes whatever comes, completing it.
 
 The parent (`Clients`) talks to each worker over its pipes: a config line, then `go`, then
 `stop` on stdin; progress lines (JSON) on stdout; at the end the worker writes every event it
@@ -188,6 +190,7 @@ class Loop(Handler):
         self.window = cfg["window"]
         self.idle_s = cfg["idle_ms"] / 1000
         self.timeout_ms = cfg["timeout_ms"]
+        self.sessions = cfg["sessions"]
         self.link = None  # the current link, None between a refusal and the next attach
         self.number = 0
         self.interval: list | None = None  # while a session is held
@@ -202,16 +205,18 @@ class Loop(Handler):
             return
         self.number = self.rec.link_number()
         self.sent_at = time.monotonic()
+        # settled accepted from the client, nothing answered: the processor's mode
+        options = [bc.Settle(Link.SND_UNSETTLED, Link.RCV_FIRST)]
+        if self.sessions:
+            options += [
+                Filter({bc.SESSION_FILTER: None}),
+                bc.Properties({bc.TIMEOUT: uint(self.timeout_ms)}),
+            ]
         self.link = self.conn.container.create_receiver(
             self.conn.conn,
             self.conn.entity,
             name=f"churn-{self.number}-{os.urandom(4).hex()}",
-            options=[
-                Filter({bc.SESSION_FILTER: None}),
-                bc.Properties({bc.TIMEOUT: uint(self.timeout_ms)}),
-                # settled accepted from the client, nothing answered: the processor's mode
-                bc.Settle(Link.SND_UNSETTLED, Link.RCV_FIRST),
-            ],
+            options=options,
         )
         self.conn.loops[self.link.name] = self
 
@@ -229,7 +234,8 @@ class Loop(Handler):
         self.last = now
         self.got = 0
         link.flow(self.window)
-        self.timer = self.conn.container.schedule(self.idle_s, self)
+        if self.sessions:  # a plain consumer keeps its link
+            self.timer = self.conn.container.schedule(self.idle_s, self)
 
     def transfer(self, delivery) -> None:
         link = delivery.link
@@ -302,6 +308,13 @@ class Loop(Handler):
         # An error may repeat at once (e.g. the store refusing): do not spin on it.
         self.conn.container.schedule(0.1, _Later(self.attach))
 
+    def waiting(self) -> bool:
+        """Ready for what is sent: a session receiver's attach is out, not answered yet (it
+        waits for a session); a plain consumer is attached, its credit given."""
+        if self.sessions:
+            return self.link is not None and self.interval is None
+        return self.interval is not None
+
     def stop(self, now: float) -> None:
         self.stopped = True
         if self.timer is not None:
@@ -331,7 +344,7 @@ class ChurnConnection(bc.Client):
         self.members: list[Loop] = []
         self.ready = False
         cfg = worker.cfg
-        target = bc.Target(cfg["host"], cfg["port"], cfg["key_name"], cfg["key"])
+        target = bc.Target(cfg["host"], cfg["port"], cfg["key_name"], cfg["key"], cfg["cbs"])
         super().__init__(
             worker.container, target, cfg["entity"], bc.Stats(expected=1 << 62), worker
         )
@@ -435,13 +448,8 @@ class Worker(Handler):
 
     def _report(self) -> None:
         ready = all(c.ready or c.closed for c in self.conns)
-        # Receivers whose attach is not answered yet: the idle scenario waits for all of them.
-        waiting = sum(
-            1
-            for c in self.conns
-            for loop in c.members
-            if loop.link is not None and loop.interval is None
-        )
+        # The idle and steady scenarios wait for every receiver to be waiting.
+        waiting = sum(1 for c in self.conns for loop in c.members if loop.waiting())
         state = (ready, waiting, self.rec.errors)
         if self.rec.new_done or state != self.reported:
             self.reported = state
@@ -485,6 +493,7 @@ class Clients:
         timeout_ms: int,
         plan: dict[str, int],
         deadline: float,
+        sessions: bool = True,
     ) -> None:
         self.workdir = workdir
         self.name = name
@@ -492,7 +501,12 @@ class Clients:
         self.entity = entity
         self.plan = plan
         self.deadline = deadline
-        self.settings = {"window": window, "idle_ms": idle_ms, "timeout_ms": timeout_ms}
+        self.settings = {
+            "window": window,
+            "idle_ms": idle_ms,
+            "timeout_ms": timeout_ms,
+            "sessions": sessions,
+        }
         self.shares = [n for n in split(receivers, min(procs, receivers)) if n]
         self.per_connection = per_connection
         self.procs: list[subprocess.Popen] = []
@@ -516,6 +530,7 @@ class Clients:
                 port=self.target.port,
                 key_name=self.target.key_name,
                 key=self.target.key,
+                cbs=self.target.cbs,
                 entity=self.entity,
                 loops=[n for n in split(share, -(-share // self.per_connection)) if n],
                 deadline=self.deadline,
@@ -649,6 +664,7 @@ class Verdict:
     accept_timeouts: int = 0
     late: int = 0
     attaches: int = 0
+    sessions: bool = True  # False: plain consumers, no order or holders to check
     errors: int = 0
     error_texts: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
@@ -661,6 +677,12 @@ class Verdict:
         return self.order + self.after_complete + self.lost + self.two_holders + self.wrong_session
 
     def summary(self) -> str:
+        if not self.sessions:
+            return (
+                f"{self.violations} violations (delivered after complete {self.after_complete}, "
+                f"lost {self.lost}, not sent by us {self.wrong_session}); order and two holders "
+                f"not checked: no sessions, the receivers are competing consumers of one queue"
+            )
         return (
             f"{self.violations} violations (order {self.order}, delivered after complete "
             f"{self.after_complete}, lost {self.lost}, two holders {self.two_holders}, "
@@ -673,9 +695,11 @@ class Verdict:
             self.examples.append(f"{kind}: {text}")
 
 
-def check(plan: dict[str, int], results: list[dict]) -> Verdict:
-    """Merge what the workers recorded and count each kind of violation."""
-    v = Verdict()
+def check(plan: dict[str, int], results: list[dict], sessions: bool = True) -> Verdict:
+    """Merge what the workers recorded and count each kind of violation. Without `sessions`
+    (plain consumers of one queue) order and holders mean nothing: only what was delivered
+    after its complete, lost, or not sent by us is counted."""
+    v = Verdict(sessions=sessions)
     kinds: dict[str, int] = {}
     deliveries = [tuple(d) for r in results for d in r.get("deliveries", [])]
     intervals = [i for r in results for i in r.get("intervals", [])]
@@ -698,11 +722,11 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
         if t < first.get((sid, index), float("inf")):
             first[(sid, index)] = t
     for t, link, sid, index in deliveries:
-        if index >= plan.get(sid, 0) or holding.get(link) != sid:
+        if index >= plan.get(sid, 0) or (sessions and holding.get(link) != sid):
             v.wrong_session += 1
             v.example(
                 kinds,
-                "wrong session",
+                "wrong session" if sessions else "not sent by us",
                 f"{sid}/{index} on link {link} holding {holding.get(link)!r}",
             )
         if t > first[(sid, index)]:
@@ -713,6 +737,17 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
                 f"{sid}/{index} again {t - first[(sid, index)]:.3f}"
                 f" s after its complete (link {link})",
             )
+
+    completed = {k for k in first if k[1] < plan.get(k[0], 0)}
+    v.completed = len(completed)
+    v.lost = sum(plan.values()) - v.completed
+    if v.lost:
+        missing = [
+            f"{sid}/{i}" for sid, n in plan.items() for i in range(n) if (sid, i) not in completed
+        ][:EXAMPLES]
+        v.examples.append(f"lost: {v.lost}, e.g. {', '.join(missing)}")
+    if not sessions:
+        return v
 
     # Order, across receivers: the first delivery of i comes after the first of i - 1.
     for sid, count in plan.items():
@@ -731,15 +766,6 @@ def check(plan: dict[str, int], results: list[dict]) -> Verdict:
             v.order += 1
             v.example(kinds, "order", f"{sid}/{index} after {sid}/{previous} on link {link}")
         last_on_link[(link, sid)] = index
-
-    completed = {k for k in first if k[1] < plan.get(k[0], 0)}
-    v.completed = len(completed)
-    v.lost = sum(plan.values()) - v.completed
-    if v.lost:
-        missing = [
-            f"{sid}/{i}" for sid, n in plan.items() for i in range(n) if (sid, i) not in completed
-        ][:EXAMPLES]
-        v.examples.append(f"lost: {v.lost}, e.g. {', '.join(missing)}")
 
     # Never two holders: per session, [answered, let go] of different links never overlap.
     by_session: dict[str, list] = defaultdict(list)

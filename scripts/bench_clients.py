@@ -1,6 +1,7 @@
 """Load-generating AMQP 1.0 clients for scripts/bench: python-qpid-proton reactor handlers that
 speak to any Service Bus-like broker (SASL ANONYMOUS, CBS put-token with a SAS token, queues,
-session filter). Nothing here imports busd.
+session filter), or without CBS to a broker that has none (a peer, e.g. RabbitMQ). Nothing here
+imports busd.
 
 Each client is one connection with its own handler. Handlers work on raw engine events (no
 MessagingHandler), so no message is decoded on the hot path: the client must not be what is
@@ -64,6 +65,7 @@ class Target:
     port: int
     key_name: str = "RootManageSharedAccessKey"
     key: str = "SAS_KEY_VALUE"
+    cbs: bool = True  # False: SASL ANONYMOUS is all (a broker without CBS)
 
     @property
     def url(self) -> str:
@@ -115,7 +117,8 @@ class Stats:
 
 
 class Client(Handler):
-    """One connection: SASL ANONYMOUS, then a CBS put-token for `entity`, then `start()`."""
+    """One connection: SASL ANONYMOUS, then a CBS put-token for `entity` (unless the target has
+    no CBS), then `start()`."""
 
     def __init__(self, container, target: Target, entity: str, stats: Stats, phase) -> None:
         super().__init__()
@@ -136,7 +139,9 @@ class Client(Handler):
 
     # --- CBS ------------------------------------------------------------------------------
     def on_connection_remote_open(self, event) -> None:
-        if self._cbs_out is None:
+        if not self.target.cbs:
+            self.start()
+        elif self._cbs_out is None:
             self._cbs_out = self.container.create_sender(self.conn, "$cbs", name=self._name("cbs"))
             self._cbs_in = self.container.create_receiver(
                 self.conn, "$cbs", name=self._name("cbs-reply")
@@ -195,7 +200,7 @@ class Client(Handler):
 
     def on_connection_remote_close(self, event) -> None:
         if event.connection.remote_condition is not None:
-            self.fail(f"connection closed by busd: {event.connection.remote_condition}")
+            self.fail(f"connection closed by the broker: {event.connection.remote_condition}")
         event.connection.close()
 
     def on_transport_error(self, event) -> None:

@@ -4,16 +4,21 @@ see each kind of violation in recorded events. Nothing here is about speed."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import bench_churn as churn  # noqa: E402
+import bench_peer as peer  # noqa: E402
 
 NUMBER = r"(nan|[\d.]+)"
 
@@ -106,6 +111,56 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     assert 700 <= int(sent_rate) <= 1100 and 800 <= float(rate) <= 1100, out
     assert 0 < float(p50) <= float(p99), out
     assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
+
+
+@pytest.mark.skipif(
+    not any(os.access(server, os.X_OK) for server in peer.SERVERS) or not shutil.which("epmd"),
+    reason="RabbitMQ is not installed here",
+)
+@pytest.mark.parametrize(
+    "scenario, row_name",
+    [("churn-100x16", "consume: 16 rx / 2 procs"), ("steady-32", "steady: 32 rx / 2 procs")],
+)
+def test_small_peer_run_against_rabbitmq_prints_its_cpu(scenario: str, row_name: str) -> None:
+    """--peer rabbitmq: its own node, the same load as plain consumers, its CPU per message."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "bench"),
+            "--scenario",
+            scenario,
+            "--peer",
+            "rabbitmq",
+            "--messages",
+            "2000",
+            "--client-procs",
+            "2",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    assert re.search(r"^rabbitmq bench \(peer\): .*RabbitMQ [\d.]+ .*beam.smp pid \d+", out, re.M)
+    assert re.search(r"^phase .* rabbitmq µs/msg ", out, re.M), out
+    row = re.search(
+        rf"^{re.escape(row_name)} \(rabbitmq\)\s+2000\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s",
+        out,
+        re.M,
+    )
+    assert row, out
+    assert row.group(3) != "nan" and float(row.group(3)) > 0, out
+    assert re.search(
+        r"^checks \(.*\(rabbitmq\)\): 0 violations \(delivered after complete 0, lost 0, "
+        r"not sent by us 0\); order and two holders not checked",
+        out,
+        re.M,
+    ), out
+    if scenario == "steady-32":
+        assert re.search(r"send-to-delivery p50 [\d.]+ ms, p99 [\d.]+ ms", out), out
 
 
 def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
@@ -258,6 +313,17 @@ def test_a_message_of_another_session_is_counted() -> None:
     wrong = CLEAN[:3] + [(0.4, 1, "b", 0)]  # b/0 on the link holding a
     verdict = churn.check(PLAN, events(wrong, CLEAN_INTERVALS))
     assert verdict.wrong_session == 1 and verdict.violations == 1
+
+
+def test_plain_consumers_are_checked_for_loss_and_redelivery_only() -> None:
+    """--peer: competing consumers of one queue, no sessions: any order on any link is fine."""
+    plain = [[1, None, 0.0, 1.0], [2, None, 0.0, 1.0]]
+    shuffled = [(0.1, 2, "a", 2), (0.2, 1, "a", 0), (0.3, 2, "b", 0)]
+    verdict = churn.check(PLAN, events(shuffled + [(0.4, 1, "a", 1)], plain), sessions=False)
+    assert verdict.violations == 0, verdict.examples
+    assert "order and two holders not checked" in verdict.summary()
+    verdict = churn.check(PLAN, events(shuffled + [(0.5, 1, "a", 0)], plain), sessions=False)
+    assert verdict.lost == 1 and verdict.after_complete == 1 and verdict.violations == 2
 
 
 def test_events_of_several_workers_are_merged() -> None:
