@@ -88,6 +88,8 @@ KEY_DOC: dict[str, str] = {
     "its holder, its lock ended (the session inspector, lua/sessionPage.lua)",
     "sclient": "hash: session id -> '<client container id>\\0<client address>' of its "
     "holder's connection, while held (the session inspector)",
+    "quiet": "string, set for QUIET_MS (includes/housekeeping.lua): lazy housekeeping found "
+    "nothing of the queue due a moment ago; scripts until it expires skip the look",
     "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
     "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends",
 }
@@ -128,7 +130,7 @@ QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats", "fwd", "sidle", "sactive", "sclient")
+    + ("stats", "fwd", "sidle", "sactive", "sclient", "quiet")
 )
 
 

@@ -40,7 +40,7 @@
 --- @include "expireIdleSessions"
 
 local Q = queueContext(0, 0)
-local sids = housekeeping(Q, Q.q)
+local sids = housekeeping(Q, Q.q, true)
 expireMessageLocks(Q, Q.d, Q.budget)
 local idle = 0
 local idleTtl = ARGV[QUEUE_ARGC + 4]

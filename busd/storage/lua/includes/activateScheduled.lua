@@ -4,6 +4,7 @@
 --- @include "expireIfDue"
 -- Scheduled messages that came due (at most `limit`) join the queue: enqueued at their due
 -- time, their time to live counted from then, in sequence order (within their session too).
+-- Returns how many index entries it met (`limit`: there may be more).
 local function activateScheduled(Q, limit)
   local seqs = redis.call('ZRANGEBYSCORE', Q.q.sched, '-inf', Q.now, 'LIMIT', 0, limit)
   for _, s in ipairs(seqs) do
@@ -23,4 +24,5 @@ local function activateScheduled(Q, limit)
       redis.call('ZREM', Q.q.sched, s)
     end
   end
+  return #seqs
 end

@@ -6,7 +6,7 @@ local QUEUE_ARGC = 6
 -- The number of a queue context's keys below (busd/storage/keys.py QUEUE_KEYS): keys a script
 -- takes after a queue context start at KEYS[kb + QUEUE_KEYC + 1]. The loader checks it
 -- against QUEUE_KEYS.
-local QUEUE_KEYC = 37
+local QUEUE_KEYC = 38
 -- One queue's context: its keys (KEYS[kb+1 .. kb+QUEUE_KEYC], the order of
 -- busd/storage/keys.py QUEUE_KEYS, expanded by the loader wherever a header says `Context: queue`) and the
 -- parameters every state-moving script takes first (ARGV[ab+1 .. ab+QUEUE_ARGC]). The offsets
@@ -35,7 +35,7 @@ local function queueContext(kb, ab)
           ready = KEYS[kb + 27], locked = KEYS[kb + 28], tokens = KEYS[kb + 29],
           deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
     stats = KEYS[kb + 33], fwd = KEYS[kb + 34], sidle = KEYS[kb + 35], sactive = KEYS[kb + 36],
-    sclient = KEYS[kb + 37],
+    sclient = KEYS[kb + 37], quiet = KEYS[kb + 38],
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
     maxDc = tonumber(ARGV[ab + 4]), dlOnExp = tonumber(ARGV[ab + 5]) % 2 == 1,
     dlSession = tonumber(ARGV[ab + 5]) >= 2,
