@@ -3,7 +3,8 @@ queue due lets the queue's scripts skip theirs for a few milliseconds, a look th
 budget does not, and neither the sweep nor a dead-letter sub-queue's locks wait for it.
 
 The window is made long by hand here (the scripts set it for 10 ms) so that what a script
-skips inside it is seen, not raced."""
+skips inside it is seen, not raced; that a script set it is seen through the store's keyspace
+notifications, which outlast the key."""
 
 from __future__ import annotations
 
@@ -28,17 +29,40 @@ def quiet_key(store, queue) -> str:
     return keyspace.key(store.prefix, queue.name, "quiet")
 
 
+@pytest.fixture
+def windows_set(client):
+    """How many times scripts have set a key since the test began: `windows_set(key)`."""
+    was = client.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    client.config_set("notify-keyspace-events", "K$")  # keyspace events of string commands
+    pubsub = client.pubsub()
+    pubsub.psubscribe("__keyspace@*__:*")
+    pubsub.get_message(timeout=1)  # the subscription's confirmation
+    seen: dict[str, int] = {}
+
+    def count(key: str) -> int:
+        while (event := pubsub.get_message(timeout=0.2)) is not None:
+            name = event["channel"].decode().split(":", 1)[1]
+            if event["data"] == b"set":
+                seen[name] = seen.get(name, 0) + 1
+        return seen.get(key, 0)
+
+    yield count
+    pubsub.close()
+    client.config_set("notify-keyspace-events", was)
+
+
 async def receive(store, entity, n, tokens):
     return await store.receive(entity, n, ReceiveMode.PEEK_LOCK, tokens(n))
 
 
 async def test_a_look_that_found_nothing_due_quiets_the_queue_for_milliseconds(
-    store, make_queue, tokens, client
+    store, make_queue, tokens, client, windows_set
 ):
     q = make_queue()
     assert await receive(store, q, 1, tokens) == []
+    assert windows_set(quiet_key(store, q)) == 1
     ttl = client.pttl(quiet_key(store, q))
-    assert ttl == -2 or 0 <= ttl <= 10  # set for 10 ms (gone already on a slow machine)
+    assert ttl == -2 or 0 <= ttl <= 10  # for 10 ms (already gone on a slow machine)
 
 
 async def test_inside_the_window_an_expired_lock_waits_and_after_it_is_found(
@@ -70,18 +94,20 @@ async def test_the_sweep_looks_inside_the_window(store, make_queue, tokens, clie
 
 
 async def test_a_look_that_met_its_budget_leaves_the_next_script_looking(
-    store, make_queue, tokens, client
+    store, make_queue, tokens, client, windows_set
 ):
     q = make_queue(lock_duration_ms=50)
     await store.send(q, [NewMessage(b"m%d" % i) for i in range(150)])
     assert len(await receive(store, q, 150, tokens)) == 150
     await asyncio.sleep(0.1)  # 150 locks ended: more than one look's budget (100)
     client.delete(quiet_key(store, q))
+    before = windows_set(quiet_key(store, q))  # the receive's look found nothing: one window
     await store.peek(q, 0, 1)  # a look: 100 of the 150 expire
     assert client.exists(quiet_key(store, q)) == 0  # there may be more: no window
+    assert windows_set(quiet_key(store, q)) == before
     await store.peek(q, 0, 1)  # the next script looks, finds the other 50
     assert (await store.counts(q)).active == 150
-    assert client.exists(quiet_key(store, q)) == 1
+    assert windows_set(quiet_key(store, q)) == before + 1  # all found: a window
 
 
 async def test_a_dead_letter_sub_queue_looks_at_its_locks_inside_the_window(
