@@ -190,21 +190,14 @@ def _rule_view(name: str, record: Any) -> dict[str, Any]:
     }
 
 
-# The HTTP status of a store's or a check's refusal.
-_HTTP_STATUS = {
-    Condition.PRECONDITION_FAILED: 412,
-    Condition.MESSAGE_SIZE_EXCEEDED: 413,
-    Condition.NOT_ALLOWED: 400,
-    Condition.ARGUMENT_ERROR: 400,
-}
-
-
 async def _refused_as_http(call: Awaitable[T]) -> T:
-    """`call`'s result; its refusal (BusdError) as the AdminError of the matching status."""
+    """`call`'s result; its refusal (BusdError) as the AdminError of its condition's HTTP
+    status (`BusdError.status_code`: the one table of them, which `$management` answers by
+    too)."""
     try:
         return await call
     except BusdError as error:
-        raise AdminError(_HTTP_STATUS.get(error.condition, 409), error.description) from None
+        raise AdminError(error.status_code, error.description) from None
 
 
 class Admin:
