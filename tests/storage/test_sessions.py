@@ -588,3 +588,35 @@ async def test_an_operators_state_on_an_unheld_empty_session_leaves_it_idle(stor
     await store.sweep(q)  # SessionIdleTimeToLive removes it like any idle session
     assert await store.read_session_state(q, "s1", "") == (None, None)
     assert await store.list_sessions(q, 0, 10, None) == []
+
+
+async def idle_sessions_gone(store, q) -> list[str]:
+    """What the idle expiry leaves of the queue's sessions once their idle time to live ran
+    out (the queues here keep idle sessions for 50 ms)."""
+    await asyncio.sleep(0.1)
+    await store.sweep(q)
+    return sorted(await store.list_sessions(q, 0, 10, None))
+
+
+async def test_a_session_left_with_its_state_alone_is_idle_however_it_got_there(
+    store, make_queue, tokens
+):
+    """includes/noteIdleSession.lua, from each of its callers: released with no messages,
+    its last message settled by its holder (idle once released), its messages purged; and not
+    idle while it still has messages."""
+    q = make_queue(requires_session=True, session_idle_ttl_ms=50)
+    await store.send(q, msgs("settled", b"1") + msgs("busy", b"2") + msgs("purged", b"3"))
+    for sid in ("released", "settled", "busy", "purged"):
+        await store.set_session_state(q, sid, "", b"state")
+    await store.accept_session(q, "released", "h1")
+    await store.release_session(q, "released", "h1")  # no messages: idle from now
+    await store.accept_session(q, "settled", "h2")
+    (m,) = await store.receive_session(q, "settled", "h2", 1, PL, tokens(1))
+    await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE)], "h2")  # held: not idle
+    await store.accept_session(q, "busy", "h3")
+    await store.release_session(q, "busy", "h3")  # has a message: not idle
+    assert await idle_sessions_gone(store, q) == ["busy", "purged", "settled"]
+    await store.release_session(q, "settled", "h2")
+    assert await idle_sessions_gone(store, q) == ["busy", "purged"]
+    await store.purge(q)  # they lose their messages; neither has a holder
+    assert await idle_sessions_gone(store, q) == []

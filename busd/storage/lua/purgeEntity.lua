@@ -36,7 +36,7 @@ if not E.dlq then
       redis.call('ZREM', Q.supdated, sid)
       redis.call('HDEL', Q.sactive, sid)
     else
-      noteIdleSession(Q, sid)
+      noteIdleSession(Q, sid, { stateful = true, empty = true })
     end
   end
 end

@@ -11,6 +11,6 @@ local function forgetSessionIfEmpty(Q, sid)
     if Q.sactive then redis.call('HDEL', Q.sactive, sid) end
     return true
   end
-  noteIdleSession(Q, sid)
+  noteIdleSession(Q, sid, { stateful = true, empty = true })
   return false
 end

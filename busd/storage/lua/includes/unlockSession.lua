@@ -30,5 +30,5 @@ local function unlockSession(Q, sid, failed)
   -- outlive it.
   if not redis.call('ZSCORE', Q.sessions, sid) then return end
   if Q.sactive then redis.call('HSET', Q.sactive, sid, Q.now) end
-  noteIdleSession(Q, sid)
+  noteIdleSession(Q, sid, { unheld = true })
 end
