@@ -23,34 +23,37 @@ import bench_peer as peer  # noqa: E402
 NUMBER = r"(nan|[\d.]+)"
 
 
-def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
+def bench(*args: str, timeout: float = 150) -> str:
+    """What `scripts/bench *args` printed; it must have exited 0."""
     run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--mode",
-            "churn",
-            "--messages",
-            "300",
-            "--sessions",
-            "30",
-            "--per-session",
-            "5-15",
-            "--receivers",
-            "6",
-            "--client-procs",
-            "2",
-            "--senders",
-            "2",
-            "--timeout",
-            "90",
-        ],
+        [sys.executable, str(SCRIPTS / "bench"), *args],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=timeout,
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return run.stdout
+
+
+def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
+    out = bench(
+        "--mode",
+        "churn",
+        "--messages",
+        "300",
+        "--sessions",
+        "30",
+        "--per-session",
+        "5-15",
+        "--receivers",
+        "6",
+        "--client-procs",
+        "2",
+        "--senders",
+        "2",
+        "--timeout",
+        "90",
+    )
     assert re.search(
         r"^checks \(churn: .*\): 0 violations \(order 0, delivered after complete "
         r"0, lost 0, two holders 0, wrong session 0\)",
@@ -79,25 +82,16 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
 
 def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     """--scenario steady-32, 2 s of it: sends at the rate, send-to-delivery latency taken."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--scenario",
-            "steady-32",
-            "--messages",
-            "2000",
-            "--client-procs",
-            "2",
-            "--timeout",
-            "90",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
+    out = bench(
+        "--scenario",
+        "steady-32",
+        "--messages",
+        "2000",
+        "--client-procs",
+        "2",
+        "--timeout",
+        "90",
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     row = re.search(
         rf"^steady: 32 rx / 2 procs\s+2000\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s.*"
         r"sent 2000 at (\d+) msg/s \(--rate 1000\); send-to-delivery p50 ([\d.]+) ms, "
@@ -123,27 +117,19 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
 )
 def test_small_peer_run_against_rabbitmq_prints_its_cpu(scenario: str, row_name: str) -> None:
     """--peer rabbitmq: its own node, the same load as plain consumers, its CPU per message."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--scenario",
-            scenario,
-            "--peer",
-            "rabbitmq",
-            "--messages",
-            "2000",
-            "--client-procs",
-            "2",
-            "--timeout",
-            "60",
-        ],
-        capture_output=True,
-        text=True,
+    out = bench(
+        "--scenario",
+        scenario,
+        "--peer",
+        "rabbitmq",
+        "--messages",
+        "2000",
+        "--client-procs",
+        "2",
+        "--timeout",
+        "60",
         timeout=120,
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     assert re.search(r"^rabbitmq bench \(peer\): .*RabbitMQ [\d.]+ .*beam.smp pid \d+", out, re.M)
     assert re.search(r"^phase .* rabbitmq µs/msg ", out, re.M), out
     row = re.search(
@@ -164,23 +150,14 @@ def test_small_peer_run_against_rabbitmq_prints_its_cpu(scenario: str, row_name:
 
 
 def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--mode",
-            "fanout",
-            "--messages",
-            "3000",
-            "--timeout",
-            "90",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
+    out = bench(
+        "--mode",
+        "fanout",
+        "--messages",
+        "3000",
+        "--timeout",
+        "90",
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     for phase in (
         "send to a queue",
         r"send to a topic \(3 subs\)",
@@ -193,28 +170,19 @@ def test_small_fanout_run_compares_a_topic_with_a_queue() -> None:
 def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
     """--workers: busd's CPU is the parent's and the workers' together, each printed; a
     Cluster started here: each node's CPU and each primary's share of the calls and keys."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--messages",
-            "300",
-            "--workers",
-            "2",
-            "--senders",
-            "2",
-            "--start-store",
-            "cluster",
-            "--partitioned",
-            "--timeout",
-            "90",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
+    out = bench(
+        "--messages",
+        "300",
+        "--workers",
+        "2",
+        "--senders",
+        "2",
+        "--start-store",
+        "cluster",
+        "--partitioned",
+        "--timeout",
+        "90",
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     assert re.search(
         r"\(2 workers, durability local, queues in 16 partitions\).*; \d+ cores", out
     ), out
@@ -239,25 +207,16 @@ def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
 
 def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:
     """A Sentinel set started here, --durability replicated, its primary killed mid-run."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench"),
-            "--scenario",
-            "failover-sentinel",
-            "--messages",
-            "240",
-            "--kill-after",
-            "1",
-            "--timeout",
-            "90",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
+    out = bench(
+        "--scenario",
+        "failover-sentinel",
+        "--messages",
+        "240",
+        "--kill-after",
+        "1",
+        "--timeout",
+        "90",
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr}"
     assert "(1 process, durability replicated)" in out, out
     assert re.search(
         r"^failover: primary :\d+ killed\s+2[34]\d\s.*served again [\d.]+ s "
