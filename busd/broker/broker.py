@@ -233,7 +233,12 @@ class Broker:
             # Staged transactions past their time are only garbage (a commit refuses them):
             # they are dropped every tenth round.
             transactions = rounds % TRANSACTION_SWEEP_EVERY == 0
-            for spec in self.catalog.specs():
+            for listed in self.catalog.specs():
+                # An entity deleted while the round was under way is not swept: its sweep would
+                # write its keys again after the delete dropped them.
+                spec = self.catalog.spec(listed.name)
+                if spec is None:
+                    continue
                 started = time.monotonic()
                 try:
                     result = await self.store.sweep(spec)
