@@ -24,6 +24,7 @@ from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.forwarding import Forwarding
+from busd.broker.handover import HandOvers, hand_over
 from busd.broker.lease import SessionLeases
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
@@ -79,6 +80,8 @@ class Broker:
         # the session locks this process's receivers hold: the sweep tells them when the
         # store expired one
         self.session_leases = SessionLeases()
+        # the session holders of this process a send can hand its messages to
+        self.handovers = HandOvers()
         self._tasks: list[asyncio.Task] = []
 
     def queue(self, name: str) -> QueueSpec | None:
@@ -113,7 +116,16 @@ class Broker:
         of each, 0 for a duplicate dropped."""
         if isinstance(target, TopicSpec):
             return await self.fanout.publish(target, messages)
-        return await self.store.send(target, messages)
+        made = self.handovers.offers(target, messages)
+        if not made:
+            return await self.store.send(target, messages)
+        try:
+            seqs = await self.store.send(target, messages, [offer for _, offer in made])
+        except BaseException as failure:
+            hand_over(made, failure)
+            raise
+        hand_over(made, None)
+        return seqs
 
     async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None:
         if isinstance(target, TopicSpec):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from busd.auth.rights import Grant
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
+    from busd.broker.handover import HandOvers
     from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
     from busd.broker.transactions import TransactionScope
@@ -121,6 +122,8 @@ class BrokerScope(Protocol):
     container_id: str
     # the session locks this process's receivers hold (busd.broker.lease)
     session_leases: SessionLeases
+    # the session holders a send can hand its messages to (busd.broker.handover)
+    handovers: HandOvers
 
     def queue(self, name: str) -> QueueSpec | None: ...
 

@@ -157,11 +157,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         until its next wake-up (the same call registered it to be woken)."""
         dry = self._dry = len(messages) < count and not woken  # before the kick: it may
         # dispatch a flow
-        for message in messages:
-            self._send(message)
-        if messages and self.broker.metrics is not None:
-            self.broker.metrics.messages_received(self.queue.name, len(messages))
-        self.kick()
+        self._send_all(messages)
         if not dry:
             return False
         # OASIS AMQP 1.0 Part 2 §2.6.7: "If set, the sender will (after sending all available
@@ -171,6 +167,13 @@ class QueueReceiverEndpoint(LinkEndpoint):
             self.link.drained()
             self.kick()
         return True
+
+    def _send_all(self, messages: list[StoredMessage]) -> None:
+        for message in messages:
+            self._send(message)
+        if messages and self.broker.metrics is not None:
+            self.broker.metrics.messages_received(self.queue.name, len(messages))
+        self.kick()
 
     async def _take(self, count: int) -> list[StoredMessage]:
         tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []

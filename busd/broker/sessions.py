@@ -4,8 +4,9 @@ It first locks a session - a named one, or the next available one within the cli
 `com.microsoft:timeout`, woken by any broker process's sends - and only then answers the
 attach, echoing the session id in the source filter and the lock expiry in
 `com.microsoft:locked-until-utc`. It then delivers that session's messages in order like any
-queue receiver. The lock is its `SessionLease` (busd.broker.lease): it lasts LockDuration
-unless renewed through `$management`; when it runs out the link is detached with
+queue receiver, and takes those a send on this process hands it (busd.broker.handover).
+The lock is its `SessionLease` (busd.broker.lease): it lasts LockDuration unless renewed
+through `$management`; when it runs out the link is detached with
 `com.microsoft:session-lock-lost` and the store's sweep returns the unsettled messages with
 their delivery count raised. A receiver that closes releases the session: its unsettled
 messages are available again, count unchanged.
@@ -19,11 +20,11 @@ import logging
 from proton import Link, symbol
 
 from busd.broker.lease import SessionLease
-from busd.broker.links import ConnectionScope, echo_termini
+from busd.broker.links import ConnectionScope, echo_termini, is_open
 from busd.broker.messages import new_tokens
 from busd.broker.receiving import MAX_BATCH, QueueReceiverEndpoint
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec, ReceiveMode, StoredMessage
+from busd.storage.api import HandOver, QueueSpec, ReceiveMode, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
@@ -63,6 +64,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         # Taken with the lock before the client granted credit, not sent yet: (messages, how
         # many the accept asked for, woken during it).
         self._first: tuple[list[StoredMessage], int, bool] | None = None
+        # Sends under way that offered to hand this link messages (busd.broker.handover), the
+        # credit they may take, and what they handed over before the last of them was done.
+        # While any is under way, this link starts no fetch of its own (`_pump_deferred`).
+        self._offers = 0
+        self._offered_credit = 0
+        self._handed: list[StoredMessage] = []
+        self._pump_deferred = False
 
     @property
     def ready(self) -> bool:
@@ -191,6 +199,8 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         link.open()
         self._accepted = True
         lease.start(self.broker.session_leases, self._expired)
+        if self.mode == ReceiveMode.PEEK_LOCK:
+            self.broker.handovers.holding(self.queue.name, lease.session_id, self)
         self.kick()
         self.pump()
 
@@ -210,7 +220,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self.conn.first_credit[self.queue.name] = self.link.credit
 
     def pump(self) -> None:
-        if self._first is None:
+        if self._offers:  # a send may be handing messages over: they come first
+            self._pump_deferred = True
+        elif self._first is None:
             super().pump()
         elif self.ready and not self.detached and self.link.credit > 0:
             self._send_first()
@@ -244,6 +256,42 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self._fetching = False
         self.look_again()
 
+    # --- messages handed over by sends (busd.broker.handover) --------------------------------
+    def offer(self, wanted: int) -> HandOver | None:
+        """Take up to `wanted` messages of a send, within the credit no other offer holds; only
+        with nothing under way, so that what is handed over is next in order on the link."""
+        if self._fetching or self._first is not None or self.detached:
+            return None
+        count = min(wanted, self.link.credit - self._offered_credit)
+        if count <= 0:
+            return None
+        self._offers += 1
+        self._offered_credit += count
+        return HandOver(self.locked_session, self.holder, count, new_tokens(count))
+
+    def handed_over(self, offer: HandOver) -> None:
+        """A send that offered is done. Sends may finish in any order, but the store numbers
+        and hands over in the order it ran them: what they handed over goes out in sequence
+        order once the last of them is done (no fetch ran meanwhile)."""
+        self._offers -= 1
+        self._offered_credit -= offer.count
+        self._handed += offer.taken
+        if self._offers:
+            return
+        handed, self._handed = self._handed, []
+        if handed and not self.detached and is_open(self.link):
+            # (detached: the session's release, or its lock running out, returns them)
+            handed.sort(key=lambda m: m.seq)
+            credit = max(self.link.credit, 0)  # less only after a drain
+            self._send_all(handed[:credit])
+            if len(handed) > credit:
+                self._fetching = True  # nothing is fetched until they are back
+                self._fetch_task = self.spawn(self._give_back(handed[credit:]))
+                return
+        if self._pump_deferred:
+            self._pump_deferred = False
+            self.pump()
+
     def _expired(self) -> None:
         """The session lock ran out: the link is detached, and the store's sweep returns the
         in-flight messages with their delivery count raised (not a release)."""
@@ -268,6 +316,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     def on_detach(self) -> None:
         super().on_detach()
         if self.lease is not None:
+            self.broker.handovers.released(self.queue.name, self.lease.session_id, self)
             self.lease.end()
         if self._woken is not None and not self._woken.done():
             self._woken.set_result(None)  # stop waiting for a session now

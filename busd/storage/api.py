@@ -231,6 +231,20 @@ class StoredMessage:
 
 
 @dataclass(slots=True)
+class HandOver:
+    """An offer with a send: the sending process's own receiver `holder`, which holds session
+    `session_id`, has credit and nothing under way, takes at most `count` of the sent messages
+    of that session at once, locked under `tokens` (docs/design.md §3.5). The store fills
+    `taken` with what it handed over, in order; the rest is filed as usual."""
+
+    session_id: str
+    holder: str
+    count: int
+    tokens: Sequence[bytes]
+    taken: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ForwardDestination:
     """Where a forwarder moves messages: a queue, or a topic with its subscriptions (as
     Store.publish takes them), or neither when it does not exist. `record` is the
@@ -470,9 +484,13 @@ class Store(Protocol):
         topic's own keys too. Returns how many messages went."""
 
     # --- send ------------------------------------------------------------------------------
-    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+    async def send(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
+    ) -> list[int]:
         """Enqueue atomically (all or none). Returns the sequence number of each message, 0 for a
-        duplicate dropped by duplicate detection. Scheduled messages get their number now."""
+        duplicate dropped by duplicate detection. Scheduled messages get their number now.
+        A message an offer takes is locked for its holder in the same step and appended to the
+        offer's `taken` instead of being filed available (a store may take none)."""
 
     async def publish(
         self,

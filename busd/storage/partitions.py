@@ -39,6 +39,7 @@ from busd.storage.api import (
     ForwardDestination,
     ForwardedMessage,
     ForwardResult,
+    HandOver,
     LockTokens,
     NewMessage,
     Placement,
@@ -239,9 +240,12 @@ class PartitionedStore:
         return sum(await asyncio.gather(*(self.inner.drop_queue(p) for p in self.parts(queue))))
 
     # --- send --------------------------------------------------------------------------------
-    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+    async def send(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
+    ) -> list[int]:
         if not queue.partitions:
-            return await self.inner.send(queue, messages)
+            return await self.inner.send(queue, messages, offers)
+        # A partitioned queue takes no offers: its sessions' holders are woken as usual.
         # A batch spanning partitions is stored per partition, each part all or none.
         return await self._by_partition(
             queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send

@@ -9,6 +9,7 @@ from typing import Any
 
 from busd.errors import Condition
 from busd.storage.api import (
+    HandOver,
     NewMessage,
     Placement,
     QueueSpec,
@@ -33,7 +34,9 @@ from busd.storage.redis_connection import RedisConnection
 
 
 class MessageCalls(RedisConnection):
-    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+    async def send(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
+    ) -> list[int]:
         if not messages:
             return []
         if queue.dlq:
@@ -42,7 +45,15 @@ class MessageCalls(RedisConnection):
         args: list[Any] = [
             queue.duplicate_detection_window_ms or 0,
             1 if queue.requires_session else 0,
+            len(offers),
         ]
+        for offer in offers:
+            args += [
+                session_arg(offer.session_id),
+                offer.holder,
+                offer.count,
+                token_string(offer.tokens, offer.count),
+            ]
         for m in messages:
             args += [
                 m.blob,
@@ -51,7 +62,11 @@ class MessageCalls(RedisConnection):
                 optional_arg(effective_ttl(queue, m)),
                 optional_arg(m.scheduled_ms),
             ]
-        return list(await self._run_queue("sendMessages", queue, *args))
+        reply = await self._run_queue("sendMessages", queue, *args)
+        count = len(messages)
+        for offer, rows in zip(offers, reply[count:]):
+            offer.taken = [stored_message(r) for r in rows]
+        return list(reply[:count])
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)

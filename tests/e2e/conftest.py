@@ -225,6 +225,24 @@ def busd_factory(redis_url, tmp_path_factory):
         proc.stop()
 
 
+@pytest.fixture(scope="module")
+def own_redis_url():
+    """A store of the module's own (a module takes it as its `redis_url`): Valkey's
+    `INFO commandstats` then count that module's brokers alone."""
+    from tests.conftest import start_valkey
+
+    server = start_valkey()
+    try:
+        yield server.connection_url
+    finally:
+        server.stop()
+
+
+def command_calls(store) -> dict[str, int]:
+    """Valkey's calls per command so far (`cmdstat_<name>`), commands inside scripts included."""
+    return {name: row["calls"] for name, row in store.info("commandstats").items()}
+
+
 def cbs_refusal(error) -> tuple[int, str]:
     """The put-token answer behind the SDK's ServiceBusAuthenticationError (its own message is
     generic)."""

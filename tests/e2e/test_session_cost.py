@@ -21,9 +21,8 @@ import pytest
 import redis
 from proton import Message
 
-from tests.conftest import start_valkey
 from tests.e2e.amqp_client import NEXT_AVAILABLE, ProtonCbsClient
-from tests.e2e.conftest import queue
+from tests.e2e.conftest import command_calls, queue
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,17 +42,8 @@ NO_SWEEP = {"BUSD_SWEEP_INTERVAL": "3600"}
 
 
 @pytest.fixture(scope="module")
-def redis_url():
-    """A store of this module's own: commandstats count this module's broker alone."""
-    server = start_valkey()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
-
-
-def command_calls(store: redis.Redis) -> dict[str, int]:
-    return {name: row["calls"] for name, row in store.info("commandstats").items()}
+def redis_url(own_redis_url):
+    return own_redis_url
 
 
 def test_a_session_life_costs_three_scripts(busd_factory, redis_url):

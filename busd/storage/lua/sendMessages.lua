@@ -6,8 +6,17 @@
   when scheduled in the future (then it is invisible until activateScheduled files it).
   A message with a session id is filed under its session on a session queue.
 
+  Hand-over: the sending process names, per session, a receiver of its own that holds the
+  session, has credit and has nothing under way (an offer). A message of that session that is
+  available at once goes straight to the holder, locked under one of the offer's tokens, when
+  the holder's lock is live and the session has no other available message: it is then the
+  next message of the session in order, and the holder's own receive (and the wake-up that
+  would have led to it) is saved. Each offer takes at most its count; once a message of the
+  session is filed available instead, none after it is handed over (docs/design.md §3.5).
+
   Invariant: with duplicate detection on, a message id accepted within the last `window` ms
-  is not accepted again; every message is in q.body, q.meta, q.all and the index of its state.
+  is not accepted again; every message is in q.body, q.meta, q.all and the index of its state
+  (a handed-over message: locked, in q.sinflight, as receiveSessionMessages leaves it).
 
   Context: queue
 
@@ -15,23 +24,58 @@
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
     ARGV[c+1] duplicate detection window ms (0: off)
     ARGV[c+2] '1' when the queue requires sessions
-    ARGV[c+3..] five per message: blob, session id ('' none), message id ('' none),
+    ARGV[c+3] k: the number of hand-over offers, then four per offer: session id, holder,
+              the most messages it takes, its lock tokens (16 bytes each) as one string
+    ARGV[c+4+4k..] five per message: blob, session id ('' none), message id ('' none),
               time to live ms ('' unbounded; already capped by the queue's default),
               scheduled enqueue time ms ('' none)
 
   Output:
-    array: the sequence number of each message, 0 for a duplicate that was dropped
+    array: the sequence number of each message, 0 for a duplicate that was dropped; then,
+    per offer in order, the array of the delivery rows handed over to it
+    (includes/deliveryRow.lua; locked-until is the session's)
 
   Events:
-    wake-ups (includes/wakeWaiters.lua) when a message is available now
+    wake-ups (includes/wakeWaiters.lua) when a message is available now and not handed over
 ]]
 --- @include "queueContext"
 --- @include "enqueueMessage"
+--- @include "sessionLockedUntil"
+--- @include "sessionRange"
+--- @include "tokenAt"
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
 local window = tonumber(ARGV[QUEUE_ARGC + 1])
 local sessionQueue = ARGV[QUEUE_ARGC + 2] == '1'
+local offers, offerList = {}, {}
+local first = QUEUE_ARGC + 4
+for _ = 1, tonumber(ARGV[QUEUE_ARGC + 3]) do
+  local o = { holder = ARGV[first + 1], left = tonumber(ARGV[first + 2]),
+              tokens = ARGV[first + 3], rows = {} }
+  offers[ARGV[first]] = o
+  offerList[#offerList + 1] = o
+  first = first + 4
+end
+
+-- The offer that takes a message of session `sid` enqueued now, or false. Checked once per
+-- offer: the holder's lock is live and the session has nothing available before it.
+local function offerFor(sid, due)
+  local o = sessionQueue and sid and offers[sid]
+  if not o or o.left <= 0 then return false end
+  if due and due > Q.now then return false end
+  if not o.lockedUntil then
+    local lockedUntil = sessionLockedUntil(Q, sid, o.holder)
+    local lo, hi = sessionRange(sid)
+    if not lockedUntil
+        or #redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, 1) > 0 then
+      o.left = 0
+      return false
+    end
+    o.lockedUntil = lockedUntil
+  end
+  return o
+end
 
 if window > 0 then
   -- ids older than the window no longer count (amortised: each id is removed once)
@@ -40,7 +84,7 @@ end
 
 local out = {}
 local duplicates = 0
-for i = QUEUE_ARGC + 3, #ARGV, 5 do
+for i = first, #ARGV, 5 do
   local mid = ARGV[i + 2]
   local duplicate = false
   if window > 0 and mid ~= '' then
@@ -56,10 +100,27 @@ for i = QUEUE_ARGC + 3, #ARGV, 5 do
   else
     local sid = ARGV[i + 1]
     if sid == '' then sid = nil end
-    out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]),
-      tonumber(ARGV[i + 4]), sessionQueue)
+    local due = tonumber(ARGV[i + 4])
+    local o = offerFor(sid, due)
+    if o then
+      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil }
+    end
+    out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]), due, sessionQueue)
+    if o then
+      o.rows[#o.rows + 1] = Q.handOver.row
+      o.left = o.left - 1
+      Q.handOver = nil
+    elseif sid and offers[sid] and not (due and due > Q.now) then
+      offers[sid].left = 0 -- filed available: nothing after it may overtake it
+    end
   end
 end
 countEvent(Q, Q.q, 'sent', #out - duplicates)
 countEvent(Q, Q.q, 'duplicates', duplicates)
+local handed = 0
+for _, o in ipairs(offerList) do
+  out[#out + 1] = o.rows
+  handed = handed + #o.rows
+end
+countEvent(Q, Q.q, 'received', handed)
 return out

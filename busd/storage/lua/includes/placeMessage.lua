@@ -1,10 +1,15 @@
 --- @include "seqMember"
 --- @include "fileMessage"
+--- @include "lockMessage"
+--- @include "deliveryRow"
 -- Store a new message under sequence number `seq`: enqueued now, or at `due` when that is
 -- later (scheduled; its time to live then counts from its activation). On a session queue
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
 -- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own);
 -- `extra`, metadata fields to set besides (a forwarded message's: includes/readMeta.lua).
+-- With `Q.handOver` ({ token, lockedUntil }, set by lua/sendMessages.lua), a session message
+-- available now is locked for its session's holder instead of filed, and its delivery row left
+-- in Q.handOver.row.
 local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, extra)
   local m = { dc = 0, pp = patch }
   if extra then
@@ -30,5 +35,11 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
   end
   redis.call('HSET', Q.q.body, seq, blob)
   redis.call('ZADD', Q.q.all, seq, seq)
-  fileMessage(Q, Q.q, seq, m)
+  local h = Q.handOver
+  if h and m.ss and m.st == 'a' then
+    lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil)
+    h.row = deliveryRow(seq, blob, m, h.token, h.lockedUntil)
+  else
+    fileMessage(Q, Q.q, seq, m)
+  end
 end

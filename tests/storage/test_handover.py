@@ -1,0 +1,126 @@
+"""A send hands a session's next message straight to the receiver holding it
+(lua/sendMessages.lua, docs/design.md §3.5): locked for the holder in the send's own step, in
+the session's order, and only when that holder's lock is live."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from busd.storage.api import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
+
+PL = ReceiveMode.PEEK_LOCK
+
+
+def msgs(sid, *bodies, **kw):
+    return [NewMessage(b, session_id=sid, **kw) for b in bodies]
+
+
+def offer(holder, sid="s1", count=10):
+    return HandOver(sid, holder, count, LockTokens(count))
+
+
+@pytest.fixture
+def sq(make_queue):
+    return make_queue(requires_session=True, lock_duration_ms=30_000)
+
+
+@pytest.fixture
+async def held(store, sq):
+    """The id of a holder of this store's process that holds session s1 (no messages)."""
+    holder = f"{store.process_id}:1"
+    await store.accept_session(sq, "s1", holder)
+    return holder
+
+
+async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq, held):
+    o = offer(held)
+    lock = await store.renew_session_lock(sq, "s1", held)
+    (seq,) = await store.send(sq, msgs("s1", b"a"), [o])
+    (m,) = o.taken
+    assert (m.seq, m.blob, m.session_id, m.delivery_count) == (seq, b"a", "s1", 0)
+    assert m.lock_token == o.tokens[0]
+    assert m.locked_until_ms == lock  # a session message's lock is its session's
+    counts = await store.counts(sq)
+    assert (counts.active, counts.locked) == (0, 1)
+    assert counts.totals["sent"] == counts.totals["received"] == 1
+    # nothing is left for the holder's own receive, and the token settles the message
+    assert await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5)) == []
+    settled = Settlement(token=m.lock_token, outcome=Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(sq, [settled], held) == [None]
+    assert (await store.counts(sq)).locked == 0
+
+
+async def test_an_offer_takes_at_most_its_count_and_the_rest_stays_in_order(store, sq, held):
+    o = offer(held, count=2)
+    seqs = await store.send(sq, msgs("s1", b"a", b"b", b"c", b"d"), [o])
+    assert [m.seq for m in o.taken] == seqs[:2]
+    rest = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
+    assert [m.seq for m in rest] == seqs[2:]
+
+
+async def test_nothing_overtakes_a_message_already_available(store, sq, held):
+    (first,) = await store.send(sq, msgs("s1", b"a"))
+    o = offer(held)
+    (second,) = await store.send(sq, msgs("s1", b"b"), [o])
+    assert o.taken == []
+    got = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
+    assert [m.seq for m in got] == [first, second]
+
+
+async def test_only_the_live_holder_of_the_session_is_handed_anything(store, sq, held):
+    stranger = offer(f"{store.process_id}:2")
+    other_session = offer(held, sid="s2")
+    seqs = await store.send(sq, msgs("s1", b"a") + msgs("s2", b"b"), [stranger, other_session])
+    assert stranger.taken == [] and other_session.taken == []
+    assert (await store.counts(sq)).active == 2
+    got = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
+    assert [m.seq for m in got] == seqs[:1]
+
+
+async def test_an_expired_lock_is_handed_nothing(store, make_queue):
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    holder = f"{store.process_id}:1"
+    await store.accept_session(q, "s1", holder)
+    await asyncio.sleep(0.2)
+    o = offer(holder)
+    await store.send(q, msgs("s1", b"a"), [o])
+    assert o.taken == []
+    assert (await store.counts(q)).active == 1
+
+
+async def test_scheduled_messages_and_duplicates_are_not_handed_over(store, make_queue):
+    q = make_queue(requires_session=True, duplicate_detection_window_ms=60_000)
+    holder = f"{store.process_id}:1"
+    await store.accept_session(q, "s1", holder)
+    o = offer(holder)
+    later = int(time.time() * 1000) + 60_000
+    first = await store.send(q, msgs("s1", b"late", scheduled_ms=later, message_id="x"), [o])
+    again = await store.send(q, msgs("s1", b"dup", message_id="x"), [o])
+    assert o.taken == [] and again == [0]
+    counts = await store.counts(q)
+    assert (counts.scheduled, counts.active, counts.locked) == (1, 0, 0)
+    assert first[0] > 0
+
+
+async def test_a_released_session_gets_its_handed_messages_back_uncounted(store, sq, held):
+    o = offer(held)
+    await store.send(sq, msgs("s1", b"a", b"b"), [o])
+    assert len(o.taken) == 2
+    await store.release_session(sq, "s1", held)
+    lock = await store.accept_session(sq, None, "h2", count=5, tokens=LockTokens(5))
+    assert lock is not None and lock.session_id == "s1"
+    assert [(m.blob, m.delivery_count) for m in lock.messages] == [(b"a", 0), (b"b", 0)]
+
+
+async def test_a_handed_over_message_wakes_no_one_and_one_filed_wakes_its_holder(store, sq, held):
+    woken: list[str] = []
+    await store.subscribe(woken.append)
+    await store.send(sq, msgs("s1", b"a"), [offer(held)])
+    await store.send(sq, msgs("s1", b"b"))  # no offer: filed, and the holder is woken
+    deadline = time.monotonic() + 5
+    while not woken and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert woken == [held]  # once, for "b" only
