@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from busd.amqp import codec
 from busd.broker import messages, session_tools
-from busd.errors import BusdError, Condition
+from busd.errors import BusdError
 from busd.rules import RuleError, rule_from_record, rule_to_dict
 from busd.storage.api import (
     SESSION_SORTS,
@@ -387,9 +387,8 @@ class Admin:
         try:
             messages.check_size(spec, len(payload))
             message = messages.admit(spec, messages.parse_one(payload))
-        except BusdError as error:
-            status = 413 if error.condition == Condition.MESSAGE_SIZE_EXCEEDED else 400
-            raise AdminError(status, error.description) from None
+        except BusdError as error:  # too large (413) or not admissible (400)
+            raise AdminError(error.status_code, error.description) from None
         (seq,) = await self.broker.send(spec, [message])
         return {
             "sequence_number": seq,

@@ -317,6 +317,19 @@ def test_admin_http_api_answers_json_errors(busd):
     assert http(busd, "POST", "/admin/queues/plain/messages", b"{not json")[0] == 400
     assert http(busd, "POST", "/admin/queues/plain/messages", b'{"body": 5}')[0] == 400
     assert http(busd, "GET", "/admin/queues/plain/messages?count=x")[0] == 400
+    # refused as a sender link's transfer would be: too large, or not admissible
+    stored = [http(busd, "GET", f"/admin/queues/{q}")[1] for q in ("plain", "sessions")]
+    big = json.dumps({"body": "x" * 1_100_000}).encode()  # over the 1 MB default
+    status, error = http(busd, "POST", "/admin/queues/plain/messages", big)
+    assert status == 413 and "exceeds the limit" in error["error"]
+    status, error = http(
+        busd,
+        "POST",
+        "/admin/queues/sessions/messages",
+        json.dumps({"body": "x", "session_id": "s" * 129}).encode(),
+    )
+    assert status == 400 and "at most 128 characters" in error["error"]
+    assert [http(busd, "GET", f"/admin/queues/{q}")[1] for q in ("plain", "sessions")] == stored
     status, sent = http(
         busd,
         "POST",
