@@ -94,6 +94,12 @@ _DESCRIPTIONS = {
 }
 
 
+def store_unavailable() -> BusdError:
+    """What a client hears when the store could not be had or did not answer: server-busy,
+    which the SDKs retry (docs/design.md §2.11)."""
+    return BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+
+
 def refusal(condition: Condition) -> BusdError:
     """The client-facing error for a refusal the store reported as `condition`."""
     return BusdError(condition, _DESCRIPTIONS.get(condition, "The request was refused."))

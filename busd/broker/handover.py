@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from busd.errors import BusdError, Condition
+from busd.errors import BusdError, store_unavailable
 from busd.storage.api import HandOver, NewMessage, QueueSpec
 
 
@@ -70,4 +70,4 @@ def hand_over(made: Sequence[tuple[Holder, HandOver]], failure: BaseException | 
     for holder, offer in made:
         holder.handed_over(offer)
         if failure is not None and not isinstance(failure, BusdError):
-            holder.lost(BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again."))
+            holder.lost(store_unavailable())

@@ -20,7 +20,7 @@ from busd.broker.lease import SessionLease
 from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
-from busd.errors import BusdError, Condition, refusal
+from busd.errors import BusdError, Condition, refusal, store_unavailable
 from busd.storage.api import (
     MessageState,
     NewMessage,
@@ -112,7 +112,7 @@ class ManagementEndpoint(RequestEndpoint):
             ), reply_to
         except StoreUnavailable as exc:  # the SDKs try again
             log.warning("$management %s failed: %s", operation, exc)
-            busy = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
+            busy = store_unavailable()
             return _response(
                 message_id, busy.status_code, busy.description, None, condition=busy.condition.value
             ), reply_to

@@ -33,14 +33,13 @@ from busd.broker.links import (
     is_open,
 )
 from busd.broker.messages import delivery_payload, new_tokens
-from busd.errors import BusdError, Condition, refusal
+from busd.errors import BusdError, refusal, store_unavailable
 from busd.storage.api import Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
 
 log = logging.getLogger("busd.broker")
 
 # Most messages one store call takes for one link, whatever the credit.
 MAX_BATCH = 128
-STORE_UNAVAILABLE = BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
 
 
 def lock_tag(token: bytes) -> bytes:
@@ -139,9 +138,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     return
                 except Exception as exc:  # the store is unreachable
                     log.warning("receive on %s failed: %s", self.entity.path, exc)
-                    self.lost(
-                        BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
-                    )
+                    self.lost(store_unavailable())
                     return
                 if self.detached or not is_open(self.link):
                     await self._return_untaken(messages)
@@ -246,7 +243,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     )
                 except Exception as exc:
                     log.error("settlement on %s failed: %s", self.entity.path, exc)
-                    results: list[BusdError | None] = [STORE_UNAVAILABLE] * len(batch)
+                    results: list[BusdError | None] = [store_unavailable()] * len(batch)
                 else:
                     results = [None if c is None else refusal(c) for c in refused]
                     if self.broker.metrics is not None:

@@ -23,7 +23,7 @@ from busd.broker.links import (
     amqp_condition,
     echo_termini,
 )
-from busd.errors import BusdError, Condition
+from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import NewMessage, QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.broker")
@@ -168,9 +168,7 @@ class QueueSenderEndpoint(LinkEndpoint):
                 await self.broker.send(self.queue, new)
             except Exception as exc:
                 log.error("storing %d messages in %s failed: %s", len(new), self.queue.name, exc)
-                unavailable = BusdError(
-                    Condition.SERVER_BUSY, "The store is unavailable; try again."
-                )
+                unavailable = store_unavailable()
                 for delivery in accepted:
                     _reject(delivery, unavailable)
                 accepted = []

@@ -23,7 +23,7 @@ from busd.broker.lease import SessionLease
 from busd.broker.links import ConnectionScope, echo_termini, is_open
 from busd.broker.messages import new_tokens
 from busd.broker.receiving import MAX_BATCH, QueueReceiverEndpoint
-from busd.errors import BusdError, Condition
+from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import HandOver, QueueSpec, ReceiveMode, StoredMessage
 
 log = logging.getLogger("busd.broker")
@@ -144,9 +144,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             except Exception as exc:  # the store is unreachable: answer within the timeout
                 log.warning("accepting a session of %s failed: %s", self.queue.name, exc)
                 await self._stop_waiting(next_available)
-                return self._refuse(
-                    BusdError(Condition.SERVER_BUSY, "The store is unavailable; try again.")
-                )
+                return self._refuse(store_unavailable())
             if lock is not None:
                 self.session_id = lock.session_id
                 self.lease = SessionLease(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proton import Link
 
-from busd.errors import BusdError, Condition
+from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import (
     QueueSpec,
     StagedOperation,
@@ -176,9 +176,7 @@ class Transaction:
                     result: BusdError | None = error
                 except Exception as exc:
                     log.error("staging transaction work failed: %s", exc)
-                    result = BusdError(
-                        Condition.SERVER_BUSY, "The store is unavailable; try again."
-                    )
+                    result = store_unavailable()
                 else:
                     result = None
                     self.staged = True
