@@ -60,10 +60,9 @@ end
 
 -- The offer that takes a message of session `sid` enqueued now, or false. Checked once per
 -- offer: the holder's lock is live and the session has nothing available before it.
-local function offerFor(sid, due)
+local function offerFor(sid)
   local o = sessionQueue and sid and offers[sid]
   if not o or o.left <= 0 then return false end
-  if due and due > Q.now then return false end
   if not o.lockedUntil then
     local lockedUntil = sessionLockedUntil(Q, sid, o.holder)
     local lo, hi = sessionRange(sid)
@@ -101,7 +100,8 @@ for i = first, #ARGV, 5 do
     local sid = ARGV[i + 1]
     if sid == '' then sid = nil end
     local due = tonumber(ARGV[i + 4])
-    local o = offerFor(sid, due)
+    local now = not (due and due > Q.now) -- else scheduled (includes/placeMessage.lua)
+    local o = now and offerFor(sid)
     if o then
       Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil }
     end
@@ -110,7 +110,7 @@ for i = first, #ARGV, 5 do
       o.rows[#o.rows + 1] = Q.handOver.row
       o.left = o.left - 1
       Q.handOver = nil
-    elseif sid and offers[sid] and not (due and due > Q.now) then
+    elseif now and sid and offers[sid] then
       offers[sid].left = 0 -- filed available: nothing after it may overtake it
     end
   end
