@@ -12,9 +12,12 @@ with it is unchanged) that also carries its claims.
 
 Besides the namespace's keys, a queue or topic may have its own shared access rules
 (`AuthorizationRules`, docs/design.md §2.10): a token signed with one of a rule's two keys, under
-the rule's KeyName, is accepted for an audience on that entity (or under it) only, with the
-rule's rights. `EntityKeys` looks an entity's rules up (the catalog's in-process view: no store
-call), so a rule removed or a key regenerated refuses the next token signed with it.
+the rule's KeyName, is accepted for an audience on that entity (or what Service Bus scopes under
+it: its dead-letter sub-queue, its `$management` node, a topic's subscriptions) only, with the
+rule's rights. The entity is the one the audience names exactly (`sas.entity_of`): names may
+hold '/', so `orders/secret` is another queue than `orders`, and neither's keys open the other.
+`EntityKeys` looks an entity's rules up (the catalog's in-process view: no store call), so a
+rule removed or a key regenerated refuses the next token signed with it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from busd.auth.sas import (
     SasError,
     audience_covers,
+    entity_of,
     entity_path_of,
     parse_sas_token,
     verify_sas_token,
@@ -101,11 +105,14 @@ def allows(claims: frozenset[str], right: str | None) -> bool:
 @dataclass(frozen=True, slots=True)
 class Grant:
     """What a verified token lets its bearer do: act on `audience` with `claims` until `expiry`
-    (seconds since the Unix epoch)."""
+    (seconds since the Unix epoch). `entity`: for a token signed with an entity's own key, that
+    queue or topic (lower-cased), the only one the grant reaches whatever its audience covers;
+    None for a namespace key's."""
 
     audience: str
     expiry: float
     claims: frozenset[str]
+    entity: str | None = None
     # the audience's entity path, parsed once: every attach of the connection asks `covers`
     path: str = field(init=False, compare=False)
 
@@ -117,6 +124,8 @@ class Grant:
         return not self.path
 
     def covers(self, entity_path: str) -> bool:
+        if self.entity is not None and entity_of(entity_path) != self.entity:
+            return False  # another entity, even one whose name starts with this one's
         return audience_covers(self.path, entity_path)
 
 
@@ -167,7 +176,9 @@ def _entity_grant(token: str, entity_keys: EntityKeys, now: float | None) -> Gra
     entity has no rule of the token's key name (the namespace's refusal then stands), SasError
     when it has one and neither of its keys signed the token."""
     parsed = parse_sas_token(token)
-    entity = _path(parsed.audience).partition("/")[0]
+    # The entity the audience names exactly, not its first segment: `orders/secret` is a queue
+    # of its own, which `orders`' keys must not open (docs/design.md §2.10).
+    entity = entity_of(_path(parsed.audience))
     if not entity:  # a namespace-wide audience: only the namespace's keys sign those
         return None
     refusal: SasError | None = None
@@ -177,7 +188,8 @@ def _entity_grant(token: str, entity_keys: EntityKeys, now: float | None) -> Gra
         except SasError as exc:
             refusal = refusal if exc.reason.startswith("unknown") else exc
             continue
-        return Grant(verified.audience, verified.expiry, claims_of(keys, verified.key_name))
+        claims = claims_of(keys, verified.key_name)
+        return Grant(verified.audience, verified.expiry, claims, entity=entity)
     if refusal is not None:
         raise refusal
     return None
@@ -191,6 +203,11 @@ def authorize(grant: Grant, entity_path: str, right: str | None, now: float | No
         raise Unauthorized(f"the token expired at {int(grant.expiry)}")
     wanted = entity_path.strip("/")
     if not (grant.covers(wanted) if wanted else grant.namespace_wide):
+        if grant.entity is not None:
+            raise Unauthorized(
+                f"the token is signed with a key of {grant.entity!r}, which does not cover "
+                f"{repr(wanted) if wanted else 'the namespace'}"
+            )
         raise Unauthorized(
             f"the token's audience {grant.audience!r} does not cover "
             f"{repr(wanted) if wanted else 'the namespace'}"

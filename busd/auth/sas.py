@@ -145,6 +145,20 @@ def audience_covers(token_audience: str, entity_path: str) -> bool:
     return wanted == granted or wanted.startswith(granted + "/")
 
 
+def entity_of(path: str) -> str:
+    """The queue or topic an entity path is within, lower-cased: the path without what Service
+    Bus scopes under an entity (`/$DeadLetterQueue`, `/$Transfer/$DeadLetterQueue`,
+    `/$management`, `/Subscriptions/<s>...`). A name may hold '/' (`orders/secret` is a queue of
+    its own, not a part of `orders`), but no segment of it starts with '$' and only a
+    single-segment name is `Subscriptions`, so the cut is unambiguous. "" for the namespace and
+    its own nodes (`$cbs`, `$management`, `$Resources/...`)."""
+    segments = entity_path_of(path).lower().split("/")
+    for at, segment in enumerate(segments):
+        if segment.startswith("$") or (at and segment == "subscriptions"):
+            return "/".join(segments[:at])
+    return "/".join(segments)
+
+
 def generate_sas_token(audience: str, key_name: str, key: str, expiry: int) -> str:
     """A token for `audience` signed with `key`, valid until `expiry` (seconds since the epoch),
     built as the azure-servicebus SDK builds it."""

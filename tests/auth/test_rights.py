@@ -15,8 +15,9 @@ from busd.auth.rights import (
     authorize_header,
     grant_of,
     parse_key,
+    rule_keys,
 )
-from busd.auth.sas import generate_sas_token
+from busd.auth.sas import SasError, generate_sas_token
 
 FUTURE = int(time.time()) + 3600
 
@@ -103,3 +104,34 @@ def test_authorize_header_refuses_bad_tokens_with_the_reason():
         authorize_header("", keys(), "q", MANAGE)
     grant = authorize_header(token("sb://h/q", "ops", "m"), keys(), "q", MANAGE)
     assert grant.claims == {MANAGE}
+
+
+def test_an_entity_key_opens_its_entity_only_not_one_sharing_its_name_prefix():
+    """`orders` and `orders/secret` are two queues, each with a rule named `owner`: each key
+    opens its own queue and what is scoped under it, whatever audience it signs."""
+    rules = {
+        "orders": rule_keys([{"KeyName": "owner", "PrimaryKey": "o", "Rights": [MANAGE]}]),
+        "orders/secret": rule_keys([{"KeyName": "owner", "PrimaryKey": "s", "Rights": [MANAGE]}]),
+    }
+
+    def entity_keys(name):
+        return rules.get(name, ())
+
+    def grant(audience, key):
+        return grant_of(token(audience, "owner", key), {}, entity_keys=entity_keys)
+
+    orders = grant("sb://h/orders", "o")
+    for path in ("orders", "orders/$DeadLetterQueue", "orders/$management"):
+        authorize(orders, path, MANAGE)
+    for path in ("orders/secret", "orders/secret/$DeadLetterQueue", "orders/evil"):
+        with pytest.raises(Unauthorized, match="signed with a key of 'orders'"):
+            authorize(orders, path, LISTEN)
+    # signed for the other entity: that entity's keys verify it, and refuse orders' key
+    with pytest.raises(SasError, match="signature does not match"):
+        grant("sb://h/orders/secret", "o")
+    with pytest.raises(SasError, match="unknown shared access key"):
+        grant("sb://h/orders/evil", "o")
+    secret = grant("sb://h/orders/secret", "s")
+    authorize(secret, "orders/secret/$DeadLetterQueue", LISTEN)
+    with pytest.raises(Unauthorized):
+        authorize(secret, "orders", LISTEN)

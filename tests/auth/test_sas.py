@@ -11,6 +11,7 @@ from azure.servicebus._pyamqp.utils import generate_sas_token as sdk_generate_sa
 from busd.auth.sas import (
     SasError,
     audience_covers,
+    entity_of,
     generate_sas_token,
     parse_sas_token,
     sign,
@@ -145,3 +146,25 @@ def test_malformed_tokens_say_why(token, reason):
 )
 def test_audience_covers(audience, entity, covered):
     assert audience_covers(audience, entity) is covered
+
+
+@pytest.mark.parametrize(
+    "path, entity",
+    [
+        ("orders", "orders"),
+        ("Orders/Secret", "orders/secret"),  # a queue of its own, not a part of `orders`
+        ("orders/secret/$DeadLetterQueue", "orders/secret"),
+        ("orders/$Transfer/$DeadLetterQueue", "orders"),
+        ("orders/secret/$management", "orders/secret"),
+        ("t/Subscriptions/s", "t"),
+        ("t/x/subscriptions/s/$DeadLetterQueue/$management", "t/x"),
+        ("t/Subscriptions/s/Rules/r", "t"),  # a rule's management (ATOM) path
+        ("subscriptions", "subscriptions"),  # a queue may be named that, alone
+        ("sb://localhost:5672/orders/secret", "orders/secret"),
+        ("", ""),
+        ("$cbs", ""),
+        ("$Resources/queues", ""),
+    ],
+)
+def test_entity_of(path, entity):
+    assert entity_of(path) == entity

@@ -1,0 +1,177 @@
+"""Key scopes, written as the attacks (docs/design.md §2.10, §2.16): an entity's own key opens
+that entity and what Service Bus scopes under it, never another entity whose name starts with
+it (`orders` and `orders/secret` are two queues); a dead-letter sub-queue's `$management` node
+never writes into its parent; only a Manage key makes a namespace, a process serves a bounded
+number of them, and requests without a valid token keep none alive; the admin API refuses
+session ids and cursors the store must not see."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusAuthenticationError
+from proton import Message
+from proton.utils import LinkDetached
+
+from busd.auth.sas import generate_sas_token
+from tests.e2e.amqp_client import ProtonCbsClient
+from tests.e2e.conftest import cbs_refusal, queue, receive
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = "RootManageSharedAccessKey"
+
+
+def owner(key: str) -> list[dict]:
+    """One rule named `owner`, with every right: the same KeyName on both queues, as two teams
+    would name theirs, so only the key tells them apart."""
+    return [{"KeyName": "owner", "PrimaryKey": key, "Rights": ["Manage", "Send", "Listen"]}]
+
+
+QUEUES = [
+    queue("orders", AuthorizationRules=owner("orders-key")),
+    queue("orders/secret", AuthorizationRules=owner("secret-key")),
+    queue("other"),
+]
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory(QUEUES)
+
+
+def sdk(busd, key_name: str, key: str) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(
+        f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={key_name};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;",
+        retry_total=0,
+    )
+
+
+def root(busd) -> ServiceBusClient:
+    return sdk(busd, ROOT, "SAS_KEY_VALUE")
+
+
+def send(client: ServiceBusClient, name: str, *bodies: str) -> None:
+    with client.get_queue_sender(name) as sender:
+        sender.send_messages([ServiceBusMessage(b) for b in bodies])
+
+
+def drain(client: ServiceBusClient, name: str, count: int) -> list[str]:
+    with client.get_queue_receiver(name, max_wait_time=2) as receiver:
+        got = receive(receiver, count, patience=4)
+        for message in got:
+            receiver.complete_message(message)
+    return [str(m) for m in got]
+
+
+def token(busd, path: str, key_name: str = "owner", key: str = "orders-key") -> str:
+    return generate_sas_token(
+        f"http://localhost:{busd.http_port}/{path}", key_name, key, int(time.time()) + 300
+    )
+
+
+def status(
+    busd, method: str, path: str, auth: str, body: bytes | None = None, host: str | None = None
+) -> tuple[int, bytes]:
+    headers = {"Authorization": auth, "Content-Type": "application/atom+xml"}
+    if host is not None:
+        headers["Host"] = host
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{busd.http_port}{path}", data=body, method=method, headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def atom(busd, method: str, name: str, auth: str, body: bytes | None = None) -> int:
+    return status(busd, method, f"/{name}?api-version=2021-05", auth, body)[0]
+
+
+NEW_QUEUE = (
+    b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+    b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/'
+    b'servicebus/connect"/></content></entry>'
+)
+
+
+# --- an entity key and the entities whose names start with its entity's ----------------------
+def test_an_entity_key_does_not_reach_an_entity_that_shares_its_name_prefix(busd):
+    with root(busd) as client:
+        send(client, "orders/secret", "secret-1", "secret-2")
+    with sdk(busd, "owner", "orders-key") as attacker:
+        # the SDK signs for sb://host/orders/secret with orders' key
+        with pytest.raises(ServiceBusAuthenticationError) as caught:
+            drain(attacker, "orders/secret", 2)
+        assert cbs_refusal(caught.value)[0] == 401
+        with pytest.raises(ServiceBusAuthenticationError) as caught:
+            send(attacker, "orders/secret", "planted")
+        assert cbs_refusal(caught.value)[0] == 401
+        # its own queue, its dead-letter sub-queue and its management node still open
+        send(attacker, "orders", "own")
+        with attacker.get_queue_receiver("orders", max_wait_time=2) as receiver:
+            assert [str(m) for m in receiver.peek_messages(5)] == ["own"]
+        assert drain(attacker, "orders", 1) == ["own"]
+        with attacker.get_queue_receiver("orders", sub_queue="deadletter", max_wait_time=1) as dlq:
+            assert dlq.receive_messages(max_wait_time=1) == []
+    with sdk(busd, "owner", "secret-key") as own:  # orders/secret's own key opens it
+        send(own, "orders/secret", "own-secret")
+        assert sorted(drain(own, "orders/secret", 3)) == ["own-secret", "secret-1", "secret-2"]
+
+
+def test_a_token_for_the_keys_own_entity_covers_no_longer_name(busd):
+    """A token signed for `orders` with orders' key is valid, but its audience is a prefix of
+    `orders/secret`: the key's entity, not the audience, bounds what it opens."""
+    with ProtonCbsClient(busd.port) as client:
+        granted = client.put_token("orders", key_name="owner", key="orders-key")
+        assert granted.properties["status-code"] == 202
+        client.sender("orders").send(Message(body="own"))
+        for name in ("orders/secret", "orders/secret/$DeadLetterQueue"):
+            with pytest.raises(LinkDetached, match="amqp:unauthorized-access"):
+                client.receiver(name)
+        with pytest.raises(LinkDetached, match="amqp:unauthorized-access"):
+            client.sender("orders/secret")
+        # a put-token for the other entity, signed with this key, is refused outright
+        refused = client.put_token("orders/evil", key_name="owner", key="orders-key")
+        assert refused.properties["status-code"] == 401
+    with root(busd) as client:
+        assert len(drain(client, "orders", 1)) == 1  # only its own queue got the message
+
+
+def test_an_entity_key_does_not_reach_its_name_prefix_over_http(busd):
+    with root(busd) as client:
+        send(client, "orders/secret", "peek me")
+    # whether signed for the other entity or for its own (whose audience is a prefix)
+    for audience in ("orders/secret", "orders"):
+        auth = token(busd, audience)
+        assert status(busd, "GET", "/admin/queues/orders%2Fsecret/messages", auth)[0] == 401
+        assert status(busd, "POST", "/admin/queues/orders%2Fsecret/purge", auth)[0] == 401
+        # the description holds the rule's PrimaryKey
+        assert atom(busd, "GET", "orders/secret", auth) == 401
+        assert atom(busd, "DELETE", "orders/secret", auth) == 401
+    for audience in ("orders/evil", "orders"):
+        assert atom(busd, "PUT", "orders/evil", token(busd, audience), NEW_QUEUE) == 401
+    root_auth = generate_sas_token(
+        f"http://localhost:{busd.http_port}/", ROOT, "SAS_KEY_VALUE", int(time.time()) + 300
+    )
+    assert atom(busd, "PUT", "orders/evil", root_auth, NEW_QUEUE) == 201
+    for audience in ("orders/evil", "orders"):
+        assert atom(busd, "DELETE", "orders/evil", token(busd, audience)) == 401
+    assert atom(busd, "DELETE", "orders/evil", root_auth) == 200
+    # each queue's own key works on its own queue
+    own = token(busd, "orders/secret", key="secret-key")
+    code, body = status(busd, "GET", "/admin/queues/orders%2Fsecret/messages", own)
+    assert code == 200 and [m["body"] for m in json.loads(body)] == ["peek me"]
+    code, body = status(busd, "GET", "/orders/secret?api-version=2021-05", own)
+    assert code == 200 and b"secret-key" in body
+    assert atom(busd, "GET", "orders", token(busd, "orders")) == 200
+    assert status(busd, "GET", "/admin/queues/orders/messages", token(busd, "orders"))[0] == 200
+    assert status(busd, "POST", "/admin/queues/orders%2Fsecret/purge", own)[0] == 200
