@@ -49,6 +49,13 @@ DISPOSITIONS = {
 
 # What a topic's node serves: messages live in its subscriptions, whose nodes serve the rest.
 TOPIC_OPERATIONS = frozenset(("schedule-message", "cancel-scheduled-message"))
+# What a dead-letter sub-queue's node serves: its own messages only. The others act on the
+# entity above it (schedule into it, cancel its scheduled messages, its sessions and their
+# state, its rules), which a token for the sub-queue does not cover; Service Bus refuses them
+# on a dead-letter queue too (docs/wire.md §8.4).
+DEAD_LETTER_OPERATIONS = frozenset(
+    ("renew-lock", "peek-message", "update-disposition", "receive-by-sequence-number")
+)
 
 
 class ManagementEndpoint(RequestEndpoint):
@@ -61,6 +68,7 @@ class ManagementEndpoint(RequestEndpoint):
         if isinstance(queue, TopicSpec):  # only TOPIC_OPERATIONS reach self.queue
             queue = QueueSpec(queue.name, max_message_size=queue.max_message_size)
         self.queue = queue
+        self.dlq = dlq
         self.entity = queue.dead_letter_queue if dlq else queue
 
     def on_delivery(self, delivery) -> None:
@@ -99,6 +107,13 @@ class ManagementEndpoint(RequestEndpoint):
                     Condition.NOT_ALLOWED,
                     f"'{self.target.name}' is a topic: {operation!r} is served by the "
                     "$management node of its subscriptions.",
+                )
+            if self.dlq and name not in DEAD_LETTER_OPERATIONS:
+                raise BusdError(
+                    Condition.NOT_ALLOWED,
+                    f"{operation!r} is not supported on the dead-letter queue "
+                    f"'{self.entity.path}': it is served by the $management node of "
+                    f"'{self.queue.path}'.",
                 )
             status, result = await handler(self, body, app)
         except BusdError as error:

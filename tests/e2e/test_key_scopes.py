@@ -11,6 +11,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -175,3 +176,44 @@ def test_an_entity_key_does_not_reach_its_name_prefix_over_http(busd):
     assert atom(busd, "GET", "orders", token(busd, "orders")) == 200
     assert status(busd, "GET", "/admin/queues/orders/messages", token(busd, "orders"))[0] == 200
     assert status(busd, "POST", "/admin/queues/orders%2Fsecret/purge", own)[0] == 200
+
+
+# --- a dead-letter sub-queue's management node -----------------------------------------------
+def test_a_dead_letter_token_cannot_schedule_into_its_parent(busd):
+    dlq = "other/$DeadLetterQueue"
+    with ProtonCbsClient(busd.port) as client:
+        assert client.put_token(dlq).properties["status-code"] == 202
+        node = f"{dlq}/$management"
+        sender = client.conn.create_sender(node, name=f"mgmt-{uuid.uuid4()}")
+        replies = client.conn.create_receiver(node, credit=10, name=f"r-{uuid.uuid4()}")
+
+        def request(operation: str, body: dict) -> Message:
+            message_id = str(uuid.uuid4())
+            sender.send(
+                Message(
+                    id=message_id,
+                    reply_to=node,
+                    body=body,
+                    properties={"operation": f"com.microsoft:{operation}"},
+                )
+            )
+            answer = replies.receive(timeout=10)
+            assert answer.correlation_id == message_id
+            return answer
+
+        planted = Message(body="planted")
+        planted.message_id = "planted"
+        encoded = planted.encode()
+        when = int((time.time() + 3600) * 1000)
+        answer = request("schedule-message", {"messages": [{"message": encoded}], "when": when})
+        assert answer.properties["statusCode"] == 400
+        assert answer.properties["errorCondition"] == "amqp:not-allowed"
+        answer = request("cancel-scheduled-message", {"sequence-numbers": [1]})
+        assert answer.properties["statusCode"] == 400
+        answer = request("get-message-sessions", {"skip": 0, "top": 10})
+        assert answer.properties["statusCode"] == 400
+        # what acts on the sub-queue's own messages is served
+        answer = request("peek-message", {"from-sequence-number": 1, "message-count": 5})
+        assert answer.properties["statusCode"] == 204
+    with root(busd) as client, client.get_queue_receiver("other") as receiver:
+        assert receiver.peek_messages(10) == []  # nothing scheduled into `other`
