@@ -42,6 +42,8 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from busd.broker.admin import SESSION_PAGE, Admin, AdminError
+from busd.broker.messages import MAX_SESSION_ID_LENGTH
+from busd.storage.api import SESSION_SORTS
 
 log = logging.getLogger("busd.http")
 
@@ -65,6 +67,41 @@ _SESSION_ROUTE = re.compile(
     r"^(?P<queue>.+)/sessions/(?P<session>[^/]+)"
     r"/(?P<operation>state|dead-letter|resubmit|release)$"
 )
+
+
+# The cursor of an inspector page sorted by anything but id: `<score>:<session id>`, the score
+# as the store writes it (busd/storage/lua/sessionPage.lua).
+_SCORE_CURSOR = re.compile(r"[-+]?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?:.*", re.DOTALL)
+
+
+def _session_id(text: str) -> str:
+    """A session id of a route, as the AMQP side takes them (docs/design.md §2.2): at most 128
+    characters and no NUL, which separates ids in the store's keys."""
+    if len(text) > MAX_SESSION_ID_LENGTH or "\0" in text:
+        raise AdminError(
+            400,
+            f"a session id is at most {MAX_SESSION_ID_LENGTH} characters and holds no NUL "
+            "character",
+        )
+    return text
+
+
+def _cursor(sort: str, after: str | None) -> str | None:
+    """The inspector's `after`, checked before the store reads it: the `X-Next-After` of the
+    previous page of the same sort."""
+    if after is None or sort not in SESSION_SORTS:
+        return after  # no cursor; an unknown sort is refused with its own message
+    if sort == "id":
+        _session_id(after)
+    elif not _SCORE_CURSOR.fullmatch(after) or len(after) > MAX_SESSION_ID_LENGTH + 40:
+        raise AdminError(
+            400,
+            f"after must be the X-Next-After of the previous page sorted by {sort} "
+            f"(<score>:<session id>), got {after[:60]!r}",
+        )
+    else:
+        _session_id(after.partition(":")[2])
+    return after
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -160,10 +197,11 @@ async def _dispatch(
     if action == "":
         return 200, await admin.queue_info(name)
     if action == "/sessions":
+        sort = (query.get("sort") or ["id"])[-1]
         sessions, next_after, total = await admin.sessions(
             name,
-            (query.get("sort") or ["id"])[-1],
-            (query.get("after") or [None])[-1],
+            sort,
+            _cursor(sort, (query.get("after") or [None])[-1]),
             _int(query, "top", SESSION_PAGE) or SESSION_PAGE,
         )
         headers = {"X-Total-Count": str(total)}
@@ -217,7 +255,7 @@ def _condition(headers: dict[str, str]) -> tuple[str | None, bool]:
 async def _session(
     admin: Admin, name: str, route: Any, method: str, body: bytes, headers: dict[str, str]
 ) -> Response:
-    session_id, operation = unquote(route["session"]), route["operation"]
+    session_id, operation = _session_id(unquote(route["session"])), route["operation"]
     allowed = ("GET", "PUT", "DELETE") if operation == "state" else ("POST",)
     if method not in allowed:
         raise AdminError(405, f"use {' or '.join(allowed)}")

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from urllib.parse import quote
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -217,3 +218,29 @@ def test_a_dead_letter_token_cannot_schedule_into_its_parent(busd):
         assert answer.properties["statusCode"] == 204
     with root(busd) as client, client.get_queue_receiver("other") as receiver:
         assert receiver.peek_messages(10) == []  # nothing scheduled into `other`
+
+
+# --- admin input -----------------------------------------------------------------------------
+def root_http(busd) -> str:
+    return generate_sas_token(
+        f"http://localhost:{busd.http_port}/", ROOT, "SAS_KEY_VALUE", int(time.time()) + 300
+    )
+
+
+@pytest.mark.parametrize("session_id", ["a\0b", "x" * 129])
+def test_the_admin_api_refuses_session_ids_the_amqp_side_refuses(busd, session_id):
+    path = f"/admin/queues/other/sessions/{quote(session_id, safe='')}/state"
+    code, body = status(busd, "PUT", path, root_http(busd), b"state")
+    assert code == 400 and "128 characters" in json.loads(body)["error"]
+    assert status(busd, "GET", path, root_http(busd))[0] == 400
+
+
+@pytest.mark.parametrize(
+    "sort, after", [("locked", "garbage"), ("waiting", "abc:def"), ("updated", "1e999x:s")]
+)
+def test_a_malformed_inspector_cursor_is_a_bad_request(busd, sort, after):
+    path = f"/admin/queues/other/sessions?sort={sort}&after={quote(after)}"
+    code, body = status(busd, "GET", path, root_http(busd))
+    assert code == 400
+    assert "X-Next-After" in json.loads(body)["error"]
+    assert status(busd, "GET", "/health", "")[0] == 200
