@@ -292,6 +292,15 @@ def cli() -> None:
     "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.",
 )
 @click.option(
+    "--max-namespaces",
+    envvar="BUSD_MAX_NAMESPACES",
+    type=int,
+    default=_DEFAULTS.max_namespaces,
+    show_default=True,
+    help="Namespaces besides the default one served at once; past it the least recently "
+    "used idle one is let go, and when all are in use a new one is refused (403).",
+)
+@click.option(
     "--workers",
     envvar="BUSD_WORKERS",
     type=COUNT_OR_AUTO,
@@ -336,6 +345,7 @@ def serve(
     key_prefix: str,
     sweep_interval: float,
     store_connections: int,
+    max_namespaces: int,
     transaction_timeout: float,
     workers: int,
     durability: str,
@@ -359,6 +369,7 @@ def serve(
             key_prefix=key_prefix,
             sweep_interval_s=sweep_interval,
             store_connections=store_connections,
+            max_namespaces=max_namespaces,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
             durability=durability.lower(),

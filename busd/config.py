@@ -102,6 +102,8 @@ class Settings:
     # what the store must have done with a write before busd acknowledges it: local (ran),
     # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
     durability: str = "local"
+    # namespaces other than the default one a process serves at once (docs/design.md §3.17)
+    max_namespaces: int = 100
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -143,6 +145,8 @@ class Settings:
             raise ConfigError(
                 f"durability must be one of {', '.join(DURABILITIES)}, got {self.durability!r}"
             )
+        if not 1 <= self.max_namespaces <= 10_000:
+            raise ConfigError(f"max namespaces must be 1..10000, got {self.max_namespaces}")
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if (problem := self.limits.problem()) is not None:

@@ -179,7 +179,7 @@ class Server:
             await broker.start()
             return broker
 
-        self.namespaces = Namespaces(self.broker, namespace)
+        self.namespaces = Namespaces(self.broker, namespace, max_namespaces=settings.max_namespaces)
         # The certificate of every TLS listener; made (RSA key generation) off the event loop.
         self.tls = await asyncio.to_thread(
             load_tls, settings.tls_cert, settings.tls_key, settings.data_dir

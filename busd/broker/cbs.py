@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from busd.amqp import codec
 from busd.amqp.addresses import AddressError, parse_address
 from busd.auth import rights, sas
+from busd.broker.namespaces import NamespaceLimit
 from busd.broker.nodes import RequestEndpoint
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class CbsEndpoint(RequestEndpoint):
             if self.broker.metrics is not None:
                 self.broker.metrics.auth_refused()
             return _response(message_id, 401, str(exc)), None
+        except NamespaceLimit as exc:  # a quota, as Service Bus answers one: 403
+            log.warning("namespace refused: peer=%s: %s", self.conn.proto.peer, exc.reason)
+            return _response(message_id, 403, exc.reason), None
         if not self.conn.bind(broker):
             return _response(
                 message_id,

@@ -14,10 +14,13 @@ A connection serves one namespace for its life, chosen by
 
 Anything else (`localhost`, an address, any other host name, a plain key name) is the default
 namespace. A namespace is made on first use, in each process that serves it, once a token
-signed with its keys shows that the client may use it: a test suite takes one per test. A
-namespace no connection holds and no request used for `IDLE_S` is let go by the process (its
+signed with one of its keys holding Manage shows that the client may run it: a test suite
+takes one per test. A process serves at most `max_namespaces` (each costs store connections):
+past that, the one least recently used that no connection holds is let go for the new one,
+and when every one is in use the new one is refused (`NamespaceLimit`). A namespace no
+connection holds and no authenticated request used for `IDLE_S` is let go by the process (its
 broker stopped: its store connections and sweep); its data stays, and the next client makes
-it again.
+it again. Requests that do not show a valid token keep nothing alive.
 """
 
 from __future__ import annotations
@@ -41,6 +44,18 @@ log = logging.getLogger("busd.broker")
 NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?")
 LOCALHOST = "localhost"
 IDLE_S = 300.0
+MAX_NAMESPACES = 100
+# A namespace used this recently is not let go to make room for another: a request that chose
+# it may still be running on its broker.
+IN_USE_S = 10.0
+
+
+class NamespaceLimit(Exception):
+    """The process serves as many namespaces as it may, all of them in use."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def namespace_of_host(host: str | None) -> str | None:
@@ -68,11 +83,13 @@ class Namespaces:
         default: Broker,
         make: Callable[[str], Coroutine[Any, Any, Broker]],
         idle_s: float = IDLE_S,
+        max_namespaces: int = MAX_NAMESPACES,
     ) -> None:
         self.default = default
         self._make = make  # a started Broker for a namespace name (busd.server)
         self._made: dict[str, asyncio.Task[Broker]] = {}
         self.idle_s = idle_s
+        self.max_namespaces = max_namespaces
         self._holders: dict[object, int] = {}  # connections bound to a namespace's broker
         self._used: dict[str, float] = {}  # name -> when a request last used it (monotonic)
         self._reaper: asyncio.Task | None = None
@@ -102,11 +119,15 @@ class Namespaces:
         return {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
 
     async def broker(self, name: str | None) -> Broker:
-        """The namespace's broker, made (and started) on first use."""
+        """The namespace's broker, made (and started) on first use; the caller has verified
+        that the client may make it. Raises NamespaceLimit when the process serves as many as
+        it may and none of them can be let go."""
         if name is None:
             return self.default
         made = self._made.get(name)
-        if made is None or (made.done() and made.exception() is not None):
+        if made is None or (made.done() and self._failed(made)):
+            self._made.pop(name, None)
+            await self._make_room()
             log.info("namespace %s: serving it", name)
             made = self._made[name] = asyncio.create_task(
                 self._make(name), name=f"busd-namespace-{name}"
@@ -127,6 +148,58 @@ class Namespaces:
         if use:
             self._used[name] = time.monotonic()
         return made.result()
+
+    def touch(self, name: str | None) -> None:
+        """An authenticated request used the namespace: it is not idle."""
+        if name is not None and name in self._made:
+            self._used[name] = time.monotonic()
+
+    async def _make_room(self) -> None:
+        """Room for one more namespace under `max_namespaces`: when there is none, the one
+        least recently used that no connection holds is let go (its data stays).
+        NamespaceLimit when none may go."""
+        if len(self._made) < self.max_namespaces:
+            return
+        now = time.monotonic()
+
+        def may_go(name: str, made: asyncio.Task[Broker]) -> bool:
+            if not made.done():
+                return False  # being made for a client now
+            if self._failed(made):
+                return True
+            return not self._held(made) and now - self._used.get(name, now) >= IN_USE_S
+
+        idle = [
+            (self._used.get(name, 0.0), name)
+            for name, made in self._made.items()
+            if may_go(name, made)
+        ]
+        if not idle:
+            raise NamespaceLimit(
+                f"this busd serves at most {self.max_namespaces} namespaces at once "
+                "(--max-namespaces), all in use; try again when one is idle"
+            )
+        _, victim = min(idle)
+        log.info("namespace %s: let go to make room for another (its data stays)", victim)
+        await self._stop(victim)
+
+    @staticmethod
+    def _failed(made: asyncio.Task[Broker]) -> bool:
+        return made.cancelled() or made.exception() is not None
+
+    def _held(self, made: asyncio.Task[Broker]) -> bool:
+        """Whether a connection serves the namespace `made` made."""
+        return not self._failed(made) and made.result() in self._holders
+
+    async def _stop(self, name: str) -> None:
+        made = self._made.pop(name)
+        self._used.pop(name, None)
+        if self._failed(made):
+            return
+        try:
+            await made.result().stop()
+        except Exception as exc:  # the store, most likely: it is let go all the same
+            log.warning("stopping namespace %s failed: %s", name, exc)
 
     def serving(self) -> set[str]:
         """The names of the namespaces this process serves (or is making), the default aside."""
@@ -163,25 +236,65 @@ class Namespaces:
                 broker = made.result()
                 if broker in self._holders or now - self._used.get(name, now) < self.idle_s:
                     continue
-                del self._made[name]
-                self._used.pop(name, None)
                 log.info(
                     "namespace %s: unused for %g s, let go (its data stays)", name, self.idle_s
                 )
-                try:
-                    await broker.stop()
-                except Exception as exc:  # the store, most likely: it is let go all the same
-                    log.warning("stopping namespace %s failed: %s", name, exc)
+                await self._stop(name)
 
     async def authenticate(
         self, token: str, host_namespace: str | None
     ) -> tuple[Broker, rights.Grant]:
         """The namespace a token is for (with the host's choice), and what it grants there.
-        The token is verified before the namespace is made: only a client holding its keys
-        makes one. Raises SasError."""
+        The token is verified before the namespace is made: only a client holding one of its
+        keys with Manage makes one. Raises SasError, or NamespaceLimit."""
         name = self.choose(host_namespace, sas.parse_sas_token(token).key_name)
         grant = rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+        self._check_may_make(name, grant)
         return await self.broker(name), grant
+
+    async def for_request(self, token: str, host: str | None) -> tuple[str | None, Broker | None]:
+        """The namespace of an HTTP request (its `Host` and its `Authorization` token) and its
+        broker; None when the namespace is not served and the token may not make it. Only a
+        token that verifies marks the namespace used: requests without one keep nothing alive
+        (the caller's own check then refuses them). Raises NamespaceLimit."""
+        try:
+            key_name = sas.parse_sas_token(token).key_name
+        except sas.SasError:
+            key_name = ""
+        try:
+            name = self.choose(namespace_of_host(host), key_name)
+        except sas.SasError:
+            return None, None
+        broker = self.served(name, use=False)
+        if name is None:  # the default namespace: always served, never idle
+            return name, broker
+        try:
+            grant = rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+        except sas.SasError:
+            return name, broker
+        if broker is not None:
+            self.touch(name)
+            return name, broker
+        try:
+            self._check_may_make(name, grant)
+        except sas.SasError:
+            return name, None
+        return name, await self.broker(name)
+
+    def _check_may_make(self, name: str | None, grant: rights.Grant) -> None:
+        """SasError unless the namespace is served or `grant` may make it: a namespace key
+        holding Manage (a Send or Listen key, or an entity's, reaches a namespace only once it
+        is served)."""
+        if name is None:
+            return
+        made = self._made.get(name)
+        if made is not None and not (made.done() and self._failed(made)):
+            return  # served, or being made for a client that may
+        if grant.entity is not None or not rights.allows(grant.claims, rights.MANAGE):
+            raise sas.SasError(
+                f"the namespace {name!r} is not served yet: only a key of the namespace "
+                "holding Manage makes it (Send and Listen keys then reach it)"
+            )
 
     def entity_keys(self, name: str | None) -> rights.EntityKeys | None:
         """The keys of the entities' own rules in a namespace (docs/design.md §2.10), under

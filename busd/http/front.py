@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 
-from busd.auth import rights, sas
-from busd.broker.namespaces import namespace_of_host
+from busd.broker.namespaces import NamespaceLimit
 from busd.http import atom_xml, dashboard
 from busd.http.atom import AtomApi, error_response, is_atom
 from busd.http.entities import CatalogEntities
@@ -31,25 +30,9 @@ def handler(server) -> Handler:
         """The broker of the namespace a request is for: the one its `Host` names
         (`<name>.localhost`), else the one its token's key name names (`<name>/<key>`), else
         the default (docs/design.md §3.17). None when that namespace is not served yet and the
-        token does not show that the client may use it."""
-        namespaces = server.namespaces
+        token does not show that the client may make it."""
         token = request.headers.get("authorization", "")
-        try:
-            key_name = sas.parse_sas_token(token).key_name
-        except sas.SasError:
-            key_name = ""
-        try:
-            name = namespaces.choose(namespace_of_host(request.host), key_name)
-        except sas.SasError:
-            return None, None
-        broker = namespaces.served(name)
-        if broker is None:
-            try:  # only a holder of its keys makes a namespace
-                rights.grant_of(token, namespaces.keys(name))
-            except sas.SasError:
-                return name, None
-            broker = await namespaces.broker(name)
-        return name, broker
+        return await server.namespaces.for_request(token, request.host)
 
     def atom_of(name: str | None, broker) -> AtomApi:
         known = apis.get(name)
@@ -78,7 +61,14 @@ def handler(server) -> Handler:
             and not (path == "/" or path.startswith("/dashboard"))
         )
         if management or admin:
-            name, broker = await namespace(request)
+            try:
+                name, broker = await namespace(request)
+            except NamespaceLimit as exc:
+                if admin:
+                    return Response(
+                        403, "application/json", json.dumps({"error": exc.reason}).encode()
+                    )
+                return error_response(403, exc.reason)
             if broker is None:
                 refusal = "Unauthorized: no valid token for this namespace"
                 if admin:

@@ -7,6 +7,7 @@ session ids and cursors the store must not see."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -244,3 +245,86 @@ def test_a_malformed_inspector_cursor_is_a_bad_request(busd, sort, after):
     assert code == 400
     assert "X-Next-After" in json.loads(body)["error"]
     assert status(busd, "GET", "/health", "")[0] == 200
+
+
+# --- namespaces ------------------------------------------------------------------------------
+@pytest.fixture
+def capped(busd_factory):
+    """A busd of its own per test (the namespaces it serves count), serving at most two."""
+    return busd_factory(
+        [queue("q")],
+        extra_env={
+            "BUSD_SAS_KEY": f"{ROOT}=SAS_KEY_VALUE reader=listen-key:Listen",
+            "BUSD_MAX_NAMESPACES": "2",
+        },
+    )
+
+
+def namespace_token(busd, namespace: str, key_name: str = ROOT, key: str = "SAS_KEY_VALUE"):
+    return generate_sas_token(
+        f"http://{namespace}.localhost:{busd.http_port}/",
+        f"{namespace}/{key_name}",
+        key,
+        int(time.time()) + 300,
+    )
+
+
+def list_queues(busd, namespace: str, auth: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", busd.http_port, timeout=10)
+    try:
+        connection.request(
+            "GET",
+            "/$Resources/queues?api-version=2021-05",
+            headers={"Host": f"{namespace}.localhost", "Authorization": auth},
+        )
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def test_a_listen_key_does_not_make_a_namespace(capped):
+    namespace = f"listen-{uuid.uuid4().hex[:8]}"
+    with ProtonCbsClient(capped.port) as client:
+        refused = client.put_token("", key_name=f"{namespace}/reader", key="listen-key")
+        assert refused.properties["status-code"] == 401
+        assert "holding Manage" in refused.properties["status-description"]
+    reader = namespace_token(capped, namespace, "reader", "listen-key")
+    assert list_queues(capped, namespace, reader) == 401
+    assert f"namespace {namespace}: serving it" not in capped.log_text()
+    # once a Manage key made it, the Listen key reaches it
+    with ProtonCbsClient(capped.port) as maker:
+        assert maker.put_token("", key_name=f"{namespace}/{ROOT}").properties["status-code"] == 202
+        with ProtonCbsClient(capped.port) as client:
+            granted = client.put_token("", key_name=f"{namespace}/reader", key="listen-key")
+            assert granted.properties["status-code"] == 202
+
+
+def test_the_namespace_cap_holds_and_unauthenticated_requests_keep_none_alive(capped):
+    tag = uuid.uuid4().hex[:6]
+    held, idle, third, fourth = (f"{n}-{tag}" for n in ("held", "idle", "third", "fourth"))
+    with ProtonCbsClient(capped.port) as holder:  # a connection bound to `held` holds it
+        assert holder.put_token("", key_name=f"{held}/{ROOT}").properties["status-code"] == 202
+        assert list_queues(capped, idle, namespace_token(capped, idle)) == 200
+        # requests naming `idle`'s host without a valid token, for longer than a namespace
+        # counts as in use (namespaces.IN_USE_S)
+        deadline = time.monotonic() + 10.5
+        while time.monotonic() < deadline:
+            assert list_queues(capped, idle, "") == 401
+            assert list_queues(capped, idle, namespace_token(capped, idle, key="WRONG")) == 401
+            time.sleep(0.5)
+        # at the cap: `idle` is let go for `third`, `held` stays
+        assert list_queues(capped, third, namespace_token(capped, third)) == 200
+        log = capped.log_text()
+        assert f"namespace {idle}: let go to make room" in log
+        assert f"namespace {held}: let go" not in log
+        # every namespace served is in use: the next one is refused, over HTTP and AMQP
+        assert list_queues(capped, fourth, namespace_token(capped, fourth)) == 403
+        with ProtonCbsClient(capped.port) as client:
+            refused = client.put_token("", key_name=f"{fourth}/{ROOT}")
+            assert refused.properties["status-code"] == 403
+            assert "at most 2 namespaces" in refused.properties["status-description"]
+        assert f"namespace {fourth}: serving it" not in capped.log_text()
+        # the one held still serves
+        assert list_queues(capped, held, namespace_token(capped, held)) == 200
