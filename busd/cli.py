@@ -319,6 +319,25 @@ def cli() -> None:
     show_default=True,
     help="Seconds after its first operation a transaction is rolled back.",
 )
+@click.option(
+    "--max-http-connections",
+    "http_connections",
+    envvar="BUSD_MAX_HTTP_CONNECTIONS",
+    type=int,
+    default=_DEFAULTS.http_connections,
+    show_default=True,
+    help="HTTP connections this process serves at once, on all ports (0: no cap); past it "
+    "an idle one is closed, or the new one answered 503.",
+)
+@click.option(
+    "--http-request-timeout",
+    envvar="BUSD_HTTP_REQUEST_TIMEOUT",
+    type=float,
+    default=_DEFAULTS.http_request_timeout_s,
+    show_default=True,
+    help="Seconds an HTTP request's head (its line and headers) may take to arrive; then "
+    "the connection is closed (408).",
+)
 def serve(
     host: str,
     port: int,
@@ -339,6 +358,8 @@ def serve(
     transaction_timeout: float,
     workers: int,
     durability: str,
+    http_connections: int,
+    http_request_timeout: float,
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -363,6 +384,8 @@ def serve(
             workers=workers,
             durability=durability.lower(),
             limits=Limits(**limits),
+            http_connections=http_connections,
+            http_request_timeout_s=http_request_timeout,
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

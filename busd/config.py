@@ -102,6 +102,10 @@ class Settings:
     # what the store must have done with a write before busd acknowledges it: local (ran),
     # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
     durability: str = "local"
+    # HTTP (busd/http/server.py): connections open at once (0: no cap), and how long a
+    # request's head may take to arrive
+    http_connections: int = 256
+    http_request_timeout_s: float = 10.0
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -145,6 +149,12 @@ class Settings:
             )
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
+        if self.http_connections < 0:
+            raise ConfigError(f"max HTTP connections must be 0 or more: {self.http_connections}")
+        if not self.http_request_timeout_s > 0:
+            raise ConfigError(
+                f"HTTP request timeout must be positive, got {self.http_request_timeout_s}"
+            )
         if (problem := self.limits.problem()) is not None:
             raise ConfigError(problem)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):

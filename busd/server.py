@@ -198,9 +198,14 @@ class Server:
         # AMQP and HTTP on every port (busd/ports.py): the AMQP port, the TLS port (TLS only)
         # and the HTTP port; port 0: any free port (the banner tells which).
         from busd.http import front
-        from busd.http.server import HttpService
+        from busd.http.server import HttpLimits, HttpService
 
-        self.http_service = HttpService(front.handler(self))
+        routes = front.handler(self)
+        self.http_service = HttpService(
+            routes.handle,
+            routes.admit,
+            HttpLimits(settings.http_connections, settings.http_request_timeout_s),
+        )
         services = Services(self._new_protocol, self.http_service.protocol, self.tls_context)
         self.listener = listen("amqp", settings.port)
         if settings.tls_port is not None:

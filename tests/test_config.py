@@ -553,6 +553,8 @@ def test_settings_defaults_match_the_emulator_credentials():
         {"ws_port": -1},
         {"tls_cert": "/nonexistent/cert.pem", "tls_key": "/nonexistent/key.pem"},
         {"tls_key": __file__},  # a key without its certificate
+        {"http_connections": -1},
+        {"http_request_timeout_s": 0},
     ],
 )
 def test_settings_validation_refuses_bad_values(changes):
