@@ -338,6 +338,23 @@ def cli() -> None:
     help="Seconds an HTTP request's head (its line and headers) may take to arrive; then "
     "the connection is closed (408).",
 )
+@click.option(
+    "--hostname",
+    "hostnames",
+    envvar="BUSD_HOSTNAME",
+    multiple=True,
+    help="A host name clients reach busd by beyond localhost and its addresses (repeatable; "
+    "in BUSD_HOSTNAME separated by spaces), e.g. the service's name in a container network: "
+    "HTTP requests naming another host are refused (421).",
+)
+@click.option(
+    "--allowed-origin",
+    "allowed_origins",
+    envvar="BUSD_ALLOWED_ORIGIN",
+    multiple=True,
+    help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
+    "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
+)
 def serve(
     host: str,
     port: int,
@@ -360,6 +377,8 @@ def serve(
     durability: str,
     http_connections: int,
     http_request_timeout: float,
+    hostnames: tuple[str, ...],
+    allowed_origins: tuple[str, ...],
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -386,6 +405,8 @@ def serve(
             limits=Limits(**limits),
             http_connections=http_connections,
             http_request_timeout_s=http_request_timeout,
+            hostnames=list(hostnames),
+            allowed_origins=list(allowed_origins),
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

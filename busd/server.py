@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__, access_rules, errors, ports
+from busd import __version__, access_rules, errors, origins, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
@@ -200,6 +200,11 @@ class Server:
         from busd.http import front
         from busd.http.server import HttpLimits, HttpService
 
+        # the hosts HTTP serves, the pages WebSockets serve (busd.origins); --host when a name
+        hostnames = [*settings.hostnames]
+        if settings.host and not origins.is_address(settings.host):
+            hostnames.append(settings.host)
+        origins.configure(origins.HostPolicy.of(hostnames, settings.allowed_origins))
         routes = front.handler(self)
         self.http_service = HttpService(
             routes.handle,

@@ -20,6 +20,8 @@ from urllib.parse import parse_qs
 
 import h11
 
+from busd import origins
+
 log = logging.getLogger("busd.http")
 
 MAX_HEAD = 64 * 1024  # a request's line and headers (431)
@@ -90,8 +92,8 @@ class HttpService:
 
     The bytes the port read to tell the protocol apart reach the stream reader first, so h11
     parses the request from its first byte. A request's head is read whole (within
-    `limits.request_timeout_s`) and checked (its route and key: `admit`) before any of its
-    body is read, and then only as much body as its route takes."""
+    `limits.request_timeout_s`) and checked (its Host: busd.origins; its route and key:
+    `admit`) before any of its body is read, and then only as much body as its route takes."""
 
     def __init__(
         self, handler: Handler, admit: Admit = _any_body, limits: HttpLimits = HttpLimits()
@@ -175,6 +177,9 @@ class HttpService:
                 return
 
     async def _admit(self, request: Request) -> Response | int:
+        refusal = origins.policy().host_refusal(request.headers.get("host"))
+        if refusal is not None:
+            return Response(421, body=refusal.encode())
         try:
             return await self.admit(request)
         except Exception:

@@ -1,11 +1,14 @@
 """HTTP as a hostile client uses it, against a real busd over TCP: large bodies before any key
-is checked, slow heads, more connections than the cap. Each is refused before busd holds
-anything for it, and a real client is still served (docs/management.md §1)."""
+is checked, slow heads, more connections than the cap, and web pages of other sites (a foreign
+Host after DNS rebinding, a foreign Origin on the WebSocket port). Each is refused before busd
+holds anything for it, and a real client is still served (docs/management.md §1,
+docs/design.md §3.2)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -28,12 +31,14 @@ def busd(busd_factory):
 
 @pytest.fixture(scope="module")
 def capped(busd_factory):
-    """A busd with a small HTTP cap and deadline."""
+    """A busd with a small HTTP cap and deadline, a host name and an allowed origin."""
     return busd_factory(
         [queue("q")],
         extra_env={
             "BUSD_MAX_HTTP_CONNECTIONS": "8",
             "BUSD_HTTP_REQUEST_TIMEOUT": "2",
+            "BUSD_HOSTNAME": "busd.internal",
+            "BUSD_ALLOWED_ORIGIN": "https://app.example:8443",
         },
     )
 
@@ -193,6 +198,102 @@ def test_a_send_larger_than_its_queue_takes_is_413_and_stores_nothing(busd):
         "PUT", "/big?api-version=2021-05", Authorization=token(), Content_Length=4 * MIB
     )
     assert status_of(answer_to_head(busd.http_port, atom_put)) == 413
+
+
+ROUTES = [
+    "/health",
+    "/",
+    "/admin/queues",
+    "/$Resources/queues?api-version=2021-05",
+    "/q?api-version=2021-05",
+]
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_a_foreign_host_is_refused_on_every_route(busd, path):
+    """A page whose DNS name was rebound to 127.0.0.1 sends its own name as Host: refused
+    (421) with a token that works, while the names busd serves are answered."""
+    port = busd.http_port
+    for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "x"):
+        got = exchange(
+            port, head("GET", path, host=host, Authorization=token(), Connection="close")
+        )
+        assert status_of(got) == 421 and b"does not serve the host" in got, (host, got)
+    for host in (
+        f"localhost:{port}",
+        "localhost",
+        f"127.0.0.1:{port}",
+        f"[::1]:{port}",
+        "10.1.2.3",
+    ):
+        got = exchange(
+            port, head("GET", path, host=host, Authorization=token(), Connection="close")
+        )
+        assert status_of(got) == 200, (host, got)
+
+
+def test_a_namespace_host_is_served(busd):
+    got = exchange(
+        busd.http_port,
+        head(
+            "GET",
+            "/$Resources/queues?api-version=2021-05",
+            host=f"team-h.localhost:{busd.http_port}",
+            Authorization=token(),
+            Connection="close",
+        ),
+    )
+    assert status_of(got) == 200, got
+
+
+def upgrade(port: int, origin: str | None) -> int:
+    """The status of a WebSocket upgrade to busd's AMQP endpoint from a page of `origin`."""
+    headers = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec_WebSocket_Key": base64.b64encode(os.urandom(16)).decode(),
+        "Sec_WebSocket_Version": "13",
+        "Sec_WebSocket_Protocol": "AMQPWSB10",
+    }
+    if origin is not None:
+        headers["Origin"] = origin
+    return status_of(answer_to_head(port, head("GET", "/$servicebus/websocket", **headers)))
+
+
+def test_a_websocket_from_a_page_of_another_site_is_refused(busd):
+    port = busd.ws_port
+    for origin in ("http://evil.example", f"http://evil.example:{port}", "null", "http://10.1.2.3"):
+        assert upgrade(port, origin) == 403, origin
+    for origin in (
+        None,
+        f"http://localhost:{port}",
+        "https://team-h.localhost",
+        "http://127.0.0.1",
+    ):
+        assert upgrade(port, origin) == 101, origin
+
+
+def test_configured_hostnames_and_origins_are_served(capped):
+    assert upgrade(capped.ws_port, "https://app.example:8443") == 101
+    assert upgrade(capped.ws_port, "http://busd.internal:8080") == 101
+    assert upgrade(capped.ws_port, "https://app.example") == 403  # another port: another origin
+    assert (
+        status_of(
+            exchange(
+                capped.http_port,
+                head("GET", "/health", host="busd.internal:5300", Connection="close"),
+            )
+        )
+        == 200
+    )
+    assert (
+        status_of(
+            exchange(
+                capped.http_port, head("GET", "/health", host="app.example", Connection="close")
+            )
+        )
+        == 421
+    )
 
 
 def _half_heads(port: int, count: int) -> list[socket.socket]:
