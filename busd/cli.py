@@ -328,6 +328,42 @@ def cli() -> None:
     show_default=True,
     help="Seconds after its first operation a transaction is rolled back.",
 )
+@click.option(
+    "--max-http-connections",
+    "http_connections",
+    envvar="BUSD_MAX_HTTP_CONNECTIONS",
+    type=int,
+    default=_DEFAULTS.http_connections,
+    show_default=True,
+    help="HTTP connections this process serves at once, on all ports (0: no cap); past it "
+    "an idle one is closed, or the new one answered 503.",
+)
+@click.option(
+    "--http-request-timeout",
+    envvar="BUSD_HTTP_REQUEST_TIMEOUT",
+    type=float,
+    default=_DEFAULTS.http_request_timeout_s,
+    show_default=True,
+    help="Seconds an HTTP request's head (its line and headers) may take to arrive; then "
+    "the connection is closed (408).",
+)
+@click.option(
+    "--hostname",
+    "hostnames",
+    envvar="BUSD_HOSTNAME",
+    multiple=True,
+    help="A host name clients reach busd by beyond localhost and its addresses (repeatable; "
+    "in BUSD_HOSTNAME separated by spaces), e.g. the service's name in a container network: "
+    "HTTP requests naming another host are refused (421).",
+)
+@click.option(
+    "--allowed-origin",
+    "allowed_origins",
+    envvar="BUSD_ALLOWED_ORIGIN",
+    multiple=True,
+    help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
+    "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
+)
 def serve(
     host: str,
     port: int,
@@ -349,6 +385,10 @@ def serve(
     transaction_timeout: float,
     workers: int,
     durability: str,
+    http_connections: int,
+    http_request_timeout: float,
+    hostnames: tuple[str, ...],
+    allowed_origins: tuple[str, ...],
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -374,6 +414,10 @@ def serve(
             workers=workers,
             durability=durability.lower(),
             limits=Limits(**limits),
+            http_connections=http_connections,
+            http_request_timeout_s=http_request_timeout,
+            hostnames=list(hostnames),
+            allowed_origins=list(allowed_origins),
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

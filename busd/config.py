@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from busd import access_rules
+from busd import access_rules, origins
 from busd import entity_properties as ep
 from busd.auth.rights import SasKey, parse_rights
 from busd.broker.limits import Limits
@@ -104,6 +104,14 @@ class Settings:
     durability: str = "local"
     # namespaces other than the default one a process serves at once (docs/design.md §3.17)
     max_namespaces: int = 100
+    # HTTP (busd/http/server.py): connections open at once (0: no cap), and how long a
+    # request's head may take to arrive
+    http_connections: int = 256
+    http_request_timeout_s: float = 10.0
+    # the host names clients reach busd by beyond localhost and its addresses, and the web
+    # origins that may open WebSockets beyond those hosts' (busd/origins.py)
+    hostnames: list[str] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""
@@ -149,6 +157,23 @@ class Settings:
             raise ConfigError(f"max namespaces must be 1..10000, got {self.max_namespaces}")
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
+        if self.http_connections < 0:
+            raise ConfigError(f"max HTTP connections must be 0 or more: {self.http_connections}")
+        if not self.http_request_timeout_s > 0:
+            raise ConfigError(
+                f"HTTP request timeout must be positive, got {self.http_request_timeout_s}"
+            )
+        for hostname in self.hostnames:
+            name = hostname.lower().rstrip(".")
+            named = ":" not in name and origins.split_host(name) == name
+            if not (named or origins.is_address(hostname)):
+                raise ConfigError(f"--hostname takes a host name or address, got {hostname!r}")
+        for origin in self.allowed_origins:
+            if origins.normalize_origin(origin) is None:
+                raise ConfigError(
+                    "--allowed-origin takes an origin (scheme://host[:port]), null or *, "
+                    f"got {origin!r}"
+                )
         if (problem := self.limits.problem()) is not None:
             raise ConfigError(problem)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):

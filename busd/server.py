@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__, access_rules, errors, ports
+from busd import __version__, access_rules, errors, origins, ports
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
@@ -198,9 +198,19 @@ class Server:
         # AMQP and HTTP on every port (busd/ports.py): the AMQP port, the TLS port (TLS only)
         # and the HTTP port; port 0: any free port (the banner tells which).
         from busd.http import front
-        from busd.http.server import HttpService
+        from busd.http.server import HttpLimits, HttpService
 
-        self.http_service = HttpService(front.handler(self))
+        # the hosts HTTP serves, the pages WebSockets serve (busd.origins); --host when a name
+        hostnames = [*settings.hostnames]
+        if settings.host and not origins.is_address(settings.host):
+            hostnames.append(settings.host)
+        origins.configure(origins.HostPolicy.of(hostnames, settings.allowed_origins))
+        routes = front.handler(self)
+        self.http_service = HttpService(
+            routes.handle,
+            routes.admit,
+            HttpLimits(settings.http_connections, settings.http_request_timeout_s),
+        )
         services = Services(self._new_protocol, self.http_service.protocol, self.tls_context)
         self.listener = listen("amqp", settings.port)
         if settings.tls_port is not None:

@@ -553,11 +553,24 @@ def test_settings_defaults_match_the_emulator_credentials():
         {"ws_port": -1},
         {"tls_cert": "/nonexistent/cert.pem", "tls_key": "/nonexistent/key.pem"},
         {"tls_key": __file__},  # a key without its certificate
+        {"http_connections": -1},
+        {"http_request_timeout_s": 0},
+        {"hostnames": ["http://busd"]},
+        {"hostnames": ["busd:5300"]},
+        {"allowed_origins": ["app.example"]},
+        {"allowed_origins": ["https://app.example/path"]},
     ],
 )
 def test_settings_validation_refuses_bad_values(changes):
     with pytest.raises(ConfigError):
         Settings(**changes).validate()
+
+
+def test_host_names_and_origins_take_their_own_forms():
+    Settings(
+        hostnames=["busd", "busd.internal.", "10.0.0.5", "::1"],
+        allowed_origins=["https://app.example:8443", "http://localhost", "null", "*"],
+    ).validate()
 
 
 @pytest.mark.parametrize(

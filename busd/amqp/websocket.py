@@ -25,6 +25,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from busd.listener import TLS_RECORD, SniffingListener, bind
+from busd.origins import websocket_refusal
 
 log = logging.getLogger("busd.amqp")
 
@@ -61,6 +62,8 @@ class WebSocketAmqp(asyncio.Protocol):
         path = request.path.split("?", 1)[0].replace("%24", "$").rstrip("/")
         if path != PATH:
             response = self.ws.reject(404, f"AMQP over WebSockets is served at {PATH}\n")
+        elif refusal := websocket_refusal(request.headers.get("Origin"), self.transport):
+            response = self.ws.reject(403, refusal)  # a page of another site (busd.origins)
         else:
             response = self.ws.accept(request)
             if (

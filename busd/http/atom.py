@@ -38,6 +38,11 @@ def is_atom(request: Request) -> bool:
     return first in ("$namespaceinfo", "$resources")
 
 
+def _segments(request: Request) -> list[str]:
+    raw = request.path.strip("/")
+    return [unquote(s) for s in raw.split("/")] if raw else []
+
+
 def _xml(status: int, element, content_type: str = ax.ENTRY_TYPE) -> Response:
     return Response(status, content_type, ax.serialize(element))
 
@@ -87,10 +92,14 @@ class AtomApi:
         except Unauthorized as exc:
             raise ax.AtomError(401, f"Unauthorized: {exc.reason}") from None
 
+    def authorize(self, request: Request) -> None:
+        """Raise AtomError 401 unless the request's token allows it: from its path and headers
+        alone, so that busd.http.front checks it before reading its body."""
+        self._authorize(request, "/".join(_segments(request)))
+
     # --- routing ------------------------------------------------------------------------------
     async def _route(self, request: Request) -> Response:
-        raw = request.path.strip("/")
-        segments = [unquote(s) for s in raw.split("/")] if raw else []
+        segments = _segments(request)
         self._authorize(request, "/".join(segments))
         lower = [s.lower() for s in segments]
         method = request.method

@@ -2,7 +2,9 @@
 health, metrics, the admin API, the management (ATOM) API and the dashboard, over HTTP or
 HTTPS, on every port busd serves AMQP on (docs/management.md §1).
 
-Requests go to `handler(request) -> Response`; this module knows nothing of the routes.
+Requests go to `handler(request) -> Response`, once `admit(request)` has seen their head and
+said how much body their route takes (or refused them unread); this module knows nothing of the
+routes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -17,13 +20,29 @@ from urllib.parse import parse_qs
 
 import h11
 
+from busd import origins
+
 log = logging.getLogger("busd.http")
 
-MAX_HEAD = 64 * 1024
-MAX_BODY = 128 * 1024 * 1024  # a message sent through the admin API, as JSON
+MAX_HEAD = 64 * 1024  # a request's line and headers (431)
+BODY_LIMIT = 64 * 1024  # a request's body, unless its route takes more (413)
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
-BODY_TIMEOUT_S = 60.0
+BODY_TIMEOUT_S = 60.0  # a request's whole body; and writing one response
 READ_SIZE = 64 * 1024
+# A request refused before its body is read: what the client still sends is taken and dropped
+# for this long (or this much), so that closing does not reset the connection before the
+# client has read the answer.
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
+CAP_WARNING_S = 60.0  # the cap of connections reached is logged at most this often
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What the clients of one process's HTTP connections may hold (docs/management.md §1)."""
+
+    connections: int = 256  # open at once; 0: no cap
+    request_timeout_s: float = 10.0  # from a request's first byte to the end of its head
 
 
 @dataclass
@@ -58,6 +77,13 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+# What a request may send, decided from its head alone (its route and its key, before any of
+# its body is read): the most bytes of body its route takes, or the answer that refuses it.
+Admit = Callable[[Request], Awaitable[Response | int]]
+
+
+async def _any_body(request: Request) -> Response | int:
+    return BODY_LIMIT
 
 
 class HttpService:
@@ -65,50 +91,129 @@ class HttpService:
     asyncio protocol of one connection, plain or already inside TLS; `close()` ends them all.
 
     The bytes the port read to tell the protocol apart reach the stream reader first, so h11
-    parses the request from its first byte."""
+    parses the request from its first byte. A request's head is read whole (within
+    `limits.request_timeout_s`) and checked (its Host: busd.origins; its route and key:
+    `admit`) before any of its body is read, and then only as much body as its route takes."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(
+        self, handler: Handler, admit: Admit = _any_body, limits: HttpLimits = HttpLimits()
+    ) -> None:
         self.handler = handler
-        self._connections: set[asyncio.Task] = set()
+        self.admit = admit
+        self.limits = limits
+        # open connections, oldest first: a new one past the cap takes an idle one's place
+        self._open: dict[_Connection, None] = {}
+        self._warned_at = -CAP_WARNING_S
 
     def protocol(self) -> asyncio.Protocol:
-        return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEAD), self._connection)
+        cap = self.limits.connections
+        if cap and len(self._open) >= cap and not self._evict_idle():
+            now = time.monotonic()
+            if now - self._warned_at >= CAP_WARNING_S:
+                self._warned_at = now
+                log.warning("%d HTTP connections open, the cap: new ones are answered 503", cap)
+            return _Busy()
+        connection = _Connection()
+        self._open[connection] = None
+        return asyncio.StreamReaderProtocol(
+            asyncio.StreamReader(limit=MAX_HEAD),
+            lambda reader, writer: self._connection(connection, reader, writer),
+        )
+
+    def _evict_idle(self) -> bool:
+        """Close the oldest connection waiting for its next request, if any: a client's
+        kept-alive connection yields to a new client at the cap."""
+        for connection in self._open:
+            if connection.idle():
+                del self._open[connection]
+                connection.close()
+                return True
+        return False
 
     async def close(self) -> None:
-        for task in list(self._connections):
+        tasks = [c.task for c in self._open if c.task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+    async def _connection(
+        self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        connection.task = asyncio.current_task()
+        connection.exchange = exchange = _Exchange(reader, writer, self.limits)
         scheme = "https" if writer.get_extra_info("sslcontext") is not None else "http"
         try:
-            await self._serve(_Exchange(reader, writer), scheme)
+            await self._serve(exchange, scheme)
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             pass  # the client went away or stalled: nothing to answer
         finally:
-            self._connections.discard(task)
+            self._open.pop(connection, None)
             writer.close()
 
     async def _serve(self, exchange: _Exchange, scheme: str) -> None:
         while True:
             try:
-                request = await exchange.read_request(scheme)
+                request = await exchange.read_head(scheme)
+                if request is None:
+                    return
+                decision = await self._admit(request)
+                if isinstance(decision, Response) and exchange.body_expected(request):
+                    await exchange.refuse(decision)  # its body is never read
+                    return
+                await exchange.read_body(request, decision if isinstance(decision, int) else 0)
             except _BadRequest as exc:
-                await exchange.write(Response(exc.status, body=f"{exc}\n".encode()), close=True)
+                await exchange.refuse(Response(exc.status, body=f"{exc}\n".encode()))
                 return
-            if request is None:
-                return
-            try:
-                response = await self.handler(request)
-            except Exception:
-                log.exception("%s %s failed", request.method, request.path)
-                response = Response(500, body=b"internal error\n")
+            if isinstance(decision, Response):
+                response = decision
+            else:
+                try:
+                    response = await self.handler(request)
+                except Exception:
+                    log.exception("%s %s failed", request.method, request.path)
+                    response = Response(500, body=b"internal error\n")
             await exchange.write(response, head_only=request.method == "HEAD")
             if not exchange.next_request():
                 return
+
+    async def _admit(self, request: Request) -> Response | int:
+        refusal = origins.policy().host_refusal(request.headers.get("host"))
+        if refusal is not None:
+            return Response(421, body=refusal.encode())
+        try:
+            return await self.admit(request)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            return Response(500, body=b"internal error\n")
+
+
+class _Connection:
+    """One HTTP connection of an HttpService, for its cap."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+        self.exchange: _Exchange | None = None
+
+    def idle(self) -> bool:
+        return self.exchange is not None and self.exchange.idle
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past the cap of HTTP connections, when none is idle: answered 503."""
+
+    ANSWER = (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: 41\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        b"too many HTTP connections: try it again\n\n"
+    )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.ANSWER)  # type: ignore[attr-defined]
+        transport.close()
 
 
 class _BadRequest(Exception):
@@ -120,18 +225,36 @@ class _BadRequest(Exception):
 class _Exchange:
     """One connection's requests and responses, parsed and framed by h11: keep-alive (HTTP/1.1;
     an HTTP/1.0 request gets its answer and the connection closed), pipelining, chunked bodies,
-    within busd's bounds: a head of 64 KiB (431), a body of 128 MiB (413), anything else h11
-    refuses (400) (docs/management.md §1)."""
+    within busd's bounds: a head of 64 KiB (431) that arrives within the request timeout, a
+    body no larger than its route takes (413), anything else h11 refuses (400)
+    (docs/management.md §1)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: HttpLimits
+    ) -> None:
         self._reader = reader
         self._writer = writer
+        self._limits = limits
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.idle = False  # waiting for the first byte of the next request
 
-    async def read_request(self, scheme: str) -> Request | None:
-        """The next request, body and all; None when the client closed between requests."""
-        async with asyncio.timeout(IDLE_TIMEOUT_S):
-            head = await self._next_event()
+    async def read_head(self, scheme: str) -> Request | None:
+        """The next request, its head only (body empty); None when the client closed between
+        requests."""
+        self.idle = True
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                await self._some_bytes()
+        finally:
+            self.idle = False
+        try:
+            async with asyncio.timeout(self._limits.request_timeout_s):
+                head = await self._next_event()
+        except TimeoutError:  # slow headers hold a connection: no more than this
+            self._writer.write(
+                b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            )
+            raise
         if isinstance(head, h11.ConnectionClosed):
             return None
         assert isinstance(head, h11.Request)
@@ -139,8 +262,21 @@ class _Exchange:
         if _head_size(head) > MAX_HEAD:
             raise _BadRequest(431, "request head too large")
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in head.headers}
-        if int(headers.get("content-length") or 0) > MAX_BODY:  # h11 checked it is a number
-            raise _BadRequest(413, "request body too large")
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        method = head.method.decode("latin-1").upper()
+        return Request(method, target, path, query, headers, b"", scheme)
+
+    def body_expected(self, request: Request) -> bool:
+        """Whether the request's head announces a body (h11 checked its framing headers)."""
+        length = request.headers.get("content-length")
+        return "transfer-encoding" in request.headers or bool(length and int(length))
+
+    async def read_body(self, request: Request, limit: int) -> None:
+        """Read the request's body into it: at most `limit` bytes, else 413 (a length said up
+        front is refused before any of the body is read)."""
+        if int(request.headers.get("content-length") or 0) > limit:  # h11 checked the number
+            raise _BadRequest(413, f"request body too large: this route takes {limit} bytes")
         if self._h11.client_is_waiting_for_100_continue:
             proceed = h11.InformationalResponse(status_code=100, headers=[])
             self._writer.write(self._h11.send(proceed) or b"")
@@ -152,20 +288,34 @@ class _Exchange:
                     raise ConnectionResetError("closed inside a request")
                 if isinstance(event, h11.Data):
                     total += len(event.data)
-                    if total > MAX_BODY:  # chunked: no length said up front
-                        raise _BadRequest(413, "request body too large")
+                    if total > limit:  # chunked: no length said up front
+                        raise _BadRequest(
+                            413, f"request body too large: this route takes {limit} bytes"
+                        )
                     parts.append(bytes(event.data))
-        target = head.target.decode("latin-1")
-        path, _, query = target.partition("?")
-        return Request(
-            head.method.decode("latin-1").upper(),
-            target,
-            path,
-            query,
-            headers,
-            b"".join(parts),
-            scheme,
-        )
+        request.body = b"".join(parts)
+
+    async def refuse(self, response: Response) -> None:
+        """Answer and close, without reading what is left of the request."""
+        await self.write(response, close=True)
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+        dropped = 0
+        try:
+            async with asyncio.timeout(LINGER_S):
+                while dropped < LINGER_BYTES and (data := await self._reader.read(READ_SIZE)):
+                    dropped += len(data)
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        self._writer.close()
+
+    async def _some_bytes(self) -> None:
+        """Return once some of the next request (or the end of the stream) has arrived."""
+        data, closed = self._h11.trailing_data
+        if not data and not closed:
+            self._h11.receive_data(await self._reader.read(READ_SIZE))
 
     async def _next_event(self) -> h11.Event:
         while True:
@@ -204,7 +354,8 @@ class _Exchange:
             data += send(h11.Data(data=response.body)) or b""
         data += send(h11.EndOfMessage()) or b""
         self._writer.write(data)
-        await self._writer.drain()
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a client that reads nothing
+            await self._writer.drain()
 
     def next_request(self) -> bool:
         """Whether the connection goes on to another request (h11 says when it may not)."""

@@ -49,6 +49,8 @@ log = logging.getLogger("busd.http")
 
 # How long one admin operation may take before the store counts as unreachable.
 OPERATION_TIMEOUT_S = 30.0
+# The body of a request that carries no message or state (a dead-letter reason, nothing).
+BODY_LIMIT = 64 * 1024
 _ACTIONS = ("/dlq/resubmit", "/messages", "/sessions", "/purge")
 
 
@@ -159,6 +161,24 @@ def _split(path: str) -> tuple[str, str]:
         return unquote(session["queue"]), "/session"
     action = next((a for a in _ACTIONS if rest.endswith(a)), "")
     return unquote(rest[: len(rest) - len(action)]), action
+
+
+def admin_body_limit(broker, method: str, path: str) -> int:
+    """The most body an admin request takes, read before any of it arrives: a message sent
+    (its body base64-encoded in JSON, with its properties) or a session's state as large as
+    its entity's largest message; anything else BODY_LIMIT."""
+    if not path.startswith(_PREFIX) or method not in ("POST", "PUT"):
+        return BODY_LIMIT
+    name, action = _split(path)
+    if action == "/messages" and method == "POST":
+        target = broker.topic(name) or broker.receivable(name)
+        if target is not None:
+            return (target.max_message_size + 2) // 3 * 4 + BODY_LIMIT
+    elif action == "/session" and method == "PUT":
+        spec = broker.receivable(name)
+        if spec is not None:
+            return max(spec.max_message_size, BODY_LIMIT)
+    return BODY_LIMIT  # an unknown entity's answer (404) is small
 
 
 def entity_of(path: str) -> str:

@@ -29,19 +29,14 @@ def _json(code: int, document) -> tuple[str, str, bytes]:
     return _status(code), "application/json", json.dumps(document).encode()
 
 
-async def admin_request(
-    broker,
-    method: str,
-    path: str,
-    query: str,
-    body: bytes,
-    headers: dict[str, str],
-    entity_keys=None,
-) -> tuple[int, str, bytes, dict[str, str]]:
-    """One admin request (`headers`: the request's, names lower-cased) for the namespace of
-    `broker`: (status, content type, body, response headers). `entity_keys`: the keys of its
-    entities' own rules (busd.auth.rights.EntityKeys; by default its catalog's)."""
-    from busd.observability.admin import Raw, entity_of, route_admin
+def admin_refusal(
+    broker, path: str, headers: dict[str, str], entity_keys=None
+) -> tuple[int, str, bytes] | None:
+    """(status, content type, body) refusing an admin request whose token does not allow it,
+    from its path and headers alone (before its body is read); None: allowed. `entity_keys`:
+    the keys of its entities' own rules (busd.auth.rights.EntityKeys; by default its
+    catalog's)."""
+    from busd.observability.admin import entity_of
 
     # The admin API can purge queues: it takes a SAS token covering the queue, signed with
     # a key holding the Manage right, as Service Bus's management operations (reads too).
@@ -64,8 +59,27 @@ async def admin_request(
                     f"covering the queue: {exc.reason}"
                 }
             ).encode(),
-            {},
         )
+    return None
+
+
+async def admin_request(
+    broker,
+    method: str,
+    path: str,
+    query: str,
+    body: bytes,
+    headers: dict[str, str],
+    entity_keys=None,
+) -> tuple[int, str, bytes, dict[str, str]]:
+    """One admin request (`headers`: the request's, names lower-cased) for the namespace of
+    `broker`: (status, content type, body, response headers). `entity_keys`: as
+    admin_refusal's."""
+    from busd.observability.admin import Raw, route_admin
+
+    refusal = admin_refusal(broker, path, headers, entity_keys)
+    if refusal is not None:
+        return (*refusal, {})
     status, answer = await route_admin(broker, method, path, query, body, headers)
     if isinstance(answer, Raw):
         return status, answer.content_type, answer.body, answer.headers
