@@ -1,13 +1,17 @@
 """AMQP over TLS: the official SDK (sync and aio) without the emulator flag, trusting busd's
 certificate authority alone through `connection_verify`, sends and receives on queues and
-sessions; the authority signs local names only."""
+sessions; the authority signs local names only, and a burst of new namespace hosts is served
+without holding up other clients."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import signal
 import socket
 import ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -154,11 +158,40 @@ def presented_names(port: int, cert_path: str, host: str) -> list[str]:
             return [v for k, v in s.getpeercert()["subjectAltName"] if k == "DNS"]
 
 
+def health_answer_s(http_port: int) -> float:
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
+def test_a_burst_of_new_host_names_does_not_hold_up_other_clients(busd):
+    """Each new `<name>.localhost` named at the handshake, before any authentication, gets a
+    certificate of its own, issued off the event loop: /health answers meanwhile."""
+    names = [f"burst{i}-{time.time_ns() % 10**8}.localhost" for i in range(30)]
+    with ThreadPoolExecutor(8) as pool:
+        burst = [pool.submit(presented_names, busd.tls_port, busd.cert_path, n) for n in names]
+        answers = [health_answer_s(busd.http_port) for _ in range(5)]
+        presented = [f.result() for f in burst]
+    assert presented == [[n] for n in names]
+    assert max(answers) < 1.0, answers
+
+
 def test_a_foreign_name_gets_busds_own_certificate(busd):
     for name in ("login.microsoftonline.com", "a.b.localhost"):
         with pytest.raises(ssl.SSLCertVerificationError):
             presented_names(busd.tls_port, busd.cert_path, name)
     assert presented_names(busd.tls_port, busd.cert_path, "localhost") == ["localhost"]
+
+
+def test_every_tls_port_presents_a_namespace_hosts_own_certificate(busd):
+    for port in (busd.port, busd.tls_port, busd.http_port, busd.ws_port):
+        host = f"p{port}-{time.time_ns() % 10**8}.localhost"
+        assert presented_names(port, busd.cert_path, host) == [host]
 
 
 def test_the_unconstrained_certificate_of_an_earlier_busd_is_replaced(busd_factory, tmp_path):
