@@ -79,7 +79,7 @@ class Names:
         dns = list(HOST_NAMES)
         addresses: list[Address] = [ipaddress.ip_address(a) for a in HOST_ADDRESSES]
         for host in hosts:
-            host = host.strip().strip("[]").lower().rstrip(".")
+            host = host.strip().strip("[]").lower().rstrip(".").partition("%")[0]  # no zone
             if host in WILDCARD_HOSTS:
                 continue
             try:

@@ -75,9 +75,9 @@ def issuer_of(material: tls.Tls) -> HostIssuer:
 
 
 def test_a_burst_of_new_host_names_is_issued_off_the_event_loop(tmp_path, monkeypatch):
-    """Key generation made slow on purpose (50 ms a host): the SNI callback, which runs on the
+    """Key generation made slow on purpose (100 ms a host): the SNI callback, which runs on the
     event loop inside each handshake, must not be where it happens."""
-    slow_s, count = 0.05, 12
+    slow_s, count = 0.1, 12
     issuing_threads: list[int] = []
     in_callback: list[float] = []
     real_issue, real_callback = HostIssuer._context_for, HostIssuer.__call__

@@ -310,9 +310,10 @@ def test_rotation_by_deleting_files(tmp_path, caplog):
 
 def test_the_host_busd_is_bound_to_is_permitted_too(tmp_path, caplog):
     data = tmp_path / "data"
-    material = tls.load(None, None, data, ["10.9.8.7", "BusHost.Example.", "0.0.0.0", "::"])
+    hosts = ["10.9.8.7", "BusHost.Example.", "0.0.0.0", "::", "[fe80::1%eth0]"]
+    material = tls.load(None, None, data, hosts)
     chain = (data / tls.CERT_FILE).read_bytes()
-    for name in ("bushost.example", "10.9.8.7", "localhost", "127.0.0.1"):
+    for name in ("bushost.example", "10.9.8.7", "fe80::1", "localhost", "127.0.0.1"):
         assert verifies(material.cert_path, chain, name), name
     assert not verifies(material.cert_path, _signed_with_busds_key(data, "10.9.8.6"), "10.9.8.6")
     ca = material.cert_path.read_bytes()
