@@ -233,7 +233,8 @@ def cli() -> None:
     envvar="BUSD_TLS_CERT",
     default=None,
     type=click.Path(dir_okay=False),
-    help="PEM certificate (chain) for TLS; none: a self-signed one kept in the data directory.",
+    help="PEM certificate (chain) for TLS; none: busd's own, signed by its certificate "
+    "authority for local names, both kept in the data directory.",
 )
 @click.option(
     "--tls-key",

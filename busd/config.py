@@ -80,7 +80,7 @@ class Settings:
     http_port: int = 5300  # health, metrics, admin
     tls_port: int | None = 5671  # AMQP over TLS (the SDKs' port outside the emulator); None: off
     ws_port: int | None = 5443  # AMQP over WebSockets, ws and wss (Service Bus: 443); None: off
-    tls_cert: str | None = None  # PEM files; None: a self-signed pair kept in data_dir
+    tls_cert: str | None = None  # PEM files; None: busd's own, its CA's, kept in data_dir
     tls_key: str | None = None
     log_level: str = "info"
     log_format: str = "text"

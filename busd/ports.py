@@ -27,6 +27,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from busd.host_certificates import prepare as prepare_tls
 from busd.listener import FIRST_BYTE_TIMEOUT_S, TLS_RECORD, SniffingListener, bind
 
 log = logging.getLogger("busd.amqp")
@@ -73,6 +74,8 @@ class ServicePort(SniffingListener):
         if (first == TLS_RECORD and tls is None) or (tls is None and not self.plain):
             conn.close()  # e.g. plain AMQP on the TLS port: nothing to answer it in
             return
+        if tls is not None:
+            await prepare_tls(conn, tls)  # a new namespace host's certificate, off the loop
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: _FirstBytes(self),

@@ -182,7 +182,11 @@ class Server:
         self.namespaces = Namespaces(self.broker, namespace, max_namespaces=settings.max_namespaces)
         # The certificate of every TLS listener; made (RSA key generation) off the event loop.
         self.tls = await asyncio.to_thread(
-            load_tls, settings.tls_cert, settings.tls_key, settings.data_dir
+            load_tls,
+            settings.tls_cert,
+            settings.tls_key,
+            settings.data_dir,
+            [settings.host, *settings.hostnames],
         )
         self.tls_context = self.tls.context
         await seed_catalog(self.broker.catalog, self.entities)
@@ -300,7 +304,7 @@ class Server:
         if self.http is not None:
             lines.append(f"  dashboard: http://{client_host(settings)}:{self.http.port}/")
         if self.tls is not None:
-            made = " (self-signed, made by busd)" if self.tls.generated else ""
+            made = " (busd's CA, for local names only)" if self.tls.generated else ""
             lines.append(f"  certificate: {os.path.abspath(self.tls.cert_path)}{made}")
         if self.tls_port is not None:
             lines.append(

@@ -24,7 +24,7 @@ import yaml
 from busd.auth.sas import generate_sas_token
 from busd.config import Settings, load_entities
 from busd.server import EMULATOR_CONFIG, connection_string, entities_file
-from busd.tls import KEY_FILE
+from busd.tls import CERT_FILE, KEY_FILE
 from busd.tls import load as load_tls
 from tests.e2e.conftest import BANNER, HTTP_BANNER
 
@@ -240,11 +240,12 @@ def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_ur
         "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}",
     }
     certs = tmp_path / "certs"  # the container's /certs
-    made = load_tls(None, None, certs)  # a certificate pair, as a user brings one
-    given = {"BUSD_TLS_CERT": str(made.cert_path), "BUSD_TLS_KEY": str(certs / KEY_FILE)}
+    load_tls(None, None, certs)  # its server certificate and key: a pair as a user brings one
+    cert = certs / CERT_FILE
+    given = {"BUSD_TLS_CERT": str(cert), "BUSD_TLS_KEY": str(certs / KEY_FILE)}
     argv = replace_option(BUSD["command"], "--redis-url", redis_url)
     argv = replace_option(argv, "--config", str(mounts[EMULATOR_CONFIG]))
-    for env, expected in (({}, "(self-signed, made by busd)"), (given, str(made.cert_path))):
+    for env, expected in (({}, "(busd's CA, for local names only)"), (given, str(cert))):
         environment = {name: compose_value(v, env) for name, v in BUSD["environment"].items()}
         proc, http_url, log_path = start(
             runnable(argv),

@@ -24,6 +24,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from busd.host_certificates import prepare as prepare_tls
 from busd.listener import TLS_RECORD, SniffingListener, bind
 from busd.origins import websocket_refusal
 
@@ -156,6 +157,8 @@ class WebSocketServer(SniffingListener):
         if first == TLS_RECORD and tls is None:
             conn.close()
             return
+        if tls is not None:
+            await prepare_tls(conn, tls)  # a new namespace host's certificate, off the loop
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: WebSocketAmqp(self.amqp_factory),

@@ -100,8 +100,9 @@ class BusdContainer(DockerContainer):
         return f"http://{self.get_container_host_ip()}:{self.get_exposed_port(HTTP_PORT)}"
 
     def cert(self) -> bytes:
-        """The certificate the container's busd made (PEM): what a TLS client must trust."""
-        result = self.exec(["cat", "/data/busd-cert.pem"])
+        """The certificate authority the container's busd made (PEM): what a TLS client must
+        trust."""
+        result = self.exec(["cat", "/data/busd-ca.pem"])
         if result.exit_code != 0:
             raise RuntimeError(f"no certificate in the container: {result.output!r}")
         return result.output

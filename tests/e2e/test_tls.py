@@ -1,19 +1,28 @@
 """AMQP over TLS: the official SDK (sync and aio) without the emulator flag, trusting busd's
-certificate through `connection_verify`, sends and receives on queues and sessions."""
+certificate authority alone through `connection_verify`, sends and receives on queues and
+sessions; the authority signs local names only, and a burst of new namespace hosts is served
+without holding up other clients."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import signal
 import socket
 import ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, TransportType
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusConnectionError
+from cryptography import x509
 
+from busd import tls
 from tests.e2e.conftest import amqp_header_over_tls, queue, receive
+from tests.test_tls import write_unconstrained
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,6 +57,10 @@ def test_banner_names_the_listener_and_the_certificate(busd):
     # the TLS string does not carry the emulator flag: with it, the SDKs speak plain AMQP
     tls_line = next(line for line in text.splitlines() if "TLS connection string" in line)
     assert "UseDevelopmentEmulator" not in tls_line
+    # what clients trust is busd's authority, which may sign local names only
+    assert Path(busd.cert_path).name == tls.CA_FILE
+    authority = x509.load_pem_x509_certificate(Path(busd.cert_path).read_bytes())
+    assert authority.extensions.get_extension_for_class(x509.NameConstraints).critical
 
 
 def test_sdk_sync_over_tls_queue_and_session(busd):
@@ -134,3 +147,65 @@ def test_failed_handshakes_leave_nothing_behind_and_shutdown_is_clean(busd_facto
     own.stop(signal.SIGTERM)
     assert own.proc.returncode == 0, own.log_text()[-3000:]
     assert "Traceback" not in own.log_text()
+
+
+def presented_names(port: int, cert_path: str, host: str) -> list[str]:
+    """A TLS handshake naming `host`, trusting busd's authority alone: the DNS names of the
+    certificate busd presented (an ssl.SSLCertVerificationError when it is not for `host`)."""
+    context = ssl.create_default_context(cafile=cert_path)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as s:
+            return [v for k, v in s.getpeercert()["subjectAltName"] if k == "DNS"]
+
+
+def health_answer_s(http_port: int) -> float:
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
+def test_a_burst_of_new_host_names_does_not_hold_up_other_clients(busd):
+    """Each new `<name>.localhost` named at the handshake, before any authentication, gets a
+    certificate of its own, issued off the event loop: /health answers meanwhile."""
+    names = [f"burst{i}-{time.time_ns() % 10**8}.localhost" for i in range(30)]
+    with ThreadPoolExecutor(8) as pool:
+        burst = [pool.submit(presented_names, busd.tls_port, busd.cert_path, n) for n in names]
+        answers = [health_answer_s(busd.http_port) for _ in range(5)]
+        presented = [f.result() for f in burst]
+    assert presented == [[n] for n in names]
+    assert max(answers) < 1.0, answers
+
+
+def test_a_foreign_name_gets_busds_own_certificate(busd):
+    for name in ("login.microsoftonline.com", "a.b.localhost"):
+        with pytest.raises(ssl.SSLCertVerificationError):
+            presented_names(busd.tls_port, busd.cert_path, name)
+    assert presented_names(busd.tls_port, busd.cert_path, "localhost") == ["localhost"]
+
+
+def test_every_tls_port_presents_a_namespace_hosts_own_certificate(busd):
+    for port in (busd.port, busd.tls_port, busd.http_port, busd.ws_port):
+        host = f"p{port}-{time.time_ns() % 10**8}.localhost"
+        assert presented_names(port, busd.cert_path, host) == [host]
+
+
+def test_the_unconstrained_certificate_of_an_earlier_busd_is_replaced(busd_factory, tmp_path):
+    data = tmp_path / "data"
+    old = write_unconstrained(data)
+    own = busd_factory([queue("plain")], extra_env={"BUSD_DATA_DIR": str(data)})
+    assert own.cert_path == str(data / tls.CA_FILE)
+    assert (data / tls.CERT_FILE).read_bytes() != old
+    (line,) = [x for x in own.log_text().splitlines() if "certificate authority" in x]
+    assert "no name constraints" in line and str(data / tls.CA_FILE) in line
+    with ServiceBusClient.from_connection_string(
+        tls_connection_string(own), **tls_kwargs(own)
+    ) as client:
+        with client.get_queue_sender("plain") as sender:
+            sender.send_messages(ServiceBusMessage(b"trusting the authority"))
+        with client.get_queue_receiver("plain", max_wait_time=5) as receiver:
+            assert [str(m) for m in receive(receiver, 1)] == ["trusting the authority"]
