@@ -51,8 +51,9 @@ def compose_default(text: str) -> str:
 
 
 def compose_value(text: str, shell: dict[str, str]) -> str:
-    """An ${VAR:-} value of compose.yaml as compose makes it from the shell's variables."""
-    return re.sub(r"\$\{(\w+):-\}", lambda m: shell.get(m.group(1), ""), text)
+    """An ${VAR:-default} value of compose.yaml as compose makes it from the shell's
+    variables."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: shell.get(m.group(1)) or m.group(2), text)
 
 
 def volume_mounts() -> dict[str, Path]:
@@ -236,6 +237,8 @@ def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_ur
     mounts = volume_mounts()
     assert "/data" in mounts and "/certs" in mounts
     assert BUSD["environment"] == {
+        # what other containers call it: served over HTTP, named by its certificate
+        "BUSD_HOSTNAME": "${BUSD_HOSTNAME:-busd}",
         "BUSD_TLS_CERT": "${BUSD_TLS_CERT:-}",
         "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}",
     }
