@@ -181,11 +181,12 @@ class ConnectionHandler:
     def on_connection_remote_open(self, event) -> None:
         conn = event.connection
         try:
-            self.remote_container = _name(lambda: conn.remote_container, "container-id") or "?"
+            container, hostname = _read_open(conn)
         except BusdError as error:
             log.info("connection %s refused: %s", self.proto.peer, error.description)
             self.close_connection(error)
             return
+        self.remote_container = container or "?"
         cap = self.home.limits.connections
         if cap and self.home.open_connections > cap:
             log.warning(
@@ -198,7 +199,7 @@ class ConnectionHandler:
             )
             return
         conn.container = self.home.container_id
-        self.host_namespace = namespace_of_host(conn.remote_hostname)
+        self.host_namespace = namespace_of_host(hostname)
         conn.open()
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
 
@@ -530,6 +531,25 @@ def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | N
             Cond.INVALID_FIELD, f"The {what} is longer than {MAX_NAME_LENGTH} characters."
         )
     return value
+
+
+def _read_open(conn) -> tuple[str | None, str | None]:
+    """The (container-id, hostname) of the client's open, decoded once with the rest of its
+    fields: each must be text busd can log and use (docs/design.md §3.12)."""
+    container = _name(lambda: conn.remote_container, "container-id")
+    hostname = _name(lambda: conn.remote_hostname, "hostname")
+    for what, value_of in (
+        ("properties", lambda: conn.remote_properties),
+        ("offered capabilities", lambda: conn.remote_offered_capabilities),
+        ("desired capabilities", lambda: conn.remote_desired_capabilities),
+    ):
+        try:
+            value_of()
+        except Exception:  # not UTF-8, or a value proton cannot decode
+            raise BusdError(
+                Cond.INVALID_FIELD, f"The open's {what} cannot be decoded (not valid UTF-8?)."
+            ) from None
+    return container, hostname
 
 
 def _chain_length(endpoint) -> int:

@@ -8,7 +8,7 @@ import dataclasses
 import uuid
 
 import pytest
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from proton import Endpoint, Link, Message
 
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
@@ -68,6 +68,44 @@ async def test_a_container_id_that_is_not_text_closes_the_connection(new_protoco
     await bad.settle_down(0.05)
     assert broker.open_connections == 0
     good = await connect()  # the process serves on
+    await good.authorize("plain")
+
+
+def _put_raw_property(conn, value: bytes) -> None:
+    """An open whose properties map holds a string of raw bytes (proton's API takes text)."""
+    data = lib.pn_connection_properties(conn._impl)
+    lib.pn_data_put_map(data)
+    lib.pn_data_enter(data)
+    key = ffi.new("char[]", b"note")
+    lib.pn_data_put_symbol(data, ffi.new("pn_bytes_t*", {"size": 4, "start": key})[0])
+    raw = ffi.new("char[]", value)
+    lib.pn_data_put_string(data, ffi.new("pn_bytes_t*", {"size": len(value), "start": raw})[0])
+    lib.pn_data_exit(data)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("hostname", b"\xff\xfe.localhost"),
+        ("hostname", b"h" * (MAX_NAME_LENGTH + 1)),
+        ("properties", b"caf\xe9"),
+    ],
+    ids=["hostname-not-utf8", "hostname-too-long", "property-not-utf8"],
+)
+async def test_an_open_field_that_is_not_text_closes_the_connection_cleanly(
+    new_protocol, broker, connect, field: str, value: bytes
+):
+    bad = ProtocolClient(new_protocol())
+    if field == "hostname":
+        lib.pn_connection_set_hostname(bad.conn._impl, value)
+    else:
+        _put_raw_property(bad.conn, value)
+    bad.conn.open()
+    await bad.wait(lambda: bool(bad.conn.state & Endpoint.REMOTE_CLOSED), "the close")
+    assert bad.conn.remote_condition.name == "amqp:invalid-field"
+    assert field.rstrip("s") in bad.conn.remote_condition.description
+    await bad.wait(lambda: bad.sock.closed, "the socket closed")
+    good = await connect()  # the process serves on (the fixture fails on a logged error)
     await good.authorize("plain")
 
 
