@@ -110,9 +110,10 @@ class ConnectionHandler:
         self.buffers = Buffers(broker.limits.connection_buffer, broker.buffers)
         self._closed = False
         LIVE_CONNECTIONS.add(self)
-        broker.open_connections += 1
         if broker.metrics is not None:
             broker.metrics.connection_opened()
+        # counted in `home.authenticated_connections` since its first valid put-token
+        self._authenticated = False
         # Closed unless a put-token succeeds in time (cancelled by `grant`).
         self._auth_timer: asyncio.TimerHandle | None = None
         if broker.limits.auth_timeout_s:
@@ -187,21 +188,25 @@ class ConnectionHandler:
             self.close_connection(error)
             return
         self.remote_container = container or "?"
-        cap = self.home.limits.connections
-        if cap and self.home.open_connections > cap:
-            log.warning(
-                "connection %s refused: %d connections open, the limit", self.proto.peer, cap
-            )
-            self.close_connection(
-                BusdError(
-                    Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."
-                )
-            )
+        if self._at_connection_cap():
             return
         conn.container = self.home.container_id
         self.host_namespace = namespace_of_host(hostname)
         conn.open()
+        self.proto.opened()
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    def _at_connection_cap(self) -> bool:
+        """Close the connection when the process serves as many authenticated connections as
+        it may (unauthenticated ones are capped apart, busd.listener)."""
+        cap = self.home.limits.connections
+        if not cap or self.home.authenticated_connections < cap:
+            return False
+        log.warning("connection %s refused: %d connections open, the limit", self.proto.peer, cap)
+        self.close_connection(
+            BusdError(Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections.")
+        )
+        return True
 
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
@@ -211,6 +216,8 @@ class ConnectionHandler:
                 self.proto.peer,
                 self.home.limits.auth_timeout_s,
             )
+            if self.home.metrics is not None:
+                self.home.metrics.handshake_timed_out("token")
             self.close_connection(
                 BusdError(
                     Cond.UNAUTHORIZED,
@@ -218,6 +225,8 @@ class ConnectionHandler:
                     "of connecting.",
                 )
             )
+            # proton writes the close only after the client's headers: the socket goes now
+            self.proto.close_socket()
 
     def on_connection_remote_close(self, event) -> None:
         conn = event.connection
@@ -419,7 +428,8 @@ class ConnectionHandler:
         finally:
             if self._bound and self.namespaces is not None:
                 self.namespaces.let_go(self.broker)
-            self.home.open_connections -= 1
+            if self._authenticated:
+                self.home.authenticated_connections -= 1
             if self.home.metrics is not None:
                 self.home.metrics.connection_closed()
             trim_soon()  # once the connection's objects are freed (docs/design.md §3.12)
@@ -446,7 +456,14 @@ class ConnectionHandler:
         return True
 
     def grant(self, grant: Grant) -> None:
-        """A verified token: it replaces the one put before for the same audience (a refresh)."""
+        """A verified token: it replaces the one put before for the same audience (a refresh).
+        The first one counts the connection among the authenticated ones, if the cap allows."""
+        if not self._authenticated:
+            if self._closed or self._at_connection_cap():
+                return
+            self._authenticated = True
+            self.home.authenticated_connections += 1
+            self.proto.authenticated()
         self.grants[grant.audience.lower()] = grant
         if self._auth_timer is not None:
             self._auth_timer.cancel()

@@ -4,6 +4,7 @@ the connection (or the process) keeps serving, and what was held is given back."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 
@@ -66,7 +67,7 @@ async def test_a_container_id_that_is_not_text_closes_the_connection(new_protoco
     assert bad.conn.remote_condition.name == "amqp:invalid-field"
     await bad.wait(lambda: bad.sock.closed, "the socket closed")
     await bad.settle_down(0.05)
-    assert broker.open_connections == 0
+    assert broker.authenticated_connections == 0
     good = await connect()  # the process serves on
     await good.authorize("plain")
 
@@ -136,14 +137,24 @@ async def test_links_per_connection_are_capped(broker, connect):
     assert refused.condition.name == "amqp:resource-limit-exceeded"
 
 
-async def test_connections_per_process_are_capped(broker, connect, new_protocol):
+async def test_authenticated_connections_per_process_are_capped(broker, connect, new_protocol):
     set_limits(broker, connections=1)
+    unauthenticated = await connect()  # not counted: they are capped apart (busd.listener)
     first = await connect()
+    await first.authorize("plain")
     second = ProtocolClient(new_protocol())
     second.conn.open()
     await second.wait(lambda: bool(second.conn.state & Endpoint.REMOTE_CLOSED), "the close")
     assert second.conn.remote_condition.name == "amqp:resource-limit-exceeded"
-    await first.authorize("plain")  # the first serves on
+    # one that opened before the cap was reached is closed at its first valid put-token
+    answer = asyncio.ensure_future(unauthenticated.put_token("plain"))
+    await unauthenticated.wait(
+        lambda: bool(unauthenticated.conn.state & Endpoint.REMOTE_CLOSED), "the close"
+    )
+    assert unauthenticated.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    answer.cancel()
+    await first.send_to("plain", Message(body="the first serves on"))
+    assert broker.authenticated_connections == 1
 
 
 async def test_a_connection_without_a_valid_token_is_closed_after_the_time_out(broker, connect):
