@@ -32,6 +32,8 @@ from typing import Any
 TLS_RECORD = 0x16  # the first byte of a TLS ClientHello
 # A TLS handshake's limit when the handshake deadline is off (--handshake-timeout 0).
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# How much earlier than a deadline asyncio's own timer for it may fire.
+TIMER_SLACK_S = 0.05
 # A socket being closed whose peer does not read what is left to write (a close frame) is cut
 # off after this long, so that a closing connection cannot be held open either.
 CLOSE_GRACE_S = 2.0
@@ -127,7 +129,7 @@ class Pending:
         closes. Before it, the listener's own waits end at the deadline."""
         self._transport = transport
         if self.expired:
-            close_transport(transport)
+            _cut_off(transport)
 
     def opened(self) -> None:
         """The AMQP `open` came: the handshake is done (the put-token has its own time-out,
@@ -155,7 +157,7 @@ class Pending:
         self.expired = True
         self._count_timeout()
         if self._transport is not None:
-            close_transport(self._transport)
+            _cut_off(self._transport)
 
     def _count_timeout(self) -> None:
         admission = self._admission
@@ -173,11 +175,10 @@ class Pending:
             self._timer = None
 
 
-def close_transport(transport: asyncio.BaseTransport) -> None:
-    """Close `transport` after writing what it has buffered; if the peer does not read it,
-    cut it off after CLOSE_GRACE_S."""
-    transport.close()
-    asyncio.get_running_loop().call_later(CLOSE_GRACE_S, transport.abort)  # type: ignore[attr-defined]
+def _cut_off(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection at its deadline at once: it has said nothing worth an answer, and a
+    graceful close could wait on the peer (a TLS close_notify, unread bytes)."""
+    transport.abort()  # type: ignore[attr-defined]
 
 
 def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
@@ -252,8 +253,9 @@ class SniffingListener(abc.ABC):
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             self._log.debug("%s connection dropped before its handshake: %s", self._name, exc)
             conn.close()
-            if pending.expired or pending.remaining() == 0:
-                pending.timed_out()
+            left = pending.remaining()
+            if pending.expired or (left is not None and left < TIMER_SLACK_S):
+                pending.timed_out()  # (the TLS handshake's own timer, set to end with ours)
             else:
                 pending.release()
         except BaseException:  # cancelled: the listener is closing

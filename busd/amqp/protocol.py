@@ -345,6 +345,11 @@ class AmqpProtocol(asyncio.Protocol):
             self._pending = None
 
     # --- closing ----------------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        """Whether the socket is closed or being closed (by busd, or at a deadline)."""
+        return self._closed or (self._sock is not None and self._sock.is_closing())
+
     def close_socket(self) -> None:
         """Close the socket now, whatever stage the AMQP exchange has reached: what the engine
         produced (a close frame, once the client's headers came) is written first."""

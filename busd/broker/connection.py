@@ -210,7 +210,7 @@ class ConnectionHandler:
 
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
-        if not self.grants and not self._closed:
+        if not self.grants and not self._closed and not self.proto.closing:
             log.info(
                 "connection %s closed: no valid put-token within %g s",
                 self.proto.peer,

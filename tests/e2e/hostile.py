@@ -4,7 +4,8 @@ Each `KIND` names where it stops: inside or right after the AMQP/SASL headers on
 port, the same inside TLS on the TLS port, and inside or after the WebSocket upgrade on the
 WebSocket port. `open_partial` opens one such connection and leaves it hanging; `still_open`
 tells whether busd has closed it yet (reading and dropping whatever busd wrote meanwhile).
-Used by tests/e2e/test_handshake_deadlines.py and by hand to measure a running busd.
+Used by tests/e2e/test_handshake_deadlines.py, and run as a module to measure a running busd
+(`python -m tests.e2e.hostile --help`).
 """
 
 from __future__ import annotations
@@ -172,3 +173,35 @@ def close_all(socks: list[socket.socket]) -> None:
             sock.close()
         except OSError:
             pass
+
+
+def main() -> None:
+    """`python -m tests.e2e.hostile --amqp P --tls P --ws P`: open `--count` connections of
+    each kind against a running busd, wait `--wait` seconds, print how many are still open.
+    (Raise busd's caps on unauthenticated connections first, or most are refused at once.)"""
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--amqp", type=int, required=True)
+    parser.add_argument("--tls", type=int)
+    parser.add_argument("--ws", type=int)
+    parser.add_argument("--count", type=int, default=30)
+    parser.add_argument("--wait", type=float, default=15.0)
+    args = parser.parse_args()
+    ports = Ports(args.amqp, args.tls, args.ws)
+    kinds = [k for k in KINDS if getattr(ports, k.split(":")[0]) is not None]
+    started = time.monotonic()
+    opened = {kind: [open_partial(kind, ports) for _ in range(args.count)] for kind in kinds}
+    time.sleep(max(0.0, args.wait - (time.monotonic() - started)))
+    total = 0
+    for kind, socks in opened.items():
+        left = sum(still_open(s) for s in socks)
+        total += left
+        print(f"{kind:22} {left}/{len(socks)} still open after {args.wait:g} s")
+        close_all(socks)
+    print(f"total {total}/{sum(len(s) for s in opened.values())} still open")
+
+
+if __name__ == "__main__":
+    main()
