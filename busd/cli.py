@@ -130,8 +130,8 @@ _LIMIT_OPTIONS = [
         "--max-connections",
         "connections",
         int,
-        "Connections this process serves at once (0: no cap); more are closed, "
-        "amqp:resource-limit-exceeded.",
+        "Authenticated connections this process serves at once (0: no cap); more are "
+        "closed, amqp:resource-limit-exceeded.",
     ),
     (
         "--auth-timeout",
@@ -139,6 +139,27 @@ _LIMIT_OPTIONS = [
         float,
         "Seconds a connection may stay without a valid put-token (0: no limit); then it is "
         "closed, amqp:unauthorized-access.",
+    ),
+    (
+        "--handshake-timeout",
+        "handshake_timeout_s",
+        float,
+        "Seconds from a connection's accept to its AMQP open, TLS and WebSocket upgrade "
+        "included (0: no limit); then its socket is closed.",
+    ),
+    (
+        "--max-unauthenticated-connections",
+        "unauthenticated",
+        int,
+        "Connections without a valid put-token yet, per process (0: no cap); more are closed "
+        "as they are accepted. Not counted in --max-connections.",
+    ),
+    (
+        "--max-unauthenticated-per-address",
+        "unauthenticated_per_address",
+        int,
+        "Connections without a valid put-token yet from one peer address (0: no cap); more "
+        "from it are closed as they are accepted.",
     ),
 ]
 

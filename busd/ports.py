@@ -27,8 +27,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from busd.host_certificates import prepare as prepare_tls
-from busd.listener import FIRST_BYTE_TIMEOUT_S, TLS_RECORD, SniffingListener, bind
+from busd.listener import TLS_RECORD, Admission, Pending, SniffingListener, bind
 
 log = logging.getLogger("busd.amqp")
 
@@ -37,23 +36,26 @@ AMQP_HEADER = ord("A")  # b"AMQP" then the protocol id (0: AMQP, 3: SASL)
 HTTP_METHOD_START = frozenset(
     b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 )
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
-
 ProtocolFactory = Callable[[], asyncio.Protocol]
+# An AMQP connection's protocol, given its admission (busd.listener.Pending) to release once
+# it authenticates or goes, and to tell when its `open` came.
+AmqpFactory = Callable[[Pending | None], asyncio.Protocol]
 
 
 @dataclass(frozen=True)
 class Services:
     """What a port hands its connections to."""
 
-    amqp: ProtocolFactory
+    amqp: AmqpFactory
     http: ProtocolFactory
     tls: ssl.SSLContext | None  # None: TLS connections are refused
 
-    def protocol_for(self, first: int) -> asyncio.Protocol:
-        """The protocol of a connection (inside TLS, if any) whose first byte is `first`."""
+    def protocol_for(self, first: int, pending: Pending) -> asyncio.Protocol:
+        """The protocol of a connection (inside TLS, if any) whose first byte is `first`; an
+        HTTP connection leaves the unauthenticated count (its requests carry their keys)."""
         if first == AMQP_HEADER or first not in HTTP_METHOD_START:
-            return self.amqp()
+            return self.amqp(pending)
+        pending.release()
         return self.http()
 
 
@@ -62,30 +64,25 @@ class ServicePort(SniffingListener):
     only, as the TLS port)."""
 
     def __init__(
-        self, sock: socket.socket, services: Services, name: str, plain: bool = True
+        self,
+        sock: socket.socket,
+        services: Services,
+        name: str,
+        plain: bool = True,
+        admission: Admission | None = None,
     ) -> None:
         self.services = services
         self.plain = plain
         self._undecided: set[_FirstBytes] = set()  # TLS done, no byte yet
-        super().__init__(sock, log, name)
+        super().__init__(sock, log, name, admission)
 
-    async def serve(self, conn: socket.socket, first: int) -> None:
+    async def serve(self, conn: socket.socket, first: int, pending: Pending) -> None:
         tls = self.services.tls if first == TLS_RECORD else None
         if (first == TLS_RECORD and tls is None) or (tls is None and not self.plain):
             conn.close()  # e.g. plain AMQP on the TLS port: nothing to answer it in
+            pending.release()
             return
-        if tls is not None:
-            await prepare_tls(conn, tls)  # a new namespace host's certificate, off the loop
-        try:
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: _FirstBytes(self),
-                conn,
-                ssl=tls,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
-            )
-        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-            log.debug("%s connection dropped before its first byte: %s", self._name, exc)
-            conn.close()
+        await self.hand_over(conn, lambda: _FirstBytes(self, pending), tls, pending)
 
     def _closing(self) -> None:
         for waiting in list(self._undecided):
@@ -96,22 +93,22 @@ class _FirstBytes(asyncio.Protocol):
     """A connection until its first bytes arrive (decrypted, over TLS): then its transport is
     handed to the protocol they name, which gets those bytes and everything after them."""
 
-    def __init__(self, port: ServicePort) -> None:
+    def __init__(self, port: ServicePort, pending: Pending) -> None:
         self._port = port
+        self._pending = pending  # its deadline closes the transport (busd.listener)
         self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._port._undecided.add(self)
-        self._timer = asyncio.get_running_loop().call_later(FIRST_BYTE_TIMEOUT_S, self.close)
+        self._pending.attach(transport)
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
         self._decided()
         if transport is None or not data:
             return
-        protocol = self._port.services.protocol_for(data[0])
+        protocol = self._port.services.protocol_for(data[0], self._pending)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         protocol.data_received(data)
@@ -121,6 +118,7 @@ class _FirstBytes(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._decided()
+        self._pending.release()
 
     def close(self) -> None:
         transport = self._transport
@@ -129,9 +127,6 @@ class _FirstBytes(asyncio.Protocol):
             transport.close()
 
     def _decided(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._transport = None
         self._port._undecided.discard(self)
 
@@ -143,6 +138,8 @@ def listen(
     name: str,
     plain: bool = True,
     sock: socket.socket | None = None,
+    admission: Admission | None = None,
 ) -> ServicePort:
-    """Listen on host:port (0: any free port), or on `sock`, already listening there."""
-    return ServicePort(sock or bind(host, port), services, name, plain)
+    """Listen on host:port (0: any free port), or on `sock`, already listening there;
+    `admission`: the process's unauthenticated connections, shared by all its ports."""
+    return ServicePort(sock or bind(host, port), services, name, plain, admission)

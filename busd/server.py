@@ -21,6 +21,7 @@ from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
+from busd.listener import Admission, Pending
 from busd.ports import ServicePort, Services
 from busd.tls import Tls
 from busd.tls import load as load_tls
@@ -197,7 +198,9 @@ class Server:
         def listen(name: str, port: int, plain: bool = True) -> ServicePort:
             # a worker of several listens on the socket its parent's role gives it
             sock = role.socket(name, settings.host) if role is not None else None
-            return ports.listen(settings.host, port, services, name, plain, sock=sock)
+            return ports.listen(
+                settings.host, port, services, name, plain, sock=sock, admission=admission
+            )
 
         # AMQP and HTTP on every port (busd/ports.py): the AMQP port, the TLS port (TLS only)
         # and the HTTP port; port 0: any free port (the banner tells which).
@@ -215,6 +218,14 @@ class Server:
             routes.admit,
             HttpLimits(settings.http_connections, settings.http_request_timeout_s),
         )
+        # every port's unauthenticated connections, counted and timed together
+        limits = settings.limits
+        admission = Admission(
+            limits.handshake_timeout_s,
+            limits.unauthenticated,
+            limits.unauthenticated_per_address,
+            metrics,
+        )
         services = Services(self._new_protocol, self.http_service.protocol, self.tls_context)
         self.listener = listen("amqp", settings.port)
         if settings.tls_port is not None:
@@ -229,6 +240,7 @@ class Server:
                 self.tls_context,
                 self._new_protocol,
                 sock=role.socket("ws", settings.host) if role is not None else None,
+                admission=admission,
             )
         self.http = listen("http", settings.http_port)
 
@@ -253,13 +265,14 @@ class Server:
         if metrics is not None:
             metrics.host_figures = host_figures
 
-    def _new_protocol(self) -> AmqpProtocol:
+    def _new_protocol(self, pending: Pending | None = None) -> AmqpProtocol:
         broker, namespaces = self.broker, self.namespaces
         assert broker is not None, "not started"
         return AmqpProtocol(
             lambda p: ConnectionHandler(p, broker, namespaces),
             on_closed=self.protocols.discard,
             on_opened=self.protocols.add,
+            pending=pending,
         )
 
     def banner(self) -> str:

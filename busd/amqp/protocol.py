@@ -5,7 +5,11 @@ Bytes in go to `Transport.push`, bytes out come from `Transport.peek/pop`, timer
 message or settled a delivery) `kick()` dispatches the collector's events to the connection
 handler; what the engine produced is written once per event-loop turn, however many kicks
 the turn had. The handler (busd.broker.connection) owns the AMQP semantics; this module owns
-only I/O.
+only I/O, and the connection's admission until it authenticates (busd.listener.Pending).
+
+Every close ends with the socket closed: proton writes an AMQP close only once the header
+exchange is done, and a peer that does not read what is left is cut off after
+CLOSE_GRACE_S, so no connection stays open because its client stopped part-way.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from proton._exceptions import TransportException
 
 from busd.amqp import engine
 from busd.amqp.frames import DeliveryIds
+from busd.listener import CLOSE_GRACE_S, Pending
 
 log = logging.getLogger("busd.amqp")
 frame_log = logging.getLogger("busd.amqp.frames")
@@ -107,8 +112,12 @@ _LINK_EVENTS: dict[int, EventType] = {
 class AmqpProtocol(asyncio.Protocol):
     """Connection scope: the socket, the proton engine, and the connection's handler."""
 
-    def __init__(self, make_handler, on_closed=None, on_opened=None) -> None:
+    def __init__(
+        self, make_handler, on_closed=None, on_opened=None, pending: Pending | None = None
+    ) -> None:
         self._make_handler = make_handler
+        # counted as unauthenticated, with a handshake deadline, until `authenticated()`
+        self._pending = pending
         self._on_closed = on_closed
         # Called from connection_made: over TLS that is after the handshake, and a handshake
         # that fails calls neither it nor connection_lost, so whoever tracks open connections
@@ -123,6 +132,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._handled: frozenset[int] = frozenset()
         self._tick_handle: asyncio.TimerHandle | None = None
         self._flush_handle: asyncio.Handle | None = None
+        self._abort_handle: asyncio.TimerHandle | None = None
         self._closed = False
 
     # --- asyncio side -----------------------------------------------------------------------
@@ -189,6 +199,12 @@ class AmqpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._pending is not None:
+            self._pending.release()
+            self._pending = None
+        if self._abort_handle is not None:
+            self._abort_handle.cancel()
+            self._abort_handle = None
         if self._tick_handle:
             self._tick_handle.cancel()
         if self._flush_handle:
@@ -292,8 +308,7 @@ class AmqpProtocol(asyncio.Protocol):
         while True:
             pending = self.engine.pending()
             if pending < 0:  # head closed: everything is written
-                self._closed = True
-                self._sock.close()
+                self._close_socket()
                 return
             if pending == 0:
                 return
@@ -317,6 +332,42 @@ class AmqpProtocol(asyncio.Protocol):
         if engine.collector_peek(self.collector._impl) != engine.NULL:
             self.kick()  # the tick changed state (idle time-out): handle it now
 
+    # --- admission (busd.listener) -----------------------------------------------------------
+    def opened(self) -> None:
+        """The client's `open` was accepted: its handshake is done in time."""
+        if self._pending is not None:
+            self._pending.opened()
+
+    def authenticated(self) -> None:
+        """A valid put-token: no longer counted among the unauthenticated connections."""
+        if self._pending is not None:
+            self._pending.release()
+            self._pending = None
+
+    # --- closing ----------------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        """Whether the socket is closed or being closed (by busd, or at a deadline)."""
+        return self._closed or (self._sock is not None and self._sock.is_closing())
+
+    def close_socket(self) -> None:
+        """Close the socket now, whatever stage the AMQP exchange has reached: what the engine
+        produced (a close frame, once the client's headers came) is written first."""
+        if self._closed or self._sock is None:
+            return
+        self._flush()
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        """Close the socket after what is buffered is written; cut it off after CLOSE_GRACE_S
+        if the peer does not read it."""
+        if self._closed or self._sock is None:
+            return
+        self._closed = True
+        sock = self._sock
+        sock.close()
+        self._abort_handle = asyncio.get_running_loop().call_later(CLOSE_GRACE_S, sock.abort)
+
     def shutdown(self, condition) -> None:
         """Close the AMQP connection with `condition` (a proton Condition), write the close
         frame, then close the socket; the handler releases what the connection held."""
@@ -325,9 +376,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.connection.condition = condition
         self.connection.close()
         self.kick()
-        self._flush()  # the close frame, before the socket closes
-        if not self._closed and self._sock is not None:
-            self._sock.close()  # asyncio writes what is buffered first
+        self.close_socket()  # the close frame, then the socket
 
     def abort(self) -> None:
         if self._sock is not None and not self._closed:

@@ -7,6 +7,9 @@ sniffed: a first byte 0x16 is a TLS ClientHello (wss), anything else plain HTTP 
 WebSocket protocol itself is the `websockets` library's (sans-I/O); the binary messages carry
 the AMQP byte stream, fed to the same `AmqpProtocol` as a TCP connection's, which writes back
 through `_Frames`, a transport that wraps its bytes in binary messages.
+
+A connection's handshake deadline (busd.listener) runs from its accept through the TLS
+handshake and the upgrade to the AMQP `open` inside; past it the socket is closed.
 """
 
 from __future__ import annotations
@@ -24,31 +27,34 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from busd.host_certificates import prepare as prepare_tls
-from busd.listener import TLS_RECORD, SniffingListener, bind
+from busd.listener import CLOSE_GRACE_S, TLS_RECORD, Admission, Pending, SniffingListener, bind
 from busd.origins import websocket_refusal
 
 log = logging.getLogger("busd.amqp")
 
 PATH = "/$servicebus/websocket"
 SUBPROTOCOL = Subprotocol("AMQPWSB10")
-HANDSHAKE_TIMEOUT_S = 10.0
 MAX_MESSAGE = 1024 * 1024  # one WebSocket message; the SDKs send a frame or less per message
 _STREAM = (Opcode.BINARY, Opcode.CONT)
+# The AMQP connection inside, given its admission (busd.listener.Pending).
+AmqpFactory = Callable[[Pending | None], asyncio.Protocol]
 
 
 class WebSocketAmqp(asyncio.Protocol):
     """One WebSocket connection: the opening handshake, then its binary messages as the AMQP
     byte stream of an AmqpProtocol made by `amqp_factory`."""
 
-    def __init__(self, amqp_factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, amqp_factory: AmqpFactory, pending: Pending | None = None) -> None:
         self._amqp_factory = amqp_factory
+        self._pending = pending  # released by the AMQP connection inside, or when this goes
         self.ws = ServerProtocol(subprotocols=[SUBPROTOCOL], max_size=MAX_MESSAGE)
         self.amqp: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self._pending is not None:
+            self._pending.attach(transport)  # its deadline closes the socket
 
     def data_received(self, data: bytes) -> None:
         self.ws.receive_data(data)
@@ -74,7 +80,7 @@ class WebSocketAmqp(asyncio.Protocol):
                 response = self.ws.reject(400, f"the subprotocol must be {SUBPROTOCOL}\n")
         self.ws.send_response(response)
         if self.ws.state is State.OPEN:
-            self.amqp = self._amqp_factory()
+            self.amqp = self._amqp_factory(self._pending)
             self.amqp.connection_made(_Frames(self))  # type: ignore[arg-type]  # duck-typed
 
     def flush(self) -> None:
@@ -100,6 +106,8 @@ class WebSocketAmqp(asyncio.Protocol):
         amqp, self.amqp = self.amqp, None
         if amqp is not None:
             amqp.connection_lost(exc)
+        if self._pending is not None:
+            self._pending.release()
 
 
 class _Frames:
@@ -122,9 +130,9 @@ class _Frames:
             self._owner.ws.send_close(1000)
         self._owner.flush()
         if self._owner.transport is not None:
-            # the peer's close frame may never come: give it the handshake timeout
+            # the peer's close frame may never come, nor its reads: cut it off after a grace
             transport = self._owner.transport
-            asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, transport.close)
+            asyncio.get_running_loop().call_later(CLOSE_GRACE_S, transport.abort)
 
     def abort(self) -> None:
         self._closing = True
@@ -146,38 +154,30 @@ class WebSocketServer(SniffingListener):
         self,
         sock: socket.socket,
         tls: ssl.SSLContext | None,
-        amqp_factory: Callable[[], asyncio.Protocol],
+        amqp_factory: AmqpFactory,
+        admission: Admission | None = None,
     ) -> None:
         self.tls = tls
         self.amqp_factory = amqp_factory
-        super().__init__(sock, log, "websocket")
+        super().__init__(sock, log, "websocket", admission)
 
-    async def serve(self, conn: socket.socket, first: int) -> None:
+    async def serve(self, conn: socket.socket, first: int, pending: Pending) -> None:
         tls = self.tls if first == TLS_RECORD else None
         if first == TLS_RECORD and tls is None:
             conn.close()
+            pending.release()
             return
-        if tls is not None:
-            await prepare_tls(conn, tls)  # a new namespace host's certificate, off the loop
-        try:
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: WebSocketAmqp(self.amqp_factory),
-                conn,
-                ssl=tls,
-                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls else None,
-            )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            log.debug("websocket connection dropped before its handshake: %s", exc)
-            conn.close()
+        await self.hand_over(conn, lambda: WebSocketAmqp(self.amqp_factory, pending), tls, pending)
 
 
 async def start(
     host: str,
     port: int,
     tls: ssl.SSLContext | None,
-    amqp_factory: Callable[[], asyncio.Protocol],
+    amqp_factory: AmqpFactory,
     sock: socket.socket | None = None,
+    admission: Admission | None = None,
 ) -> WebSocketServer:
     """Listen on host:port (0: any free port), or on `sock`, already listening there, for ws
-    and, given `tls`, wss."""
-    return WebSocketServer(sock or bind(host, port), tls, amqp_factory)
+    and, given `tls`, wss; `admission`: the process's unauthenticated connections."""
+    return WebSocketServer(sock or bind(host, port), tls, amqp_factory, admission)

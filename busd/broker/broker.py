@@ -71,7 +71,7 @@ class Broker:
         self.limits = self._base_limits.effective(0)
         # bytes of unfinished transfers held by every connection of this process
         self.buffers = Buffers(self.limits.process_buffer)
-        self.open_connections = 0
+        self.authenticated_connections = 0  # those with a valid put-token (--max-connections)
         self.transaction_timeout_s = transaction_timeout_s
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
         # waiter id -> what to call when the store wakes it (receivers of this process)

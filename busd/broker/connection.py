@@ -110,9 +110,10 @@ class ConnectionHandler:
         self.buffers = Buffers(broker.limits.connection_buffer, broker.buffers)
         self._closed = False
         LIVE_CONNECTIONS.add(self)
-        broker.open_connections += 1
         if broker.metrics is not None:
             broker.metrics.connection_opened()
+        # counted in `home.authenticated_connections` since its first valid put-token
+        self._authenticated = False
         # Closed unless a put-token succeeds in time (cancelled by `grant`).
         self._auth_timer: asyncio.TimerHandle | None = None
         if broker.limits.auth_timeout_s:
@@ -181,35 +182,42 @@ class ConnectionHandler:
     def on_connection_remote_open(self, event) -> None:
         conn = event.connection
         try:
-            self.remote_container = _name(lambda: conn.remote_container, "container-id") or "?"
+            container, hostname = _read_open(conn)
         except BusdError as error:
             log.info("connection %s refused: %s", self.proto.peer, error.description)
             self.close_connection(error)
             return
-        cap = self.home.limits.connections
-        if cap and self.home.open_connections > cap:
-            log.warning(
-                "connection %s refused: %d connections open, the limit", self.proto.peer, cap
-            )
-            self.close_connection(
-                BusdError(
-                    Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections."
-                )
-            )
+        self.remote_container = container or "?"
+        if self._at_connection_cap():
             return
         conn.container = self.home.container_id
-        self.host_namespace = namespace_of_host(conn.remote_hostname)
+        self.host_namespace = namespace_of_host(hostname)
         conn.open()
+        self.proto.opened()
         log.info("connection opened: peer=%s container=%s", self.proto.peer, self.remote_container)
+
+    def _at_connection_cap(self) -> bool:
+        """Close the connection when the process serves as many authenticated connections as
+        it may (unauthenticated ones are capped apart, busd.listener)."""
+        cap = self.home.limits.connections
+        if not cap or self.home.authenticated_connections < cap:
+            return False
+        log.warning("connection %s refused: %d connections open, the limit", self.proto.peer, cap)
+        self.close_connection(
+            BusdError(Cond.RESOURCE_LIMIT, f"This busd process serves at most {cap} connections.")
+        )
+        return True
 
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
-        if not self.grants and not self._closed:
+        if not self.grants and not self._closed and not self.proto.closing:
             log.info(
                 "connection %s closed: no valid put-token within %g s",
                 self.proto.peer,
                 self.home.limits.auth_timeout_s,
             )
+            if self.home.metrics is not None:
+                self.home.metrics.handshake_timed_out("token")
             self.close_connection(
                 BusdError(
                     Cond.UNAUTHORIZED,
@@ -217,6 +225,8 @@ class ConnectionHandler:
                     "of connecting.",
                 )
             )
+            # proton writes the close only after the client's headers: the socket goes now
+            self.proto.close_socket()
 
     def on_connection_remote_close(self, event) -> None:
         conn = event.connection
@@ -418,7 +428,8 @@ class ConnectionHandler:
         finally:
             if self._bound and self.namespaces is not None:
                 self.namespaces.let_go(self.broker)
-            self.home.open_connections -= 1
+            if self._authenticated:
+                self.home.authenticated_connections -= 1
             if self.home.metrics is not None:
                 self.home.metrics.connection_closed()
             trim_soon()  # once the connection's objects are freed (docs/design.md §3.12)
@@ -445,7 +456,14 @@ class ConnectionHandler:
         return True
 
     def grant(self, grant: Grant) -> None:
-        """A verified token: it replaces the one put before for the same audience (a refresh)."""
+        """A verified token: it replaces the one put before for the same audience (a refresh).
+        The first one counts the connection among the authenticated ones, if the cap allows."""
+        if not self._authenticated:
+            if self._closed or self._at_connection_cap():
+                return
+            self._authenticated = True
+            self.home.authenticated_connections += 1
+            self.proto.authenticated()
         self.grants[grant.audience.lower()] = grant
         if self._auth_timer is not None:
             self._auth_timer.cancel()
@@ -530,6 +548,25 @@ def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | N
             Cond.INVALID_FIELD, f"The {what} is longer than {MAX_NAME_LENGTH} characters."
         )
     return value
+
+
+def _read_open(conn) -> tuple[str | None, str | None]:
+    """The (container-id, hostname) of the client's open, decoded once with the rest of its
+    fields: each must be text busd can log and use (docs/design.md §3.12)."""
+    container = _name(lambda: conn.remote_container, "container-id")
+    hostname = _name(lambda: conn.remote_hostname, "hostname")
+    for what, value_of in (
+        ("properties", lambda: conn.remote_properties),
+        ("offered capabilities", lambda: conn.remote_offered_capabilities),
+        ("desired capabilities", lambda: conn.remote_desired_capabilities),
+    ):
+        try:
+            value_of()
+        except Exception:  # not UTF-8, or a value proton cannot decode
+            raise BusdError(
+                Cond.INVALID_FIELD, f"The open's {what} cannot be decoded (not valid UTF-8?)."
+            ) from None
+    return container, hostname
 
 
 def _chain_length(endpoint) -> int:

@@ -8,8 +8,12 @@ AMQP condition clients expect (docs/design.md §3.12):
   `amqp:resource-limit-exceeded`;
 - a `$cbs` request: the link is detached with `amqp:link:message-size-exceeded`;
 - links per connection: the attach is refused with `amqp:resource-limit-exceeded`;
-- connections per process: the connection is closed with `amqp:resource-limit-exceeded`;
-- time without a valid put-token: the connection is closed with `amqp:unauthorized-access`.
+- authenticated connections per process: the connection is closed with
+  `amqp:resource-limit-exceeded`;
+- time without a valid put-token: the connection is closed with `amqp:unauthorized-access`;
+- time from the accept to the AMQP open (first byte, TLS, WebSocket upgrade, headers), and
+  unauthenticated connections per process and per peer address: the socket is closed
+  (busd.listener: nothing AMQP can be said yet).
 
 A link's own ceiling is its entity's max message size plus room for a batch envelope, lowered
 by `link_buffer` when that is set; a `$management` request's is the same, its entity's.
@@ -17,7 +21,7 @@ by `link_buffer` when that is set; a `$management` request's is the same, its en
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -36,8 +40,11 @@ class Limits:
     process_buffer: int = 32 * MIB  # raised to connection_buffer when below it
     cbs_request: int = 64 * KIB  # a put-token is a few KB
     links_per_connection: int = 5000
-    connections: int = 10_000  # per process; 0: no cap
+    connections: int = 10_000  # authenticated, per process; 0: no cap
     auth_timeout_s: float = 30.0  # 0: never close an unauthenticated connection
+    handshake_timeout_s: float = 10.0  # accept to AMQP open; 0: no deadline
+    unauthenticated: int = 1000  # per process; 0: no cap
+    unauthenticated_per_address: int = 100  # 0: no cap
 
     def problem(self) -> str | None:
         """What is wrong with these values, in one line; None when they are fine."""
@@ -61,14 +68,8 @@ class Limits:
         accepts always fits in one link, one connection and the process."""
         link = self.link_ceiling(largest_message_size)
         connection = max(self.connection_buffer, link)
-        return Limits(
-            link_buffer=self.link_buffer,
-            connection_buffer=connection,
-            process_buffer=max(self.process_buffer, connection),
-            cbs_request=self.cbs_request,
-            links_per_connection=self.links_per_connection,
-            connections=self.connections,
-            auth_timeout_s=self.auth_timeout_s,
+        return replace(
+            self, connection_buffer=connection, process_buffer=max(self.process_buffer, connection)
         )
 
 

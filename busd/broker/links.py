@@ -118,7 +118,7 @@ class BrokerScope(Protocol):
     metrics: Any  # busd.observability.metrics.Metrics, or None
     limits: Limits
     sas_keys: dict[str, str]
-    open_connections: int
+    authenticated_connections: int
     container_id: str
     # the session locks this process's receivers hold (busd.broker.lease)
     session_leases: SessionLeases

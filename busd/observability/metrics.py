@@ -151,6 +151,29 @@ class Metrics:
             registry=registry,
         )
         self.links = Gauge("busd_links", "Attached links (this process).", registry=registry)
+        # Connections before their first valid put-token (busd.listener.Admission).
+        self.unauthenticated = Gauge(
+            "busd_unauthenticated_connections",
+            "Connections not authenticated yet: in their TLS, WebSocket or AMQP handshake, or "
+            "without a valid put-token (this process; capped apart from busd_connections).",
+            registry=registry,
+        )
+        self.unauthenticated_refusals = Counter(
+            "busd_unauthenticated_refused",
+            "Connections closed as they were accepted: as many unauthenticated connections "
+            "were open in the process (limit=process) or from the peer's address (limit=address) "
+            "as allowed.",
+            ["limit"],
+            registry=registry,
+        )
+        self.handshake_timeouts = Counter(
+            "busd_handshake_timeouts",
+            "Connections closed at a deadline before authenticating: no AMQP open by the "
+            "handshake deadline (stage=handshake), or no valid put-token by the auth time-out "
+            "(stage=token).",
+            ["stage"],
+            registry=registry,
+        )
         # Not a count of events but of objects: a connection whose memory is never given back
         # shows here as a figure above busd_connections (set_census gives the function).
         self.connection_objects = Gauge(
@@ -239,6 +262,12 @@ class Metrics:
 
     def connection_closed(self) -> None:
         self.connections.dec()
+
+    def unauthenticated_refused(self, limit: str) -> None:
+        self.unauthenticated_refusals.labels(limit).inc()
+
+    def handshake_timed_out(self, stage: str) -> None:
+        self.handshake_timeouts.labels(stage).inc()
 
     def link_attached(self) -> None:
         self.links.inc()

@@ -4,11 +4,12 @@ the connection (or the process) keeps serving, and what was held is given back."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 
 import pytest
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from proton import Endpoint, Link, Message
 
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
@@ -66,8 +67,46 @@ async def test_a_container_id_that_is_not_text_closes_the_connection(new_protoco
     assert bad.conn.remote_condition.name == "amqp:invalid-field"
     await bad.wait(lambda: bad.sock.closed, "the socket closed")
     await bad.settle_down(0.05)
-    assert broker.open_connections == 0
+    assert broker.authenticated_connections == 0
     good = await connect()  # the process serves on
+    await good.authorize("plain")
+
+
+def _put_raw_property(conn, value: bytes) -> None:
+    """An open whose properties map holds a string of raw bytes (proton's API takes text)."""
+    data = lib.pn_connection_properties(conn._impl)
+    lib.pn_data_put_map(data)
+    lib.pn_data_enter(data)
+    key = ffi.new("char[]", b"note")
+    lib.pn_data_put_symbol(data, ffi.new("pn_bytes_t*", {"size": 4, "start": key})[0])
+    raw = ffi.new("char[]", value)
+    lib.pn_data_put_string(data, ffi.new("pn_bytes_t*", {"size": len(value), "start": raw})[0])
+    lib.pn_data_exit(data)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("hostname", b"\xff\xfe.localhost"),
+        ("hostname", b"h" * (MAX_NAME_LENGTH + 1)),
+        ("properties", b"caf\xe9"),
+    ],
+    ids=["hostname-not-utf8", "hostname-too-long", "property-not-utf8"],
+)
+async def test_an_open_field_that_is_not_text_closes_the_connection_cleanly(
+    new_protocol, broker, connect, field: str, value: bytes
+):
+    bad = ProtocolClient(new_protocol())
+    if field == "hostname":
+        lib.pn_connection_set_hostname(bad.conn._impl, value)
+    else:
+        _put_raw_property(bad.conn, value)
+    bad.conn.open()
+    await bad.wait(lambda: bool(bad.conn.state & Endpoint.REMOTE_CLOSED), "the close")
+    assert bad.conn.remote_condition.name == "amqp:invalid-field"
+    assert field.rstrip("s") in bad.conn.remote_condition.description
+    await bad.wait(lambda: bad.sock.closed, "the socket closed")
+    good = await connect()  # the process serves on (the fixture fails on a logged error)
     await good.authorize("plain")
 
 
@@ -98,14 +137,24 @@ async def test_links_per_connection_are_capped(broker, connect):
     assert refused.condition.name == "amqp:resource-limit-exceeded"
 
 
-async def test_connections_per_process_are_capped(broker, connect, new_protocol):
+async def test_authenticated_connections_per_process_are_capped(broker, connect, new_protocol):
     set_limits(broker, connections=1)
+    unauthenticated = await connect()  # not counted: they are capped apart (busd.listener)
     first = await connect()
+    await first.authorize("plain")
     second = ProtocolClient(new_protocol())
     second.conn.open()
     await second.wait(lambda: bool(second.conn.state & Endpoint.REMOTE_CLOSED), "the close")
     assert second.conn.remote_condition.name == "amqp:resource-limit-exceeded"
-    await first.authorize("plain")  # the first serves on
+    # one that opened before the cap was reached is closed at its first valid put-token
+    answer = asyncio.ensure_future(unauthenticated.put_token("plain"))
+    await unauthenticated.wait(
+        lambda: bool(unauthenticated.conn.state & Endpoint.REMOTE_CLOSED), "the close"
+    )
+    assert unauthenticated.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    answer.cancel()
+    await first.send_to("plain", Message(body="the first serves on"))
+    assert broker.authenticated_connections == 1
 
 
 async def test_a_connection_without_a_valid_token_is_closed_after_the_time_out(broker, connect):
