@@ -419,12 +419,12 @@ class PartitionedStore:
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
         await self.inner.release_session(self._session_part(queue, session_id), session_id, holder)
 
-    async def release_process_locks(self, queue: QueueSpec, process_id: str) -> int:
+    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
         if not queue.partitions:
-            return int(await self.inner.release_process_locks(queue, process_id))
+            return int(await self.inner.release_process_locks(queue, id_prefix))
         parts = self.parts(queue)
         counts = await asyncio.gather(
-            *(self.inner.release_process_locks(p, process_id) for p in parts)
+            *(self.inner.release_process_locks(p, id_prefix) for p in parts)
         )
         return sum(counts)
 

@@ -43,7 +43,7 @@ async def test_the_dead_process_s_session_locks_end_with_a_counted_attempt(store
     await store.accept_session(sq, "s3", "pB:1")
     await store.accept_session(sq, "s4", "pAx:1")
 
-    assert await store.release_process_locks(sq, "pA") == 2
+    assert await store.release_process_locks(sq, "pA:") == 2
 
     # s1 is free at once, its messages first again and in order, those that were in flight
     # with the attempt counted (as when a lock expires).
@@ -62,7 +62,7 @@ async def test_the_dead_process_s_session_locks_end_with_a_counted_attempt(store
     counts = await store.counts(sq)
     assert counts.totals.get("sessionlockexpired") == 2
     # Nothing left to release: a second call changes nothing.
-    assert await store.release_process_locks(sq, "pA") == 0
+    assert await store.release_process_locks(sq, "pA:") == 0
 
 
 async def test_a_message_at_max_delivery_count_is_dead_lettered_as_on_expiry(
@@ -71,7 +71,7 @@ async def test_a_message_at_max_delivery_count_is_dead_lettered_as_on_expiry(
     q = make_queue(requires_session=True, lock_duration_ms=60_000, max_delivery_count=1)
     await store.send(q, msgs("s", b"poison", b"next"))
     await store.accept_session(q, "s", "pA:1", count=1, tokens=tokens(1))
-    assert await store.release_process_locks(q, "pA") == 1
+    assert await store.release_process_locks(q, "pA:") == 1
     lock = await store.accept_session(q, "s", "pB:1", count=5, tokens=tokens(5))
     assert seen(lock.messages) == [(b"next", 0)]
     assert (await store.counts(q)).dead_letter == 1
@@ -92,7 +92,7 @@ async def test_the_dead_process_s_waiters_are_dropped_and_a_free_session_wakes_a
             b"pA:7",
             f"{store.process_id}:1".encode(),
         }
-        await store.release_process_locks(sq, "pA")
+        await store.release_process_locks(sq, "pA:")
         assert await client.zrange(swaiters, 0, -1) == [f"{store.process_id}:1".encode()]
     finally:
         await client.aclose()
@@ -113,7 +113,7 @@ async def test_many_held_sessions_are_released_in_bounded_steps(store, make_queu
             *(store.accept_session(q, sid, f"pA:{sid}") for sid in sessions[start : start + 250])
         )
     await store.accept_session(q, "kept", "pB:1")
-    assert await store.release_process_locks(q, "pA") == len(sessions)
+    assert await store.release_process_locks(q, "pA:") == len(sessions)
     counts = await store.counts(q)
     assert counts.locked_sessions == 1
 
@@ -125,7 +125,34 @@ async def test_a_partitioned_queue_is_released_in_every_partition(store, make_qu
     for sid in sessions:
         await partitioned.send(q, msgs(sid, b"m"))
         await partitioned.accept_session(q, sid, "pA:1", count=1, tokens=tokens(1))
-    assert await partitioned.release_process_locks(q, "pA") == len(sessions)
+    assert await partitioned.release_process_locks(q, "pA:") == len(sessions)
     for sid in sessions:
         lock = await partitioned.accept_session(q, sid, "pB:1", count=1, tokens=tokens(1))
         assert seen(lock.messages) == [(b"m", 1)]
+
+
+async def test_a_worker_prefix_ends_the_locks_of_every_store_of_the_worker(store, sq, redis_url):
+    # A worker's stores (one per namespace) all have process ids starting with its prefix.
+    await store.accept_session(sq, "a", "w1-default:1")
+    await store.accept_session(sq, "b", "w1-teamns:1")
+    await store.accept_session(sq, "c", "w10-default:1")  # another worker
+    client = redis.Redis.from_url(redis_url)
+    procs = key(store.prefix, sq.name, "procs")
+    try:
+        await client.zadd(procs, {"w1-default": 1, "w10-default": 1})
+        assert await store.release_process_locks(sq, "w1-") == 2
+        assert await client.zrange(procs, 0, -1) == [b"w10-default"]
+    finally:
+        await client.aclose()
+    assert (await store.accept_session(sq, "a", "w2-x:1")).session_id == "a"
+    assert (await store.accept_session(sq, "b", "w2-x:1")).session_id == "b"
+    with pytest.raises(BusdError):
+        await store.accept_session(sq, "c", "w2-x:1")
+
+
+async def test_an_empty_prefix_is_refused(store, sq):
+    await store.accept_session(sq, "a", "pA:1")
+    with pytest.raises(ValueError):
+        await store.release_process_locks(sq, "")
+    with pytest.raises(BusdError):
+        await store.accept_session(sq, "a", "pB:1")

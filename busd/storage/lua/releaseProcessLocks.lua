@@ -1,8 +1,10 @@
 --[[
   releaseProcessLocks: a broker process is known to be gone (its parent saw it die,
   busd/workers.py): every session lock it held on the queue ends now, as if it had expired,
-  instead of when it runs out. Its holders are `<process id>:<n>`, so the process id names
-  them all.
+  instead of when it runs out. Its ids (process id, waiters and holders
+  `<process id>:<n>`) all start with one prefix: `<process id>:` names one process, and a
+  worker's parent, which gives every store of the worker a process id starting with the
+  worker's own prefix, names them all with that.
 
   Each lock ends as an expired one does (includes/expireSessionLocks.lua): the session's
   delivered, unsettled messages are available again with a counted failed attempt
@@ -16,14 +18,14 @@
   caller repeats with the returned cursor until it is '0'. Locks taken after the walk began
   belong to live processes and are never touched.
 
-  Invariant: only locks whose holder starts with `<process id>:` end; a session has at most
-  one holder, and a held session is not in sfree; no message is lost or reordered.
+  Invariant: only locks whose holder starts with the prefix end; a session has at most one
+  holder, and a held session is not in sfree; no message is lost or reordered.
 
   Context: queue
 
   Input:
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
-    ARGV[c+1] the process id
+    ARGV[c+1] the prefix of the gone process's ids (not empty)
     ARGV[c+2] HSCAN cursor over sholder ('0' to start: the waiters are dropped then)
 
   Output:
@@ -39,16 +41,18 @@
 --- @include "wakeWaiters"
 
 local Q = queueContext(0, 0)
-local proc = ARGV[QUEUE_ARGC + 1]
-local prefix = proc .. ':'
+local prefix = ARGV[QUEUE_ARGC + 1]
 local cursor = ARGV[QUEUE_ARGC + 2]
+if prefix == '' then return redis.error_reply('releaseProcessLocks: an empty prefix') end
 
 local function ours(id)
   return string.sub(id, 1, #prefix) == prefix
 end
 
 if cursor == '0' then
-  redis.call('ZREM', Q.procs, proc)
+  for _, proc in ipairs(redis.call('ZRANGE', Q.procs, 0, -1)) do
+    if ours(proc .. ':') then redis.call('ZREM', Q.procs, proc) end
+  end
   local kinds = { { Q.sfree, Q.swaiters }, { Q.q.ready, Q.q.waiters }, { Q.d.ready, Q.d.waiters } }
   for _, kind in ipairs(kinds) do
     local dropped = 0
