@@ -12,6 +12,8 @@ import contextlib
 import os
 import signal
 import time
+import uuid
+from datetime import timedelta
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -20,6 +22,7 @@ from azure.servicebus.exceptions import (
     ServiceBusConnectionError,
     SessionCannotBeLockedError,
 )
+from azure.servicebus.management import ServiceBusAdministrationClient
 
 from tests.e2e.conftest import queue, receive
 from tests.e2e.test_workers import WORKERS, alive, health
@@ -30,8 +33,28 @@ LOCK_S = 30  # far longer than the test waits: only the parent's release frees t
 WITHIN_S = 3.0
 
 
-def sb_client(busd) -> ServiceBusClient:
-    return ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0)
+ROOT = "RootManageSharedAccessKey"
+
+
+def connection_string(busd, namespace: str | None) -> str:
+    """The default namespace's string, or a namespace's (chosen by the key name)."""
+    if namespace is None:
+        return busd.connection_string
+    return busd.connection_string.replace(f"={ROOT};", f"={namespace}/{ROOT};")
+
+
+def sb_client(busd, namespace: str | None = None) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(
+        connection_string(busd, namespace), retry_total=0
+    )
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory(
+        [queue("sessions", RequiresSession=True, LockDuration=f"PT{LOCK_S}S")],
+        extra_env=WORKERS,
+    )
 
 
 def serving_worker(busd) -> int:
@@ -45,15 +68,29 @@ def serving_worker(busd) -> int:
     raise AssertionError(f"not one worker holds the connection: {health(busd)}")
 
 
-def test_a_killed_worker_s_session_is_accepted_again_at_once(busd_factory):
-    busd = busd_factory(
-        [queue("sessions", RequiresSession=True, LockDuration=f"PT{LOCK_S}S")],
-        extra_env=WORKERS,
+def test_a_killed_worker_s_session_is_accepted_again_at_once(busd):
+    killed_holding_a_session(busd, None)
+
+
+def test_so_is_a_session_of_a_namespace_the_worker_served(busd):
+    namespace = f"team-{uuid.uuid4().hex[:8]}"
+    admin = ServiceBusAdministrationClient.from_connection_string(
+        connection_string(busd, namespace), connection_verify=busd.cert_path
     )
-    with sb_client(busd) as client, client.get_queue_sender("sessions") as sender:
+    with admin:
+        admin.create_queue(
+            "sessions", requires_session=True, lock_duration=timedelta(seconds=LOCK_S)
+        )
+    killed_holding_a_session(busd, namespace)
+
+
+def killed_holding_a_session(busd, namespace: str | None) -> None:
+    """A client holds a session (three of its five messages delivered) through one worker,
+    which is killed: the session is accepted again within WITHIN_S."""
+    with sb_client(busd, namespace) as client, client.get_queue_sender("sessions") as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}", session_id="s") for i in range(5)])
 
-    holder = sb_client(busd)
+    holder = sb_client(busd, namespace)
     receiver = holder.get_queue_receiver("sessions", session_id="s", max_wait_time=5)
     receiver.__enter__()
     held = receive(receiver, 3)
@@ -68,7 +105,7 @@ def test_a_killed_worker_s_session_is_accepted_again_at_once(busd_factory):
     # Each try on a connection of its own: one may land on the dying worker and be reset.
     again = client = None
     while again is None and time.monotonic() - killed < LOCK_S / 2:
-        client = sb_client(busd)
+        client = sb_client(busd, namespace)
         candidate = client.get_queue_receiver("sessions", session_id="s", max_wait_time=3)
         try:
             candidate.__enter__()
@@ -98,7 +135,7 @@ def test_a_killed_worker_s_session_is_accepted_again_at_once(busd_factory):
             again.__exit__(None, None, None)
         with client.get_queue_receiver("sessions", session_id="s", max_wait_time=1) as empty:
             assert empty.receive_messages(max_wait_time=1) == []
-    (ended,) = [line for line in busd.log_text().splitlines() if "session locks of worker" in line]
+    (ended,) = [line for line in busd.log_text().splitlines() if f"(pid {pid}) in" in line]
     print(ended)
     assert "ended the 1 session locks of worker" in ended
     with contextlib.suppress(Exception):  # its connection died with the worker
