@@ -162,9 +162,12 @@ class _Supervisor:
             while worker.banner is None:
                 if self.stopping:
                     return 0
-                if worker.pipe.poll(0.1):
+                if worker.pipe_open and worker.pipe.poll(0.1):
                     worker.hear()
-                elif not worker.process.is_alive():
+                    continue
+                if not worker.pipe_open:  # it is going: wait for its end
+                    worker.process.join(0.1)
+                if not worker.process.is_alive():
                     log.error(
                         "worker %d exited with %s while starting",
                         worker.index,
