@@ -257,10 +257,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         super()._send_all(messages)
 
     def settlement_refusal(self) -> BusdError | None:
-        if self.lease is not None and not self.lease.held:
-            return BusdError(
-                Condition.SESSION_LOCK_LOST, f"The lock on session '{self.session_id}' expired."
-            )
+        try:
+            if self.lease is not None:
+                self.lease.check_held()
+        except BusdError as lost:
+            return lost
         return None
 
     async def _give_back(self, messages: list[StoredMessage]) -> None:
