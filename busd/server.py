@@ -130,12 +130,18 @@ class Server:
             self.embedded = EmbeddedValkey(settings.data_dir)
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
+
+        def process_id() -> str | None:
+            """A worker's start with the prefix its parent chose (busd/worker_role.py)."""
+            return self.role.new_process_id() if self.role is not None else None
+
         store = wrap(
             RedisStore(
                 url,
                 prefix=settings.key_prefix,
                 max_calls=settings.store_connections,
                 durability=settings.durability,
+                process_id=process_id(),
             )
         )
         metrics = None
@@ -163,13 +169,15 @@ class Server:
             """A namespace other than the default: a broker of its own over its own key
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
+            prefix = f"{settings.key_prefix}:ns:{name}"
             broker = Broker(
                 wrap(
                     RedisStore(
                         url,
-                        prefix=f"{settings.key_prefix}:ns:{name}",
+                        prefix=prefix,
                         max_calls=settings.store_connections,
                         durability=settings.durability,
+                        process_id=process_id(),
                     )
                 ),
                 sas_keys=dict(self.namespaces.keys(name)),
@@ -177,6 +185,8 @@ class Server:
                 limits=settings.limits,
                 transaction_timeout_s=settings.transaction_timeout_s,
             )
+            if self.role is not None:
+                self.role.serving(prefix)
             await broker.start()
             return broker
 

@@ -6,6 +6,12 @@ and on SIGTERM or SIGINT stops them all gracefully (each one as a single busd st
 docs/design.md §3.11). Every worker is a whole busd over the same store: any worker serves
 any client, since sessions, locks and timers are in the store (docs/design.md §3.10).
 
+A worker that dies without letting go (SIGKILL, a crash) leaves its session locks in the
+store. Its parent gave it the prefix of all its ids, so it ends them at once, as if they had
+expired, in every namespace the worker said it served, before starting it again: the
+sessions are free for other receivers within the time it takes to notice the death, not
+after LockDuration.
+
 Ports: on Linux every worker listens on its own socket with SO_REUSEPORT and the kernel
 spreads new connections over them; the parent binds each port first without listening, which
 settles a port 0 and keeps the port while workers come and go. Elsewhere the parent listens
@@ -16,6 +22,7 @@ once and hands that socket to every worker, which all accept from it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -25,17 +32,21 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from busd.broker.catalog import Catalog
 from busd.config import ConfigError, Settings, load_entities
 from busd.listener import bind
 from busd.server import GRACE_S, entities_file
 from busd.server import run as run_server
-from busd.worker_role import WorkerRole
+from busd.storage.partitions import wrap
+from busd.storage.redis_store import RedisStore
+from busd.worker_role import KEY_PREFIX, WorkerRole
 
 log = logging.getLogger("busd")
 
@@ -49,6 +60,10 @@ STOP_TIMEOUT_S = GRACE_S + 10.0  # for a worker to stop after SIGTERM; then SIGK
 STEADY_S = 5.0
 MAX_RESTART_PAUSE_S = 10.0
 EXIT_STARTUP = 69  # as the command line's: a worker could not start
+# Longest the parent spends ending a dead worker's locks (a store that cannot be reached:
+# they run out by themselves instead).
+RELEASE_TIMEOUT_S = 10.0
+RELEASE_CALLS = 8  # store calls at once while doing so
 
 
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
@@ -62,8 +77,27 @@ class _Worker:
     process: BaseProcess
     pipe: Connection
     started: float
+    id_prefix: str  # of every process id of the worker's stores (busd/worker_role.py)
+    key_prefixes: set[str]  # of the namespaces it serves, the default one's first
     banner: str | None = None
     quick_deaths: int = 0  # deaths in a row sooner than STEADY_S after the start
+    pipe_open: bool = True
+
+    def hear(self) -> None:
+        """Read what the worker said (its banner, the namespaces it serves), until the pipe
+        is empty or closed."""
+        while self.pipe_open:
+            try:
+                if not self.pipe.poll():
+                    return
+                said = self.pipe.recv()
+            except (EOFError, OSError):
+                self.pipe_open = False
+                return
+            if isinstance(said, str):
+                self.banner = said
+            elif isinstance(said, tuple) and len(said) == 2 and said[0] == KEY_PREFIX:
+                self.key_prefixes.add(str(said[1]))
 
 
 @dataclass
@@ -82,13 +116,25 @@ class _Supervisor:
 
     def start(self, index: int, quick_deaths: int = 0) -> _Worker:
         ours, theirs = self._context.Pipe()
-        role = WorkerRole(index, self.ports, self.inherited, self.peer_dir, self.embedded, theirs)
+        # A fresh prefix per start: the locks of the worker that died are not the new one's.
+        id_prefix = f"w{index}.{uuid.uuid4().hex[:8]}-"
+        role = WorkerRole(
+            index, self.ports, self.inherited, self.peer_dir, self.embedded, theirs, id_prefix
+        )
         process = self._context.Process(
             target=_worker_main, args=(self.settings, role), name=f"busd-worker-{index}"
         )
         process.start()
         theirs.close()
-        return _Worker(index, process, ours, time.monotonic(), quick_deaths=quick_deaths)
+        return _Worker(
+            index,
+            process,
+            ours,
+            time.monotonic(),
+            id_prefix,
+            {self.settings.key_prefix},
+            quick_deaths=quick_deaths,
+        )
 
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,9 +162,12 @@ class _Supervisor:
             while worker.banner is None:
                 if self.stopping:
                     return 0
-                if worker.pipe.poll(0.1):
-                    worker.banner = worker.pipe.recv()
-                elif not worker.process.is_alive():
+                if worker.pipe_open and worker.pipe.poll(0.1):
+                    worker.hear()
+                    continue
+                if not worker.pipe_open:  # it is going: wait for its end
+                    worker.process.join(0.1)
+                if not worker.process.is_alive():
                     log.error(
                         "worker %d exited with %s while starting",
                         worker.index,
@@ -136,21 +185,24 @@ class _Supervisor:
         """Wait a little for a worker to die or speak; restart the dead when their turn came."""
         live = [w for w in self.workers if w.index not in restarts]
         wait(
-            [w.process.sentinel for w in live] + [w.pipe for w in live if w.banner is None],
+            [w.process.sentinel for w in live] + [w.pipe for w in live if w.pipe_open],
             timeout=0.5,
         )
         now = time.monotonic()
         for worker in live:
-            if worker.banner is None and worker.pipe.poll():
-                with contextlib.suppress(EOFError, OSError):
-                    worker.banner = worker.pipe.recv()
-                    log.info("worker %d started again, pid %s", worker.index, worker.process.pid)
+            starting = worker.banner is None
+            worker.hear()
+            if starting and worker.banner is not None:
+                log.info("worker %d started again, pid %s", worker.index, worker.process.pid)
             if worker.process.is_alive() or self.stopping:
                 continue
             worker.process.join()
+            worker.hear()  # a namespace it started just before it died
             worker.pipe.close()
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.peer_dir) / f"{worker.process.pid}.sock").unlink()
+            if worker.process.exitcode != 0:  # (one that stopped cleanly let go of its own)
+                self._release_locks(worker)
             quick = worker.quick_deaths + 1 if now - worker.started < STEADY_S else 0
             pause = min(MAX_RESTART_PAUSE_S, 0.5 * (2**quick - 1))
             log.warning(
@@ -165,6 +217,37 @@ class _Supervisor:
             if when <= now and not self.stopping:
                 del restarts[index]
                 self.workers[index] = self.start(index, quick)
+
+    def _release_locks(self, worker: _Worker) -> None:
+        """End the session locks a dead worker held, in every namespace it served, as if
+        they had expired (lua/releaseProcessLocks.lua)."""
+        url = self.settings.redis_url
+        if not url:
+            return
+        started = time.monotonic()
+        try:
+            released = asyncio.run(
+                asyncio.wait_for(
+                    release_process_locks(url, sorted(worker.key_prefixes), worker.id_prefix),
+                    RELEASE_TIMEOUT_S,
+                )
+            )
+        except Exception as exc:
+            log.warning(
+                "could not end the session locks of worker %d (pid %s): %s; they run out by "
+                "themselves",
+                worker.index,
+                worker.process.pid,
+                exc or type(exc).__name__,
+            )
+            return
+        log.warning(
+            "ended the %d session locks of worker %d (pid %s) in %.3f s",
+            released,
+            worker.index,
+            worker.process.pid,
+            time.monotonic() - started,
+        )
 
     def _stop(self, signum: int, _frame: Any) -> None:
         self.stopping = True
@@ -184,7 +267,34 @@ class _Supervisor:
                 log.warning("worker %d did not stop in time: killing it", worker.index)
                 worker.process.kill()
                 worker.process.join()
+                worker.hear()
+                self._release_locks(worker)
             worker.pipe.close()
+
+
+async def release_process_locks(url: str, key_prefixes: list[str], id_prefix: str) -> int:
+    """End every session lock whose holder id starts with `id_prefix` on every queue and
+    subscription under each key prefix (a namespace each), as if it had expired; the
+    number ended."""
+    released = 0
+    for key_prefix in key_prefixes:
+        store = wrap(RedisStore(url, prefix=key_prefix, max_calls=RELEASE_CALLS))
+        try:
+            await store.connect()
+            catalog = Catalog(store)
+            await catalog.reload()
+            specs = catalog.specs()
+            for start in range(0, len(specs), RELEASE_CALLS):
+                counts = await asyncio.gather(
+                    *(
+                        store.release_process_locks(spec, id_prefix)
+                        for spec in specs[start : start + RELEASE_CALLS]
+                    )
+                )
+                released += sum(counts)
+        finally:
+            await store.close()
+    return released
 
 
 def _reserve(host: str, port: int) -> socket.socket:

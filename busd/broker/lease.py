@@ -7,6 +7,15 @@ store last returned it (`locked_until_ms`, in the store's clock: from the accept
 each renewal). The receiver holding the session, `$management` (renew-session-lock,
 get/set-session-state) and the broker's sweep all go through it.
 
+The lease also ends here, sooner than in the store (`held`, docs/design.md §2.6): at the
+lock's length after the call that took or renewed it was *sent* (so the store, which starts
+the lock when the call arrives, cannot end it sooner whatever the round trip took), less
+LEASE_MARGIN_S for the clocks (the store's may gain on this process's over a lock, or jump at
+a failover to a replica). From then on the receiver delivers nothing more and its
+settlements, renewals and session-state calls are refused here with session-lock-lost, even
+while the store cannot be reached: the store can never give the session to another receiver
+while this one still acts on it.
+
 A lease has one timer, re-armed by each renewal, to detach its receiver when the lock ran out
 without being told by a store call; the sweep, which finds expired session locks in the store,
 checks it too. Nothing of it runs per message.
@@ -18,23 +27,36 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, Store
 
 # See SessionLease.lost_at.
 LOCK_LOST_GRACE_S = 2.0
+# How much sooner than the store a lease ends here (module docstring): what the clocks may
+# differ by over one lock. At most a quarter of the lock.
+LEASE_MARGIN_S = 0.2
 
 
 class SessionLease:
     """One session lock held by one receiver link of this process."""
 
     def __init__(
-        self, store: Store, queue: QueueSpec, session_id: str, holder: str, locked_until_ms: int
+        self,
+        store: Store,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        locked_until_ms: int,
+        sent_at: float,
     ) -> None:
+        """`sent_at`: when the call that took the lock was sent (time.monotonic())."""
         self.store = store
         self.queue = queue
         self.session_id = session_id
         self.holder = holder  # the receiver's id in the store
         self.locked_until_ms = locked_until_ms  # the store's clock
+        # When the lease ends here (time.monotonic()): `held`.
+        self.held_until = self._ends_here(sent_at)
         # The store said the lock is gone, or it ran out here: its receiver does not release
         # the session (the sweep returns the messages, counting the attempt).
         self.lost = False
@@ -50,13 +72,38 @@ class SessionLease:
         leases.add(self)
         self._arm()
 
+    @property
+    def margin_s(self) -> float:
+        """How much sooner than the store the lease ends here."""
+        return min(LEASE_MARGIN_S, self.queue.lock_duration_ms / 4000)
+
+    def _ends_here(self, sent_at: float) -> float:
+        return sent_at + self.queue.lock_duration_ms / 1000 - self.margin_s
+
+    @property
+    def held(self) -> bool:
+        """Whether the receiver may still act under the lock: not lost, and not past its end
+        here (module docstring)."""
+        return not self.lost and time.monotonic() < self.held_until
+
+    def check_held(self) -> None:
+        """Raise SESSION_LOCK_LOST unless `held`."""
+        if not self.held:
+            raise BusdError(
+                Condition.SESSION_LOCK_LOST,
+                f"The lock on session '{self.session_id}' expired.",
+            )
+
     async def renew(self) -> int:
         """Extend the lock by LockDuration from now (raises SESSION_LOCK_LOST when it is no
-        longer live); returns the new locked-until."""
+        longer live, here or in the store); returns the new locked-until."""
+        self.check_held()
+        sent_at = time.monotonic()
         locked_until_ms = await self.store.renew_session_lock(
             self.queue, self.session_id, self.holder
         )
         self.locked_until_ms = locked_until_ms
+        self.held_until = max(self.held_until, self._ends_here(sent_at))
         if self._on_lost is not None:  # started and not ended: the timer follows the lock
             self._arm()
         return locked_until_ms

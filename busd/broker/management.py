@@ -158,6 +158,7 @@ class ManagementEndpoint(RequestEndpoint):
             )
         if receiver.lease.queue.name != self.queue.name:  # a lock on another entity's session
             raise refusal(Condition.SESSION_LOCK_LOST)
+        receiver.lease.check_held()  # (its end here comes before the store's: lease.py)
         return receiver.lease
 
 
@@ -287,6 +288,9 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
     if session_id is not None:
         receiver = ep.receiver_for(app)
         holder = receiver.holder if receiver is not None else None
+        if isinstance(receiver, SessionHolder) and receiver.lease is not None:
+            if receiver.lease.session_id == session_id:
+                receiver.lease.check_held()  # (its end here comes before the store's)
     if staging.REQUEST_TXN.get() is not None:
         for settlement in settlements:
             await staging.stage_request(ep.conn, StagedSettlement(ep.entity, settlement, holder))

@@ -233,23 +233,37 @@ class QueueReceiverEndpoint(LinkEndpoint):
             self._settling = True
             self._settle_task = self.spawn(self._settle_pending())
 
+    async def _settle_batch(
+        self, batch: list[tuple[Delivery, Settlement]]
+    ) -> list[BusdError | None]:
+        """One store call for the settlements that arrived together: each one's refusal,
+        None where applied."""
+        here = self.settlement_refusal()
+        if here is not None:
+            return [here] * len(batch)
+        try:
+            refused = await self.broker.store.settle(
+                self.entity, [s for _, s in batch], self.holder
+            )
+        except Exception as exc:
+            log.error("settlement on %s failed: %s", self.entity.path, exc)
+            return [store_unavailable()] * len(batch)
+        if self.broker.metrics is not None:
+            self.broker.metrics.settled_batch(
+                self.entity.path, [s.outcome for _, s in batch], refused
+            )
+        return [None if c is None else refusal(c) for c in refused]
+
+    def settlement_refusal(self) -> BusdError | None:
+        """Why settlements on this link are refused without asking the store (a session
+        receiver whose lock ended here, busd.broker.sessions); None: the store decides."""
+        return None
+
     async def _settle_pending(self) -> None:
         try:
             while self._settle_queue:
                 batch, self._settle_queue = self._settle_queue, []
-                try:
-                    refused = await self.broker.store.settle(
-                        self.entity, [s for _, s in batch], self.holder
-                    )
-                except Exception as exc:
-                    log.error("settlement on %s failed: %s", self.entity.path, exc)
-                    results: list[BusdError | None] = [store_unavailable()] * len(batch)
-                else:
-                    results = [None if c is None else refusal(c) for c in refused]
-                    if self.broker.metrics is not None:
-                        self.broker.metrics.settled_batch(
-                            self.entity.path, [s.outcome for _, s in batch], refused
-                        )
+                results = await self._settle_batch(batch)
                 for (delivery, settlement), error in zip(batch, results):
                     self.answer_settlement(delivery, settlement, error)
                 self.kick()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from proton import Link, symbol
 
@@ -126,6 +127,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             count = 0
             if self.mode == ReceiveMode.PEEK_LOCK:
                 count = min(credit or self.conn.first_credit.get(self.queue.name, 0), MAX_BATCH)
+            sent_at = time.monotonic()  # the lease's end here counts from it (lease.py)
             try:
                 # With none free, the store registers us as a waiter in the same step: a
                 # session that becomes free afterwards wakes exactly one waiter.
@@ -148,7 +150,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             if lock is not None:
                 self.session_id = lock.session_id
                 self.lease = SessionLease(
-                    store, self.queue, lock.session_id, self.holder, lock.locked_until_ms
+                    store, self.queue, lock.session_id, self.holder, lock.locked_until_ms, sent_at
                 )
                 if not self.detached:
                     # woken during the call: the session may have more than was taken
@@ -218,6 +220,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self.conn.first_credit[self.queue.name] = self.link.credit
 
     def pump(self) -> None:
+        if self.lease is not None and not self.lease.held:
+            # The lock ended here (busd.broker.lease): nothing more is delivered; a drain is
+            # answered at once.
+            if self.link.drain_mode and not self.detached and is_open(self.link):
+                self.link.drained()
+                self.kick()
+            return
         if self._offers:  # a send may be handing messages over: they come first
             self._pump_deferred = True
         elif self._first is None:
@@ -240,6 +249,21 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         elif not self._deliver(messages, count, woken=woken):
             self.pump()  # there may be more
 
+    def _send_all(self, messages: list[StoredMessage]) -> None:
+        # Taken under the lock, but the lock ended here meanwhile: they stay in flight in the
+        # store and come back when it ends there, as delivered ones would (count + 1).
+        if self.lease is not None and not self.lease.held:
+            return
+        super()._send_all(messages)
+
+    def settlement_refusal(self) -> BusdError | None:
+        try:
+            if self.lease is not None:
+                self.lease.check_held()
+        except BusdError as lost:
+            return lost
+        return None
+
     async def _give_back(self, messages: list[StoredMessage]) -> None:
         try:
             await self._return_untaken(messages)
@@ -259,6 +283,8 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         """Take up to `wanted` messages of a send, within the credit no other offer holds; only
         with nothing under way, so that what is handed over is next in order on the link."""
         if self._fetching or self._first is not None or self.detached:
+            return None
+        if self.lease is None or not self.lease.held:
             return None
         count = min(wanted, self.link.credit - self._offered_credit)
         if count <= 0:

@@ -574,6 +574,12 @@ class Store(Protocol):
         """Receiver closed: unlock the session; its unsettled messages become available again
         with no delivery-count increment. No-op when the holder does not hold it."""
 
+    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
+        """A broker process is gone: every session lock whose holder id starts with `id_prefix`
+        (`<process id>:` for one process, see `process_id`) ends now on the queue as an
+        expired one does (unsettled messages available again, count + 1), and its waiters are
+        dropped. The number of locks ended."""
+
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None: ...

@@ -419,6 +419,15 @@ class PartitionedStore:
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
         await self.inner.release_session(self._session_part(queue, session_id), session_id, holder)
 
+    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
+        if not queue.partitions:
+            return int(await self.inner.release_process_locks(queue, id_prefix))
+        parts = self.parts(queue)
+        counts = await asyncio.gather(
+            *(self.inner.release_process_locks(p, id_prefix) for p in parts)
+        )
+        return sum(counts)
+
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:

@@ -135,6 +135,7 @@ class RedisConnection:
         max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
         call_wait_s: float = CALL_WAIT_S,
+        process_id: str | None = None,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix may not contain '{' or '}' (hash tags)")
@@ -142,8 +143,9 @@ class RedisConnection:
             raise ValueError("max_calls must be at least 1")
         self.url = url
         self.prefix = prefix
-        # Names this process in waiter ids (`<process id>:<link id>`) and its wake-up channel.
-        self.process_id = uuid.uuid4().hex[:12]
+        # Names this process in waiter ids (`<process id>:<link id>`) and its wake-up channel;
+        # a worker's is chosen by its parent, which ends its locks when it dies (busd/workers.py).
+        self.process_id = process_id or uuid.uuid4().hex[:12]
         self.max_calls = max_calls
         if durability not in DURABILITY:
             raise ValueError(f"durability is one of {', '.join(DURABILITY)}")

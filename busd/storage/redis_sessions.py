@@ -25,7 +25,7 @@ from busd.storage.redis_codec import (
     stored_message,
     token_string,
 )
-from busd.storage.redis_connection import RedisConnection
+from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
 
 
 class SessionCalls(RedisConnection):
@@ -102,6 +102,20 @@ class SessionCalls(RedisConnection):
 
     async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
         await self._run_queue("releaseSession", queue, holder, session_arg(session_id))
+
+    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
+        if not id_prefix:
+            raise ValueError("the prefix names the gone process: it cannot be empty")
+        # In steps of SWEEP_BUDGET sessions, each its own script call: a queue with many held
+        # sessions never blocks the store for long.
+        released, cursor = 0, b"0"
+        while True:
+            cursor, count = await self._run_queue(
+                "releaseProcessLocks", queue, id_prefix, cursor, budget=SWEEP_BUDGET
+            )
+            released += int(count)
+            if cursor in (b"0", "0", 0):
+                return released
 
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str

@@ -48,9 +48,15 @@ class RedisStore(CatalogCalls, MessageCalls, SessionCalls, TransactionCalls, For
         *,
         max_calls: int = DEFAULT_MAX_CALLS,
         durability: str = "local",
+        process_id: str | None = None,
     ) -> None:
         super().__init__(
-            url, prefix, max_calls=max_calls, durability=durability, call_wait_s=CALL_WAIT_S
+            url,
+            prefix,
+            max_calls=max_calls,
+            durability=durability,
+            call_wait_s=CALL_WAIT_S,
+            process_id=process_id,
         )
 
     async def sweep(self, queue: QueueSpec) -> SweepResult:

@@ -1,0 +1,142 @@
+"""`busd serve --workers 2`: a worker killed with SIGKILL while a client holds a session
+through it. Its parent ends the dead worker's session locks at once (docs/design.md §3.10),
+so a new receiver accepts the same session within about a second, not after LockDuration,
+with the messages the dead worker had delivered first again, in order, their attempt counted
+as when a lock expires, and nothing lost. The clients are the official azure-servicebus SDK
+on real sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import (
+    OperationTimeoutError,
+    ServiceBusConnectionError,
+    SessionCannotBeLockedError,
+)
+from azure.servicebus.management import ServiceBusAdministrationClient
+
+from tests.e2e.conftest import queue, receive
+from tests.e2e.test_workers import WORKERS, alive, health
+
+pytestmark = pytest.mark.timeout(120)
+
+LOCK_S = 30  # far longer than the test waits: only the parent's release frees the session
+WITHIN_S = 3.0
+
+
+ROOT = "RootManageSharedAccessKey"
+
+
+def connection_string(busd, namespace: str | None) -> str:
+    """The default namespace's string, or a namespace's (chosen by the key name)."""
+    if namespace is None:
+        return busd.connection_string
+    return busd.connection_string.replace(f"={ROOT};", f"={namespace}/{ROOT};")
+
+
+def sb_client(busd, namespace: str | None = None) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(
+        connection_string(busd, namespace), retry_total=0
+    )
+
+
+@pytest.fixture(scope="module")
+def busd(busd_factory):
+    return busd_factory(
+        [queue("sessions", RequiresSession=True, LockDuration=f"PT{LOCK_S}S")],
+        extra_env=WORKERS,
+    )
+
+
+def serving_worker(busd) -> int:
+    """The pid of the one worker with an AMQP connection open (the test's only client)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        busy = [w["pid"] for w in health(busd)["workers"] if w["connections"] > 0]
+        if len(busy) == 1:
+            return busy[0]
+        time.sleep(0.1)
+    raise AssertionError(f"not one worker holds the connection: {health(busd)}")
+
+
+def test_a_killed_worker_s_session_is_accepted_again_at_once(busd):
+    killed_holding_a_session(busd, None)
+
+
+def test_so_is_a_session_of_a_namespace_the_worker_served(busd):
+    namespace = f"team-{uuid.uuid4().hex[:8]}"
+    admin = ServiceBusAdministrationClient.from_connection_string(
+        connection_string(busd, namespace), connection_verify=busd.cert_path
+    )
+    with admin:
+        admin.create_queue(
+            "sessions", requires_session=True, lock_duration=timedelta(seconds=LOCK_S)
+        )
+    killed_holding_a_session(busd, namespace)
+
+
+def killed_holding_a_session(busd, namespace: str | None) -> None:
+    """A client holds a session (three of its five messages delivered) through one worker,
+    which is killed: the session is accepted again within WITHIN_S."""
+    with sb_client(busd, namespace) as client, client.get_queue_sender("sessions") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", session_id="s") for i in range(5)])
+
+    holder = sb_client(busd, namespace)
+    receiver = holder.get_queue_receiver("sessions", session_id="s", max_wait_time=5)
+    receiver.__enter__()
+    held = receive(receiver, 3)
+    assert [(str(m), m.delivery_count) for m in held] == [("m0", 0), ("m1", 0), ("m2", 0)]
+    pid = serving_worker(busd)
+
+    os.kill(pid, signal.SIGKILL)  # no release, no goodbye
+    killed = time.monotonic()
+    while alive(pid):
+        time.sleep(0.01)
+
+    # Each try on a connection of its own: one may land on the dying worker and be reset.
+    again = client = None
+    while again is None and time.monotonic() - killed < LOCK_S / 2:
+        client = sb_client(busd, namespace)
+        candidate = client.get_queue_receiver("sessions", session_id="s", max_wait_time=3)
+        try:
+            candidate.__enter__()
+            again = candidate
+        except (SessionCannotBeLockedError, OperationTimeoutError, ServiceBusConnectionError):
+            client.close()
+            time.sleep(0.05)
+    accepted_s = time.monotonic() - killed
+    print(f"\nsession accepted again {accepted_s:.2f} s after the worker's SIGKILL")
+    assert again is not None and client is not None
+    with client:
+        try:
+            assert accepted_s < WITHIN_S, f"accepted only after {accepted_s:.1f} s"
+            messages = receive(again, 5)
+            # The delivered three first again, in order, their attempt counted; the two the
+            # dead worker never delivered uncounted; nothing lost.
+            assert [(str(m), m.delivery_count) for m in messages] == [
+                ("m0", 1),
+                ("m1", 1),
+                ("m2", 1),
+                ("m3", 0),
+                ("m4", 0),
+            ]
+            for message in messages:
+                again.complete_message(message)
+        finally:
+            again.__exit__(None, None, None)
+        with client.get_queue_receiver("sessions", session_id="s", max_wait_time=1) as empty:
+            assert empty.receive_messages(max_wait_time=1) == []
+    (ended,) = [line for line in busd.log_text().splitlines() if f"(pid {pid}) in" in line]
+    print(ended)
+    assert "ended the 1 session locks of worker" in ended
+    with contextlib.suppress(Exception):  # its connection died with the worker
+        holder.close()
