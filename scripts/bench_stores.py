@@ -112,6 +112,18 @@ class NodeSample:
     cpu_s: float | None
     calls: dict[str, int]
     keys: int | None
+    aof: Aof | None = None  # None: INFO persistence did not answer
+
+
+@dataclass(frozen=True)
+class Aof:
+    """A node's append-only file as INFO persistence tells it: on or off, its size in bytes
+    (the base and every increment file together) and the rewrites so far (a rewrite starts
+    the size over, so a phase with one has no figure of bytes appended)."""
+
+    enabled: bool
+    size: int
+    rewrites: int
 
 
 class StoreProbe:
@@ -126,6 +138,9 @@ class StoreProbe:
         self.kind = "Valkey" if "valkey_version" in info else "Redis"
         self.primaries = sum(1 for node in self.nodes if node.role == "primary")
         self.inside_scripts_counted = self._probe(prefix)
+        aof = self._aof(self.nodes[0])
+        self.aof_enabled = aof.enabled if aof is not None else None
+        self.appendfsync = self._appendfsync() if self.aof_enabled else None
 
     @property
     def pid(self) -> int | None:  # the first primary's
@@ -133,7 +148,9 @@ class StoreProbe:
 
     def sample(self) -> dict[str, NodeSample]:
         return {
-            node.name: NodeSample(node_cpu(node), self._calls(node), self._keys(node))
+            node.name: NodeSample(
+                node_cpu(node), self._calls(node), self._keys(node), self._aof(node)
+            )
             for node in self.nodes
         }
 
@@ -156,9 +173,29 @@ class StoreProbe:
             for k, v in stats.items()
             if k.startswith("cmdstat_") and isinstance(v, dict)
         }
-        for own in ("info", "dbsize"):  # this probe's
+        for own in ("info", "dbsize", "config|get"):  # this probe's
             calls.pop(own, None)
         return calls
+
+    @staticmethod
+    def _aof(node: Node) -> Aof | None:
+        try:
+            info = node.client.info("persistence")
+        except (redis.RedisError, OSError):
+            return None
+        return Aof(
+            enabled=bool(info.get("aof_enabled")),
+            size=int(info.get("aof_current_size", 0)),
+            rewrites=int(info.get("aof_rewrites", 0)),
+        )
+
+    def _appendfsync(self) -> str | None:
+        """The first primary's appendfsync (None where CONFIG GET is refused)."""
+        try:
+            value = self.nodes[0].client.config_get("appendfsync").get("appendfsync")
+        except (redis.RedisError, OSError):
+            return None
+        return value.decode() if isinstance(value, bytes) else value
 
     @staticmethod
     def _keys(node: Node) -> int | None:

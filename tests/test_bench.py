@@ -19,8 +19,10 @@ sys.path.insert(0, str(SCRIPTS))
 
 import bench_churn as churn  # noqa: E402
 import bench_peer as peer  # noqa: E402
+import bench_steps as steps  # noqa: E402
 
 NUMBER = r"(nan|[\d.]+)"
+STEP_ROW = re.compile(r"^  (\S.*?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+|-)  (.*)$", re.M)
 
 
 def bench(*args: str, timeout: float = 150) -> str:
@@ -78,6 +80,12 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
     assert 0 < float(calls) < float(cmds)
     assert re.search(r"store commands per message: [\d.]+ script runs \(evalsha", out), out
     assert "sessions accepted" in out
+    # Messages sent before the receivers came: sent, taken with each accept and settled; each
+    # of the 30 sessions accepted and let go.
+    ran = per_step(out, f"churn: 6 rx / 2 procs, {msgs} messages")
+    assert ran.keys() >= {"send", "settle", "accept", "release"}, ran
+    assert round(ran["accept"][0] * int(msgs)) >= 30, ran  # (printed to 3 places)
+    assert round(ran["release"][0] * int(msgs)) >= 30, ran
 
 
 def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
@@ -105,6 +113,48 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     assert 700 <= int(sent_rate) <= 1100 and 800 <= float(rate) <= 1100, out
     assert 0 < float(p50) <= float(p99), out
     assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
+    # The embedded store keeps an AOF: the bytes it appended per message are counted.
+    aof = re.search(r"^steady: .*\s([\d.]+)\s+(\d+)  sent 2000", out, re.M)
+    assert aof and 200 < int(aof.group(2)) < 20000, out
+    assert "AOF on (appendfsync everysec)" in out, out
+    whole = re.search(
+        r"^whole load \(2000 messages, every phase above\): store ([\d.]+) µs/msg, "
+        r"([\d.]+) cmds/msg, ([\d.]+) scripts/msg, AOF (\d+) B/msg$",
+        out,
+        re.M,
+    )
+    assert whole and float(whole.group(1)) > 0 and 0 < float(whole.group(3)), out
+    ran = per_step(out, "steady: 32 rx / 2 procs, 2000 messages")
+    # Every message was sent (with or without a hand-over), settled; each session accepted
+    # and let go at the end.
+    assert ran.keys() >= {"settle", "accept", "release"}, ran
+    assert ran.keys() & {"send", "hand-over"}, ran
+    # The MONITOR run's commands are what the server counted, within the noise of a run
+    assert abs(sum(cmds for _, cmds in ran.values()) / float(whole.group(2)) - 1) < 0.35, out
+
+
+def per_step(out: str, title: str) -> dict[str, tuple[float, float]]:
+    """The steps that ran in the table titled `title`: calls and commands per message; each
+    one plausible (a call runs its script and at least one command inside), adding up."""
+    start = out.index(f"store commands per step ({title}): ")
+    section = out[start:].split("\n", 2)[2].split("\n  (", 1)[0]
+    rows = {m[0]: m for m in STEP_ROW.findall(section)}
+    assert set(steps.STEPS) <= rows.keys() and "all" not in rows, section
+    total = re.search(r"^  all\s+([\d.]+)\s+([\d.]+)$", section, re.M)
+    assert total, section
+    ran = {}
+    for name, (_, calls, cmds, per_call, text) in rows.items():
+        if per_call == "-":
+            assert float(calls) == float(cmds) == 0 and text == "did not run", section
+            continue
+        # a step's script runs at least one command inside (TIME, at the least)
+        assert float(per_call) >= (2 if name in steps.STEPS else 1), section
+        assert float(cmds) >= float(calls) > 0, section
+        ran[name] = (float(calls), float(cmds))
+    scripts = [c for name, (c, _) in ran.items() if name != steps.OUTSIDE]
+    assert abs(sum(scripts) - float(total[1])) < 0.01 * len(ran), section
+    assert abs(sum(c for _, c in ran.values()) - float(total[2])) < 0.01 * len(ran), section
+    return ran
 
 
 @pytest.mark.skipif(
@@ -225,6 +275,84 @@ def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:
         out,
         re.M,
     ), out
+
+
+# --- the store's commands by step, from MONITOR lines ---------------------------------------------
+SHA = b"a" * 40
+
+
+def monitor_lines(*lines: str) -> list[bytes]:
+    return [f"+1795769569.25{i:04d} [0 {line}".encode() for i, line in enumerate(lines)]
+
+
+LOADED = steps.Scripts(
+    names={SHA: "sendMessages", b"b" * 40: "settleMessages"}, offers_argv={"sendMessages": 2}
+)
+
+
+def test_each_script_call_gets_the_commands_monitor_shows_after_it() -> None:
+    lines = monitor_lines(
+        '127.0.0.1:1] "EVALSHA" "' + "b" * 40 + '" "0"',  # before the start: not counted
+        'lua] "zrem" "x"',
+        '127.0.0.1:2] "EVAL" "return redis.call(\'ping\')" "0" "START"',
+        'lua] "ping"',
+        f'127.0.0.1:1] "EVALSHA" "{SHA.decode()}" "1" "k" "ctx" "0" "x\\"y"',  # no offers
+        'lua] "zadd" "k" "1" "m"',
+        'lua] "hset" "k" "f" "v"',
+        f'127.0.0.1:1] "EVALSHA" "{SHA.decode()}" "1" "k" "ctx" "2" "s1"',  # two offers
+        'lua] "zadd" "k" "1" "m"',
+        '127.0.0.1:1] "EVALSHA" "' + "b" * 40 + '" "0"',
+        'lua] "zrem" "x"',
+        'lua] "hdel" "x" "f"',
+        '127.0.0.1:1] "FCALL" "sweepQueue" "0"',
+        'lua] "zrangebyscore" "x" "0" "1"',
+        '127.0.0.1:1] "EVALSHA" "' + "c" * 40 + '" "0"',  # a script busd does not load
+        '127.0.0.1:1] "PUBLISH" "chan" "1"',
+        '127.0.0.1:1] "ECHO" "END"',
+        'lua] "zrem" "after the end"',
+    )
+    result = steps.attribute(lines, LOADED, b"START", b"END")
+    assert not result.inner_first and result.orphans == 0
+    got = {name: (s.calls, dict(s.commands)) for name, s in result.steps.items()}
+    assert got == {
+        "send": (1, {"evalsha": 1, "zadd": 1, "hset": 1}),
+        "hand-over": (1, {"evalsha": 1, "zadd": 1}),
+        "settle": (1, {"evalsha": 1, "zrem": 1, "hdel": 1}),
+        "sweep": (1, {"fcall": 1, "zrangebyscore": 1}),
+        "other": (1, {"evalsha": 1}),
+        "not in a script": (1, {"publish": 1}),
+    }
+    assert result.steps["other"].scripts == {"sha cccccccc": 1}
+    assert result.calls == 5 and result.commands == 12
+    table = "\n".join(steps.table(result, 2))
+    assert re.search(r"^  settle\s+0\.500\s+1\.50\s+3\.0  settleMessages 1; ", table, re.M)
+    assert re.search(r"^  renew\s+0\.000\s+0\.00\s+-  did not run$", table, re.M)
+    assert re.search(r"^  all\s+2\.500\s+6\.00$", table, re.M)
+
+
+def test_a_server_that_shows_inner_commands_first_is_read_the_other_way() -> None:
+    lines = monitor_lines(
+        'lua] "ping"',
+        '127.0.0.1:2] "EVAL" "return redis.call(\'ping\')" "0" "START"',
+        'lua] "zrem" "x"',
+        'lua] "hdel" "x" "f"',
+        '127.0.0.1:1] "EVALSHA" "' + "b" * 40 + '" "0"',
+        'lua] "zadd" "k" "1" "m"',
+        f'127.0.0.1:1] "EVALSHA" "{SHA.decode()}" "1" "k" "ctx" "0"',
+        '127.0.0.1:1] "ECHO" "END"',
+    )
+    result = steps.attribute(lines, LOADED, b"START", b"END")
+    assert result.inner_first and result.orphans == 0
+    assert dict(result.steps["settle"].commands) == {"evalsha": 1, "zrem": 1, "hdel": 1}
+    assert dict(result.steps["send"].commands) == {"evalsha": 1, "zadd": 1}
+
+
+def test_busds_scripts_are_named_by_their_hash() -> None:
+    from busd.storage.scripts import load_sources
+
+    found = steps.Scripts.of_busd()
+    assert set(found.names.values()) == set(load_sources())
+    assert "sendMessages" in found.offers_argv  # where its hand-over offers are counted
 
 
 # --- the checks, on recorded events -------------------------------------------------------------
