@@ -171,14 +171,19 @@ def grant_of(
     return Grant(parsed.audience, parsed.expiry, claims_of(keys, parsed.key_name))
 
 
+def audience_entity(token: str) -> str:
+    """The queue or topic a token's audience names, the only one whose own keys may sign it
+    (lower-cased; "" for a namespace-wide audience). SasError when it is not a token."""
+    # The entity the audience names exactly, not its first segment: `orders/secret` is a queue
+    # of its own, which `orders`' keys must not open (docs/design.md §2.10).
+    return entity_of(_path(parse_sas_token(token).audience))
+
+
 def _entity_grant(token: str, entity_keys: EntityKeys, now: float | None) -> Grant | None:
     """The grant of a token signed with a key of the entity its audience names; None when that
     entity has no rule of the token's key name (the namespace's refusal then stands), SasError
     when it has one and neither of its keys signed the token."""
-    parsed = parse_sas_token(token)
-    # The entity the audience names exactly, not its first segment: `orders/secret` is a queue
-    # of its own, which `orders`' keys must not open (docs/design.md §2.10).
-    entity = entity_of(_path(parsed.audience))
+    entity = audience_entity(token)
     if not entity:  # a namespace-wide audience: only the namespace's keys sign those
         return None
     refusal: SasError | None = None

@@ -13,9 +13,11 @@ A connection serves one namespace for its life, chosen by
   SAS key name its token was signed with: `<name>/RootManageSharedAccessKey`.
 
 Anything else (`localhost`, an address, any other host name, a plain key name) is the default
-namespace. A namespace is made on first use, in each process that serves it, once a token
-signed with one of its keys holding Manage shows that the client may run it: a test suite
-takes one per test. A process serves at most `max_namespaces` (each costs store connections):
+namespace. A namespace is made on first use, once a token signed with one of its keys holding
+Manage shows that the client may run it (a test suite takes one per test), and recorded in the
+store: from then on it exists, and any process serves it, made again there for any of its
+valid keys (Send and Listen ones, its entities' own), as Service Bus's namespace accepts every
+key of its own. A process serves at most `max_namespaces` (each costs store connections):
 past that, the one least recently used that no connection holds is let go for the new one,
 and when every one is in use the new one is refused (`NamespaceLimit`). A namespace no
 connection holds and no authenticated request used for `IDLE_S` is let go by the process (its
@@ -118,10 +120,11 @@ class Namespaces:
             return keys
         return {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
 
-    async def broker(self, name: str | None) -> Broker:
+    async def broker(self, name: str | None, use: bool = True) -> Broker:
         """The namespace's broker, made (and started) on first use; the caller has verified
-        that the client may make it. Raises NamespaceLimit when the process serves as many as
-        it may and none of them can be let go."""
+        that the client may make it. `use`: a request uses it (else one made now is idle from
+        the start: the first to be let go). Raises NamespaceLimit when the process serves as
+        many as it may and none of them can be let go."""
         if name is None:
             return self.default
         made = self._made.get(name)
@@ -132,9 +135,12 @@ class Namespaces:
             made = self._made[name] = asyncio.create_task(
                 self._make(name), name=f"busd-namespace-{name}"
             )
+            if not use:
+                self._used[name] = time.monotonic() - max(self.idle_s, IN_USE_S)
             if self._reaper is None:
                 self._reaper = asyncio.create_task(self._let_go_idle(), name="busd-namespaces-idle")
-        self._used[name] = time.monotonic()
+        if use:
+            self._used[name] = time.monotonic()
         return await asyncio.shield(made)
 
     def served(self, name: str | None, use: bool = True) -> Broker | None:
@@ -201,6 +207,11 @@ class Namespaces:
         except Exception as exc:  # the store, most likely: it is let go all the same
             log.warning("stopping namespace %s failed: %s", name, exc)
 
+    def _serves(self, name: str) -> bool:
+        """Whether this process serves the namespace, or is making it."""
+        made = self._made.get(name)
+        return made is not None and not (made.done() and self._failed(made))
+
     def serving(self) -> set[str]:
         """The names of the namespaces this process serves (or is making), the default aside."""
         return set(self._made)
@@ -245,11 +256,10 @@ class Namespaces:
         self, token: str, host_namespace: str | None
     ) -> tuple[Broker, rights.Grant]:
         """The namespace a token is for (with the host's choice), and what it grants there.
-        The token is verified before the namespace is made: only a client holding one of its
-        keys with Manage makes one. Raises SasError, or NamespaceLimit."""
+        The token is verified before the namespace is made (`_grant`). Raises SasError, or
+        NamespaceLimit."""
         name = self.choose(host_namespace, sas.parse_sas_token(token).key_name)
-        grant = rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
-        self._check_may_make(name, grant)
+        grant = await self._grant(name, token)
         return await self.broker(name), grant
 
     async def for_request(self, token: str, host: str | None) -> tuple[str | None, Broker | None]:
@@ -265,42 +275,69 @@ class Namespaces:
             name = self.choose(namespace_of_host(host), key_name)
         except sas.SasError:
             return None, None
-        broker = self.served(name, use=False)
         if name is None:  # the default namespace: always served, never idle
-            return name, broker
+            return name, self.default
         try:
-            grant = rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+            await self._grant(name, token)
         except sas.SasError:
-            return name, broker
-        if broker is not None:
-            self.touch(name)
-            return name, broker
-        try:
-            self._check_may_make(name, grant)
-        except sas.SasError:
-            return name, None
+            return name, self.served(name, use=False)
         return name, await self.broker(name)
 
-    def _check_may_make(self, name: str | None, grant: rights.Grant) -> None:
-        """SasError unless the namespace is served or `grant` may make it: a namespace key
-        holding Manage (a Send or Listen key, or an entity's, reaches a namespace only once it
-        is served)."""
+    async def _grant(self, name: str | None, token: str) -> rights.Grant:
+        """What `token` grants in the namespace `name`, verified so that a namespace this
+        process does not serve is made only for a token that may make it; SasError otherwise.
+
+        A namespace served (or being made) here takes any of its keys. One that is not is made
+        for a namespace key holding Manage, which records it in the store (`namespace_add`);
+        for any other of its keys (Send, Listen, an entity's) only when the store knows it was
+        made (`namespace_known`): Service Bus's namespace, once it exists, takes every key of
+        its own, whichever process serves it now. The namespace's keys are checked first,
+        without a store call; a token they refuse costs one only when it may be an entity's
+        key (its audience names an entity, it has not expired), whose rules only the
+        namespace's catalog holds: that namespace is then made (idle, as no use counts until
+        the token verifies) before the token is checked with them."""
         if name is None:
-            return
-        made = self._made.get(name)
-        if made is not None and not (made.done() and self._failed(made)):
-            return  # served, or being made for a client that may
-        if grant.entity is not None or not rights.allows(grant.claims, rights.MANAGE):
+            return rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+        try:
+            grant = rights.grant_of(token, self.keys(name))
+        except sas.SasError:
+            if not self._serves(name):
+                if not self._may_be_entity_key(token):
+                    raise
+                await self._check_known(name)
+            await self.broker(name, use=False)  # (made and) its catalog read
+            return rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+        if self._serves(name):
+            return grant
+        if rights.allows(grant.claims, rights.MANAGE):
+            await self.default.store.namespace_add(name)
+        else:
+            await self._check_known(name)
+        return grant
+
+    async def _check_known(self, name: str) -> None:
+        """SasError unless the namespace was made (by a Manage key, in any process)."""
+        if not await self.default.store.namespace_known(name):
             raise sas.SasError(
-                f"the namespace {name!r} is not served yet: only a key of the namespace "
-                "holding Manage makes it (Send and Listen keys then reach it)"
+                f"the namespace {name!r} does not exist: only a key of the namespace holding "
+                "Manage makes it (Send and Listen keys then reach it)"
             )
+
+    @staticmethod
+    def _may_be_entity_key(token: str) -> bool:
+        """Whether a token the namespace's keys refused may yet be signed with an entity's own
+        key: its audience names an entity and it has not expired."""
+        try:
+            expiry = sas.parse_sas_token(token).expiry
+            return expiry > time.time() and bool(rights.audience_entity(token))
+        except sas.SasError:
+            return False
 
     def entity_keys(self, name: str | None) -> rights.EntityKeys | None:
         """The keys of the entities' own rules in a namespace (docs/design.md §2.10), under
         their names and as `<name>/<key name>`, as the namespace's keys are. None while this
-        process does not serve the namespace yet: its catalog is not read, so a token signed
-        with an entity's key is refused until a namespace key has made it served."""
+        process does not serve the namespace yet: its catalog is not read (`_grant` makes a
+        namespace the store knows before it asks)."""
         broker = self.served(name, use=False)  # a token not verified yet keeps nothing alive
         if broker is None:
             return None

@@ -469,6 +469,13 @@ class Store(Protocol):
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         """Start listening for catalog changes (see CatalogCallback)."""
 
+    async def namespace_add(self, name: str) -> None:
+        """Record that the namespace `name` (other than the default) was made: in the default
+        namespace's store, so that every process knows it exists (docs/design.md §3.17)."""
+
+    async def namespace_known(self, name: str) -> bool:
+        """Whether the namespace `name` was ever made (`namespace_add`)."""
+
     async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
         """Mark subscriptions of a topic live: fan-out stores copies only in live ones. Done
         before a subscription's record is written."""

@@ -179,6 +179,13 @@ def catalog_channel(prefix: str) -> str:
     return f"{prefix}:catalog:changes"
 
 
+def namespaces_key(prefix: str) -> str:
+    """The set of the namespaces other than the default ever made (by a Manage key) over the
+    default namespace's prefix: a namespace here exists for every process (docs/design.md
+    §3.17). Beside the catalog, outside every hash tag and every namespace's `<prefix>:ns:`."""
+    return f"{prefix}:namespaces"
+
+
 def wake_channel(prefix: str, process_id: str = "") -> str:
     """The pub/sub channel of one broker process: scripts publish on it the id of a waiter or
     lock holder of that process that has work (includes/wakeWaiters.lua). Without a process id:

@@ -231,6 +231,12 @@ class PartitionedStore:
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         await self.inner.catalog_subscribe(on_change)
 
+    async def namespace_add(self, name: str) -> None:
+        await self.inner.namespace_add(name)
+
+    async def namespace_known(self, name: str) -> bool:
+        return bool(await self.inner.namespace_known(name))
+
     async def subscribe(self, on_wake: WakeCallback) -> None:
         await self.inner.subscribe(on_wake)
 

@@ -79,6 +79,16 @@ class CatalogCalls(RedisConnection):
             deleted, *_ = await pipe.execute()
         return int(deleted)
 
+    # The namespaces made: one set, written once per process that makes one for a Manage key,
+    # read only by a process that does not serve the namespace (busd.broker.namespaces).
+    async def namespace_add(self, name: str) -> None:
+        assert self._client is not None
+        await self._client.sadd(keyspace.namespaces_key(self.prefix), name)
+
+    async def namespace_known(self, name: str) -> bool:
+        assert self._client is not None
+        return bool(await self._client.sismember(keyspace.namespaces_key(self.prefix), name))
+
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         assert self._node is not None
         pubsub = self._node.pubsub(ignore_subscribe_messages=False)

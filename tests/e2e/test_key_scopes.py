@@ -2,8 +2,9 @@
 that entity and what Service Bus scopes under it, never another entity whose name starts with
 it (`orders` and `orders/secret` are two queues); a dead-letter sub-queue's `$management` node
 never writes into its parent; only a Manage key makes a namespace, a process serves a bounded
-number of them, and requests without a valid token keep none alive; the admin API refuses
-session ids and cursors the store must not see."""
+number of them, and requests without a valid token keep none alive, while a namespace made
+once takes every key of its own on any process; the admin API refuses session ids and cursors
+the store must not see."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from urllib.parse import quote
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusAuthenticationError
+from azure.servicebus.management import (
+    AccessRights,
+    AuthorizationRule,
+    ServiceBusAdministrationClient,
+)
 from proton import Message
 from proton.utils import LinkDetached
 
@@ -48,12 +54,15 @@ def busd(busd_factory):
     return busd_factory(QUEUES)
 
 
-def sdk(busd, key_name: str, key: str) -> ServiceBusClient:
-    return ServiceBusClient.from_connection_string(
+def sdk_string(busd, key_name: str, key: str) -> str:
+    return (
         f"Endpoint=sb://localhost:{busd.port};SharedAccessKeyName={key_name};"
-        f"SharedAccessKey={key};UseDevelopmentEmulator=true;",
-        retry_total=0,
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
     )
+
+
+def sdk(busd, key_name: str, key: str) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(sdk_string(busd, key_name, key), retry_total=0)
 
 
 def root(busd) -> ServiceBusClient:
@@ -328,3 +337,68 @@ def test_the_namespace_cap_holds_and_unauthenticated_requests_keep_none_alive(ca
         assert f"namespace {fourth}: serving it" not in capped.log_text()
         # the one held still serves
         assert list_queues(capped, held, namespace_token(capped, held)) == 200
+
+
+def test_a_namespace_made_once_takes_its_every_key_on_a_process_that_does_not_serve_it(
+    busd_factory,
+):
+    """A namespace's data outlives a process's broker for it: after a restart (as after an idle
+    release, or on another worker) its Send and Listen keys and its entities' keys reach it as
+    they did before; a namespace never made still takes only a Manage key."""
+    namespace, never = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("made", "never"))
+    env = {"BUSD_SAS_KEY": f"{ROOT}=SAS_KEY_VALUE reader=listen-key:Listen writer=send-key:Send"}
+    first = busd_factory([queue("q")], extra_env=env)
+    with ServiceBusAdministrationClient.from_connection_string(
+        sdk_string(first, f"{namespace}/{ROOT}", "SAS_KEY_VALUE"),
+        connection_verify=first.cert_path,
+    ) as admin:
+        rule = AuthorizationRule(
+            rights=[AccessRights.MANAGE, AccessRights.SEND, AccessRights.LISTEN],
+            key_name="app",
+            primary_key="app-key",
+        )
+        admin.create_queue("jobs", authorization_rules=[rule])
+    with sdk(first, f"{namespace}/{ROOT}", "SAS_KEY_VALUE") as manager:
+        send(manager, "jobs", "from the manager")
+    first.stop()
+    # restarted: processes over the same store, none of which has served the namespace
+    reading, writing, owning, managing = (
+        busd_factory([queue("q")], extra_env=env, prefix=first.prefix) for _ in range(4)
+    )
+    with sdk(reading, f"{namespace}/reader", "listen-key") as reader:
+        assert drain(reader, "jobs", 1) == ["from the manager"]
+    # a token that does not verify makes nothing, even for a namespace the store knows
+    with ProtonCbsClient(writing.port) as client:
+        refused = client.put_token("", key_name=f"{namespace}/reader", key="WRONG")
+        assert refused.properties["status-code"] == 401
+    assert f"namespace {namespace}: serving it" not in writing.log_text()
+    with sdk(writing, f"{namespace}/writer", "send-key") as writer:
+        send(writer, "jobs", "from the Send key")
+    with sdk(owning, f"{namespace}/app", "app-key") as app:  # the queue's own key
+        assert drain(app, "jobs", 1) == ["from the Send key"]
+    # over HTTP: the queue's own key (holding Manage) reads the queue
+    entity_token = generate_sas_token(
+        f"http://{namespace}.localhost:{managing.http_port}/jobs",
+        f"{namespace}/app",
+        "app-key",
+        int(time.time()) + 300,
+    )
+    host = f"{namespace}.localhost"
+    code, body = status(managing, "GET", "/jobs?api-version=2021-05", entity_token, host=host)
+    assert code == 200 and b"QueueDescription" in body
+    for process in (reading, writing, owning, managing):
+        assert f"namespace {namespace}: serving it" in process.log_text()
+    # a namespace never made: its Send and Listen keys, and a key of an entity it would hold,
+    # are refused, and nothing is made
+    with ProtonCbsClient(reading.port) as client:
+        for key_name, key, entity in (
+            ("reader", "listen-key", ""),
+            ("writer", "send-key", "jobs"),
+            ("app", "app-key", "jobs"),
+        ):
+            refused = client.put_token(entity, key_name=f"{never}/{key_name}", key=key)
+            assert refused.properties["status-code"] == 401
+            assert "holding Manage" in refused.properties["status-description"]
+    listen_token = namespace_token(reading, never, "reader", "listen-key")
+    assert list_queues(reading, never, listen_token) == 401
+    assert f"namespace {never}: serving it" not in reading.log_text()

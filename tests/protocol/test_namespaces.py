@@ -76,3 +76,40 @@ async def test_refused_tokens_do_not_keep_a_namespace_from_being_let_go(namespac
             await namespaces.authenticate(refused, None)
         await asyncio.sleep(0.1)
     assert "team-c" not in namespaces.serving()  # let go
+
+
+def token(audience: str, key_name: str, key: str) -> str:
+    return generate_sas_token(f"sb://localhost/{audience}", key_name, key, int(time.time()) + 60)
+
+
+async def test_a_namespace_let_go_takes_its_send_and_listen_keys_again(namespaces):
+    """Made once by a Manage key, a namespace exists (the store knows it): let go for
+    idleness, its other keys make it again; a namespace never made still needs Manage."""
+    name, never = (f"{n}-{uuid.uuid4().hex[:6]}" for n in ("made", "never"))
+    listen = token("", f"{name}/listener", "listen-key")
+    with pytest.raises(SasError, match="holding Manage"):
+        await namespaces.authenticate(listen, None)  # not made yet
+    first, _ = await namespaces.authenticate(token("", f"{name}/manager", "manage-key"), None)
+    await asyncio.sleep(1.0)
+    assert name not in namespaces.serving()  # idle: let go, its data stays
+    with pytest.raises(SasError):
+        await namespaces.authenticate(token("", f"{name}/listener", "WRONG"), None)
+    assert name not in namespaces.serving()  # a namespace-wide token: no store call either
+    again, grant = await namespaces.authenticate(listen, None)
+    assert again is not first and grant.claims == {"Listen"}
+    await asyncio.sleep(1.0)
+    sent, grant = await namespaces.authenticate(token("orders", f"{name}/sender", "send-key"), None)
+    assert grant.claims == {"Send"} and sent is namespaces.served(name)
+    await asyncio.sleep(1.0)
+    # a token for an entity that the namespace's keys refuse may be the entity's own: the
+    # namespace is made to read its catalog, which refuses it
+    with pytest.raises(SasError, match="unknown"):
+        await namespaces.authenticate(token("orders", f"{name}/owner", "WRONG"), None)
+    for refused in (
+        token("", f"{never}/listener", "listen-key"),
+        token("orders", f"{never}/sender", "send-key"),
+        token("orders", f"{never}/owner", "owner-key"),
+    ):
+        with pytest.raises(SasError, match="holding Manage"):
+            await namespaces.authenticate(refused, None)
+    assert never not in namespaces.serving()

@@ -16,6 +16,7 @@ from busd.entities import QueueEntity, RuleEntity, SubscriptionEntity, TopicEnti
 from busd.errors import BusdError, Condition
 from busd.server import seed_catalog
 from busd.storage.api import NewMessage, ReceiveMode
+from busd.storage.partitions import wrap
 from busd.storage.redis_store import RedisStore
 from tests.conftest import delete_prefix
 
@@ -55,6 +56,15 @@ async def test_a_change_on_one_process_reaches_the_other_at_once(two_views):
     assert a.queue("orders").created_ms is not None  # kept across the update
     await a.delete("queue", "orders")
     await until(lambda: b.queue("orders") is None)
+
+
+async def test_a_namespace_made_by_one_process_is_known_to_every_process(two_views):
+    made_by, other = (wrap(view.store) for view in two_views)
+    assert not await other.namespace_known("team-a")
+    await made_by.namespace_add("team-a")
+    await made_by.namespace_add("team-a")  # each process that makes it writes it: no harm
+    assert await other.namespace_known("team-a")
+    assert not await other.namespace_known("team-b")
 
 
 async def test_subscriptions_get_the_default_rule_and_cascade_on_delete(two_views):

@@ -288,3 +288,5 @@ async def test_the_catalog_is_written_and_announced_on_a_cluster(routed_store):
             break
         await asyncio.sleep(0.02)
     assert heard.count("queue:cq") == 3 and await s.catalog_all() == {}
+    await s.namespace_add("team-a")  # the namespaces made: one key beside the catalog
+    assert await s.namespace_known("team-a") and not await s.namespace_known("team-b")
