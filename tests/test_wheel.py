@@ -80,6 +80,10 @@ def _build_wheel(source: Path, out: Path) -> Path:
     result = subprocess.run(
         [*cmd, str(source)], capture_output=True, text=True, timeout=180, cwd=out
     )
+    if result.returncode != 0 and "No matching distribution found for setuptools" in (
+        result.stdout + result.stderr
+    ):  # no build backend here, and no package index to fetch one from
+        pytest.skip("setuptools>=64 is neither installed nor reachable: the wheel cannot be built")
     assert result.returncode == 0, f"pip wheel failed:\n{result.stdout}\n{result.stderr}"
     (wheel,) = out.glob("busd-*.whl")
     return wheel
