@@ -199,8 +199,9 @@ class RedisConnection:
         elif cluster_url is None:
             self._client = self._node = redis.Redis.from_url(self.url, **options)
         else:
-            # Every script's KEYS share one queue's hash tag, so the cluster client routes each
-            # call to the node owning that queue's slot.
+            # The cluster client reads the slot map and serves the commands that are not script
+            # calls; each script call goes on busd's own pipelined connection to the primary
+            # owning its queue's slot (busd/storage/cluster.py).
             cluster = redis.RedisCluster.from_url(cluster_url, **options)
             await cluster.initialize()
             self._client = cluster
