@@ -1,12 +1,16 @@
 """On a Cluster each script call goes on busd's own pipelined connection to the primary owning
 its queue's slot (busd/storage/cluster.py, docs/design.md §3.4): a slot moved to another
 primary is followed (MOVED), a slot being migrated is served from its target (ASK, then
-ASKING), and a script on a slot in migration is refused until it ends (TRYAGAIN).
+ASKING), a script on a slot in migration is refused until it ends (TRYAGAIN), and with
+`--durability replicated` a shard whose replica is gone refuses its writes while the other
+shards keep accepting them (docs/design.md §3.9).
 
-Three primaries of the test's own on loopback (tests/faults/replicas.py)."""
+Three primaries (with a replica each where durability is tested) of the test's own on
+loopback (tests/faults/replicas.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -134,3 +138,48 @@ async def test_a_script_on_a_migrating_slot_is_refused_until_the_migration_ends(
         assert [m.blob for m in received] == [b"before", b"after"]
     finally:
         await store.close()
+
+
+async def test_replicated_durability_waits_on_each_shard_and_refuses_where_no_replica_is_left(
+    tmp_path,
+):
+    nodes = Cluster(tmp_path, primaries=3, replicas=1)
+    store = RedisStore(nodes.url, prefix="durable", durability="replicated")
+    try:
+        await store.connect()
+        queues = [QueueSpec(f"q{i}") for i in range(12)]
+        by_shard: dict[int, list[QueueSpec]] = {}
+        for q in queues:
+            by_shard.setdefault(owner(nodes, slot_of(store, q)), []).append(q)
+        assert len(by_shard) == 3, "the queues are not on every shard"
+        for q in queues:
+            await store.send(q, [NewMessage(b"confirmed")])
+
+        lonely = next(iter(by_shard))
+        (replica,) = nodes.replicas_of[lonely]
+        nodes.kill(replica)
+        # The shard without a replica cannot confirm a write (WAIT 1 answers 0 after 1 s):
+        # refused, which clients hear as com.microsoft:server-busy.
+        with pytest.raises(StoreUnavailable, match="durable"):
+            await asyncio.wait_for(store.send(by_shard[lonely][0], [NewMessage(b"x")]), 10)
+        # Each shard waits on its own replica: the others still accept.
+        for port, on_shard in by_shard.items():
+            if port != lonely:
+                await store.send(on_shard[0], [NewMessage(b"still")])
+    finally:
+        await store.close()
+        nodes.stop()
+
+
+async def test_durability_on_a_cluster_needs_every_primarys_append_only_file(tmp_path):
+    nodes = Cluster(tmp_path, primaries=3, replicas=0)
+    try:
+        last = nodes.primary_ports[-1]
+        with nodes.client(last) as node:
+            node.config_set("appendonly", "no")
+        store = RedisStore(nodes.url, prefix="noaof", durability="fsync")
+        with pytest.raises(RuntimeError, match=f"appendonly yes.*{last}"):
+            await store.connect()
+        await store.close()
+    finally:
+        nodes.stop()
