@@ -45,7 +45,7 @@ class ShardPipelines:
     (busd/storage/pipeline.py), and the slot map that routes a call to one of them.
 
     A call is sent once, and again only when the first send certainly did not run it: a
-    MOVED answer (the slot has a new owner: sent to it, from the map read again), an ASK
+    MOVED answer (the slot has a new owner, which it names: sent to it), an ASK
     answer (the slot is being migrated and the key is already on the target: sent there
     after ASKING), or a connection that could not be opened (a dead primary: the map is read
     again, since the cluster may have promoted its replica). A connection lost with calls
@@ -59,6 +59,7 @@ class ShardPipelines:
         self._by_slot: list[PipelinedConnection | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
         self._refreshing: asyncio.Future[None] | None = None
         self._refreshed_at = float("-inf")
+        self._map_read = True  # the last reading succeeded
         self._tasks: set[asyncio.Task[None]] = set()  # refreshes no call waits for
         self._read_map()
 
@@ -97,21 +98,21 @@ class ShardPipelines:
         loop = asyncio.get_running_loop()
         if loop.time() - self._refreshed_at < REFRESH_INTERVAL_S:
             return
-        self._refreshing = loop.create_future()
+        refreshing = self._refreshing = loop.create_future()
         try:
             await self._cluster.nodes_manager.initialize()
             self._read_map()
-            self._refreshing.set_result(None)
-        except Exception as exc:
-            log.warning("cannot read the cluster's slot map: %s", exc)
-            self._refreshing.set_result(None)  # the calls fail on their own
+            if not self._map_read:
+                self._map_read = True
+                log.warning("the cluster's slot map is read again")
+        except Exception as exc:  # the calls fail on their own
+            if self._map_read:  # once per outage, not once per failed reading
+                self._map_read = False
+                log.warning("cannot read the cluster's slot map: %s", exc)
         finally:
+            refreshing.set_result(None)  # cancelled too: nobody waits on it for ever
             self._refreshing = None
             self._refreshed_at = loop.time()
-
-    def primaries(self) -> list[tuple[str, int]]:
-        """The primaries the slot map names now."""
-        return sorted({a for a, p in self._pipes.items() if p in set(self._by_slot)})
 
     # --- calls -----------------------------------------------------------------------------
     async def call(self, command: bytes, name: str, key: bytes) -> Any:
@@ -123,9 +124,10 @@ class ShardPipelines:
             pipe = self._owner(slot)
         try:
             return await pipe.call(command, name)
-        except MovedError:
-            await self.refresh()
-            return await self._again(self._owner(slot), command, name)
+        except MovedError as exc:  # the slot's new owner, named: the rest of the map follows
+            moved = self._by_slot[slot] = self._pipe(*exc.node_addr)
+            self._refresh_later()
+            return await self._again(moved, command, name)
         except AskError as exc:  # migrating: this key is on the target already
             return await self._again(self._pipe(*exc.node_addr), command, name, asking=True)
         except NotConnected:  # never sent: its primary may have been replaced
