@@ -194,10 +194,6 @@ class Settings:
             )
 
         url = self.redis_url or ""
-        if self.durability != "local" and ("+cluster://" in url or "cluster=true" in url):
-            raise ConfigError(
-                f"--durability {self.durability} needs a single server or Sentinel, not a Cluster"
-            )
         if "+sentinel://" in url and not url.split("://", 1)[1].partition("/")[2].strip("/"):
             raise ConfigError(
                 "a Sentinel URL names its service: "

@@ -71,8 +71,6 @@ def test_workers_takes_a_count_or_auto():
 def test_durability_is_refused_where_it_cannot_be_had():
     result = run("serve", "--durability", "always")
     assert result.exit_code == 2
-    result = run("serve", "--durability", "replicated", "--redis-url", "redis+cluster://h:1")
-    assert result.exit_code == EXIT_CONFIG and "not a Cluster" in result.output
     result = run("serve", "--redis-url", "redis+sentinel://h:26379")
     assert result.exit_code == EXIT_CONFIG and "names its service" in result.output
 
