@@ -487,8 +487,8 @@ def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
 
 @cli.group("config")
 def config_group() -> None:
-    """The entities file (the emulator's Config.json) as code: import an ARM template's
-    Service Bus resources."""
+    """The entities file (the emulator's Config.json) as code: export a running busd's
+    namespace, or import an ARM template's Service Bus resources (docs/topology.md)."""
 
 
 def _write_document(document: dict, output: str) -> None:
@@ -505,6 +505,32 @@ def _write_document(document: dict, output: str) -> None:
 def _notes(notes: list[str]) -> None:
     for note in notes:
         click.echo(f"busd: note: {note}", err=True)
+
+
+@config_group.command("export")
+@click.option(
+    "--output", "-o", default="-", metavar="PATH", help="Where to write it (default: stdout)."
+)
+@click.option(
+    "--url",
+    envvar="BUSD_URL",
+    default="http://127.0.0.1:5300",
+    show_default=True,
+    help="busd's HTTP address (its --http-port; https:// too).",
+)
+@click.option(
+    "--cacert", envvar="BUSD_CACERT", default=None, metavar="PATH", help="CA for https://."
+)
+def config_export(output: str, url: str, cacert: str | None) -> None:
+    """Write the namespace busd serves at --url (the one BUSD_SAS_KEY's key name picks) as a
+    Config.json that `busd serve --config` serves back: queues, topics, subscriptions,
+    rules and their properties."""
+    from busd.config_export import export_namespace
+    from busd.entity_tools import AtomClient
+
+    exported = export_namespace(AtomClient(url, cacert))
+    _write_document(exported.document, output)
+    _notes(exported.notes)
 
 
 @config_group.command("import")
