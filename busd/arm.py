@@ -48,15 +48,14 @@ DEPLOYMENT_MEMBERS = frozenset(
 # Read-only properties an exported template may carry: Azure ignores them, so does busd.
 READ_ONLY = frozenset(
     ("countDetails", "createdAt", "updatedAt", "accessedAt", "sizeInBytes", "messageCount",
-     "subscriptionCount", "serviceBusEndpoint", "metricId", "provisioningState", "status_")
+     "subscriptionCount", "serviceBusEndpoint", "metricId", "provisioningState")
 )  # fmt: skip
 # Namespace properties that describe Azure's infrastructure: nothing busd serves changes.
 NAMESPACE_INFRASTRUCTURE = frozenset(
     ("zoneRedundant", "minimumTlsVersion", "publicNetworkAccess", "premiumMessagingPartitions",
      "alternateName", "encryption", "privateEndpointConnections", "disableLocalAuth")
 )  # fmt: skip
-# Subscription properties Azure's schema has that busd does not serve: premium's JMS shared
-# subscriptions, and a duplicate detection window Service Bus ignores on subscriptions.
+# A subscription property Azure's schema has and Service Bus ignores.
 IGNORED_SUBSCRIPTION = frozenset(("duplicateDetectionHistoryTimeWindow",))
 CORRELATION_FIELDS = {
     "correlationId": "CorrelationId",
@@ -163,7 +162,8 @@ class _Reader:
         if not isinstance(raw, dict):
             raise TemplateError(f"each resource must be an object, got {raw!r}")
         rtype = raw.get("type")
-        if parent is None and not (
+        relative = parent is not None and isinstance(rtype, str) and "/" not in rtype
+        if not relative and not (
             isinstance(rtype, str) and rtype.lower().startswith(PROVIDER + "/")
         ):  # left unevaluated: its name may well use uniqueString()
             self.notes.append(
@@ -199,9 +199,6 @@ class _Reader:
         full_type, names = _full_name(rtype, name, parent, where)
         label = f"{full_type} {'/'.join(names)!r}"
         kind = KINDS.get(full_type.lower())
-        if not full_type.lower().startswith(PROVIDER + "/"):
-            self.notes.append(f"left out {label}: only Service Bus resources are read")
-            return
         if kind is None:
             raise TemplateError(
                 f"{label}: busd cannot serve this kind of resource (it serves namespaces, "

@@ -389,3 +389,25 @@ def test_root_key_is_left_to_busd_unless_given():
     ]
     with pytest.raises(TemplateError, match="--key other: the template declares no such"):
         convert(document, keys={"other": "x"})
+
+
+def test_symbolic_resources_and_other_providers_children():
+    """languageVersion 2.0 names resources by symbol; a resource of another provider, nested
+    or not, is left out unevaluated (its name may use uniqueString())."""
+    document = template()
+    document["languageVersion"] = "2.0"
+    document["resources"] = {
+        "ns": namespace(
+            "ns",
+            child("queues", "q"),
+            child("Microsoft.Insights/diagnosticSettings", "[uniqueString('x')]"),
+        ),
+        "store": {
+            "type": "Microsoft.Storage/storageAccounts",
+            "name": "[concat('st', uniqueString(resourceGroup().id))]",
+            "copy": {"name": "c", "count": "[parameters('unset')]"},
+        },
+    }
+    converted = convert(document)
+    assert [q["Name"] for q in entities(converted.document)["Queues"]] == ["q"]
+    assert len([n for n in converted.notes if n.startswith("left out Microsoft.")]) == 2
