@@ -41,6 +41,8 @@ INT32_MAX = 2**31 - 1
 KIB = 1024
 MAX_MESSAGE_SIZE_KB = 100 * KIB  # Service Bus premium's largest message, 100 MiB
 MAX_PARTITIONS = 32
+_RULE_TIMES = ("CreatedTime", "ModifiedTime")  # a shared access rule's, made at its creation
+_RULE_DEFAULTS = {"ClaimType": access_rules.CLAIM_TYPE, "ClaimValue": "None"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,25 @@ class Property:
             raise ConfigError(f"{self.name} must be {bounds}, got {shown}")
 
     # --- writing ------------------------------------------------------------------------------
+    def to_json(self, value: Any) -> Any:
+        """The entities file's JSON value, which from_json reads back (`busd config export`):
+        an unset duration or entity name as "", as the emulator writes it; a shared access
+        rule without its times, which busd keeps from start to start."""
+        if value is None:
+            return "" if self.type in (DURATION, ENTITY) else None
+        if self.type == DURATION:
+            return format_duration(value)
+        if self.type == ACCESS_RULES:
+            return [
+                {
+                    k: v
+                    for k, v in rule.items()
+                    if v is not None and k not in _RULE_TIMES and _RULE_DEFAULTS.get(k) != v
+                }
+                for rule in value
+            ]
+        return value
+
     def to_text(self, value: Any) -> str:
         if self.type == DURATION:
             return format_duration(value)
