@@ -23,7 +23,7 @@ from typing import Any
 from busd import access_rules
 from busd import entity_properties as ep
 from busd.arm_expressions import Scope, TemplateError
-from busd.config import DEFAULT_MAX_MESSAGE_SIZE, _parse_document
+from busd.config import DEFAULT_MAX_MESSAGE_SIZE, parse_document
 from busd.errors import ConfigError
 from busd.rules.model import DEFAULT_RULE_NAME
 
@@ -130,7 +130,7 @@ def convert(
         }
     }
     try:  # what busd serve would say of it: names, bounds, forwarding destinations
-        _parse_document(document, DEFAULT_MAX_MESSAGE_SIZE)
+        parse_document(document, DEFAULT_MAX_MESSAGE_SIZE)
     except ConfigError as exc:
         raise TemplateError(f"the converted template would not be served: {exc}") from None
     return Conversion(document, reader.notes)

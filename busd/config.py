@@ -291,12 +291,12 @@ def load_entities(
         message = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise ConfigError(f"entities file {path} is not valid JSON: {message}{where}") from e
     try:
-        return _parse_document(document, default_max_message_size)
+        return parse_document(document, default_max_message_size)
     except ConfigError as e:
         raise ConfigError(f"entities file {path}: {e}") from e
 
 
-def _parse_document(document: Any, default_max_message_size: int) -> EntitiesFile:
+def parse_document(document: Any, default_max_message_size: int) -> EntitiesFile:
     if not isinstance(document, dict) or not isinstance(document.get("UserConfig"), dict):
         raise ConfigError('expected an object with "UserConfig" (the emulator Config.json format)')
     namespaces = document["UserConfig"].get("Namespaces")
