@@ -23,6 +23,7 @@ from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
 from busd.listener import Admission, Pending
 from busd.ports import ServicePort, Services
+from busd.storage.waiting import wait_for_store
 from busd.tls import Tls
 from busd.tls import load as load_tls
 
@@ -43,6 +44,10 @@ log = logging.getLogger("busd")
 
 # How long shutdown waits for clients to finish before closing their sockets.
 GRACE_S = 3.0
+# The Service Bus emulator's line once it serves: what launchers that wait for the emulator
+# (Testcontainers, compose health scripts) watch its output for. Printed after the banner,
+# once every listener and the store are ready (docs/design.md §3.1).
+READY_LINE = "Emulator Service is Successfully Up!"
 
 
 def redacted(url: str) -> str:
@@ -437,6 +442,10 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
         settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
+    if settings.redis_url and role is None:  # a worker's parent waited for it (busd/workers.py)
+        await wait_for_store(
+            settings.redis_url, settings.store_wait_s, redacted(settings.redis_url), log.warning
+        )
     server = Server(settings, entities, role)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -453,7 +462,7 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     # the process: the collector need not walk it again on every full collection.
     gc.freeze()
     if role is None:
-        print(server.banner(), flush=True)
+        print(f"{server.banner()}\n{READY_LINE}", flush=True)
     else:
         role.ready(server.banner())
     await stop.wait()
