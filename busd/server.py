@@ -87,6 +87,21 @@ def connection_string(
     )
 
 
+def admin_clients(cert: str) -> list[str]:
+    """What ServiceBusAdministrationClient needs besides the connection string, per SDK: every
+    AMQP port answers its management API too (busd/ports.py), so the one string serves both
+    clients, but the Python and JavaScript admin clients speak HTTPS whatever the string says
+    (docs/management.md §1), and must trust busd's certificate."""
+    return [
+        "  admin clients: the connection string below too; those of Python and JavaScript speak"
+        " HTTPS to its port, trusting busd's certificate so:",
+        "    Python:     ServiceBusAdministrationClient.from_connection_string(conn, "
+        f'connection_verify="{cert}")',
+        f"    JavaScript: NODE_EXTRA_CA_CERTS={cert} node app.js",
+        "    .NET:       nothing more (plain HTTP with UseDevelopmentEmulator=true)",
+    ]
+
+
 class Server:
     """Process scope: the store (embedded or remote), the broker, the listeners."""
 
@@ -339,12 +354,10 @@ class Server:
                 "  TLS connection string: "
                 + connection_string(self.settings, port=self.tls_port, tls=True)
             )
-        if self.http is not None:  # ServiceBusAdministrationClient's: the management API
-            lines.append(
-                "  management connection string: "
-                + connection_string(self.settings, port=self.http.port)
-            )
-        # last: a launcher reading the banner knows it has all of it once this line is there
+        if self.tls is not None:
+            lines.extend(admin_clients(os.path.abspath(self.tls.cert_path)))
+        # last: a launcher reading the banner knows it has all of it once this line is there;
+        # the data and the admin clients' string alike
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
 
