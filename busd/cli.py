@@ -218,6 +218,15 @@ def cli() -> None:
     "start an embedded Valkey.",
 )
 @click.option(
+    "--store-wait",
+    envvar="BUSD_STORE_WAIT",
+    type=float,
+    default=_DEFAULTS.store_wait_s,
+    show_default=True,
+    help="Seconds start-up waits for --redis-url to answer, trying it every second (0: "
+    "one try); then busd stops, exit code 69.",
+)
+@click.option(
     "--data-dir",
     envvar="BUSD_DATA_DIR",
     default=_DEFAULTS.data_dir,
@@ -391,6 +400,7 @@ def serve(
     port: int,
     config_path: str | None,
     redis_url: str | None,
+    store_wait: float,
     data_dir: str,
     http_port: int,
     tls_port: int | None,
@@ -419,6 +429,7 @@ def serve(
             host=host,
             port=port,
             redis_url=redis_url or None,
+            store_wait_s=store_wait,
             data_dir=data_dir,
             config_path=config_path or None,
             http_port=http_port,
@@ -451,13 +462,14 @@ def serve(
     # late: `busd --help` need not import the whole broker
     from busd.server import run
     from busd.storage.embedded import EmbeddedStoreError
+    from busd.storage.waiting import StoreNotReady
     from busd.workers import run as run_workers
 
     try:
         code = run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
-    except EmbeddedStoreError as e:
+    except (EmbeddedStoreError, StoreNotReady) as e:
         _fail(str(e), EXIT_STARTUP)
     except OSError as e:  # typically a port already in use
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)

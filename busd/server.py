@@ -23,6 +23,7 @@ from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
 from busd.listener import Admission, Pending
 from busd.ports import ServicePort, Services
+from busd.storage.waiting import wait_for_store
 from busd.tls import Tls
 from busd.tls import load as load_tls
 
@@ -43,6 +44,10 @@ log = logging.getLogger("busd")
 
 # How long shutdown waits for clients to finish before closing their sockets.
 GRACE_S = 3.0
+# The Service Bus emulator's line once it serves: what launchers that wait for the emulator
+# (Testcontainers, compose health scripts) watch its output for. Printed after the banner,
+# once every listener and the store are ready (docs/design.md §3.1).
+READY_LINE = "Emulator Service is Successfully Up!"
 
 
 def redacted(url: str) -> str:
@@ -80,6 +85,21 @@ def connection_string(
         f"Endpoint=sb://{host}:{port or settings.port};SharedAccessKeyName={key_name};"
         f"SharedAccessKey={key};{emulator}"
     )
+
+
+def admin_clients(cert: str) -> list[str]:
+    """What ServiceBusAdministrationClient needs besides the connection string, per SDK: every
+    AMQP port answers its management API too (busd/ports.py), so the one string serves both
+    clients, but the Python and JavaScript admin clients speak HTTPS whatever the string says
+    (docs/management.md §1), and must trust busd's certificate."""
+    return [
+        "  admin clients: the connection string below too; those of Python and JavaScript speak"
+        " HTTPS to its port, trusting busd's certificate so:",
+        "    Python:     ServiceBusAdministrationClient.from_connection_string(conn, "
+        f'connection_verify="{cert}")',
+        f"    JavaScript: NODE_EXTRA_CA_CERTS={cert} node app.js",
+        "    .NET:       nothing more (plain HTTP with UseDevelopmentEmulator=true)",
+    ]
 
 
 class Server:
@@ -334,12 +354,10 @@ class Server:
                 "  TLS connection string: "
                 + connection_string(self.settings, port=self.tls_port, tls=True)
             )
-        if self.http is not None:  # ServiceBusAdministrationClient's: the management API
-            lines.append(
-                "  management connection string: "
-                + connection_string(self.settings, port=self.http.port)
-            )
-        # last: a launcher reading the banner knows it has all of it once this line is there
+        if self.tls is not None:
+            lines.extend(admin_clients(os.path.abspath(self.tls.cert_path)))
+        # last: a launcher reading the banner knows it has all of it once this line is there;
+        # the data and the admin clients' string alike
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
 
@@ -437,6 +455,10 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
         settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
+    if settings.redis_url and role is None:  # a worker's parent waited for it (busd/workers.py)
+        await wait_for_store(
+            settings.redis_url, settings.store_wait_s, redacted(settings.redis_url), log.warning
+        )
     server = Server(settings, entities, role)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -453,7 +475,7 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     # the process: the collector need not walk it again on every full collection.
     gc.freeze()
     if role is None:
-        print(server.banner(), flush=True)
+        print(f"{server.banner()}\n{READY_LINE}", flush=True)
     else:
         role.ready(server.banner())
     await stop.wait()

@@ -311,16 +311,6 @@ class Catalog:
         §2.15): anything else is refused with ARGUMENT_ERROR."""
         if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
             return
-        # not built: a forwarder takes from and moves to one queue's keys (§3.16)
-        source = self.topic(entity.topic) if isinstance(entity, SubscriptionEntity) else entity
-        if getattr(source, "partitions", None) and (
-            entity.forward_to or entity.forward_dead_lettered_to
-        ):
-            raise BusdError(
-                Condition.ARGUMENT_ERROR,
-                f"'{entity.path}' is partitioned: "
-                "auto-forwarding from a partitioned entity is not supported.",
-            )
         for element, target in (
             ("ForwardTo", entity.forward_to),
             ("ForwardDeadLetteredMessagesTo", entity.forward_dead_lettered_to),

@@ -726,6 +726,15 @@ class Store(Protocol):
     async def purge(self, entity: QueueSpec) -> int:
         """Delete every message of the entity; returns how many."""
 
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        """Delete up to `count` available or deferred messages enqueued before `before_ms`
+        (None: the store's now),
+        oldest first (not locked or scheduled ones, nor those of a session another receiver
+        holds unless `session_id` names it); only `session_id`'s when given. Returns how many
+        (Service Bus's batch delete; lua/deleteMessages.lua)."""
+
     async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
         """Move up to `limit` dead-lettered messages (oldest first; not those a dead-letter
         receiver holds locked) back into the queue as new messages: new sequence number,

@@ -677,11 +677,26 @@ class PartitionedStore:
                 total.totals[name] = total.totals.get(name, 0) + n
         return total
 
-    # --- auto-forwarding: not from or to a partitioned entity (busd.broker.catalog refuses) -
+    # --- auto-forwarding: from a partitioned entity partition by partition, each under its
+    # own lease; not to one (busd.broker.catalog refuses) ----------------------------------
     async def take_forwarding(
         self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
     ) -> list[StoredMessage] | None:
-        return await self.inner.take_forwarding(entity, forwarder, count, tokens)
+        if not entity.partitions:
+            return await self.inner.take_forwarding(entity, forwarder, count, tokens)
+        # A partition with nothing to take (or whose lease another forwarder holds) has the
+        # forwarder registered among its waiters by the same call, as a receiver. Each look
+        # starts at the next partition, so a busy one does not keep the others waiting.
+        parts = self.parts(entity)
+        start = next(self._turn) % len(parts)
+        out: list[StoredMessage] = []
+        for part in parts[start:] + parts[:start]:
+            want = count - len(out)
+            given = stamped(tokens, part.partition or 0, len(out), want)
+            out.extend(await self.inner.take_forwarding(part, forwarder, want, given) or ())
+            if len(out) >= count:
+                break
+        return out
 
     async def forward(
         self,
@@ -691,7 +706,22 @@ class PartitionedStore:
         *,
         hop_limit: int,
     ) -> list[ForwardResult]:
-        return list(await self.inner.forward(entity, destination, messages, hop_limit=hop_limit))
+        if not entity.partitions:
+            return list(
+                await self.inner.forward(entity, destination, messages, hop_limit=hop_limit)
+            )
+        parts = self.parts(entity)
+        groups: dict[int, list[int]] = {}  # partition -> indexes of its messages
+        for i, m in enumerate(messages):
+            groups.setdefault(partition_of_token(m.token, len(parts)), []).append(i)
+        results: list[ForwardResult] = [ForwardResult.LOCK_LOST] * len(messages)
+        for p, indexes in groups.items():
+            moved = await self.inner.forward(
+                parts[p], destination, [messages[i] for i in indexes], hop_limit=hop_limit
+            )
+            for i, result in zip(indexes, moved, strict=True):
+                results[i] = result
+        return results
 
     # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
