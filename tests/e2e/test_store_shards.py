@@ -4,8 +4,11 @@ queue, keeps its data across a restart and stops its servers with it (docs/desig
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +16,9 @@ import pytest
 import redis
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ServiceBusAdministrationClient
+from click.testing import CliRunner
 
+from busd.cli import cli
 from tests.e2e.conftest import launch_busd, queue, receive, write_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -103,6 +108,25 @@ def test_three_local_shards_from_one_command(tmp_path):
                 node.close()
             per_shard[port] = len(tags)
         assert sorted(per_shard.values()) == [6, 6, 6], per_shard
+
+        # busd shows the spread: `busd shards` and /metrics
+        shown = CliRunner().invoke(cli, ["shards", "orders", "--json", "--url", busd.http_url])
+        assert shown.exit_code == 0, shown.output
+        (entity,) = json.loads(shown.output)
+        rows = {r["shard"]: r for r in entity["shards"]}
+        assert {int(a.rsplit(":", 1)[1]) for a in rows} == {port for _, port in servers}
+        assert [r["partitions"] for r in rows.values()] == [6, 6, 6]
+        assert sum(r["sessions"] for r in rows.values()) == SESSIONS
+        assert sum(r["sent"] for r in rows.values()) == SESSIONS * PER_SESSION
+        table = CliRunner().invoke(cli, ["shards", "--url", busd.http_url])
+        assert table.exit_code == 0 and "SENT/EVEN" in table.output, table.output
+        with urllib.request.urlopen(busd.http_url + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        placed = re.findall(
+            r'busd_entity_partitions\{entity="orders",shard="([^"]+)"\} (\S+)', metrics
+        )
+        assert sorted(float(n) for _, n in placed) == [6.0, 6.0, 6.0]
+        assert {a for a, _ in placed} == set(rows)
 
         first = take_sessions(busd, SESSIONS // 2)
         for sid, bodies in first.items():
