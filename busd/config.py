@@ -162,6 +162,12 @@ class Settings:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if self.store_shards is not None and not 1 <= self.store_shards <= 16:
             raise ConfigError(f"store shards must be 1..16 or auto, got {self.store_shards}")
+        if self.store_shards != 1 and self.durability != "local":
+            # local shards are a Cluster: the same refusal as a cluster URL's below
+            raise ConfigError(
+                f"--durability {self.durability} needs a single server or Sentinel, not "
+                "--store-shards"
+            )
         if self.store_shards != 1 and self.redis_url:
             raise ConfigError(
                 "--store-shards starts the embedded store as local shards; with --redis-url "

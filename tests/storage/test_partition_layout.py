@@ -162,3 +162,42 @@ async def test_a_partitioned_queue_spreads_its_sessions_evenly_over_three_shards
     lock = await store.accept_session(queue, None, f"{store.process_id}:1", count=5, mode=RD)
     assert lock is not None and len(lock.messages) == 1
     assert await store.drop_queue(queue) == SESSIONS - 1
+
+
+async def test_an_entity_stored_in_the_first_layout_stays_readable(store, redis_url):
+    """A partitioned queue whose record predates the even layout is read, served and
+    updated on the keys its messages are in; a new one gets the even layout."""
+    from busd.broker.catalog import Catalog
+
+    partitioned = wrap(store)
+    record = to_record(QueueEntity("legacy", True, partitions=4))
+    del record["partition_layout"]  # as written before the even layout
+    await partitioned.catalog_put("queue", "legacy", record)
+    before = QueueSpec("legacy", requires_session=True, partitions=4, partition_layout=0)
+    sids = [f"s{i}" for i in range(8)]
+    await partitioned.send(before, [NewMessage(s.encode(), session_id=s) for s in sids])
+    client = redis.Redis.from_url(redis_url)
+    try:
+        tags = {k.split(b"}")[0] for k in client.scan_iter(match=f"{{{store.prefix}:legacy:*")}
+    finally:
+        client.close()
+    assert tags == {f"{{{store.prefix}:legacy:{p}".encode() for p in range(4)}
+
+    catalog = Catalog(partitioned)
+    await catalog.reload()
+    spec = catalog.spec("legacy")
+    assert spec is not None and spec.partition_layout == keys.FIRST_LAYOUT
+    got = []
+    for n in range(len(sids)):
+        lock = await partitioned.accept_session(
+            spec, None, f"{store.process_id}:{n}", count=1, mode=RD
+        )
+        assert lock is not None
+        got += [m.blob.decode() for m in lock.messages]
+    assert sorted(got) == sorted(sids)
+
+    # an update keeps the layout (the file or the management API do not carry it)
+    await catalog.put(QueueEntity("legacy", True, lock_duration_ms=30_000, partitions=4))
+    assert (await catalog.stored("queue", "legacy")).partition_layout == keys.FIRST_LAYOUT
+    new = await catalog.create(QueueEntity("fresh", partitions=4))
+    assert new.partition_layout == keys.EVEN_LAYOUT
