@@ -19,7 +19,7 @@ tag of its own (`partition_scope`; a name has no `:`), so a cluster spreads its 
 its shards. Each partition is an ordinary queue to the scripts; busd.storage.partitions routes
 calls to them. Two layouts of these tags (the entity's record says which, `partition_layout`):
 - `FIRST_LAYOUT`, entities created before the even layout: `{<prefix>:<queue>:<p>}`, whose slot
-  is wherever CRC16 puts it, so 16 partitions fall unevenly on the shards (3 shards: 7/3/6);
+  is wherever CRC16 puts it, so 16 partitions fall unevenly on the shards (as 3/5/8 on three);
 - `EVEN_LAYOUT`: `{<prefix>:<queue>:<p>#<salt>}`, the salt chosen (`even_tag`) so that the
   tag's slot is near the middle of the p-th of P equal slot ranges. A cluster whose slots are
   split evenly in order (as `valkey-cli --cluster create` and `busd serve --store-shards` do)
