@@ -486,7 +486,8 @@ def partition_by_default(count: int | None) -> None:
     _default_partitions = count
 
 
-def _default_of(prop: Property) -> Any:
+def default_of(prop: Property) -> Any:
+    """What an entity whose description leaves `prop` out gets (`partition_by_default`)."""
     if _default_partitions is not None and prop.name == "EnablePartitioning":
         return True
     if _default_partitions is not None and prop.name == "PartitionCount":
@@ -509,15 +510,15 @@ def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any],
             extra[name] = value
         elif prop.enabled_by is not None:
             switch = BY_NAME[prop.enabled_by]
-            if not values.get(switch.name, _default_of(switch)):
+            if not values.get(switch.name, default_of(switch)):
                 extra[name] = value
         else:
             fields[prop.attr] = prop.to_field(value)
     for prop in of_kind.values():  # switched on, the field takes the value or its default
         if prop.enabled_by is not None and prop.attr is not None:
             switch = BY_NAME[prop.enabled_by]
-            on = values.get(switch.name, _default_of(switch))
-            value = values.get(prop.name, _default_of(prop))
+            on = values.get(switch.name, default_of(switch))
+            value = values.get(prop.name, default_of(prop))
             fields[prop.attr] = prop.to_field(value) if on else None
     return fields, extra
 

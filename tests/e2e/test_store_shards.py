@@ -98,6 +98,10 @@ def test_three_local_shards_from_one_command(tmp_path):
             # the file did not ask for partitions: over local shards it gets them by default
             props = admin.get_queue("orders")
             assert props.enable_partitioning is True
+            # the SDK knows no PartitionCount: an update that leaves it out keeps it
+            props.max_delivery_count = 7
+            admin.update_queue(props)
+            assert admin.get_queue("orders").max_delivery_count == 7
         # 18 partitions (a multiple of the shards), six on each shard
         per_shard = Counter()
         for _, port in servers:
