@@ -1,7 +1,9 @@
 """Partitioned entities: one entity to the broker, several queues to the scripts
 (docs/design.md §3.18).
 
-`PartitionedStore` wraps a Store. A call on an entity without partitions goes straight to it.
+`PartitionedStore` wraps a Store and is one itself: it implements every method of the protocol
+(busd.storage.api.Store; `wrap` is typed so that mypy checks it), forwarding nothing unseen. A
+call on an entity without partitions goes straight to the inner store.
 A partitioned entity is P ordinary queues, each under a hash tag of its own (busd.storage.keys
 `partition_scope`), so a Redis Cluster spreads them over its shards; this module routes each
 call to the partitions it concerns:
