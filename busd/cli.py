@@ -68,6 +68,23 @@ class _CountOrAuto(click.ParamType):
 COUNT_OR_AUTO = _CountOrAuto()
 
 
+class _ShardsOrAuto(click.ParamType):
+    name = "count|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None  # chosen from the cores where the store starts
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+
+SHARDS_OR_AUTO = _ShardsOrAuto()
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"busd: error: {message}", err=True)
     sys.exit(code)
@@ -341,6 +358,16 @@ def cli() -> None:
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
 @click.option(
+    "--store-shards",
+    envvar="BUSD_STORE_SHARDS",
+    type=SHARDS_OR_AUTO,
+    default=_DEFAULTS.store_shards,
+    show_default=True,
+    help="valkey-servers the embedded store runs as one local Cluster, each with its own "
+    "data under --data-dir (auto: half the cores); above 1, queues and topics are "
+    "partitioned over them unless they say otherwise.",
+)
+@click.option(
     "--durability",
     envvar="BUSD_DURABILITY",
     default=_DEFAULTS.durability,
@@ -416,6 +443,7 @@ def serve(
     max_namespaces: int,
     transaction_timeout: float,
     workers: int,
+    store_shards: int | None,
     durability: str,
     http_connections: int,
     http_request_timeout: float,
@@ -445,6 +473,7 @@ def serve(
             max_namespaces=max_namespaces,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
+            store_shards=store_shards,
             durability=durability.lower(),
             limits=Limits(**limits),
             http_connections=http_connections,

@@ -100,6 +100,9 @@ class Settings:
     transaction_timeout_s: float = 120.0
     # busd processes serving the same ports of this host (busd/workers.py)
     workers: int = 1
+    # valkey-servers the embedded store runs as one local Cluster (None: auto, from the
+    # cores); above 1, entities are partitioned by default (busd/storage/embedded.py)
+    store_shards: int | None = 1
     # what the store must have done with a write before busd acknowledges it: local (ran),
     # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
     durability: str = "local"
@@ -160,6 +163,20 @@ class Settings:
             raise ConfigError(f"max namespaces must be 1..10000, got {self.max_namespaces}")
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
+        if self.store_shards is not None and not 1 <= self.store_shards <= 16:
+            raise ConfigError(f"store shards must be 1..16 or auto, got {self.store_shards}")
+        if self.store_shards != 1 and self.durability != "local":
+            # local shards have no replicas to fail over to; a Cluster of the user's with
+            # replicas (--redis-url valkey+cluster://...) takes --durability
+            raise ConfigError(
+                f"--durability {self.durability} is not offered with --store-shards (local "
+                "shards have no replicas); give a Cluster with replicas as --redis-url instead"
+            )
+        if self.store_shards != 1 and self.redis_url:
+            raise ConfigError(
+                "--store-shards starts the embedded store as local shards; with --redis-url "
+                "the store is the one it names"
+            )
         if self.http_connections < 0:
             raise ConfigError(f"max HTTP connections must be 0 or more: {self.http_connections}")
         if not self.http_request_timeout_s > 0:

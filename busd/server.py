@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from busd.amqp.websocket import WebSocketServer
     from busd.http.server import HttpService
     from busd.observability.peers import Peers
-    from busd.storage.embedded import EmbeddedValkey
+    from busd.storage.embedded import EmbeddedCluster, EmbeddedValkey
     from busd.worker_role import WorkerRole
 
 log = logging.getLogger("busd")
@@ -117,7 +117,7 @@ class Server:
         self.role = role
         self.peers: Peers | None = None
         self.entities = entities or EntitiesFile()
-        self.embedded: EmbeddedValkey | None = None
+        self.embedded: EmbeddedValkey | EmbeddedCluster | None = None
         self.broker: Broker | None = None  # the default namespace's
         self.namespaces: Namespaces | None = None
         self.listener: ServicePort | None = None  # --port
@@ -145,9 +145,9 @@ class Server:
         settings = self.settings
         url = settings.redis_url
         if not url:
-            from busd.storage.embedded import EmbeddedValkey
+            from busd.storage.embedded import embedded_store, shard_count
 
-            self.embedded = EmbeddedValkey(settings.data_dir)
+            self.embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
 
@@ -309,10 +309,21 @@ class Server:
         settings = self.settings
         store_detail: list[str] = []
         if self.embedded or (self.role is not None and self.role.embedded):
-            from busd.storage.embedded import allocator
+            from busd.storage.embedded import allocator, default_partitions, shard_count
 
             store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
             store_detail.append(f"  allocator: {allocator()}")
+            shards = shard_count(settings.store_shards)
+            if shards > 1:
+                store = (
+                    f"embedded Valkey Cluster of {shards} shards"
+                    + (f" (auto: {_cores()} cores)" if settings.store_shards is None else "")
+                    + f" in {os.path.abspath(settings.data_dir)}/shard-*"
+                )
+                store_detail.append(
+                    f"  partitions: queues and topics in {default_partitions(shards)} by "
+                    "default, spread evenly over the shards"
+                )
         else:
             store = redacted(settings.redis_url or "")
         assert self.broker is not None
@@ -444,8 +455,16 @@ def _kept_keys(entity, stored):
     )
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     entities = EntitiesFile()
+    partition_by_default(settings)
     settings.config_path = entities_file(settings)
     if settings.config_path:
         entities = load_entities(settings.config_path, settings.max_message_size)
@@ -482,6 +501,17 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     log.info("shutting down")
     await server.shutdown()
     return 0
+
+
+def partition_by_default(settings: Settings) -> None:
+    """Over local shards of the embedded store (`--store-shards` above 1), entities that do
+    not say otherwise are partitioned, in a multiple of the shard count (docs/design.md
+    §3.9); before the entities file is read."""
+    from busd import entity_properties
+    from busd.storage.embedded import default_partitions, shard_count
+
+    shards = shard_count(settings.store_shards)  # 1 with --redis-url (Settings.validate)
+    entity_properties.partition_by_default(default_partitions(shards) if shards > 1 else None)
 
 
 def run(settings: Settings, role: WorkerRole | None = None) -> int:

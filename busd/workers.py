@@ -327,7 +327,7 @@ def _ports(settings: Settings) -> dict[str, int]:
 def run(settings: Settings) -> int:
     """Run `settings.workers` workers until SIGTERM or SIGINT; the exit code."""
     from busd.observability.logs import configure
-    from busd.storage.embedded import EmbeddedValkey
+    from busd.storage.embedded import embedded_store, shard_count
 
     if sys.platform == "win32":
         raise ConfigError("--workers above 1 needs a Unix system")
@@ -343,7 +343,7 @@ def run(settings: Settings) -> int:
     embedded = None
     try:
         if not settings.redis_url:
-            embedded = EmbeddedValkey(settings.data_dir)
+            embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
             embedded.start()
             settings.redis_url = embedded.url
         ports: dict[str, int] = {}

@@ -1,7 +1,9 @@
 """Partitioned entities: one entity to the broker, several queues to the scripts
 (docs/design.md §3.18).
 
-`PartitionedStore` wraps a Store. A call on an entity without partitions goes straight to it.
+`PartitionedStore` wraps a Store and is one itself: it implements every method of the protocol
+(busd.storage.api.Store; `wrap` is typed so that mypy checks it), forwarding nothing unseen. A
+call on an entity without partitions goes straight to the inner store.
 A partitioned entity is P ordinary queues, each under a hash tag of its own (busd.storage.keys
 `partition_scope`), so a Redis Cluster spreads them over its shards; this module routes each
 call to the partitions it concerns:
@@ -61,6 +63,7 @@ from busd.storage.api import (
     TopicSpec,
     WakeCallback,
 )
+from busd.storage.keys import FIRST_LAYOUT
 
 PARTITION_SHIFT = 48  # a sequence number's partition: its top 16 bits (of 64)
 T = TypeVar("T")
@@ -131,15 +134,28 @@ class PartitionedStore:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        # fixed when the inner store is made (its URL and its process's id)
+        self.process_id: str = inner.process_id
+        self.cross_slot_transactions: bool = inner.cross_slot_transactions
         self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
         self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
         self._turn = itertools.count()
         # next-available acceptors (holder ids) -> partitions where they may be registered
         self._session_waits: dict[str, set[int]] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        # lifecycle, the catalog's reads, topics, transactions: the inner store's
-        return getattr(self.inner, name)
+    # --- lifecycle: the inner store's --------------------------------------------------------
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def ping(self) -> bool:
+        return bool(await self.inner.ping())
+
+    async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
+        # the inner store places each partition of a partitioned handle itself
+        return [list(where) for where in await self.inner.shards(entities)]
 
     # --- partitions ---------------------------------------------------------------------------
     def parts(self, spec: QueueSpec) -> tuple[QueueSpec, ...]:
@@ -206,10 +222,11 @@ class PartitionedStore:
         partitions = record.get("partitions")
         if partitions and kind in ("queue", "topic"):
             # before the record: no message may be numbered from a counter not yet started
+            layout = record.get("partition_layout", FIRST_LAYOUT)  # busd.entities.from_record
             spec = (
-                QueueSpec(name=path, partitions=partitions)
+                QueueSpec(name=path, partitions=partitions, partition_layout=layout)
                 if kind == "queue"
-                else TopicSpec(name=path, partitions=partitions)
+                else TopicSpec(name=path, partitions=partitions, partition_layout=layout)
             )
             await asyncio.gather(
                 *(
@@ -239,6 +256,30 @@ class PartitionedStore:
 
     async def subscribe(self, on_wake: WakeCallback) -> None:
         await self.inner.subscribe(on_wake)
+
+    async def open_subscriptions(self, topic: TopicSpec | str, subscriptions: list[str]) -> None:
+        if isinstance(topic, str) or not topic.partitions:
+            return await self.inner.open_subscriptions(topic, subscriptions)
+        # live in every partition: a partition p of the topic fans out to partition p of each
+        await asyncio.gather(
+            *(self.inner.open_subscriptions(t, subscriptions) for t in self.topic_parts(topic))
+        )
+
+    async def drop_subscriptions(
+        self, topic: TopicSpec | str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+    ) -> int:
+        if isinstance(topic, str) or not topic.partitions:
+            return int(
+                await self.inner.drop_subscriptions(topic, subscriptions, with_topic=with_topic)
+            )
+        sparts = [self.parts(s) for s in subscriptions]
+        dropped = await asyncio.gather(
+            *(
+                self.inner.drop_subscriptions(t, [s[p] for s in sparts], with_topic=with_topic)
+                for p, t in enumerate(self.topic_parts(topic))
+            )
+        )
+        return sum(dropped)
 
     async def drop_queue(self, queue: QueueSpec) -> int:
         if not queue.partitions:
@@ -656,6 +697,23 @@ class PartitionedStore:
             moved += await self.inner.resubmit_dead_letters(part, limit - moved)
         return moved
 
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        # Oldest first within each partition, partition after partition: the broker refuses a
+        # batch delete on a partitioned entity, as Service Bus does (docs/wire.md §8.4.13).
+        if not entity.partitions:
+            return int(await self.inner.delete_messages(entity, count, before_ms, session_id))
+        if session_id is not None:
+            part = self.part_of_session(entity, session_id)
+            return int(await self.inner.delete_messages(part, count, before_ms, session_id))
+        deleted = 0
+        for part in self.parts(entity):
+            if deleted >= count:
+                break
+            deleted += await self.inner.delete_messages(part, count - deleted, before_ms)
+        return deleted
+
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         if not entity.partitions:
             return await self.inner.counts(entity)
@@ -749,6 +807,19 @@ class PartitionedStore:
             via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit
         )
 
+    async def commit_transaction(
+        self,
+        via: QueueSpec | TopicSpec,
+        others: list[QueueSpec],
+        txn_id: bytes,
+        topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
+    ) -> None:
+        # the broker hands partitions' handles here (busd.broker.transactions)
+        await self.inner.commit_transaction(via, others, txn_id, topics)
+
+    async def discard_transaction(self, via: QueueSpec | TopicSpec, txn_id: bytes) -> None:
+        await self.inner.discard_transaction(via, txn_id)
+
 
 def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
     """The order of the inspector's `sort` index, from a page's sessions (their cursor holds
@@ -759,6 +830,6 @@ def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
 
 
 def wrap(store: Any) -> Store:
-    """The store the broker uses: `store` with partitioned entities routed."""
-    wrapped: Any = PartitionedStore(store)
-    return wrapped
+    """The store the broker uses: `store` with partitioned entities routed. A Store itself:
+    mypy checks that it implements the whole protocol."""
+    return PartitionedStore(store)
