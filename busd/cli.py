@@ -68,6 +68,23 @@ class _CountOrAuto(click.ParamType):
 COUNT_OR_AUTO = _CountOrAuto()
 
 
+class _ShardsOrAuto(click.ParamType):
+    name = "count|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None  # chosen from the cores where the store starts
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+
+SHARDS_OR_AUTO = _ShardsOrAuto()
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"busd: error: {message}", err=True)
     sys.exit(code)
@@ -218,6 +235,15 @@ def cli() -> None:
     "start an embedded Valkey.",
 )
 @click.option(
+    "--store-wait",
+    envvar="BUSD_STORE_WAIT",
+    type=float,
+    default=_DEFAULTS.store_wait_s,
+    show_default=True,
+    help="Seconds start-up waits for --redis-url to answer, trying it every second (0: "
+    "one try); then busd stops, exit code 69.",
+)
+@click.option(
     "--data-dir",
     envvar="BUSD_DATA_DIR",
     default=_DEFAULTS.data_dir,
@@ -332,6 +358,16 @@ def cli() -> None:
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
 @click.option(
+    "--store-shards",
+    envvar="BUSD_STORE_SHARDS",
+    type=SHARDS_OR_AUTO,
+    default=_DEFAULTS.store_shards,
+    show_default=True,
+    help="valkey-servers the embedded store runs as one local Cluster, each with its own "
+    "data under --data-dir (auto: half the cores); above 1, queues and topics are "
+    "partitioned over them unless they say otherwise.",
+)
+@click.option(
     "--durability",
     envvar="BUSD_DURABILITY",
     default=_DEFAULTS.durability,
@@ -391,6 +427,7 @@ def serve(
     port: int,
     config_path: str | None,
     redis_url: str | None,
+    store_wait: float,
     data_dir: str,
     http_port: int,
     tls_port: int | None,
@@ -406,6 +443,7 @@ def serve(
     max_namespaces: int,
     transaction_timeout: float,
     workers: int,
+    store_shards: int | None,
     durability: str,
     http_connections: int,
     http_request_timeout: float,
@@ -419,6 +457,7 @@ def serve(
             host=host,
             port=port,
             redis_url=redis_url or None,
+            store_wait_s=store_wait,
             data_dir=data_dir,
             config_path=config_path or None,
             http_port=http_port,
@@ -434,6 +473,7 @@ def serve(
             max_namespaces=max_namespaces,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
+            store_shards=store_shards,
             durability=durability.lower(),
             limits=Limits(**limits),
             http_connections=http_connections,
@@ -451,13 +491,14 @@ def serve(
     # late: `busd --help` need not import the whole broker
     from busd.server import run
     from busd.storage.embedded import EmbeddedStoreError
+    from busd.storage.waiting import StoreNotReady
     from busd.workers import run as run_workers
 
     try:
         code = run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
-    except EmbeddedStoreError as e:
+    except (EmbeddedStoreError, StoreNotReady) as e:
         _fail(str(e), EXIT_STARTUP)
     except OSError as e:  # typically a port already in use
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)
@@ -483,6 +524,121 @@ def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
     from busd.auth.sas import generate_sas_token
 
     click.echo(generate_sas_token(audience, key_name, key, int(time.time()) + ttl))
+
+
+@cli.group("config")
+def config_group() -> None:
+    """The entities file (the emulator's Config.json) as code: export a running busd's
+    namespace, or import an ARM template's Service Bus resources (docs/topology.md)."""
+
+
+def _write_document(document: dict, output: str) -> None:
+    import json
+
+    text = json.dumps(document, indent=2) + "\n"
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+
+
+def _notes(notes: list[str]) -> None:
+    for note in notes:
+        click.echo(f"busd: note: {note}", err=True)
+
+
+@config_group.command("export")
+@click.option(
+    "--output", "-o", default="-", metavar="PATH", help="Where to write it (default: stdout)."
+)
+@click.option(
+    "--url",
+    envvar="BUSD_URL",
+    default="http://127.0.0.1:5300",
+    show_default=True,
+    help="busd's HTTP address (its --http-port; https:// too).",
+)
+@click.option(
+    "--cacert", envvar="BUSD_CACERT", default=None, metavar="PATH", help="CA for https://."
+)
+def config_export(output: str, url: str, cacert: str | None) -> None:
+    """Write the namespace busd serves at --url (the one BUSD_SAS_KEY's key name picks) as a
+    Config.json that `busd serve --config` serves back: queues, topics, subscriptions,
+    rules and their properties."""
+    from busd.config_export import export_namespace
+    from busd.entity_tools import AtomClient
+
+    exported = export_namespace(AtomClient(url, cacert))
+    _write_document(exported.document, output)
+    _notes(exported.notes)
+
+
+@config_group.command("import")
+@click.argument("template", type=click.File("r", encoding="utf-8-sig"))
+@click.option(
+    "--parameter",
+    "-p",
+    "parameters",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A template parameter's value, over its defaultValue (repeatable).",
+)
+@click.option(
+    "--parameters",
+    "parameters_file",
+    type=click.File("r", encoding="utf-8-sig"),
+    default=None,
+    metavar="PATH",
+    help="An ARM parameters file (azuredeploy.parameters.json); --parameter wins over it.",
+)
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    metavar="NAME=KEY",
+    help="The key of a namespace authorization rule (Azure makes them; default: a new one).",
+)
+@click.option(
+    "--output", "-o", default="-", metavar="PATH", help="Where to write it (default: stdout)."
+)
+def config_import(
+    template, parameters: tuple[str, ...], parameters_file, keys: tuple[str, ...], output: str
+) -> None:
+    """Convert an ARM template (JSON) with Service Bus resources into a Config.json for
+    `busd serve --config`; refuse, naming the resource and property, what busd cannot honour."""
+    import json
+
+    from busd.arm import convert
+    from busd.arm_expressions import TemplateError
+    from busd.tools import EXIT_INVALID
+
+    def pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+        out = {}
+        for value in values:
+            name, sep, text = value.partition("=")
+            if not sep or not name:
+                raise click.BadParameter(f"takes NAME=VALUE, got {value!r}", param_hint=option)
+            out[name] = text
+        return out
+
+    given: dict = {}
+    try:
+        document = json.load(template)
+        if parameters_file is not None:
+            given = {
+                name: spec.get("value") if isinstance(spec, dict) else spec
+                for name, spec in (json.load(parameters_file).get("parameters") or {}).items()
+            }
+    except (ValueError, AttributeError) as exc:
+        _fail(f"not a JSON template or parameters file: {exc}", EXIT_INVALID)
+    given.update(pairs(parameters, "--parameter"))
+    try:
+        converted = convert(document, given, pairs(keys, "--key"))
+    except TemplateError as exc:
+        _fail(f"{template.name}: {exc}", EXIT_INVALID)
+    _write_document(converted.document, output)
+    _notes(converted.notes)
 
 
 # Operator tools over the admin HTTP API (busd.tools documents their exit codes).

@@ -41,6 +41,8 @@ INT32_MAX = 2**31 - 1
 KIB = 1024
 MAX_MESSAGE_SIZE_KB = 100 * KIB  # Service Bus premium's largest message, 100 MiB
 MAX_PARTITIONS = 32
+_RULE_TIMES = ("CreatedTime", "ModifiedTime")  # a shared access rule's, made at its creation
+_RULE_DEFAULTS = {"ClaimType": access_rules.CLAIM_TYPE, "ClaimValue": "None"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,25 @@ class Property:
             raise ConfigError(f"{self.name} must be {bounds}, got {shown}")
 
     # --- writing ------------------------------------------------------------------------------
+    def to_json(self, value: Any) -> Any:
+        """The entities file's JSON value, which from_json reads back (`busd config export`):
+        an unset duration or entity name as "", as the emulator writes it; a shared access
+        rule without its times, which busd keeps from start to start."""
+        if value is None:
+            return "" if self.type in (DURATION, ENTITY) else None
+        if self.type == DURATION:
+            return format_duration(value)
+        if self.type == ACCESS_RULES:
+            return [
+                {
+                    k: v
+                    for k, v in rule.items()
+                    if v is not None and k not in _RULE_TIMES and _RULE_DEFAULTS.get(k) != v
+                }
+                for rule in value
+            ]
+        return value
+
     def to_text(self, value: Any) -> str:
         if self.type == DURATION:
             return format_duration(value)
@@ -472,6 +493,29 @@ def check(
             prop.check(value, api)
 
 
+# The partitions of a queue or topic whose description does not say whether it is
+# partitioned; None: it is not, as in Service Bus. `busd serve --store-shards N` sets it
+# above 1 (docs/design.md §3.9).
+_default_partitions: int | None = None
+
+
+def partition_by_default(count: int | None) -> None:
+    """Entities created from now on without EnablePartitioning are partitioned in `count`
+    partitions (None: not partitioned), and those that enable it without a PartitionCount
+    have `count`."""
+    global _default_partitions
+    _default_partitions = count
+
+
+def default_of(prop: Property) -> Any:
+    """What an entity whose description leaves `prop` out gets (`partition_by_default`)."""
+    if _default_partitions is not None and prop.name == "EnablePartitioning":
+        return True
+    if _default_partitions is not None and prop.name == "PartitionCount":
+        return _default_partitions
+    return prop.default
+
+
 def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(record fields, extra) of an entity whose properties are `values` (by name, as given:
     what is not given keeps the record's default). A field that a flag switches on is None
@@ -487,15 +531,16 @@ def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any],
             extra[name] = value
         elif prop.enabled_by is not None:
             switch = BY_NAME[prop.enabled_by]
-            if not values.get(switch.name, switch.default):
+            if not values.get(switch.name, default_of(switch)):
                 extra[name] = value
         else:
             fields[prop.attr] = prop.to_field(value)
     for prop in of_kind.values():  # switched on, the field takes the value or its default
         if prop.enabled_by is not None and prop.attr is not None:
             switch = BY_NAME[prop.enabled_by]
-            on = values.get(switch.name, switch.default)
-            fields[prop.attr] = prop.to_field(values.get(prop.name, prop.default)) if on else None
+            on = values.get(switch.name, default_of(switch))
+            value = values.get(prop.name, default_of(prop))
+            fields[prop.attr] = prop.to_field(value) if on else None
     return fields, extra
 
 

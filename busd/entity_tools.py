@@ -54,9 +54,14 @@ class AtomClient:
         self.context = tls_context(self.url, cafile)
 
     def call(
-        self, method: str, path: str, body: bytes | None = None, update: bool = False
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        update: bool = False,
+        query: str = "",
     ) -> ET.Element | None:
-        url = f"{self.url}/{path}?{API}"
+        url = f"{self.url}/{path}?{API}" + (f"&{query}" if query else "")
         # the audience names the entity as busd reads the path: percent-decoded ($Default)
         audience = f"{urlsplit(self.url).scheme}://{urlsplit(self.url).netloc}/{unquote(path)}"
         request = urllib.request.Request(url, data=body, method=method)

@@ -30,11 +30,19 @@ DURABILITY_WAIT_MS = 1000
 # since replicas report their fsyncs lazily: in memory on a replica is what a failover needs).
 _WAITAOF = (b"WAITAOF", b"1", b"0", b"%d" % DURABILITY_WAIT_MS)
 _WAIT = (b"WAIT", b"1", b"%d" % DURABILITY_WAIT_MS)
+# Sent before a call that an ASK answer sent to a slot's migration target (busd/storage/
+# cluster.py); its own answer (OK) is dropped.
+ASKING = "ASKING"
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
 DURABILITY: dict[str, tuple[tuple[bytes, ...], ...]] = {
     "local": (),  # nothing more than running it (the server's own fsync policy)
     "fsync": (_WAITAOF,),
     "replicated": (_WAITAOF, _WAIT),
 }
+
+
+class NotConnected(StoreConnectionError):
+    """The connection could not be opened: the call was not sent."""
 
 
 class PipelinedConnection:
@@ -54,7 +62,7 @@ class PipelinedConnection:
 
     def __init__(self, pool: Any, durability: tuple[tuple[bytes, ...], ...] = ()) -> None:
         self._pool = pool
-        self._wait = b"".join(_command(*c) for c in durability) or None
+        self._wait = b"".join(resp_command(*c) for c in durability) or None
         self._waits = len(durability)  # answers of waits a batch has
         self._waited = 0  # of which this many came for the batch being read
         self._batch_confirmed = True
@@ -73,13 +81,21 @@ class PipelinedConnection:
         self._flush_handle: asyncio.Handle | None = None
         self._watch_handle: asyncio.TimerHandle | None = None
 
-    async def call(self, command: bytes, name: str) -> Any:
+    async def call(self, command: bytes, name: str, *, asking: bool = False) -> Any:
+        """`command`'s answer; `asking`: sent right after an ASKING of its own."""
         if self._writer is None:
-            await self._connect()
+            try:
+                await self._connect()
+            except (StoreConnectionError, StoreTimeoutError, OSError) as exc:
+                raise NotConnected(str(exc)) from exc
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
         timeout = self._timeout
-        self._waiting.append((answer, name, loop.time() + timeout if timeout else 0.0))
+        deadline = loop.time() + timeout if timeout else 0.0
+        if asking:
+            self._waiting.append((None, ASKING, deadline))
+            self._out.append(_ASKING)
+        self._waiting.append((answer, name, deadline))
         if timeout and self._watch_handle is None:
             self._watch_handle = loop.call_later(timeout, self._watch)
         self._out.append(command)
@@ -146,10 +162,11 @@ class PipelinedConnection:
                     raise StoreConnectionError("Connection closed by server.")
                 reader.feed(data)
                 while (reply := reader.gets()) is not False:
-                    answer = waiting.popleft()[0]
+                    answer, name, _ = waiting.popleft()
                     if self._wait is not None:
                         if answer is None:
-                            self._waited_for(reply)
+                            if name is not ASKING:
+                                self._waited_for(reply)
                         else:
                             self._held.append((answer, reply))
                     elif answer is None or answer.done():  # its caller stopped waiting
@@ -235,7 +252,7 @@ class PipelinedConnection:
             await conn.disconnect()
 
 
-def _command(*parts: bytes) -> bytes:
+def resp_command(*parts: bytes) -> bytes:
     """The RESP encoding of a command."""
     return b"*%d\r\n" % len(parts) + b"".join(map(bulk, parts))
 

@@ -149,11 +149,6 @@ class RedisConnection:
         self.max_calls = max_calls
         if durability not in DURABILITY:
             raise ValueError(f"durability is one of {', '.join(DURABILITY)}")
-        if durability != "local" and parse_cluster_url(url) is not None:
-            raise ValueError(
-                "--durability fsync or replicated needs a single server or "
-                "Sentinel; a Cluster has no one connection to wait on"
-            )
         self.durability = durability
         # Bounds the calls in flight, so that the connection pool (sized above it) is never
         # exhausted: redis-py's asyncio pool fails at its limit instead of waiting.
@@ -199,8 +194,9 @@ class RedisConnection:
         elif cluster_url is None:
             self._client = self._node = redis.Redis.from_url(self.url, **options)
         else:
-            # Every script's KEYS share one queue's hash tag, so the cluster client routes each
-            # call to the node owning that queue's slot.
+            # The cluster client reads the slot map and serves the commands that are not script
+            # calls; each script call goes on busd's own pipelined connection to the primary
+            # owning its queue's slot (busd/storage/cluster.py).
             cluster = redis.RedisCluster.from_url(cluster_url, **options)
             await cluster.initialize()
             self._client = cluster
@@ -224,12 +220,19 @@ class RedisConnection:
                     f"--durability {self.durability} needs Redis or Valkey >= "
                     f"7.2 (WAITAOF), the server is {version}"
                 )
-            persistence = await self._node.info("persistence")
-            if not int(persistence.get("aof_enabled", 0)):
-                raise RuntimeError(
-                    f"--durability {self.durability} needs the server's "
-                    "append-only file: appendonly yes"
+            # On a Cluster, every primary's (each waits on its own, docs/design.md §3.9).
+            if isinstance(self._client, redis.RedisCluster):
+                by_node = await self._client.info(
+                    "persistence", target_nodes=redis.RedisCluster.PRIMARIES
                 )
+            else:
+                by_node = {"": await self._node.info("persistence")}
+            for node, persistence in by_node.items():
+                if not int(persistence.get("aof_enabled", 0)):
+                    raise RuntimeError(
+                        f"--durability {self.durability} needs the server's "
+                        f"append-only file: appendonly yes{f' (on {node})' if node else ''}"
+                    )
         try:
             reply = await self._node.config_get("maxmemory-policy")
             policy = next(iter(reply.values()), b"")

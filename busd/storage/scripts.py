@@ -32,8 +32,9 @@ from redis.exceptions import (
     NoScriptError,
 )
 
+from busd.storage.cluster import ShardPipelines
 from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
-from busd.storage.pipeline import DURABILITY, PipelinedConnection, bulk, encode
+from busd.storage.pipeline import DURABILITY, PipelinedConnection, bulk, encode, resp_command
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -222,8 +223,9 @@ class Scripts:
     more than the rest of a store call, in busd and in the server alike. The server runs
     scripts one at a time anyway, so one connection loses it no concurrency. The caller
     bounds the calls in flight (RedisStore._slots). A call is never retried: a script that
-    ran must not run twice. On a cluster, redis-py's Script objects route each call to the
-    node owning the queue's slot. Either way a server that lost the scripts (NOSCRIPT:
+    ran must not run twice. On a cluster, each primary has such a connection of its own and
+    a call goes to the one owning its first key's slot (`ShardPipelines`,
+    busd/storage/cluster.py). Either way a server that lost the scripts (NOSCRIPT:
     restarted, failed over, flushed) gets them again."""
 
     def __init__(
@@ -241,9 +243,14 @@ class Scripts:
             name: hashlib.sha1(src.text.encode()).hexdigest().encode()
             for name, src in self.sources.items()
         }
-        # Only a plain client has one pool for every key; a cluster client routes per slot.
-        pool = client.connection_pool if type(client) is PlainRedis else None
-        self._pipe = PipelinedConnection(pool, DURABILITY[durability]) if pool is not None else None
+        # Only a plain client has one pool for every key; a cluster has a pipeline per primary.
+        plain = type(client) is PlainRedis
+        self._pipe = (
+            PipelinedConnection(client.connection_pool, DURABILITY[durability]) if plain else None
+        )
+        self._shards = (
+            None if plain else ShardPipelines(client, DURABILITY[durability])  # type: ignore[arg-type]
+        )
         # (script, keys) -> (number of KEYS, encoded 'EVALSHA <sha> <numkeys> <keys...>')
         self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
@@ -255,10 +262,14 @@ class Scripts:
     async def close(self) -> None:
         if self._pipe is not None:
             await self._pipe.close()
+        if self._shards is not None:
+            await self._shards.close()
 
     async def run(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> Any:
         pipe = self._pipe
         if pipe is None:
+            if self._shards is not None and keys:
+                return await self._run_on_shard(self._shards, name, keys, args)
             return await self._registered[name](keys=keys, args=args)
         command = self._command(name, keys, args)
         try:
@@ -267,6 +278,21 @@ class Scripts:
             pass
         await self._client.script_load(self.sources[name].text)
         return await pipe.call(command, name)
+
+    async def _run_on_shard(
+        self, shards: ShardPipelines, name: str, keys: list[str] | list[bytes], args: list[Any]
+    ) -> Any:
+        command = self._command(name, keys, args)
+        key = encode(keys[0])
+        try:
+            return await shards.call(command, name, key)
+        except NoScriptError:
+            pass
+        # On that primary (a promoted replica has none of the scripts its primary loaded).
+        await shards.call(
+            resp_command(b"SCRIPT", b"LOAD", self.sources[name].text.encode()), name, key
+        )
+        return await shards.call(command, name, key)
 
     def _command(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> bytes:
         """The RESP encoding of `EVALSHA <sha> <numkeys> <keys...> <args...>`."""

@@ -238,7 +238,9 @@ def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[st
     from busd.storage.keys import key, partition_scope
 
     scopes = (
-        [ENTITY] if partitions is None else [partition_scope(ENTITY, p) for p in range(partitions)]
+        [ENTITY]
+        if partitions is None
+        else [partition_scope(ENTITY, p, partitions) for p in range(partitions)]
     )
     client: redis.Redis | redis.RedisCluster
     if "+cluster://" in url:

@@ -62,6 +62,12 @@ class Nodes:
     def resume(self, port: int) -> None:
         self.processes[port].send_signal(signal.SIGCONT)
 
+    def cut_replication(self, port: int) -> None:
+        """The primary on `port` drops its replicas' links (they connect again unless
+        paused): what it writes from now on reaches no replica."""
+        with self.client(port) as primary:
+            primary.client_kill_filter(_type="replica")
+
     def kill(self, port: int) -> None:
         proc = self.processes.pop(port)
         proc.send_signal(signal.SIGKILL)
@@ -164,12 +170,6 @@ class ReplicaSet(Nodes):
         port = self._node(name, replica_of=primary)
         self.replica_ports.append(port)
         return port
-
-    def cut_replication(self, port: int) -> None:
-        """The primary on `port` drops its replicas' links (they connect again unless
-        paused): what it writes from now on reaches no replica."""
-        with self.client(port) as primary:
-            primary.client_kill_filter(_type="replica")
 
     # --- starting ----------------------------------------------------------------------------
     def _node(self, name: str, replica_of: int | None = None) -> int:

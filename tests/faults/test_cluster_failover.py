@@ -1,17 +1,16 @@
 """A Cluster shard's primary is killed with SIGKILL under session load on a partitioned
-session queue, and its replica takes the shard over (docs/design.md §3.9, §3.18): busd keeps
-its connections, refuses what cannot complete meanwhile and serves again by itself, without a
+session queue, its replicas lagging, and one of them takes the shard over (docs/design.md
+§3.9, §3.18): busd, given `--durability replicated`, keeps its connections, refuses what
+cannot complete or be confirmed meanwhile (server-busy) and serves again by itself, without a
 restart, once the cluster names the new primary. Afterwards every acknowledged send was
 delivered, no message was delivered after its complete was confirmed, each session kept its
 order and no session had two holders (tests/faults/load.py counts all of these).
 
-A Cluster replicates asynchronously and busd cannot wait for its replicas (`--durability` is
-refused with a Cluster URL): what is guaranteed across a shard's failover is what reached
-the replica. Here the replica keeps up with its primary (loopback, not paused), so nothing
-acknowledged is lost; a replica lagging when its primary dies would lose the writes of its
-lag, acknowledged ones included (docs/design.md §3.9).
+The replicas are paused and cut off from their primary for LAG_S before the kill: what the
+primary acknowledged meanwhile without `--durability replicated` (each shard's batch waits
+for that shard's replica, `WAIT 1`) would be lost with it.
 
-Three primaries, each with a replica, of the test's own on loopback.
+Three primaries, each with two replicas, of the test's own on loopback.
 """
 
 from __future__ import annotations
@@ -33,14 +32,17 @@ pytestmark = pytest.mark.timeout(120)
 SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "12"))
 PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "30"))
 PRIMARIES = 3
+# Two each: once one is promoted, `--durability replicated` needs the other to confirm.
+REPLICAS = 2
 PARTITIONS = 6
 KILL_AFTER_S = 1.5
+LAG_S = 0.5
 RESUME_WITHIN_S = 10.0
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    nodes = Cluster(tmp_path, primaries=PRIMARIES, replicas=1)
+    nodes = Cluster(tmp_path, primaries=PRIMARIES, replicas=REPLICAS)
     yield nodes
     nodes.stop()
 
@@ -55,9 +57,9 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
         EnablePartitioning=True,
         PartitionCount=PARTITIONS,
     )
-    busd = start_busd([sessions], url=cluster.url)
+    busd = start_busd([sessions], url=cluster.url, env={"BUSD_DURABILITY": "replicated"})
     owners = [
-        cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p), "q.body"))
+        cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p, PARTITIONS), "q.body"))
         for p in range(PARTITIONS)
     ]
     assert len(set(owners)) > 1, "the partitions are all on one shard"
@@ -66,8 +68,15 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
 
     async def chaos() -> None:
         await asyncio.sleep(KILL_AFTER_S)
+        replicas = cluster.replicas_of[old]
+        for port in replicas:
+            cluster.pause(port)
+        await asyncio.to_thread(cluster.cut_replication, old)
+        await asyncio.sleep(LAG_S)
         await asyncio.to_thread(cluster.kill, old)
         killed.append(time.monotonic())
+        for port in replicas:
+            cluster.resume(port)
 
     record, seconds = asyncio.run(
         load.run(
@@ -75,7 +84,7 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
             busd.port,
             [busd.port],
             consumers=6,
-            deadline_s=45,
+            deadline_s=30,
             chaos=chaos,
             rate_per_s=120,
         )

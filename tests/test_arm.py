@@ -1,0 +1,413 @@
+"""`busd config import`: ARM templates, written from the Service Bus resource schema, converted
+to the entities file; what busd cannot honour refused in one line naming the resource and the
+property, with nothing written. (tests/e2e/test_topology.py serves what it converts.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from busd.arm import convert
+from busd.arm_expressions import TemplateError
+from busd.cli import cli
+from busd.config import load_entities
+from busd.tools import EXIT_INVALID
+
+TEMPLATE = Path(__file__).resolve().parent / "data" / "arm" / "orders.json"
+NS = "Microsoft.ServiceBus/namespaces"
+API = "2022-10-01-preview"
+
+
+def template(*resources: dict, parameters: dict | None = None, variables: dict | None = None):
+    return {
+        "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentTemplate.json#",
+        "contentVersion": "1.0.0.0",
+        "parameters": parameters or {},
+        "variables": variables or {},
+        "resources": list(resources),
+    }
+
+
+def namespace(name: str = "ns", *children: dict, **properties) -> dict:
+    return {
+        "type": NS,
+        "apiVersion": API,
+        "name": name,
+        "location": "[resourceGroup().location]",
+        "sku": {"name": "Standard"},
+        "properties": properties,
+        "resources": list(children),
+    }
+
+
+def child(kind: str, name: str, *children: dict, **properties) -> dict:
+    out = {"type": kind, "apiVersion": API, "name": name, "properties": properties}
+    if children:
+        out["resources"] = list(children)
+    return out
+
+
+def entities(document: dict) -> dict:
+    (ns,) = document["UserConfig"]["Namespaces"]
+    return ns
+
+
+def run_import(tmp_path: Path, document: dict, *args: str):
+    source = tmp_path / "template.json"
+    source.write_text(json.dumps(document))
+    out = tmp_path / "Config.json"
+    result = CliRunner().invoke(
+        cli, ["config", "import", str(source), "-o", str(out), *args], prog_name="busd"
+    )
+    assert "Traceback" not in result.output, result.output
+    return result, out
+
+
+def test_the_sample_template_converts_to_a_file_busd_reads(tmp_path):
+    result = CliRunner().invoke(
+        cli,
+        ["config", "import", str(TEMPLATE), "-o", str(tmp_path / "c.json"), "--key", "sender=a2V5"],
+        prog_name="busd",
+    )
+    assert result.exit_code == 0, result.output
+    found = load_entities(tmp_path / "c.json")
+    queues = {q.name: q for q in found.queues}
+    assert sorted(queues) == ["audit-eu", "audit-us", "dev-orders", "dev-payments"]
+    orders = queues["dev-orders"]
+    assert (orders.lock_duration_ms, orders.max_delivery_count, orders.requires_session) == (
+        45_000,
+        5,
+        True,
+    )
+    assert orders.forward_dead_lettered_to == "dev-payments"
+    assert orders.duplicate_detection_window_ms == 300_000
+    assert [t.name for t in found.topics] == ["events"]
+    assert sorted(s.name for s in found.subscriptions) == ["red", "sessions"]
+    assert (found.keys["sender"], found.keys["sender"].claims) == ("a2V5", {"Send"})
+
+
+def test_parameters_from_the_command_line_and_a_parameters_file(tmp_path):
+    params = tmp_path / "params.json"
+    params.write_text(
+        json.dumps(
+            {
+                "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentParameters.json#",
+                "contentVersion": "1.0.0.0",
+                "parameters": {
+                    "environment": {"value": "Prod"},
+                    "maxDeliveryCount": {"value": 9},
+                    "auditQueues": {"value": ["audit-apac"]},
+                },
+            }
+        )
+    )
+    result = CliRunner().invoke(
+        cli,
+        [
+            "config",
+            "import",
+            str(TEMPLATE),
+            "--parameters",
+            str(params),
+            "-p",
+            "maxDeliveryCount=12",
+            "-p",
+            "sessionsEnabled=false",
+        ],
+        prog_name="busd",
+    )
+    assert result.exit_code == 0, result.output
+    ns = entities(json.loads(result.stdout))
+    queues = {q["Name"]: q["Properties"] for q in ns["Queues"]}
+    assert sorted(queues) == ["audit-apac", "prod-orders", "prod-payments"]
+    assert queues["prod-orders"]["MaxDeliveryCount"] == 12  # --parameter wins over the file
+    assert queues["prod-orders"]["RequiresSession"] is False
+    assert queues["prod-payments"]["MaxDeliveryCount"] == 20  # if(isProd, 20, 3)
+    # the namespace rule's key is made, and said so
+    assert "give --key sender=KEY to choose it" in result.stderr
+
+
+def test_nested_and_top_level_resources_convert_alike():
+    nested = template(
+        namespace(
+            "ns",
+            child(
+                "topics",
+                "t",
+                child(
+                    "subscriptions",
+                    "s",
+                    child(
+                        "rules",
+                        "r",
+                        filterType="CorrelationFilter",
+                        correlationFilter={"sessionId": "a", "properties": {"k": 1}},
+                    ),
+                    lockDuration="PT10S",
+                ),
+            ),
+            child("queues", "q", requiresSession=True),
+        )
+    )
+    flat = template(
+        namespace("ns"),
+        {
+            "type": f"{NS}/queues",
+            "apiVersion": API,
+            "name": "ns/q",
+            "properties": {"requiresSession": True},
+        },
+        {
+            "type": f"{NS}/topics/subscriptions/rules",
+            "apiVersion": API,
+            "name": "ns/t/s/r",
+            "properties": {
+                "filterType": "CorrelationFilter",
+                "correlationFilter": {"sessionId": "a", "properties": {"k": 1}},
+            },
+        },
+        {
+            "type": f"{NS}/topics/subscriptions",
+            "apiVersion": API,
+            "name": "ns/t/s",
+            "properties": {"lockDuration": "PT10S"},
+        },
+        {"type": f"{NS}/topics", "apiVersion": API, "name": "ns/t", "properties": {}},
+    )
+    assert convert(nested).document == convert(flat).document
+    ns = entities(convert(nested).document)
+    (sub,) = ns["Topics"][0]["Subscriptions"]
+    assert sub["Rules"] == [
+        {
+            "Name": "$Default",
+            "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "1=1"}},
+        },
+        {
+            "Name": "r",
+            "Properties": {
+                "FilterType": "Correlation",
+                "CorrelationFilter": {"SessionId": "a", "Properties": {"k": 1}},
+            },
+        },
+    ]
+
+
+def test_template_functions():
+    document = template(
+        namespace(
+            "[parameters('ns')]",
+            child("queues", "[format('{0}-{1}', variables('prefix'), string(parameters('n')))]"),
+            child("queues", "[toLower(concat(variables('prefix'), '-', 'UPPER'))]"),
+            child(
+                "queues",
+                "[concat('loop-', string(copyIndex(1)))]",
+                maxDeliveryCount="[int('7')]",
+                requiresSession="[bool('true')]",
+                lockDuration="[if(not(equals(parameters('n'), 3)), 'PT5S', 'PT9S')]",
+            )
+            | {"copy": {"name": "loop", "count": 2}},
+            child("queues", "[[literal]", condition="ignored")
+            | {"condition": "[equals(length(variables('list')), 3)]"},
+        ),
+        parameters={
+            "ns": {"type": "string", "defaultValue": "NS1"},
+            "n": {"type": "int", "defaultValue": 3},
+            "location": {"type": "string", "defaultValue": "[resourceGroup().location]"},
+        },
+        variables={"prefix": "[toLower('App')]", "list": "[createArray(1, 2)]"},
+    )
+    ns = entities(convert(document).document)
+    assert ns["Name"] == "NS1"
+    queues = {q["Name"]: q["Properties"] for q in ns["Queues"]}
+    assert sorted(queues) == ["app-3", "app-upper", "loop-1", "loop-2"]  # condition false
+    assert queues["loop-2"] == {
+        "MaxDeliveryCount": 7,
+        "RequiresSession": True,
+        "LockDuration": "PT9S",
+    }
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        (
+            template(namespace("[concat('sb-', uniqueString(resourceGroup().id))]")),
+            "resource \"[concat('sb-', uniqueString(resourceGroup().id))]\": name: function "
+            "uniqueString() cannot be evaluated offline (its value is a hash Azure computes "
+            "from the deployment): give the value as a parameter instead",
+        ),
+        (
+            template(namespace("ns", child("queues", "q", requiresSesion=True))),
+            "Microsoft.ServiceBus/namespaces/queues 'ns/q': property 'requiresSesion': not a "
+            "queue property busd serves",
+        ),
+        (
+            template(namespace("ns", child("topics", "t", lockDuration="PT1M"))),
+            "Microsoft.ServiceBus/namespaces/topics 'ns/t': property 'lockDuration': not one "
+            "of a topic (only queues and subscriptions have it)",
+        ),
+        (
+            template(namespace("ns", child("queues", "q", lockDuration="PT10M"))),
+            "Microsoft.ServiceBus/namespaces/queues 'ns/q': property 'lockDuration': "
+            "LockDuration must be 1 second to 5 minutes (e.g. PT30S or PT5M), got PT10M",
+        ),
+        (
+            template(
+                namespace(
+                    "ns",
+                    child("topics", "t", child("subscriptions", "s", isClientAffine=True)),
+                )
+            ),
+            "Microsoft.ServiceBus/namespaces/topics/subscriptions 'ns/t/s': property "
+            "'isClientAffine' (Premium's JMS shared subscriptions) cannot be honoured: busd "
+            "serves AMQP clients of Service Bus's SDKs",
+        ),
+        (
+            template(namespace("ns", disableLocalAuth=True)),
+            "Microsoft.ServiceBus/namespaces 'ns': property 'disableLocalAuth' true cannot be "
+            "honoured: busd authenticates with shared access keys only",
+        ),
+        (
+            template(namespace("ns", child("networkRuleSets", "default", defaultAction="Deny"))),
+            "Microsoft.ServiceBus/namespaces/networkRuleSets 'ns/default': busd cannot serve "
+            "this kind of resource (it serves namespaces, queues, topics, subscriptions, rules "
+            "and authorization rules)",
+        ),
+        (
+            template(
+                namespace(
+                    "ns",
+                    child(
+                        "topics",
+                        "t",
+                        child("subscriptions", "s", child("rules", "r", filterType="TrueFilter")),
+                    ),
+                )
+            ),
+            "Microsoft.ServiceBus/namespaces/topics/subscriptions/rules 'ns/t/s/r': property "
+            "'filterType' is 'TrueFilter': SqlFilter or CorrelationFilter",
+        ),
+        (
+            template(
+                namespace(
+                    "ns",
+                    child(
+                        "topics",
+                        "t",
+                        child(
+                            "subscriptions",
+                            "s",
+                            child(
+                                "rules",
+                                "r",
+                                filterType="SqlFilter",
+                                sqlFilter={"sqlExpression": "color = "},
+                            ),
+                        ),
+                    ),
+                )
+            ),
+            "the converted template would not be served: subscription 's' of topic 't': rule",
+        ),
+        (
+            template(namespace("[parameters('ns')]"), parameters={"ns": {"type": "string"}}),
+            "parameter 'ns' has no defaultValue: give --parameter ns=…",
+        ),
+        (
+            template(namespace("[mynamespace.name()]")),
+            "resource '[mynamespace.name()]': name: function mynamespace.name(): user-defined "
+            "template functions are not supported",
+        ),
+        (
+            template(namespace("[parameters('missing')]")),
+            "resource \"[parameters('missing')]\": name: parameters('missing'): the template "
+            "declares no such parameter",
+        ),
+        (
+            template(namespace("ns", child("queues", "q", forwardTo="elsewhere"))),
+            "the converted template would not be served: queue 'q': ForwardTo 'elsewhere' names "
+            "no queue or topic of this file",
+        ),
+        (
+            template(namespace("ns", child("AuthorizationRules", "admin", rights=["Manage"]))),
+            "Microsoft.ServiceBus/namespaces/AuthorizationRules 'ns/admin': property 'rights': "
+            "Manage needs Send and Listen too, as Azure requires",
+        ),
+        (
+            template(
+                namespace("ns"),
+                {"type": f"{NS}/topics/subscriptions", "apiVersion": API, "name": "ns/t/s"},
+            ),
+            "Microsoft.ServiceBus/namespaces/topics/subscriptions 'ns/t/s': its topic 't' is "
+            "not declared in the template",
+        ),
+    ],
+)
+def test_what_cannot_be_mapped_is_refused_in_one_line(tmp_path, document, message):
+    result, out = run_import(tmp_path, document)
+    assert result.exit_code == EXIT_INVALID, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"busd: error: {tmp_path / 'template.json'}: {message}"), line
+    assert not out.exists()
+
+
+def test_an_unknown_parameter_and_bad_json_are_refused(tmp_path):
+    result, _ = run_import(tmp_path, template(namespace()), "-p", "nope=1")
+    assert result.exit_code == EXIT_INVALID
+    assert "--parameter nope: the template declares no such parameter" in result.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    result = CliRunner().invoke(cli, ["config", "import", str(bad)], prog_name="busd")
+    assert result.exit_code == EXIT_INVALID
+    assert result.stderr.startswith("busd: error: not a JSON template or parameters file")
+
+
+def test_root_key_is_left_to_busd_unless_given():
+    document = template(
+        namespace(
+            "ns",
+            child(
+                "AuthorizationRules",
+                "RootManageSharedAccessKey",
+                rights=["Listen", "Send", "Manage"],
+            ),
+        )
+    )
+    converted = convert(document)
+    assert "SharedAccessKeys" not in entities(converted.document)
+    assert any("left to busd's own RootManageSharedAccessKey" in n for n in converted.notes)
+    given = convert(document, keys={"RootManageSharedAccessKey": "c2VjcmV0"})
+    assert entities(given.document)["SharedAccessKeys"] == [
+        {
+            "KeyName": "RootManageSharedAccessKey",
+            "Key": "c2VjcmV0",
+            "Rights": ["Listen", "Send", "Manage"],
+        }
+    ]
+    with pytest.raises(TemplateError, match="--key other: the template declares no such"):
+        convert(document, keys={"other": "x"})
+
+
+def test_symbolic_resources_and_other_providers_children():
+    """languageVersion 2.0 names resources by symbol; a resource of another provider, nested
+    or not, is left out unevaluated (its name may use uniqueString())."""
+    document = template()
+    document["languageVersion"] = "2.0"
+    document["resources"] = {
+        "ns": namespace(
+            "ns",
+            child("queues", "q"),
+            child("Microsoft.Insights/diagnosticSettings", "[uniqueString('x')]"),
+        ),
+        "store": {
+            "type": "Microsoft.Storage/storageAccounts",
+            "name": "[concat('st', uniqueString(resourceGroup().id))]",
+            "copy": {"name": "c", "count": "[parameters('unset')]"},
+        },
+    }
+    converted = convert(document)
+    assert [q["Name"] for q in entities(converted.document)["Queues"]] == ["q"]
+    assert len([n for n in converted.notes if n.startswith("left out Microsoft.")]) == 2
