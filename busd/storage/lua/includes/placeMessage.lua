@@ -20,7 +20,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
     if sessionQueue then
       m.ss = 1
-      redis.call('ZADD', Q.sessions, 0, sid)
+      -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once
+      local added = Q.added
+      if not (added and added[sid]) then
+        redis.call('ZADD', Q.sessions, 0, sid)
+        if added then added[sid] = true end
+      end
     end
   end
   if due and due > Q.now then
