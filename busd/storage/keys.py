@@ -61,7 +61,7 @@ KEY_DOC: dict[str, str] = {
     "all": "zset: seq -> seq; every message in any state (peek)",
     "ready": "zset: seq -> seq; available messages not filed under a session",
     "locked": "zset: seq -> ms lock ends; locked messages not filed under a session",
-    "tokens": "hash: lock token -> seq, for every locked message",
+    "tokens": "hash: lock token -> seq, of locks taken before tokens named their message",
     "deferred": "zset: seq -> seq; deferred messages",
     "sall": "zset (lexicographic): <sid>\\0<seq16> for every message with a session id",
     "sched": "zset: seq -> ms due; scheduled messages",

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from busd.storage.api import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
+from tests.storage.conftest import named
 
 PL = ReceiveMode.PEEK_LOCK
 
@@ -41,7 +42,7 @@ async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq
     (seq,) = await store.send(sq, msgs("s1", b"a"), [o])
     (m,) = o.taken
     assert (m.seq, m.blob, m.session_id, m.delivery_count) == (seq, b"a", "s1", 0)
-    assert m.lock_token == o.tokens[0]
+    assert m.lock_token == named(o.tokens[0], seq)
     assert m.locked_until_ms == lock  # a session message's lock is its session's
     counts = await store.counts(sq)
     assert (counts.active, counts.locked) == (0, 1)

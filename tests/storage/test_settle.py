@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import redis
 
 from busd.errors import BusdError, Condition
+from busd.storage import keys as keyspace
 from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
 OK = None  # settle: applied
@@ -205,3 +209,34 @@ async def test_renew_unknown_lock_raises_lock_lost_and_renews_none(store, make_q
     assert err.value.condition == Condition.MESSAGE_LOCK_LOST
     (peeked,) = await store.peek(q, 0, 1)
     assert peeked.locked_until_ms == m.locked_until_ms
+
+
+# A lock as the store kept it before lock tokens named their message: its token random, found
+# through the entity's token index (`q.tokens`: token -> seq).
+AS_BEFORE = """
+local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1]))
+m.tok = ARGV[2]
+redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(m))
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+"""
+
+
+@pytest.mark.parametrize("outcome", [Outcome.COMPLETE, Outcome.ABANDON])
+async def test_a_lock_taken_before_tokens_named_their_message_still_settles(
+    store, make_queue, tokens, redis_url, outcome
+):
+    """The token names the message it locks (lua/includes/lockToken.lua): settling reads no
+    token index. A lock the store took before keeps working, and its index entry goes."""
+    q = make_queue(lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a")])
+    m = await receive_one(store, q, tokens)
+    assert m.lock_token[:8] == m.seq.to_bytes(8, "big")
+    meta, index = (keyspace.key(store.prefix, q.name, n) for n in ("q.meta", "q.tokens"))
+    client = redis.Redis.from_url(redis_url)
+    old = os.urandom(16)
+    client.eval(AS_BEFORE, 2, meta, index, m.seq, old)
+    assert await store.renew_message_locks(q, [old])
+    assert await store.settle(q, [Settlement(m.lock_token, outcome)]) == [LOCK_LOST]
+    assert await store.settle(q, [Settlement(old, outcome)]) == [OK]
+    assert client.hlen(index) == 0
+    assert (await store.counts(q)).locked == 0

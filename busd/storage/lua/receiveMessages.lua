@@ -11,8 +11,8 @@
   step (and taken off when it got all it asked for), so that the next message that becomes
   available wakes it (includes/fileMessage.lua) and no message can slip by unnoticed.
 
-  Invariant: a delivered message is in exactly one of {locked, deleted}; tokens maps its
-  token to it while locked.
+  Invariant: a delivered message is in exactly one of {locked, deleted}; while locked, its
+  token names it (includes/lockToken.lua).
 
   Context: queue
 

@@ -1,4 +1,4 @@
---- @include "readMeta"
+--- @include "lockedMessage"
 --- @include "sessionLockedUntil"
 -- Whether the message locked under `token` may be settled by `holder` (false: anyone), for
 -- session `sid` (false: none named): 0, seq, meta; else -1 MESSAGE_LOCK_LOST or -2
@@ -16,11 +16,8 @@ local function checkSettlement(Q, E, locks, holder, token, sid)
     return lockedUntil
   end
   if sid and not sessionLocked(sid) then return -2 end
-  local seq = redis.call('HGET', E.tokens, token)
+  local seq, m = lockedMessage(E, token)
   if not seq then return -1 end
-  seq = tonumber(seq)
-  local m = readMeta(E, seq)
-  if not m or m.st ~= 'l' or m.tok ~= token then return -1 end
   if m.ss then
     if sid and m.sid ~= sid then return -1 end
     if not sid and not sessionLocked(m.sid) then return -2 end

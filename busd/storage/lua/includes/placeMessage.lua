@@ -43,7 +43,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
   local h = Q.handOver
   if h and m.ss and m.st == 'a' then
     lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil)
-    h.row = deliveryRow(seq, blob, m, h.token, h.lockedUntil)
+    h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else
     fileMessage(Q, Q.q, seq, m)
   end

@@ -12,7 +12,7 @@ local function takeMessage(Q, E, seq, m, token, lockedUntil)
   if token then
     unindexMessage(Q, E, seq, m)
     lockMessage(Q, E, seq, m, token, lockedUntil)
-    return deliveryRow(seq, body, m, token, lockedUntil)
+    return deliveryRow(seq, body, m, m.tok, lockedUntil)
   end
   deleteMessage(Q, E, seq, m)
   return deliveryRow(seq, body, m, false, false)
