@@ -3,8 +3,9 @@
 --- @include "lockToken"
 -- Lock a detached message under the broker's `token` made to name it (includes/lockToken.lua;
 -- the lock's token is m.tok from then on) until `lockedUntil`. A session message is held by
--- its session's lock, so it goes to sinflight and keeps no lock time of its own.
-local function lockMessage(Q, E, seq, m, token, lockedUntil)
+-- its session's lock, so it goes to sinflight and keeps no lock time of its own. `blob`: the
+-- body of a new message, stored with its metadata.
+local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'
   m.tok = lockToken(token, seq)
   if m.ss then
@@ -13,5 +14,5 @@ local function lockMessage(Q, E, seq, m, token, lockedUntil)
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)
   end
-  writeMeta(E, seq, m)
+  writeMeta(E, seq, m, blob)
 end

@@ -38,13 +38,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     m.enq = Q.now
     if ttl then m.exp = Q.now + ttl end
   end
-  redis.call('HSET', Q.q.body, seq, blob)
   redis.call('ZADD', Q.q.all, seq, seq)
   local h = Q.handOver
   if h and m.ss and m.st == 'a' then
-    lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil)
+    lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
     h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else
-    fileMessage(Q, Q.q, seq, m)
+    fileMessage(Q, Q.q, seq, m, blob)
   end
 end
