@@ -117,7 +117,8 @@ for i = first, #ARGV, 5 do
     local now = not (due and due > Q.now) -- else scheduled (includes/placeMessage.lua)
     local o = now and offerFor(sid)
     if o then
-      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil }
+      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil,
+                     holder = o.holder }
     end
     out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]), due, sessionQueue)
     if o then

@@ -3,7 +3,8 @@
 --- @include "lockToken"
 -- Lock a detached message under the broker's `token` made to name it (includes/lockToken.lua;
 -- the lock's token is m.tok from then on) until `lockedUntil`. A session message is held by
--- its session's lock, so it goes to sinflight and keeps no lock time of its own. `blob`: the
+-- its session's lock, so it goes to sinflight and keeps no lock time of its own; the caller
+-- names the session's holder in m.h when it knows it (includes/checkSettlement.lua). `blob`: the
 -- body of a new message, stored with its metadata.
 local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'

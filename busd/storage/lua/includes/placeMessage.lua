@@ -7,9 +7,9 @@
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
 -- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own);
 -- `extra`, metadata fields to set besides (a forwarded message's: includes/readMeta.lua).
--- With `Q.handOver` ({ token, lockedUntil }, set by lua/sendMessages.lua), a session message
--- available now is locked for its session's holder instead of filed, and its delivery row left
--- in Q.handOver.row.
+-- With `Q.handOver` ({ token, lockedUntil, holder }, set by lua/sendMessages.lua), a session
+-- message available now is locked for its session's holder instead of filed, and its delivery
+-- row left in Q.handOver.row.
 local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, extra)
   local m = { dc = 0, pp = patch }
   if extra then
@@ -41,6 +41,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
   redis.call('ZADD', Q.q.all, seq, seq)
   local h = Q.handOver
   if h and m.ss and m.st == 'a' then
+    m.h = h.holder
     lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
     h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else

@@ -6,7 +6,8 @@
 --   sid session id   ss 1 when filed under its session (session queue, not the DLQ)
 --   st state: 'a' available, 'l' locked, 'd' deferred, 's' scheduled, 'x' detached
 --   tok lock token   lu locked-until ms (non-session locks; a session message's lock is its
---   session's)   wd 1 when locked out of the deferred state (it goes back there)
+--   session's)   h the holder of the session lock a session message was locked for (nil:
+--   not known)   wd 1 when locked out of the deferred state (it goes back there)
 --   dlr / dld dead-letter reason / description   pp properties patch (opaque)
 --   sst the state of the session dead-lettered with it (lua/deadLetterSession.lua)
 --   forwarded messages (docs/design.md §3.16): fs the sequence number first given to it, at its

@@ -23,7 +23,10 @@ local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
         redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
       elseif not expireIfDue(Q, seq, m) then
         local token = false
-        if tokens then token = tokenAt(tokens, #out - first + 1) end
+        if tokens then
+          token = tokenAt(tokens, #out - first + 1)
+          m.h = Q.caller or nil -- the holder (includes/checkSettlement.lua)
+        end
         out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil, body)
       end
     end

@@ -23,6 +23,7 @@ local function unindexMessage(Q, E, seq, m)
     if #m.tok ~= 16 or struct.unpack('>I8', m.tok) ~= seq then redis.call('HDEL', E.tokens, m.tok) end
     m.tok = nil
     m.lu = nil
+    m.h = nil
   elseif st == 'd' then
     redis.call('ZREM', E.deferred, seq)
   elseif st == 's' then
