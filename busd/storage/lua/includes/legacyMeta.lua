@@ -5,12 +5,13 @@
 -- message deleted: its entry in E.meta, if this call read one, goes.
 local legacyRead = {}
 local function legacyMeta(E, seq, drop)
-  local key = E.meta .. '\0' .. metaField(seq)
   if not drop then
     local raw = redis.call('HGET', E.meta, seq)
-    if raw then legacyRead[key] = true end
+    if raw then legacyRead[E.meta .. '\0' .. metaField(seq)] = true end
     return raw
   end
+  if next(legacyRead) == nil then return end -- the usual case: nothing read from there
+  local key = E.meta .. '\0' .. metaField(seq)
   if legacyRead[key] then
     legacyRead[key] = nil
     redis.call('HDEL', E.meta, seq)
