@@ -656,6 +656,12 @@ class PartitionedStore:
             moved += await self.inner.resubmit_dead_letters(part, limit - moved)
         return moved
 
+    async def size_in_bytes(self, entity: QueueSpec) -> int:
+        if not entity.partitions:
+            return await self.inner.size_in_bytes(entity)
+        sizes = await asyncio.gather(*(self.inner.size_in_bytes(p) for p in self.parts(entity)))
+        return sum(sizes)
+
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         if not entity.partitions:
             return await self.inner.counts(entity)
