@@ -395,9 +395,20 @@ def test_sessions_view_fits_the_window_with_its_actions_in_view(busd, tmp_path, 
                 shot = Path(f"/tmp/busd-dashboard-{width}.png")
                 assert browser.save_screenshot(str(shot))
                 print(f"screenshot at {width} px: {shot}", geometry)
+                # the session's messages below: the page still does not scroll sideways
+                _click(browser, f"{DETAIL} button.peek-session")
+                _wait_text(browser, "#page-info", "page 1, ")
+                browser.execute_script("document.querySelector('#messages-box').scrollIntoView()")
+                assert browser.save_screenshot(f"/tmp/busd-dashboard-{width}-messages.png")
+                peeked = browser.execute_script(
+                    "return [document.documentElement.scrollWidth, window.innerWidth,"
+                    " document.querySelector('#messages').scrollWidth,"
+                    " document.querySelector('#messages').parentElement.clientWidth]"
+                )
             finally:
                 browser.quit()
     assert geometry["page"] <= geometry["viewport"], geometry  # no horizontal scrolling
+    assert peeked[0] <= peeked[1] and peeked[2] <= peeked[3], peeked
     assert geometry["table"] <= geometry["box"], geometry  # the table fits its box
     names = sorted(b["name"] for b in geometry["buttons"])
     # held, with messages and a state: every action applies
