@@ -526,6 +526,11 @@ class PartitionedStore:
             await self.inner.drop_session_lock(self._session_part(queue, session_id), session_id)
         )
 
+    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(
+            await self.inner.lose_session_lock(self._session_part(queue, session_id), session_id)
+        )
+
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
     ) -> list[Condition | None]:
