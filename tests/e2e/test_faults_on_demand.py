@@ -15,7 +15,9 @@ from azure.servicebus.exceptions import (
     ServiceBusServerBusyError,
     SessionLockLostError,
 )
+from click.testing import CliRunner
 
+from busd.cli import cli
 from tests.e2e.conftest import queue, receive
 from tests.e2e.test_admin_cli import admin_token, http
 
@@ -282,3 +284,34 @@ def test_faults_need_the_manage_right(busd):
         token=admin_token("wrong-key"),
     )
     assert got == 401
+
+
+def test_the_command_line_sets_lists_and_removes_faults(busd, monkeypatch):
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=SAS_KEY_VALUE")
+
+    def run(*args: str):
+        result = CliRunner().invoke(cli, [*args, "--url", busd.http_url], prog_name="busd")
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    made = json.loads(
+        run(
+            "faults",
+            "add",
+            "server-busy",
+            "untouched",
+            "--operation",
+            "send",
+            "--count",
+            "3",
+            "--json",
+        )
+    )
+    assert made["operations"] == ["send"] and made["count"] == 3
+    assert made["id"] in run("faults", "list")
+    assert "removed" in run("faults", "remove", made["id"])
+    assert made["id"] not in run("faults", "list")
+    refused = CliRunner().invoke(
+        cli, ["faults", "add", "delay", "untouched", "--url", busd.http_url], prog_name="busd"
+    )
+    assert refused.exit_code != 0 and "delay_ms" in refused.output
