@@ -390,6 +390,7 @@ class Faults:
             self._remove(fault.id)
             if hits == fault.count:
                 await self.store.catalog_delete([(RECORD_KIND, fault.id)])
+                await self.store.fault_forget(fault.id)
                 log.warning("fault on demand %s ended: its count is spent", fault.id)
         return hits <= (fault.count or 0)
 

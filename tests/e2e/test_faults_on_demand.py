@@ -315,3 +315,41 @@ def test_the_command_line_sets_lists_and_removes_faults(busd, monkeypatch):
         cli, ["faults", "add", "delay", "untouched", "--url", busd.http_url], prog_name="busd"
     )
     assert refused.exit_code != 0 and "delay_ms" in refused.output
+
+
+@pytest.fixture(scope="module")
+def busd_workers(busd_factory):
+    return busd_factory([queue("busy")], extra_env={"BUSD_WORKERS": "2"})
+
+
+def _send_on_new_connections(busd, bodies: list[str]) -> int:
+    """Send each body on a connection of its own (landing on either worker, SO_REUSEPORT);
+    how many were refused with server-busy."""
+    refused = 0
+    for body in bodies:
+        with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as c:
+            with c.get_queue_sender("busy") as sender:
+                try:
+                    sender.send_messages(ServiceBusMessage(body))
+                except ServiceBusServerBusyError:
+                    refused += 1
+    return refused
+
+
+def test_faults_hold_for_every_worker(busd_workers):
+    # a count is shared by the workers: 12 connections (on both workers but with a chance of
+    # 2**-11) meet exactly 4 refusals
+    fault(busd_workers, kind="server-busy", entity="busy", operations=["send"], count=4)
+    assert _send_on_new_connections(busd_workers, [f"c{i}" for i in range(12)]) == 4
+    # a window holds in every worker, and ends for every worker when removed
+    made = fault(busd_workers, kind="server-busy", entity="busy", duration_ms=60_000)
+    time.sleep(0.3)  # the other worker hears of it over the catalog's channel
+    assert _send_on_new_connections(busd_workers, [f"w{i}" for i in range(6)]) == 6
+    assert http(busd_workers, "DELETE", f"/admin/faults/{made['id']}")[0] == 200
+    time.sleep(0.3)
+    assert _send_on_new_connections(busd_workers, [f"a{i}" for i in range(6)]) == 0
+    with ServiceBusClient.from_connection_string(busd_workers.connection_string) as client:
+        got = drain(client, "busy", 14)
+    # exactly once: the 8 the count let through and the 6 after the window, nothing refused
+    assert len(got) == len(set(got)) == 14
+    assert {b for b in got if b.startswith("a")} == {f"a{i}" for i in range(6)}
