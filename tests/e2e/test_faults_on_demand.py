@@ -211,7 +211,17 @@ def test_detached_link_is_recreated(busd):
             time.sleep(0.5)
             sender.send_messages(ServiceBusMessage("after-close"))
         assert drain(client, "detached", 3) == ["after-close", "after-detach", "before"]
-    assert metric(busd, "detach", "detach", "detached") >= 1
+        # a receiver detached while it waits attaches again and receives what comes next
+        with client.get_queue_receiver("detached") as receiver:
+            assert receiver.receive_messages(max_wait_time=0.5) == []
+            fault(busd, kind="detach", entity="detached", condition="amqp:link:detach-forced")
+            time.sleep(0.5)
+            with client.get_queue_sender("detached") as sender:
+                sender.send_messages(ServiceBusMessage("to-the-new-link"))
+            (message,) = receive(receiver, 1)
+            receiver.complete_message(message)
+            assert str(message) == "to-the-new-link"
+    assert metric(busd, "detach", "detach", "detached") >= 2  # the sender, the receiver
     assert metric(busd, "close-connection", "close-connection", "detached") >= 1
 
 
