@@ -318,7 +318,7 @@ class Faults:
             fault.kind,
             fault.entity,
             f" session {fault.session!r}" if fault.session else "",
-            _scope_text(fault),
+            _scope_text(fault) or "now",
         )
         return {**fault.view(), **applied}
 
@@ -463,7 +463,7 @@ def _scope_text(fault: Fault) -> str:
         parts.append(f"count {fault.count}")
     if fault.fraction < 1.0:
         parts.append(f"fraction {fault.fraction:g}")
-    if fault.until_ms is not None:
+    if fault.until_ms is not None and fault.kind not in ONCE:
         parts.append(f"for {(fault.until_ms - fault.created_ms) / 1000:g} s")
     if fault.delay_ms:
         parts.append(f"delay {fault.delay_ms} ms")
