@@ -33,5 +33,8 @@ VOLUME ["/data"]
 # AMQP (HTTP and HTTPS answered on it too), AMQP over TLS, AMQP over WebSockets (ws and wss),
 # then the emulator's HTTP port: /health, metrics, admin, the management API
 EXPOSE 5672 5671 5443 5300
-# One worker process per core the container may use, all on the same ports.
+# One worker process per core the container may use, all on the same ports. Without
+# --redis-url the store is embedded in /data; `--store-shards auto` (or BUSD_STORE_SHARDS=auto)
+# runs it as a local Cluster of one shard per two cores, each in /data/shard-<i>, with new
+# entities partitioned over them (docs/design.md §3.9).
 CMD ["busd", "serve", "--host", "0.0.0.0", "--workers", "auto"]

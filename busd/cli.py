@@ -68,6 +68,23 @@ class _CountOrAuto(click.ParamType):
 COUNT_OR_AUTO = _CountOrAuto()
 
 
+class _ShardsOrAuto(click.ParamType):
+    name = "count|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None  # chosen from the cores where the store starts
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+
+SHARDS_OR_AUTO = _ShardsOrAuto()
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"busd: error: {message}", err=True)
     sys.exit(code)
@@ -218,6 +235,15 @@ def cli() -> None:
     "start an embedded Valkey.",
 )
 @click.option(
+    "--store-wait",
+    envvar="BUSD_STORE_WAIT",
+    type=float,
+    default=_DEFAULTS.store_wait_s,
+    show_default=True,
+    help="Seconds start-up waits for --redis-url to answer, trying it every second (0: "
+    "one try); then busd stops, exit code 69.",
+)
+@click.option(
     "--data-dir",
     envvar="BUSD_DATA_DIR",
     default=_DEFAULTS.data_dir,
@@ -332,6 +358,16 @@ def cli() -> None:
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
 @click.option(
+    "--store-shards",
+    envvar="BUSD_STORE_SHARDS",
+    type=SHARDS_OR_AUTO,
+    default=_DEFAULTS.store_shards,
+    show_default=True,
+    help="valkey-servers the embedded store runs as one local Cluster, each with its own "
+    "data under --data-dir (auto: half the cores); above 1, queues and topics are "
+    "partitioned over them unless they say otherwise.",
+)
+@click.option(
     "--durability",
     envvar="BUSD_DURABILITY",
     default=_DEFAULTS.durability,
@@ -391,6 +427,7 @@ def serve(
     port: int,
     config_path: str | None,
     redis_url: str | None,
+    store_wait: float,
     data_dir: str,
     http_port: int,
     tls_port: int | None,
@@ -406,6 +443,7 @@ def serve(
     max_namespaces: int,
     transaction_timeout: float,
     workers: int,
+    store_shards: int | None,
     durability: str,
     http_connections: int,
     http_request_timeout: float,
@@ -419,6 +457,7 @@ def serve(
             host=host,
             port=port,
             redis_url=redis_url or None,
+            store_wait_s=store_wait,
             data_dir=data_dir,
             config_path=config_path or None,
             http_port=http_port,
@@ -434,6 +473,7 @@ def serve(
             max_namespaces=max_namespaces,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
+            store_shards=store_shards,
             durability=durability.lower(),
             limits=Limits(**limits),
             http_connections=http_connections,
@@ -451,13 +491,14 @@ def serve(
     # late: `busd --help` need not import the whole broker
     from busd.server import run
     from busd.storage.embedded import EmbeddedStoreError
+    from busd.storage.waiting import StoreNotReady
     from busd.workers import run as run_workers
 
     try:
         code = run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
-    except EmbeddedStoreError as e:
+    except (EmbeddedStoreError, StoreNotReady) as e:
         _fail(str(e), EXIT_STARTUP)
     except OSError as e:  # typically a port already in use
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)

@@ -75,6 +75,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 5672
     redis_url: str | None = None  # None: start the embedded Valkey in data_dir
+    store_wait_s: float = 30.0  # how long start-up waits for --redis-url to answer
     data_dir: str = "./busd-data"
     config_path: str | None = None  # the entities file (emulator Config.json)
     http_port: int = 5300  # health, metrics, admin
@@ -99,6 +100,9 @@ class Settings:
     transaction_timeout_s: float = 120.0
     # busd processes serving the same ports of this host (busd/workers.py)
     workers: int = 1
+    # valkey-servers the embedded store runs as one local Cluster (None: auto, from the
+    # cores); above 1, entities are partitioned by default (busd/storage/embedded.py)
+    store_shards: int | None = 1
     # what the store must have done with a write before busd acknowledges it: local (ran),
     # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
     durability: str = "local"
@@ -136,6 +140,8 @@ class Settings:
                 f"max message size must be 1..{MAX_MESSAGE_SIZE_LIMIT} bytes (100 MiB), "
                 f"got {self.max_message_size}"
             )
+        if not self.store_wait_s >= 0:
+            raise ConfigError(f"store wait must be 0 or more seconds, got {self.store_wait_s}")
         if not self.sweep_interval_s > 0:
             raise ConfigError(f"sweep interval must be positive, got {self.sweep_interval_s}")
         if not self.transaction_timeout_s > 0:
@@ -157,6 +163,20 @@ class Settings:
             raise ConfigError(f"max namespaces must be 1..10000, got {self.max_namespaces}")
         if not 1 <= self.workers <= 1024:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
+        if self.store_shards is not None and not 1 <= self.store_shards <= 16:
+            raise ConfigError(f"store shards must be 1..16 or auto, got {self.store_shards}")
+        if self.store_shards != 1 and self.durability != "local":
+            # local shards have no replicas to fail over to; a Cluster of the user's with
+            # replicas (--redis-url valkey+cluster://...) takes --durability
+            raise ConfigError(
+                f"--durability {self.durability} is not offered with --store-shards (local "
+                "shards have no replicas); give a Cluster with replicas as --redis-url instead"
+            )
+        if self.store_shards != 1 and self.redis_url:
+            raise ConfigError(
+                "--store-shards starts the embedded store as local shards; with --redis-url "
+                "the store is the one it names"
+            )
         if self.http_connections < 0:
             raise ConfigError(f"max HTTP connections must be 0 or more: {self.http_connections}")
         if not self.http_request_timeout_s > 0:
@@ -321,6 +341,7 @@ def parse_document(document: Any, default_max_message_size: int) -> EntitiesFile
     for ns in namespaces:
         if not isinstance(ns, dict):
             raise ConfigError("each entry of UserConfig.Namespaces must be an object")
+        _check_namespace_keys(ns)
         for key in ("Queues", "Topics"):
             if not isinstance(ns.get(key) or [], list):
                 raise ConfigError(f"namespace {ns.get('Name')!r}: {key} must be a list")
@@ -342,6 +363,26 @@ def parse_document(document: Any, default_max_message_size: int) -> EntitiesFile
             found.keys[name] = key
     _check_forwarding(found)
     return found
+
+
+# What a namespace of the entities file holds: the emulator's keys, and busd's SharedAccessKeys.
+NAMESPACE_KEYS = ("Name", "Queues", "Topics", "SharedAccessKeys")
+
+
+def _check_namespace_keys(ns: dict) -> None:
+    """A key the namespace does not have is refused: a misspelt "queues" would otherwise leave
+    the namespace without its queues, and busd would start with none."""
+    for key in ns:
+        if key in NAMESPACE_KEYS:
+            continue
+        same = [k for k in NAMESPACE_KEYS if k.lower() == str(key).lower()]
+        close = same or difflib.get_close_matches(str(key), NAMESPACE_KEYS, n=1)
+        expected = (
+            f"did you mean {close[0]!r}?"
+            if close
+            else "a namespace has " + ", ".join(repr(k) for k in NAMESPACE_KEYS)
+        )
+        raise ConfigError(f"namespace {ns.get('Name')!r}: unknown key {key!r} ({expected})")
 
 
 def _parse_key(raw: Any) -> tuple[str, SasKey]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from busd import entity_properties as ep
-from busd.storage.api import QueueSpec, subscription_path
+from busd.storage.api import QueueSpec, TopicSpec, subscription_path
+from busd.storage.keys import EVEN_LAYOUT, FIRST_LAYOUT
 
 DEFAULT_RULE_NAME = "$Default"
 # The rule every new subscription gets unless its creator gives rules (spec: a TrueFilter).
@@ -54,6 +55,9 @@ class QueueEntity:
     forward_to: str | None = None  # bare entity path
     forward_dead_lettered_to: str | None = None
     partitions: int | None = None  # None: not partitioned
+    # how its partitions' keys are tagged (busd.storage.keys), fixed at creation: records
+    # written before the even layout have none (`from_record`)
+    partition_layout: int = EVEN_LAYOUT
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
     created_ms: int | None = None
 
@@ -69,7 +73,11 @@ class QueueEntity:
 
     @property
     def spec(self) -> QueueSpec:
-        return QueueSpec(name=self.name, **ep.store_fields(self.kind, self))
+        return QueueSpec(
+            name=self.name,
+            partition_layout=self.partition_layout,
+            **ep.store_fields(self.kind, self),
+        )
 
 
 @dataclass(frozen=True)
@@ -80,12 +88,24 @@ class TopicEntity:
     duplicate_detection_window_ms: int | None = None
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     partitions: int | None = None  # None: not partitioned
+    partition_layout: int = EVEN_LAYOUT  # as QueueEntity's; its subscriptions' too
     extra: dict[str, Any] = field(default_factory=dict)
     created_ms: int | None = None
 
     @property
     def path(self) -> str:
         return self.name
+
+    @property
+    def spec(self) -> TopicSpec:
+        return TopicSpec(
+            name=self.name,
+            default_ttl_ms=self.default_ttl_ms,
+            duplicate_detection_window_ms=self.duplicate_detection_window_ms,
+            max_message_size=self.max_message_size,
+            partitions=self.partitions,
+            partition_layout=self.partition_layout,
+        )
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,7 @@ class SubscriptionEntity:
             "default_ttl_ms": min(ttls) if ttls else None,
             "max_message_size": topic.max_message_size,
             "partitions": topic.partitions,
+            "partition_layout": topic.partition_layout,
         }  # a topic's partitions are its subscriptions'
         return QueueSpec(name=self.path, topic=self.topic, **fields)
 
@@ -180,4 +201,7 @@ def from_record(kind: str, record: dict[str, Any]) -> Entity:
     busd may have written them) and missing ones take their defaults."""
     cls = KINDS[kind]
     known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in record.items() if k in known})
+    fields = {k: v for k, v in record.items() if k in known}
+    if "partition_layout" in known and "partition_layout" not in record:
+        fields["partition_layout"] = FIRST_LAYOUT  # written before the even layout
+    return cls(**fields)

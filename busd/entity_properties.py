@@ -493,6 +493,29 @@ def check(
             prop.check(value, api)
 
 
+# The partitions of a queue or topic whose description does not say whether it is
+# partitioned; None: it is not, as in Service Bus. `busd serve --store-shards N` sets it
+# above 1 (docs/design.md §3.9).
+_default_partitions: int | None = None
+
+
+def partition_by_default(count: int | None) -> None:
+    """Entities created from now on without EnablePartitioning are partitioned in `count`
+    partitions (None: not partitioned), and those that enable it without a PartitionCount
+    have `count`."""
+    global _default_partitions
+    _default_partitions = count
+
+
+def default_of(prop: Property) -> Any:
+    """What an entity whose description leaves `prop` out gets (`partition_by_default`)."""
+    if _default_partitions is not None and prop.name == "EnablePartitioning":
+        return True
+    if _default_partitions is not None and prop.name == "PartitionCount":
+        return _default_partitions
+    return prop.default
+
+
 def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(record fields, extra) of an entity whose properties are `values` (by name, as given:
     what is not given keeps the record's default). A field that a flag switches on is None
@@ -508,15 +531,16 @@ def record_fields(kind: str, values: Mapping[str, Any]) -> tuple[dict[str, Any],
             extra[name] = value
         elif prop.enabled_by is not None:
             switch = BY_NAME[prop.enabled_by]
-            if not values.get(switch.name, switch.default):
+            if not values.get(switch.name, default_of(switch)):
                 extra[name] = value
         else:
             fields[prop.attr] = prop.to_field(value)
     for prop in of_kind.values():  # switched on, the field takes the value or its default
         if prop.enabled_by is not None and prop.attr is not None:
             switch = BY_NAME[prop.enabled_by]
-            on = values.get(switch.name, switch.default)
-            fields[prop.attr] = prop.to_field(values.get(prop.name, prop.default)) if on else None
+            on = values.get(switch.name, default_of(switch))
+            value = values.get(prop.name, default_of(prop))
+            fields[prop.attr] = prop.to_field(value) if on else None
     return fields, extra
 
 

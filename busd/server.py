@@ -23,6 +23,7 @@ from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
 from busd.listener import Admission, Pending
 from busd.ports import ServicePort, Services
+from busd.storage.waiting import wait_for_store
 from busd.tls import Tls
 from busd.tls import load as load_tls
 
@@ -36,13 +37,17 @@ if TYPE_CHECKING:
     from busd.amqp.websocket import WebSocketServer
     from busd.http.server import HttpService
     from busd.observability.peers import Peers
-    from busd.storage.embedded import EmbeddedValkey
+    from busd.storage.embedded import EmbeddedCluster, EmbeddedValkey
     from busd.worker_role import WorkerRole
 
 log = logging.getLogger("busd")
 
 # How long shutdown waits for clients to finish before closing their sockets.
 GRACE_S = 3.0
+# The Service Bus emulator's line once it serves: what launchers that wait for the emulator
+# (Testcontainers, compose health scripts) watch its output for. Printed after the banner,
+# once every listener and the store are ready (docs/design.md §3.1).
+READY_LINE = "Emulator Service is Successfully Up!"
 
 
 def redacted(url: str) -> str:
@@ -82,6 +87,21 @@ def connection_string(
     )
 
 
+def admin_clients(cert: str) -> list[str]:
+    """What ServiceBusAdministrationClient needs besides the connection string, per SDK: every
+    AMQP port answers its management API too (busd/ports.py), so the one string serves both
+    clients, but the Python and JavaScript admin clients speak HTTPS whatever the string says
+    (docs/management.md §1), and must trust busd's certificate."""
+    return [
+        "  admin clients: the connection string below too; those of Python and JavaScript speak"
+        " HTTPS to its port, trusting busd's certificate so:",
+        "    Python:     ServiceBusAdministrationClient.from_connection_string(conn, "
+        f'connection_verify="{cert}")',
+        f"    JavaScript: NODE_EXTRA_CA_CERTS={cert} node app.js",
+        "    .NET:       nothing more (plain HTTP with UseDevelopmentEmulator=true)",
+    ]
+
+
 class Server:
     """Process scope: the store (embedded or remote), the broker, the listeners."""
 
@@ -97,7 +117,7 @@ class Server:
         self.role = role
         self.peers: Peers | None = None
         self.entities = entities or EntitiesFile()
-        self.embedded: EmbeddedValkey | None = None
+        self.embedded: EmbeddedValkey | EmbeddedCluster | None = None
         self.broker: Broker | None = None  # the default namespace's
         self.namespaces: Namespaces | None = None
         self.listener: ServicePort | None = None  # --port
@@ -125,9 +145,9 @@ class Server:
         settings = self.settings
         url = settings.redis_url
         if not url:
-            from busd.storage.embedded import EmbeddedValkey
+            from busd.storage.embedded import embedded_store, shard_count
 
-            self.embedded = EmbeddedValkey(settings.data_dir)
+            self.embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
             await asyncio.to_thread(self.embedded.start)
             url = self.embedded.url
 
@@ -289,10 +309,21 @@ class Server:
         settings = self.settings
         store_detail: list[str] = []
         if self.embedded or (self.role is not None and self.role.embedded):
-            from busd.storage.embedded import allocator
+            from busd.storage.embedded import allocator, default_partitions, shard_count
 
             store = f"embedded Valkey in {os.path.abspath(settings.data_dir)}"
             store_detail.append(f"  allocator: {allocator()}")
+            shards = shard_count(settings.store_shards)
+            if shards > 1:
+                store = (
+                    f"embedded Valkey Cluster of {shards} shards"
+                    + (f" (auto: {_cores()} cores)" if settings.store_shards is None else "")
+                    + f" in {os.path.abspath(settings.data_dir)}/shard-*"
+                )
+                store_detail.append(
+                    f"  partitions: queues and topics in {default_partitions(shards)} by "
+                    "default, spread evenly over the shards"
+                )
         else:
             store = redacted(settings.redis_url or "")
         assert self.broker is not None
@@ -334,12 +365,10 @@ class Server:
                 "  TLS connection string: "
                 + connection_string(self.settings, port=self.tls_port, tls=True)
             )
-        if self.http is not None:  # ServiceBusAdministrationClient's: the management API
-            lines.append(
-                "  management connection string: "
-                + connection_string(self.settings, port=self.http.port)
-            )
-        # last: a launcher reading the banner knows it has all of it once this line is there
+        if self.tls is not None:
+            lines.extend(admin_clients(os.path.abspath(self.tls.cert_path)))
+        # last: a launcher reading the banner knows it has all of it once this line is there;
+        # the data and the admin clients' string alike
         lines.append(f"  connection string: {connection_string(self.settings, port=self.port)}")
         return "\n".join(lines)
 
@@ -426,8 +455,16 @@ def _kept_keys(entity, stored):
     )
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     entities = EntitiesFile()
+    partition_by_default(settings)
     settings.config_path = entities_file(settings)
     if settings.config_path:
         entities = load_entities(settings.config_path, settings.max_message_size)
@@ -437,6 +474,10 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
         settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
+    if settings.redis_url and role is None:  # a worker's parent waited for it (busd/workers.py)
+        await wait_for_store(
+            settings.redis_url, settings.store_wait_s, redacted(settings.redis_url), log.warning
+        )
     server = Server(settings, entities, role)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -453,13 +494,24 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     # the process: the collector need not walk it again on every full collection.
     gc.freeze()
     if role is None:
-        print(server.banner(), flush=True)
+        print(f"{server.banner()}\n{READY_LINE}", flush=True)
     else:
         role.ready(server.banner())
     await stop.wait()
     log.info("shutting down")
     await server.shutdown()
     return 0
+
+
+def partition_by_default(settings: Settings) -> None:
+    """Over local shards of the embedded store (`--store-shards` above 1), entities that do
+    not say otherwise are partitioned, in a multiple of the shard count (docs/design.md
+    §3.9); before the entities file is read."""
+    from busd import entity_properties
+    from busd.storage.embedded import default_partitions, shard_count
+
+    shards = shard_count(settings.store_shards)  # 1 with --redis-url (Settings.validate)
+    entity_properties.partition_by_default(default_partitions(shards) if shards > 1 else None)
 
 
 def run(settings: Settings, role: WorkerRole | None = None) -> int:

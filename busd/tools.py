@@ -781,4 +781,37 @@ def remove_fault(fault_id: str, url: str, cacert: str | None, as_json: bool) -> 
     _emit(as_json, done, lambda: f"fault {fault_id} removed")
 
 
-COMMANDS = (queues, topics, peek, sessions, send, purge, dlq, faults)
+@click.command()
+@click.argument("entity", required=False)
+@client_options
+def shards(entity: str | None, url: str, cacert: str | None, as_json: bool) -> None:
+    """Where each queue and subscription (or ENTITY) is kept: per store server (a Cluster's
+    shard), its partitions, sessions, available messages and messages sent and received,
+    with each shard's share of what was sent against an even share."""
+    found = AdminClient(url, cacert).call("GET", "/admin/shards", {"entity": entity})
+
+    def text() -> str:
+        rows = []
+        for e in found:
+            sent = sum(r["sent"] for r in e["shards"])
+            even = sent / len(e["shards"]) if e["shards"] else 0
+            for r in e["shards"]:
+                rows.append(
+                    [
+                        e["name"],
+                        r["shard"],
+                        r["partitions"] if e["partitions"] else None,
+                        r["sessions"],
+                        r["active"],
+                        r["sent"],
+                        r["received"],
+                        f"{100 * r['sent'] / even:.0f}%" if even else None,
+                    ]
+                )
+        headers = ["ENTITY", "SHARD", "PARTITIONS", "SESSIONS", "ACTIVE", "SENT", "RECEIVED"]
+        return table([*headers, "SENT/EVEN"], rows)
+
+    _emit(as_json, found, text)
+
+
+COMMANDS = (queues, topics, peek, sessions, send, purge, dlq, shards, faults)

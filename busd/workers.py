@@ -42,10 +42,11 @@ from typing import Any
 from busd.broker.catalog import Catalog
 from busd.config import ConfigError, Settings, load_entities
 from busd.listener import bind
-from busd.server import GRACE_S, entities_file
+from busd.server import GRACE_S, READY_LINE, entities_file, redacted
 from busd.server import run as run_server
 from busd.storage.partitions import wrap
 from busd.storage.redis_store import RedisStore
+from busd.storage.waiting import wait_for_store
 from busd.worker_role import KEY_PREFIX, WorkerRole
 
 log = logging.getLogger("busd")
@@ -147,7 +148,8 @@ class _Supervisor:
         first = self.workers[0].banner or ""
         pids = ", ".join(str(w.process.pid) for w in self.workers)
         print(
-            f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}",
+            f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}"
+            f"\n{READY_LINE}",  # every worker listens and has reached the store
             flush=True,
         )
         restarts: dict[int, tuple[float, int]] = {}  # index -> (when, quick deaths so far)
@@ -325,7 +327,7 @@ def _ports(settings: Settings) -> dict[str, int]:
 def run(settings: Settings) -> int:
     """Run `settings.workers` workers until SIGTERM or SIGINT; the exit code."""
     from busd.observability.logs import configure
-    from busd.storage.embedded import EmbeddedValkey
+    from busd.storage.embedded import embedded_store, shard_count
 
     if sys.platform == "win32":
         raise ConfigError("--workers above 1 needs a Unix system")
@@ -334,11 +336,14 @@ def run(settings: Settings) -> int:
     path = entities_file(settings)
     if path:
         load_entities(path, settings.max_message_size)
+    if settings.redis_url:  # once, here, before any worker starts
+        shown = redacted(settings.redis_url)
+        asyncio.run(wait_for_store(settings.redis_url, settings.store_wait_s, shown, log.warning))
     sockets: list[socket.socket] = []
     embedded = None
     try:
         if not settings.redis_url:
-            embedded = EmbeddedValkey(settings.data_dir)
+            embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
             embedded.start()
             settings.redis_url = embedded.url
         ports: dict[str, int] = {}

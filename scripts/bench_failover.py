@@ -38,7 +38,7 @@ def victim(store: Any, prefix: str, partitions: int) -> int:
         return store.current_primary()
     from busd.storage.keys import key, partition_scope
 
-    scope = partition_scope(ENTITY, 0) if partitions else ENTITY
+    scope = partition_scope(ENTITY, 0, partitions) if partitions else ENTITY
     return store.first_owner(key(prefix, scope, "q.body"))
 
 
@@ -62,7 +62,11 @@ def on_shard(
         sid
         for sid in plan
         if store.first_owner(
-            key(prefix, partition_scope(ENTITY, partition_of_key(sid, partitions)), "q.body")
+            key(
+                prefix,
+                partition_scope(ENTITY, partition_of_key(sid, partitions), partitions),
+                "q.body",
+            )
         )
         == old
     }

@@ -40,9 +40,39 @@ def test_serve_lists_every_option():
         "--log-level",
         "--log-format",
         "--workers",
+        "--store-shards",
         "--durability",
     ):
         assert option in result.output
+
+
+def test_store_shards_are_those_of_the_embedded_store():
+    result = run("serve", "--store-shards", "many")
+    assert result.exit_code == 2 and "neither a number nor 'auto'" in result.output
+    result = run("serve", "--store-shards", "17")
+    assert result.exit_code == EXIT_CONFIG and "store shards must be 1..16" in result.output
+    result = run("serve", "--store-shards", "3", "--redis-url", "redis://127.0.0.1:1")
+    assert result.exit_code == EXIT_CONFIG and "--store-shards" in result.output
+    result = run("serve", "--store-shards", "auto", "--durability", "fsync")
+    assert result.exit_code == EXIT_CONFIG and "--store-shards" in result.output
+
+
+def test_auto_store_shards_take_half_the_cores_and_partitions_a_multiple():
+    from busd.storage.embedded import default_partitions, shard_count
+
+    assert [shard_count(None, cores) for cores in (1, 2, 3, 8, 16, 64)] == [1, 1, 1, 4, 8, 16]
+    assert shard_count(3, 64) == 3
+    assert {n: default_partitions(n) for n in (2, 3, 4, 5, 6, 7, 8, 12, 16)} == {
+        2: 16,
+        3: 18,
+        4: 16,
+        5: 20,
+        6: 18,
+        7: 21,
+        8: 16,
+        12: 24,
+        16: 16,
+    }
 
 
 def test_bad_port_from_environment_is_a_one_line_config_error():

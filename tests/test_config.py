@@ -599,3 +599,20 @@ def test_settings_accept_100_mib_messages_and_any_case_log_level():
     s = Settings(max_message_size=100 * 1024 * 1024, log_level="DEBUG", log_format="JSON")
     s.validate()
     assert (s.log_level, s.log_format) == ("debug", "json")
+
+
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        ("queues", "unknown key 'queues' (did you mean 'Queues'?)"),
+        ("Topic", "unknown key 'Topic' (did you mean 'Topics'?)"),
+        ("Colour", "unknown key 'Colour' (a namespace has 'Name', 'Queues', 'Topics'"),
+    ],
+)
+def test_a_misspelt_namespace_key_names_the_expected_one(tmp_path, key, message):
+    """Read as the emulator's keys are spelt: "queues" would otherwise leave busd with none."""
+    path = write_config(tmp_path, namespaces=[{"Name": "sbemulatorns", key: [{"Name": "q"}]}])
+    with pytest.raises(ConfigError) as info:
+        load_entities(path)
+    assert str(path) in str(info.value) and "namespace 'sbemulatorns'" in str(info.value)
+    assert message in str(info.value)

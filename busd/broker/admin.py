@@ -9,6 +9,7 @@ a receiver cannot tell it from one an SDK sent.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import time
@@ -32,6 +33,8 @@ from busd.storage.api import (
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500
 MAX_PEEK = 1000
+# Partitions one `shards` call counts at once (one store call each).
+SHARD_COUNTS_AT_ONCE = 16
 T = TypeVar("T")
 
 
@@ -238,6 +241,49 @@ class Admin:
                 for sub in sorted(catalog.subscriptions(topic.name), key=lambda s: s.name)
             ]
             out.append({"name": topic.name, "subscriptions": subscriptions})
+        return out
+
+    async def shards(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Where each queue and subscription (or the one named) is kept, by store server (a
+        Cluster's shard primary, `host:port`): its partitions there, and their sessions,
+        available messages and totals sent and received, so that an uneven spread shows
+        (docs/design.md §3.18)."""
+        broker = self.broker
+        specs = (
+            [self.queue(name)] if name else [broker.entities[n] for n in sorted(broker.entities)]
+        )
+        out = []
+        for spec, where in zip(specs, await broker.store.shards(specs)):
+            parts = spec.partition_specs
+            counts = []
+            for start in range(0, len(parts), SHARD_COUNTS_AT_ONCE):
+                chunk = parts[start : start + SHARD_COUNTS_AT_ONCE]
+                counts += await asyncio.gather(*(broker.store.counts(p) for p in chunk))
+            rows: dict[str, dict[str, Any]] = {}
+            for shard, c in zip(where, counts):
+                row = rows.setdefault(
+                    shard,
+                    {
+                        "shard": shard,
+                        "partitions": 0,
+                        "sessions": 0,
+                        "active": 0,
+                        "sent": 0,
+                        "received": 0,
+                    },
+                )
+                row["partitions"] += 1
+                row["sessions"] += c.sessions
+                row["active"] += c.active
+                row["sent"] += c.totals.get("sent", 0)
+                row["received"] += c.totals.get("received", 0)
+            out.append(
+                {
+                    "name": spec.name,
+                    "partitions": spec.partitions,
+                    "shards": sorted(rows.values(), key=lambda r: r["shard"]),
+                }
+            )
         return out
 
     async def queue_info(self, name: str) -> dict[str, Any]:

@@ -39,7 +39,6 @@ from busd.entities import (
 )
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, Store, subscription_path
-from busd.storage.keys import partition_scope
 
 log = logging.getLogger("busd.broker")
 
@@ -203,7 +202,7 @@ class Catalog:
             current = await self.stored(entity.kind, entity.path)
         if current is None:
             raise _not_found(entity.path)
-        entity = replace(entity, created_ms=current.created_ms)
+        entity = _kept(entity, current)
         await self.store.catalog_put(entity.kind, entity.path, to_record(entity))
         self._apply(entity.kind, entity.path, entity)
         return entity
@@ -232,6 +231,8 @@ class Catalog:
                 entity.path,
             )
             entity = replace(entity, partitions=current.partitions)
+        if current is not None:
+            entity = _kept(entity, current)
         if current is None or replace(current, created_ms=None) != replace(entity, created_ms=None):
             entity = await self.update(entity, check=False)
         if isinstance(entity, SubscriptionEntity) and rules is not None:
@@ -284,19 +285,15 @@ class Catalog:
         if isinstance(entity, TopicEntity):
             records.append(("topic", path))
         await self._delete_records(records)
-        specs = [s.spec(topic) for s in subs]
-        for i, scope in enumerate(_scopes(topic)):  # each partition's keys (§3.18)
-            await self.store.drop_subscriptions(
-                scope,
-                [s.partition_spec(i) for s in specs],
-                with_topic=isinstance(entity, TopicEntity),
-            )
+        await self.store.drop_subscriptions(
+            topic.spec, [s.spec(topic) for s in subs], with_topic=isinstance(entity, TopicEntity)
+        )
         return True
 
     async def _open_subscription(self, entity: SubscriptionEntity) -> None:
         """Mark the subscription live in its topic (in each of its partitions)."""
-        for scope in _scopes(self.topic(entity.topic) or TopicEntity(entity.topic)):
-            await self.store.open_subscriptions(scope, [entity.name])
+        topic = self.topic(entity.topic) or TopicEntity(entity.topic)
+        await self.store.open_subscriptions(topic.spec, [entity.name])
 
     async def _delete_records(self, records: list[tuple[str, str]]) -> None:
         if not records:
@@ -311,16 +308,6 @@ class Catalog:
         §2.15): anything else is refused with ARGUMENT_ERROR."""
         if not isinstance(entity, (QueueEntity, SubscriptionEntity)):
             return
-        # not built: a forwarder takes from and moves to one queue's keys (§3.16)
-        source = self.topic(entity.topic) if isinstance(entity, SubscriptionEntity) else entity
-        if getattr(source, "partitions", None) and (
-            entity.forward_to or entity.forward_dead_lettered_to
-        ):
-            raise BusdError(
-                Condition.ARGUMENT_ERROR,
-                f"'{entity.path}' is partitioned: "
-                "auto-forwarding from a partitioned entity is not supported.",
-            )
         for element, target in (
             ("ForwardTo", entity.forward_to),
             ("ForwardDeadLetteredMessagesTo", entity.forward_dead_lettered_to),
@@ -452,11 +439,15 @@ class Catalog:
         self._access_keys = access_keys
 
 
-def _scopes(topic: TopicEntity) -> list[str]:
-    """What stands for the topic in its keys: its name, or each partition's scope."""
-    if not topic.partitions:
-        return [topic.name]
-    return [partition_scope(topic.name, p) for p in range(topic.partitions)]
+def _kept(entity: Entity, current: Entity) -> Entity:
+    """`entity` as an update writes it: with what was fixed when `current` was created (its
+    creation time; how its partitions' keys are tagged, busd.storage.keys)."""
+    entity = replace(entity, created_ms=current.created_ms)
+    if isinstance(entity, (QueueEntity, TopicEntity)) and isinstance(
+        current, (QueueEntity, TopicEntity)
+    ):
+        entity = replace(entity, partition_layout=current.partition_layout)
+    return entity
 
 
 def _exists(entity: Entity) -> BusdError:

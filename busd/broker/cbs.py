@@ -19,6 +19,7 @@ from busd.amqp.addresses import AddressError, parse_address
 from busd.auth import rights, sas
 from busd.broker.namespaces import NamespaceLimit
 from busd.broker.nodes import RequestEndpoint
+from busd.broker.unknown_entities import UNKNOWN_ENTITIES
 
 if TYPE_CHECKING:
     from busd.broker.links import BrokerScope
@@ -76,6 +77,12 @@ class CbsEndpoint(RequestEndpoint):
             ), None
         # The grant is for the audience the token was signed for, whatever `name` says.
         if not self._exists(grant):
+            UNKNOWN_ENTITIES.note(
+                sas.entity_path_of(grant.audience),
+                self.conn.proto.peer,
+                self.conn.remote_container,
+                "a put-token",
+            )
             return _response(
                 message_id, 404, f"The messaging entity '{grant.audience}' could not be found."
             ), None

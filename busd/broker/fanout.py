@@ -32,13 +32,7 @@ FILTER_ERROR_REASON = "FilterEvaluationException"
 
 
 def topic_spec(topic: TopicEntity) -> TopicSpec:
-    return TopicSpec(
-        name=topic.name,
-        default_ttl_ms=topic.default_ttl_ms,
-        duplicate_detection_window_ms=topic.duplicate_detection_window_ms,
-        max_message_size=topic.max_message_size,
-        partitions=topic.partitions,
-    )
+    return topic.spec
 
 
 class _Route:

@@ -54,8 +54,17 @@ TOPIC_OPERATIONS = frozenset(("schedule-message", "cancel-scheduled-message"))
 # state, its rules), which a token for the sub-queue does not cover; Service Bus refuses them
 # on a dead-letter queue too (docs/wire.md §8.4).
 DEAD_LETTER_OPERATIONS = frozenset(
-    ("renew-lock", "peek-message", "update-disposition", "receive-by-sequence-number")
+    (
+        "renew-lock",
+        "peek-message",
+        "update-disposition",
+        "receive-by-sequence-number",
+        "batch-delete-messages",
+    )
 )
+# The most messages one batch delete deletes: Service Bus's own bound; a larger count is
+# answered with at most this many, as the service does (the SDKs' purge asks again until 0).
+BATCH_DELETE_MAX = 4000
 
 
 class ManagementEndpoint(RequestEndpoint):
@@ -263,6 +272,32 @@ async def peek_message(ep: ManagementEndpoint, body: dict, app: dict):
     return 200, {"messages": [{"message": delivery_payload(m, state=True)} for m in messages]}
 
 
+async def batch_delete_messages(ep: ManagementEndpoint, body: dict, app: dict):
+    """Service Bus's batch delete (docs/wire.md §8.4.13): up to `message-count` messages
+    enqueued before `enqueued-time-utc` (default now), oldest first, one session's when
+    `session-id` is given; 204 when none was deleted."""
+    count = body.get("message-count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise BusdError(Condition.ARGUMENT_ERROR, "message-count must be an integer of 1 or more.")
+    before = body.get("enqueued-time-utc")  # none: the store's now
+    if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
+        raise BusdError(Condition.ARGUMENT_ERROR, "enqueued-time-utc must be a timestamp.")
+    session_id = body.get("session-id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise BusdError(Condition.ARGUMENT_ERROR, "session-id must be a string.")
+    if ep.entity.partitions:
+        raise BusdError(
+            Condition.NOT_IMPLEMENTED,
+            "Batch delete is not supported with partitioned entities, as in Service Bus.",
+        )
+    deleted = await ep.broker.store.delete_messages(
+        ep.entity, min(count, BATCH_DELETE_MAX), None if before is None else int(before), session_id
+    )
+    if not deleted:
+        return 204, None
+    return 200, {"message-count": codec.Int(deleted)}
+
+
 async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
     status_name = str(body.get("disposition-status") or "").lower()
     # The SDK comes here for deferred messages, and when a link settlement went unanswered:
@@ -376,6 +411,7 @@ OPERATION_RIGHTS = {
     "schedule-message": SEND,
     "cancel-scheduled-message": SEND,
     "get-message-sessions": LISTEN,
+    "batch-delete-messages": LISTEN,  # what a receiver may do: its SDK method is a receiver's
     # busd's own: an operator's acts on a session, whoever holds it
     "com.busd:dead-letter-session": MANAGE,
     "com.busd:resubmit-session": MANAGE,
@@ -397,6 +433,7 @@ OPERATIONS: dict[str, Operation] = {
     "schedule-message": schedule_message,
     "cancel-scheduled-message": cancel_scheduled_message,
     "get-message-sessions": get_message_sessions,
+    "batch-delete-messages": batch_delete_messages,
     "com.busd:dead-letter-session": dead_letter_session,
     "com.busd:resubmit-session": resubmit_session,
     **rule_management.OPERATIONS,

@@ -77,7 +77,6 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._settling = False
         self._settle_task: asyncio.Task | None = None
         self._settle_queue: list[tuple[Delivery, Settlement]] = []
-        self._tags = 0  # receive-and-delete delivery tags
         self._raw_link = link._impl
         # raw delivery (held, engine.py) -> lock token, for peek-lock deliveries not yet settled
         self._inflight: dict = {}
@@ -216,11 +215,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
     def _send(self, message: StoredMessage) -> None:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
         payload = delivery_payload(message, locked=peek_lock)
-        if peek_lock:
-            tag = lock_tag(message.lock_token)  # type: ignore[arg-type]  # set in peek-lock
-        else:  # nothing will refer to it: any unique tag does
-            self._tags += 1
-            tag = self._tags.to_bytes(16, "big")
+        # receive-and-delete: settled before it goes, so nothing refers to it, and its tag is
+        # empty as Service Bus sends it (the Python SDK shows a message's tag, None then:
+        # docs/wire.md §6.4)
+        tag = lock_tag(message.lock_token) if peek_lock else b""  # type: ignore[arg-type]
         delivery = engine.send(self._raw_link, tag, payload)
         if peek_lock:
             engine.hold(delivery)

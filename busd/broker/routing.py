@@ -15,6 +15,7 @@ from busd.amqp.addresses import Address, parse_address
 from busd.auth.rights import LISTEN, SEND
 from busd.broker import cbs, coordinator, management, nodes, receiving, sending, sessions
 from busd.broker.links import ConnectionScope, LinkEndpoint
+from busd.broker.unknown_entities import UNKNOWN_ENTITIES
 from busd.errors import BusdError, Condition
 from busd.storage.api import QueueSpec, TopicSpec
 
@@ -65,6 +66,12 @@ def _endpoint(conn: ConnectionScope, link: Link, parsed: Address, attach: Attach
             broker.track(track, for_topic)
             return for_topic
     if entity is None:
+        UNKNOWN_ENTITIES.note(
+            parsed.entity_path,
+            conn.proto.peer,
+            conn.remote_container,
+            "a link's attach",
+        )
         raise BusdError(
             Condition.NOT_FOUND,
             f"The messaging entity '{parsed.entity_path}' could not be found.",

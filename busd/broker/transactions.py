@@ -31,7 +31,6 @@ from busd.storage.api import (
     Store,
     TopicSpec,
 )
-from busd.storage.keys import partition_scope
 from busd.storage.partitions import operation_partition
 
 if TYPE_CHECKING:
@@ -151,7 +150,7 @@ class Transaction:
         if (
             via is not None
             and via.partition is not None
-            and via.key_scope[0] == partition_scope(entity.key_scope[0], via.partition)
+            and via.key_scope[0] == entity.partition_spec(via.partition).key_scope[0]
         ):
             current = via.partition
         return entity.partition_spec(operation_partition(op, entity.partitions, current))

@@ -356,4 +356,5 @@ def _changes(prop: ep.Property, replacement: dict[str, Any], before: dict[str, A
         return bool(replacement.get(prop.name)) != bool(before.get(prop.name))
     if prop.enabled_by and not (replacement.get(prop.enabled_by) and before.get(prop.enabled_by)):
         return False
-    return bool(replacement.get(prop.name, prop.default) != before.get(prop.name, prop.default))
+    default = ep.default_of(prop)  # as a description that leaves it out makes it
+    return bool(replacement.get(prop.name, default) != before.get(prop.name, default))

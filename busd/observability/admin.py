@@ -3,6 +3,9 @@
     GET  /admin/queues                          every queue: properties and counts
     GET  /admin/queues/{q}                      one queue
     GET  /admin/topics                          every topic: its subscriptions and their rules
+    GET  /admin/shards                          where each queue and subscription is kept: per
+                                                store server (shard), its partitions, sessions,
+                                                messages; ?entity=Q for one
     GET  /admin/queues/{q}/messages             peek: ?dlq=1&session=S&from=N&count=N
     POST /admin/queues/{q}/messages             send: JSON {body | body_base64, session_id,
                                                 application_properties, message_id, content_type,
@@ -205,6 +208,10 @@ async def _dispatch(
         return 200, await admin.topics()
     if path.rstrip("/") == "/admin/faults" or path.startswith("/admin/faults/"):
         return await _faults(admin, method, path, body)
+    if path in ("/admin/shards", "/admin/shards/"):
+        if method != "GET":
+            raise AdminError(405, "use GET")
+        return 200, await admin.shards((query.get("entity") or [None])[-1])
     if not path.startswith(_PREFIX):
         raise AdminError(404, f"no route {path}")
     name, action = _split(path)

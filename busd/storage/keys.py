@@ -15,9 +15,16 @@ subscription (a resubmitted dead letter) come from the same counter, so they nev
 Queue and topic names share one namespace (as in Service Bus), so their tags never meet.
 
 A partitioned entity (docs/design.md §3.18) is one such key set per partition, each under a
-tag of its own, `{<prefix>:<queue>:<partition>}` (`partition_scope`; a name has no `:`), so a
-cluster spreads its partitions over its shards. Each partition is an ordinary queue to the
-scripts; busd.storage.partitions routes calls to them.
+tag of its own (`partition_scope`; a name has no `:`), so a cluster spreads its partitions over
+its shards. Each partition is an ordinary queue to the scripts; busd.storage.partitions routes
+calls to them. Two layouts of these tags (the entity's record says which, `partition_layout`):
+- `FIRST_LAYOUT`, entities created before the even layout: `{<prefix>:<queue>:<p>}`, whose slot
+  is wherever CRC16 puts it, so 16 partitions fall unevenly on the shards (as 3/5/8 on three);
+- `EVEN_LAYOUT`: `{<prefix>:<queue>:<p>#<salt>}`, the salt chosen (`even_tag`) so that the
+  tag's slot is near the middle of the p-th of P equal slot ranges. A cluster whose slots are
+  split evenly in order (as `valkey-cli --cluster create` and `busd serve --store-shards` do)
+  then holds P/S partitions on each of its S shards when S divides P, and one more or less
+  elsewhere.
 
 The entity catalog (busd.storage.api.Store.catalog_*) is one hash outside every entity's tag,
 with a pub/sub channel beside it.
@@ -28,6 +35,9 @@ Assumptions: the prefix and entity names contain no `{` or `}` (names are letter
 """
 
 from __future__ import annotations
+
+import functools
+from binascii import crc_hqx
 
 # Logical key names and what each holds. Scripts refer to keys only through these names (in
 # their headers); the loader turns a header's list into KEYS.
@@ -56,12 +66,13 @@ KEY_DOC: dict[str, str] = {
     "txops": "hash: '<txn id>:n' -> number of staged operations, '<txn id>:<i>' -> the i-th, "
     "cmsgpack-encoded; applied all at once by lua/commitTransaction.lua",
     # per entity: `q.` the queue, `d.` its dead-letter sub-queue
-    "body": "hash: seq -> message blob, exactly the bytes sent",
-    "meta": "hash: seq -> cmsgpack map of the message's metadata (includes/readMeta.lua)",
+    "body": "hash: seq -> message blob, exactly the bytes sent; 'm<seq>' -> cmsgpack map of "
+    "its metadata (includes/readMeta.lua)",
+    "meta": "hash: seq -> metadata of messages stored before it moved beside the body",
     "all": "zset: seq -> seq; every message in any state (peek)",
     "ready": "zset: seq -> seq; available messages not filed under a session",
     "locked": "zset: seq -> ms lock ends; locked messages not filed under a session",
-    "tokens": "hash: lock token -> seq, for every locked message",
+    "tokens": "hash: lock token -> seq, of locks taken before tokens named their message",
     "deferred": "zset: seq -> seq; deferred messages",
     "sall": "zset (lexicographic): <sid>\\0<seq16> for every message with a session id",
     "sched": "zset: seq -> ms due; scheduled messages",
@@ -142,13 +153,63 @@ SHARED_WITH_TOPIC = frozenset(("seq", "dedup"))
 TRANSACTION_KEYS: tuple[str, ...] = ("txns", "txops")
 
 
-def partition_scope(entity: str, partition: int) -> str:
-    """What stands for a queue or topic in the keys of one of its partitions."""
-    return f"{entity}:{partition}"
+FIRST_LAYOUT = 0
+EVEN_LAYOUT = 1
+SLOTS = 16384  # a Redis Cluster's hash slots
+
+
+def partition_scope(
+    entity: str, partition: int, partitions: int | None = None, layout: int = EVEN_LAYOUT
+) -> str:
+    """What stands for a queue or topic in the keys of one of its partitions: `<entity>:<p>`
+    in the first layout; in the even layout `<entity>:<p>/<P>`, which `hash_tag` turns into
+    the tag of the p-th of P slot ranges (the module docstring)."""
+    if layout == FIRST_LAYOUT or partitions is None:
+        return f"{entity}:{partition}"
+    return f"{entity}:{partition}/{partitions}"
+
+
+def slot(tag: str) -> int:
+    """The cluster slot of a hash tag's content (CRC16/XMODEM modulo 16384, as Redis hashes)."""
+    return crc_hqx(tag.encode(), 0) % SLOTS
+
+
+@functools.lru_cache(maxsize=4096)
+def even_tag(prefix: str, entity: str, partition: int, partitions: int) -> str:
+    """The content of the even layout's tag of partition `partition` of `partitions`: the
+    first salt (0, 1, 2, ... in base 36) whose slot lies within an eighth of a range of the
+    middle of that partition's slot range. About 4·P tries, each a CRC16 of a short string
+    (a few ms for an entity of 32 partitions, once per process: cached)."""
+    width = SLOTS / partitions
+    middle = (partition + 0.5) * width
+    reach = max(1.0, width / 8)
+    best, best_distance = "", float("inf")
+    for n in range(1 << 20):
+        content = f"{prefix}:{entity}:{partition}#{_base36(n)}"
+        distance = abs(slot(content) - middle)
+        if distance <= reach:
+            return content
+        if distance < best_distance:
+            best, best_distance = content, distance
+    return best  # not met in a million tries (never seen): the nearest one
+
+
+def _base36(n: int) -> str:
+    digits = ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            return digits
 
 
 def hash_tag(prefix: str, entity: str) -> str:
-    """The hash tag of a queue or topic (and so of the topic's subscriptions)."""
+    """The hash tag of a queue or topic (and so of the topic's subscriptions); of one
+    partition's, for a `partition_scope`."""
+    name, sep, place = entity.rpartition(":")
+    if sep and "/" in place:  # an even-layout partition: `<p>/<P>` (names hold no `:`)
+        partition, _, partitions = place.partition("/")
+        return "{" + even_tag(prefix, name, int(partition), int(partitions)) + "}"
     return "{" + f"{prefix}:{entity}" + "}"
 
 

@@ -1,7 +1,9 @@
 """Partitioned entities: one entity to the broker, several queues to the scripts
 (docs/design.md §3.18).
 
-`PartitionedStore` wraps a Store. A call on an entity without partitions goes straight to it.
+`PartitionedStore` wraps a Store and is one itself: it implements every method of the protocol
+(busd.storage.api.Store; `wrap` is typed so that mypy checks it), forwarding nothing unseen. A
+call on an entity without partitions goes straight to the inner store.
 A partitioned entity is P ordinary queues, each under a hash tag of its own (busd.storage.keys
 `partition_scope`), so a Redis Cluster spreads them over its shards; this module routes each
 call to the partitions it concerns:
@@ -61,6 +63,7 @@ from busd.storage.api import (
     TopicSpec,
     WakeCallback,
 )
+from busd.storage.keys import FIRST_LAYOUT
 
 PARTITION_SHIFT = 48  # a sequence number's partition: its top 16 bits (of 64)
 T = TypeVar("T")
@@ -131,15 +134,28 @@ class PartitionedStore:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        # fixed when the inner store is made (its URL and its process's id)
+        self.process_id: str = inner.process_id
+        self.cross_slot_transactions: bool = inner.cross_slot_transactions
         self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
         self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
         self._turn = itertools.count()
         # next-available acceptors (holder ids) -> partitions where they may be registered
         self._session_waits: dict[str, set[int]] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        # lifecycle, the catalog's reads, topics, transactions: the inner store's
-        return getattr(self.inner, name)
+    # --- lifecycle: the inner store's --------------------------------------------------------
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def ping(self) -> bool:
+        return bool(await self.inner.ping())
+
+    async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
+        # the inner store places each partition of a partitioned handle itself
+        return [list(where) for where in await self.inner.shards(entities)]
 
     # --- partitions ---------------------------------------------------------------------------
     def parts(self, spec: QueueSpec) -> tuple[QueueSpec, ...]:
@@ -206,10 +222,11 @@ class PartitionedStore:
         partitions = record.get("partitions")
         if partitions and kind in ("queue", "topic"):
             # before the record: no message may be numbered from a counter not yet started
+            layout = record.get("partition_layout", FIRST_LAYOUT)  # busd.entities.from_record
             spec = (
-                QueueSpec(name=path, partitions=partitions)
+                QueueSpec(name=path, partitions=partitions, partition_layout=layout)
                 if kind == "queue"
-                else TopicSpec(name=path, partitions=partitions)
+                else TopicSpec(name=path, partitions=partitions, partition_layout=layout)
             )
             await asyncio.gather(
                 *(
@@ -231,6 +248,12 @@ class PartitionedStore:
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         await self.inner.catalog_subscribe(on_change)
 
+    async def fault_hit(self, fault_id: str) -> int:
+        return int(await self.inner.fault_hit(fault_id))
+
+    async def fault_forget(self, fault_id: str) -> None:
+        await self.inner.fault_forget(fault_id)
+
     async def namespace_add(self, name: str) -> None:
         await self.inner.namespace_add(name)
 
@@ -239,6 +262,30 @@ class PartitionedStore:
 
     async def subscribe(self, on_wake: WakeCallback) -> None:
         await self.inner.subscribe(on_wake)
+
+    async def open_subscriptions(self, topic: TopicSpec | str, subscriptions: list[str]) -> None:
+        if isinstance(topic, str) or not topic.partitions:
+            return await self.inner.open_subscriptions(topic, subscriptions)
+        # live in every partition: a partition p of the topic fans out to partition p of each
+        await asyncio.gather(
+            *(self.inner.open_subscriptions(t, subscriptions) for t in self.topic_parts(topic))
+        )
+
+    async def drop_subscriptions(
+        self, topic: TopicSpec | str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+    ) -> int:
+        if isinstance(topic, str) or not topic.partitions:
+            return int(
+                await self.inner.drop_subscriptions(topic, subscriptions, with_topic=with_topic)
+            )
+        sparts = [self.parts(s) for s in subscriptions]
+        dropped = await asyncio.gather(
+            *(
+                self.inner.drop_subscriptions(t, [s[p] for s in sparts], with_topic=with_topic)
+                for p, t in enumerate(self.topic_parts(topic))
+            )
+        )
+        return sum(dropped)
 
     async def drop_queue(self, queue: QueueSpec) -> int:
         if not queue.partitions:
@@ -661,6 +708,23 @@ class PartitionedStore:
             moved += await self.inner.resubmit_dead_letters(part, limit - moved)
         return moved
 
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        # Oldest first within each partition, partition after partition: the broker refuses a
+        # batch delete on a partitioned entity, as Service Bus does (docs/wire.md §8.4.13).
+        if not entity.partitions:
+            return int(await self.inner.delete_messages(entity, count, before_ms, session_id))
+        if session_id is not None:
+            part = self.part_of_session(entity, session_id)
+            return int(await self.inner.delete_messages(part, count, before_ms, session_id))
+        deleted = 0
+        for part in self.parts(entity):
+            if deleted >= count:
+                break
+            deleted += await self.inner.delete_messages(part, count - deleted, before_ms)
+        return deleted
+
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         if not entity.partitions:
             return await self.inner.counts(entity)
@@ -682,11 +746,26 @@ class PartitionedStore:
                 total.totals[name] = total.totals.get(name, 0) + n
         return total
 
-    # --- auto-forwarding: not from or to a partitioned entity (busd.broker.catalog refuses) -
+    # --- auto-forwarding: from a partitioned entity partition by partition, each under its
+    # own lease; not to one (busd.broker.catalog refuses) ----------------------------------
     async def take_forwarding(
         self, entity: QueueSpec, forwarder: str, count: int, tokens: Sequence[bytes]
     ) -> list[StoredMessage] | None:
-        return await self.inner.take_forwarding(entity, forwarder, count, tokens)
+        if not entity.partitions:
+            return await self.inner.take_forwarding(entity, forwarder, count, tokens)
+        # A partition with nothing to take (or whose lease another forwarder holds) has the
+        # forwarder registered among its waiters by the same call, as a receiver. Each look
+        # starts at the next partition, so a busy one does not keep the others waiting.
+        parts = self.parts(entity)
+        start = next(self._turn) % len(parts)
+        out: list[StoredMessage] = []
+        for part in parts[start:] + parts[:start]:
+            want = count - len(out)
+            given = stamped(tokens, part.partition or 0, len(out), want)
+            out.extend(await self.inner.take_forwarding(part, forwarder, want, given) or ())
+            if len(out) >= count:
+                break
+        return out
 
     async def forward(
         self,
@@ -696,7 +775,22 @@ class PartitionedStore:
         *,
         hop_limit: int,
     ) -> list[ForwardResult]:
-        return list(await self.inner.forward(entity, destination, messages, hop_limit=hop_limit))
+        if not entity.partitions:
+            return list(
+                await self.inner.forward(entity, destination, messages, hop_limit=hop_limit)
+            )
+        parts = self.parts(entity)
+        groups: dict[int, list[int]] = {}  # partition -> indexes of its messages
+        for i, m in enumerate(messages):
+            groups.setdefault(partition_of_token(m.token, len(parts)), []).append(i)
+        results: list[ForwardResult] = [ForwardResult.LOCK_LOST] * len(messages)
+        for p, indexes in groups.items():
+            moved = await self.inner.forward(
+                parts[p], destination, [messages[i] for i in indexes], hop_limit=hop_limit
+            )
+            for i, result in zip(indexes, moved, strict=True):
+                results[i] = result
+        return results
 
     # --- transactions: staged in one partition (busd.broker.staging picks it) ----------------
     async def sweep_transactions(self, queue: QueueSpec | TopicSpec) -> int:
@@ -724,6 +818,19 @@ class PartitionedStore:
             via, txn_id, operations, first=first, timeout_ms=timeout_ms, limit=limit
         )
 
+    async def commit_transaction(
+        self,
+        via: QueueSpec | TopicSpec,
+        others: list[QueueSpec],
+        txn_id: bytes,
+        topics: Sequence[tuple[TopicSpec, list[QueueSpec]]] = (),
+    ) -> None:
+        # the broker hands partitions' handles here (busd.broker.transactions)
+        await self.inner.commit_transaction(via, others, txn_id, topics)
+
+    async def discard_transaction(self, via: QueueSpec | TopicSpec, txn_id: bytes) -> None:
+        await self.inner.discard_transaction(via, txn_id)
+
 
 def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
     """The order of the inspector's `sort` index, from a page's sessions (their cursor holds
@@ -734,6 +841,6 @@ def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
 
 
 def wrap(store: Any) -> Store:
-    """The store the broker uses: `store` with partitioned entities routed."""
-    wrapped: Any = PartitionedStore(store)
-    return wrapped
+    """The store the broker uses: `store` with partitioned entities routed. A Store itself:
+    mypy checks that it implements the whole protocol."""
+    return PartitionedStore(store)

@@ -5,8 +5,10 @@ drop a queue, purge, count (docs/design.md §3.4)."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -134,9 +136,9 @@ class CatalogCalls(RedisConnection):
         finally:
             await pubsub.aclose()
 
-    async def open_subscriptions(self, topic: str, subscriptions: list[str]) -> None:
+    async def open_subscriptions(self, topic: TopicSpec | str, subscriptions: list[str]) -> None:
         if subscriptions:
-            await self._run_topic("openSubscriptions", topic, [], list(subscriptions))
+            await self._run_topic("openSubscriptions", _scope(topic), [], list(subscriptions))
 
     async def drop_queue(self, queue: QueueSpec) -> int:
         return await self._run_queue("dropQueue", queue)
@@ -149,11 +151,40 @@ class CatalogCalls(RedisConnection):
         await self._client.set(keyspace.key(self.prefix, scope[0], "seq"), first, nx=True)
 
     async def drop_subscriptions(
-        self, topic: str, subscriptions: list[QueueSpec], *, with_topic: bool = False
+        self, topic: TopicSpec | str, subscriptions: list[QueueSpec], *, with_topic: bool = False
     ) -> int:
         return await self._run_topic(
-            "dropSubscriptions", topic, subscriptions, [1 if with_topic else 0]
+            "dropSubscriptions", _scope(topic), subscriptions, [1 if with_topic else 0]
         )
+
+    async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
+        ranges = await self._slot_ranges()
+        starts = [first for first, _, _ in ranges]
+        out = []
+        for entity in entities:
+            where = []
+            for part in entity.partition_specs:
+                tag = keyspace.key(self.prefix, part.key_scope[0], "seq")
+                slot = keyspace.slot(tag[1 : tag.index("}")])
+                first, last, address = ranges[max(0, bisect.bisect_right(starts, slot) - 1)]
+                where.append(address if first <= slot <= last else "")
+            out.append(where)
+        return out
+
+    async def _slot_ranges(self) -> list[tuple[int, int, str]]:
+        """(first slot, last slot, primary's `host:port`) of each shard, by first slot; one
+        range of every slot on a single server."""
+        assert self._node is not None
+        kwargs = self._node.connection_pool.connection_kwargs
+        here = f"{kwargs.get('host', '')}:{kwargs.get('port', '')}"
+        if self.cross_slot_transactions:  # a single server (or Sentinel's primary)
+            return [(0, keyspace.SLOTS - 1, here)]
+        reply = await self._node.execute_command("CLUSTER", "SLOTS")
+        ranges = []
+        for first, last, primary, *_ in reply:
+            host = as_text(primary[0]) or kwargs.get("host", "")
+            ranges.append((int(first), int(last), f"{host}:{int(primary[1])}"))
+        return sorted(ranges)
 
     async def topic_totals(self, topic: TopicSpec) -> dict[str, int]:
         assert self._client is not None
@@ -189,3 +220,8 @@ class CatalogCalls(RedisConnection):
             oldest_enqueued_ms=oldest or None,
             totals={name.decode(): count for name, count in zip(totals[0::2], totals[1::2])},
         )
+
+
+def _scope(topic: TopicSpec | str) -> str:
+    """What stands for a topic (or one partition of one) in its keys."""
+    return topic if isinstance(topic, str) else topic.key_scope[0]

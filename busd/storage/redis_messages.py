@@ -32,6 +32,10 @@ from busd.storage.redis_codec import (
 )
 from busd.storage.redis_connection import RedisConnection
 
+# What a batch delete may look at beyond the messages it deletes (locked, scheduled or newer
+# ones it passes over), so that one call stays short however the entity's messages stand.
+DELETE_SCAN_SLACK = 4000
+
 
 class MessageCalls(RedisConnection):
     async def send(
@@ -169,6 +173,21 @@ class MessageCalls(RedisConnection):
             "peekMessages", entity, entity_kind(entity), from_seq, count, session_arg(session_id)
         )
         return [stored_message(r) for r in rows]
+
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        return int(
+            await self._run_queue(
+                "deleteMessages",
+                entity,
+                entity_kind(entity),
+                count,
+                optional_arg(before_ms),
+                session_arg(session_id),
+                count + DELETE_SCAN_SLACK,
+            )
+        )
 
     async def receive_deferred(
         self,

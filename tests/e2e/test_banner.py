@@ -1,5 +1,6 @@
-"""The start banner gives what a user pastes: the connection strings (AMQP and management),
-the dashboard's URL and the certificate to trust, each of them working as printed."""
+"""The start banner gives what a user pastes: one connection string for the data and the admin
+clients, what each SDK's admin client needs besides (the certificate), the dashboard's URL and
+the certificate to trust, each of them working as printed."""
 
 from __future__ import annotations
 
@@ -27,12 +28,18 @@ def test_banner_strings_work_as_printed(busd_factory):
     lines = [line for line in text.splitlines() if line.startswith("  ")]
     assert lines[-1].startswith("  connection string: ")  # last: the banner is complete
     amqp = banner_value(text, "connection string")
-    management = banner_value(text, "management connection string")
     dashboard = banner_value(text, "dashboard")
     cert = banner_value(text, "certificate")
-    assert f":{busd.http_port};" in management and "UseDevelopmentEmulator=true;" in management
+    # one string: no second one for the administration client to tell apart
+    assert text.count("Endpoint=sb://") == 2  # this one and the TLS listener's
+    assert f":{busd.port};" in amqp and "UseDevelopmentEmulator=true;" in amqp
+    # the admin client's settings, per SDK, as printed
+    python = next(line for line in lines if line.strip().startswith("Python:"))
+    assert f'connection_verify="{cert}"' in python
+    assert any(f"NODE_EXTRA_CA_CERTS={cert} " in line for line in lines)
+    assert any(line.strip().startswith(".NET:") for line in lines)
     with ServiceBusAdministrationClient.from_connection_string(
-        management, connection_verify=cert
+        amqp, connection_verify=cert
     ) as admin:
         assert [q.name for q in admin.list_queues()] == ["orders"]
     with ServiceBusClient.from_connection_string(amqp) as client:
@@ -45,6 +52,18 @@ def test_banner_strings_work_as_printed(busd_factory):
     assert dashboard == f"http://localhost:{busd.http_port}/"
     with urllib.request.urlopen(dashboard, timeout=5) as page:
         assert page.status == 200 and b"<html" in page.read().lower()
+
+
+def test_the_admin_client_without_the_certificate_fails_as_the_banner_warns(busd_factory):
+    """Why the banner names the certificate for the admin client: without it the Python
+    client's HTTPS handshake is refused."""
+    from azure.core.exceptions import ServiceRequestError
+
+    busd = busd_factory([queue("orders")])
+    amqp = banner_value(busd.log_text(), "connection string")
+    with ServiceBusAdministrationClient.from_connection_string(amqp) as admin:
+        with pytest.raises(ServiceRequestError, match="CERTIFICATE_VERIFY_FAILED"):
+            list(admin.list_queues())
 
 
 def test_banner_names_the_embedded_store_allocator(busd_factory):

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from proton import Message
 
 from busd.cli import cli
+from busd.storage.keys import hash_tag, partition_scope
 from busd.storage.partitions import PARTITION_SHIFT, partition_of_key
 from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic, write_config
@@ -107,7 +108,15 @@ def test_sessions_keep_order_and_numbers_name_their_partition(busd, client, admi
     # every partition has keys of its own hash tag
     r = redis.Redis.from_url(redis_url)
     tags = {k.split(b"}")[0] for k in r.scan_iter(match=f"{{{busd.prefix}:orders:*".encode())}
-    assert tags == {f"{{{busd.prefix}:orders:{p}".encode() for p in range(PARTITIONS)}
+    assert tags == partition_tags(busd.prefix, "orders")
+
+
+def partition_tags(prefix: str, entity: str) -> set[bytes]:
+    """The hash tags of an entity's partitions, up to their `}` (busd.storage.keys)."""
+    return {
+        hash_tag(prefix, partition_scope(entity, p, PARTITIONS)).rstrip("}").encode()
+        for p in range(PARTITIONS)
+    }
 
 
 def test_a_session_is_exclusive_across_partitions(busd, client):
@@ -329,7 +338,7 @@ def test_a_partitioned_topic_spreads_its_subscriptions(busd, client, admin, redi
         assert admin.get_subscription_runtime_properties("events", name).total_message_count == 0
     r = redis.Redis.from_url(redis_url)
     tags = {k.split(b"}")[0] for k in r.scan_iter(match=f"{{{busd.prefix}:events:*".encode())}
-    assert tags == {f"{{{busd.prefix}:events:{p}".encode() for p in range(PARTITIONS)}
+    assert tags == partition_tags(busd.prefix, "events")
 
 
 def test_a_partitioned_topic_is_deleted_with_every_partition(busd, admin, redis_url):

@@ -238,7 +238,9 @@ def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[st
     from busd.storage.keys import key, partition_scope
 
     scopes = (
-        [ENTITY] if partitions is None else [partition_scope(ENTITY, p) for p in range(partitions)]
+        [ENTITY]
+        if partitions is None
+        else [partition_scope(ENTITY, p, partitions) for p in range(partitions)]
     )
     client: redis.Redis | redis.RedisCluster
     if "+cluster://" in url:
@@ -246,7 +248,13 @@ def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[st
     else:
         client = redis.Redis.from_url(url)
     try:
-        blobs = [blob for scope in scopes for blob in client.hvals(key(prefix, scope, "q.body"))]
+        # a message's body is field '<seq>'; its metadata beside it is 'm<seq>'
+        blobs = [
+            blob
+            for scope in scopes
+            for field, blob in client.hgetall(key(prefix, scope, "q.body")).items()
+            if not field.startswith(b"m")
+        ]
     finally:
         client.close()
     found = set()

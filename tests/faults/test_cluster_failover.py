@@ -59,7 +59,7 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
     )
     busd = start_busd([sessions], url=cluster.url, env={"BUSD_DURABILITY": "replicated"})
     owners = [
-        cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p), "q.body"))
+        cluster.first_owner(key(busd.prefix, partition_scope(load.ENTITY, p, PARTITIONS), "q.body"))
         for p in range(PARTITIONS)
     ]
     assert len(set(owners)) > 1, "the partitions are all on one shard"

@@ -76,3 +76,27 @@ def test_server_runs_with_jemalloc_when_installed(tmp_path):
         assert Path(library).name in maps
     # busd's own environment is as it was (only the server got the library)
     assert os.environ.get("LD_PRELOAD") == preload_before
+
+
+def test_a_data_directory_keeps_the_shard_count_it_was_made_with(tmp_path):
+    """One Valkey's data is not hidden behind local shards started on it, nor the reverse."""
+    from busd.storage.embedded import EmbeddedCluster, embedded_store
+
+    single = tmp_path / "single"
+    with EmbeddedValkey(single) as server:
+        redis.Redis.from_url(server.url).set("k", "v")
+    with pytest.raises(EmbeddedStoreError, match="one Valkey; start with --store-shards 1"):
+        EmbeddedCluster(single, 2).start()
+
+    sharded = tmp_path / "sharded"
+    cluster = EmbeddedCluster(sharded, 2)
+    with cluster:
+        ports = [node.port for node in cluster.nodes]
+        assert cluster.url.startswith("redis+cluster://127.0.0.1:")
+    assert (sharded / "store-shards").read_text().strip() == "2"
+    with pytest.raises(EmbeddedStoreError, match="a Cluster of 2 shards"):
+        embedded_store(sharded, 1)
+    with pytest.raises(EmbeddedStoreError, match="--store-shards 2"):
+        EmbeddedCluster(sharded, 3).start()
+    with EmbeddedCluster(sharded, 2) as again:  # back on the ports it had
+        assert [node.port for node in again.nodes] == ports
