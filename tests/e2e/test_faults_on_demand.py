@@ -18,7 +18,7 @@ from azure.servicebus.exceptions import (
 from click.testing import CliRunner
 
 from busd.cli import cli
-from tests.e2e.conftest import queue, receive
+from tests.e2e.conftest import queue, receive, subscription, topic
 from tests.e2e.test_admin_cli import admin_token, http
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,7 +37,8 @@ def busd(busd_factory):
             queue("detached"),
             queue("slow", RequiresSession=True),
             queue("untouched"),
-        ]
+        ],
+        topics=[topic("events", [subscription("audit")])],
     )
 
 
@@ -261,6 +262,25 @@ def test_faults_are_listed_and_deleted(busd):
             for i in range(10):
                 sender.send_messages(ServiceBusMessage(f"u{i}"))
         assert len(drain(client, "untouched", 10)) == 10
+
+
+def test_a_topic_and_a_subscription_are_scoped_by_their_names(busd):
+    # a send to the topic, a settlement on one of its subscriptions (named as the SDK does)
+    fault(busd, kind="server-busy", entity="events", operations=["send"], count=1)
+    fault(busd, kind="server-busy", entity="Events/Subscriptions/Audit", operations=["settle"])
+    with ServiceBusClient.from_connection_string(busd.connection_string, retry_total=0) as client:
+        with client.get_topic_sender("events") as sender:
+            with pytest.raises(ServiceBusServerBusyError):
+                sender.send_messages(ServiceBusMessage("refused"))
+            sender.send_messages(ServiceBusMessage("published"))
+        with client.get_subscription_receiver("events", "audit") as receiver:
+            (message,) = receive(receiver, 1)
+            with pytest.raises(ServiceBusServerBusyError):
+                receiver.complete_message(message)
+            receiver.complete_message(message)
+            assert str(message) == "published"
+            assert receiver.receive_messages(max_wait_time=0.5) == []
+    assert metric(busd, "server-busy", "settle", "events/subscriptions/audit") == 1
 
 
 @pytest.mark.parametrize(
