@@ -221,7 +221,8 @@ class Faults:
         self.metrics = metrics
         self._faults: dict[str, Fault] = {}
         self._by_entity: dict[str, list[Fault]] = {}
-        self._applied: set[str] = set()  # faults applied once here already
+        # faults applied once here already, until their window ends: never applied again
+        self._applied: set[str] = set()
         self.active = False  # the hot path's one check
         self._dirty: set[str | None] = set()
         self._worker: asyncio.Task[None] | None = None
@@ -279,8 +280,8 @@ class Faults:
                 log.warning("reading the faults on demand failed: %s", exc)
 
     def _add(self, fault: Fault) -> None:
-        if fault.id in self._faults:
-            return
+        if fault.id in self._faults or not fault.live(_now_ms()):
+            return  # (a record past its window is only left for the sweep to delete)
         self._faults[fault.id] = fault
         self._index()
         if fault.kind in ONCE and fault.id not in self._applied:
@@ -290,7 +291,6 @@ class Faults:
     def _remove(self, fault_id: str) -> None:
         if self._faults.pop(fault_id, None) is not None:
             self._index()
-        self._applied.discard(fault_id)
 
     def _index(self) -> None:
         by_entity: dict[str, list[Fault]] = {}
@@ -340,6 +340,7 @@ class Faults:
         now = _now_ms()
         for fault in [f for f in self._faults.values() if not f.live(now)]:
             self._remove(fault.id)
+            self._applied.discard(fault.id)  # past its window: never added again (_add)
             try:
                 await self.store.catalog_delete([(RECORD_KIND, fault.id)])
                 await self.store.fault_forget(fault.id)
