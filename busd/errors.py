@@ -24,6 +24,7 @@ class Condition(str, enum.Enum):
     FRAMING_ERROR = "amqp:connection:framing-error"
     MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
     DETACH_FORCED = "amqp:link:detach-forced"
+    CONNECTION_FORCED = "amqp:connection:forced"
     SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
     MESSAGE_LOCK_LOST = "com.microsoft:message-lock-lost"
     SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"

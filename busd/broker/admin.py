@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from busd.amqp import codec
-from busd.broker import messages, session_tools
+from busd.broker import faults, messages, session_tools
 from busd.errors import BusdError
 from busd.rules import RuleError, rule_from_record, rule_to_dict
 from busd.storage.api import (
@@ -452,6 +452,36 @@ class Admin:
     async def purge(self, name: str, *, dlq: bool = False) -> dict[str, Any]:
         spec = self.queue(name)
         return {"purged": await self.broker.store.purge(spec.dead_letter_queue if dlq else spec)}
+
+    # --- faults on demand (docs/faults.md) ---------------------------------------------------
+    async def add_fault(self, document: dict[str, Any]) -> dict[str, Any]:
+        name = document.get("entity")
+        if not isinstance(name, str) or not name:
+            raise AdminError(400, "entity must name a queue, topic or subscription")
+        spec: QueueSpec | TopicSpec | None = self.broker.receivable(name)
+        if spec is None:
+            spec = self.broker.topic(name)
+        if spec is None:
+            raise AdminError(404, f"no queue, topic or subscription named {name!r}")
+        try:
+            fault = faults.parse(document, spec.name, int(time.time() * 1000))
+        except faults.FaultError as exc:
+            raise AdminError(400, str(exc)) from None
+        if fault.kind in ("session-lock-lost", "message-lock-lost") and not isinstance(
+            spec, QueueSpec
+        ):
+            raise AdminError(400, f"{fault.kind}: a topic holds no locks; name a subscription")
+        if fault.kind == "session-lock-lost" and not spec.requires_session:  # type: ignore[union-attr]
+            raise AdminError(400, f"{spec.name!r} does not require sessions")
+        return await self.broker.faults.add(fault)
+
+    async def faults(self) -> list[dict[str, Any]]:
+        return await self.broker.faults.listed()
+
+    async def delete_fault(self, fault_id: str) -> dict[str, Any]:
+        if not await self.broker.faults.delete(fault_id):
+            raise AdminError(404, f"no fault {fault_id!r}")
+        return {"deleted": fault_id}
 
     async def resubmit(self, name: str, limit: int | None = None) -> dict[str, Any]:
         """Move dead-lettered messages back: at most `limit`, or every one (in chunks)."""

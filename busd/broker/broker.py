@@ -23,6 +23,7 @@ from collections.abc import Callable
 from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
+from busd.broker.faults import Faults
 from busd.broker.forwarding import Forwarding
 from busd.broker.handover import HandOvers, hand_over
 from busd.broker.lease import SessionLeases
@@ -82,6 +83,9 @@ class Broker:
         self.session_leases = SessionLeases()
         # the session holders of this process a send can hand its messages to
         self.handovers = HandOvers()
+        # faults on demand set on this namespace (docs/faults.md): the hot path checks
+        # `faults.active` only
+        self.faults = Faults(store, self, metrics)
         self._tasks: list[asyncio.Task] = []
 
     def queue(self, name: str) -> QueueSpec | None:
@@ -156,6 +160,7 @@ class Broker:
         await self.store.connect()
         await self.store.subscribe(self.wake)
         await self.catalog.start()
+        await self.faults.start()
         self.forwarding.start()
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="busd-sweep"))
 
@@ -164,6 +169,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.faults.stop()
         await self.forwarding.stop()
         await self.catalog.stop()
         await self.store.close()
@@ -174,6 +180,10 @@ class Broker:
         dead-letter sub-queue and `$management` count as the entity): it is detached with
         `amqp:not-found` when the entity is deleted, by any process."""
         self._attached.setdefault(path, weakref.WeakSet()).add(endpoint)
+
+    def attached(self, path: str) -> list[LinkEndpoint]:
+        """The links of this process attached to an entity (as `track` has them)."""
+        return list(self._attached.get(path, ()))
 
     def _refresh_limits(self) -> None:
         """Buffers follow the largest message an entity accepts (busd.broker.limits)."""
@@ -242,6 +252,7 @@ class Broker:
     async def _sweep_loop(self) -> None:
         for rounds in itertools.count():
             await asyncio.sleep(self.sweep_interval_s)
+            await self.faults.sweep()
             # Staged transactions past their time are only garbage (a commit refuses them):
             # they are dropped every tenth round.
             transactions = rounds % TRANSACTION_SWEEP_EVERY == 0

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from busd.auth.rights import Grant
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
+    from busd.broker.faults import Faults
     from busd.broker.handover import HandOvers
     from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
@@ -124,6 +125,8 @@ class BrokerScope(Protocol):
     session_leases: SessionLeases
     # the session holders a send can hand its messages to (busd.broker.handover)
     handovers: HandOvers
+    # faults on demand (busd.broker.faults): the hot path reads `faults.active` only
+    faults: Faults
 
     def queue(self, name: str) -> QueueSpec | None: ...
 
@@ -190,6 +193,9 @@ class ConnectionScope(Protocol):
 
     def refuse(self, endpoint: LinkEndpoint, error: BusdError) -> None:
         """Refuse a link whose attach is still unanswered (docs/wire.md §4.3)."""
+
+    def close_connection(self, error: BusdError) -> None:
+        """Close the AMQP connection with `error`."""
 
 
 @runtime_checkable

@@ -80,12 +80,30 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self._raw_link = link._impl
         # raw delivery (held, engine.py) -> lock token, for peek-lock deliveries not yet settled
         self._inflight: dict = {}
+        self._opened = True  # False while a fault on demand may refuse the attach
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
         self.broker.wakeable(self.holder, self.look_again)
+        if self.broker.faults.active:  # faults on demand (docs/faults.md): may refuse it
+            self._opened = False
+            self.spawn(self._open_unless_refused())
+            return
         echo_termini(self.link)
         self.link.open()
+
+    async def _open_unless_refused(self) -> None:
+        error = await self.broker.faults.refusal("receive", self.queue.name)
+        if self.detached:
+            return
+        if error is not None:
+            self.conn.refuse(self, error)
+            return
+        echo_termini(self.link)
+        self.link.open()
+        self._opened = True
+        self.kick()
+        self.pump()
 
     @property
     def waiters(self) -> str:
@@ -123,7 +141,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     @property
     def ready(self) -> bool:
-        return True
+        return self._opened
 
     async def _fetch(self) -> None:
         try:
@@ -131,6 +149,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
                 count = min(credit, MAX_BATCH)
                 self._again = False
                 try:
+                    if self.broker.faults.active:  # faults on demand (docs/faults.md)
+                        await self.broker.faults.check("deliver", self.queue.name, self.session_id)
                     messages = await self._take(count)
                 except BusdError as error:
                     self.lost(error)
@@ -206,6 +226,11 @@ class QueueReceiverEndpoint(LinkEndpoint):
         else:
             engine.settle(delivery)
 
+    def locked_tokens(self) -> list[bytes]:
+        """The lock tokens of the messages this link delivered and the client has not settled
+        (plain message locks: a session receiver's messages are locked by the session)."""
+        return [] if self.session_id is not None else list(self._inflight.values())
+
     # --- settlement -------------------------------------------------------------------------
     def on_raw_delivery(self, delivery) -> None:
         """The client's disposition of one of our deliveries (engine.py: raw, per message)."""
@@ -237,6 +262,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
         """One store call for the settlements that arrived together: each one's refusal,
         None where applied."""
         here = self.settlement_refusal()
+        if here is None and self.broker.faults.active:  # faults on demand (docs/faults.md)
+            here = await self.broker.faults.refusal("settle", self.queue.name, self.session_id)
         if here is not None:
             return [here] * len(batch)
         try:

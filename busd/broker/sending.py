@@ -165,7 +165,13 @@ class QueueSenderEndpoint(LinkEndpoint):
                 _reject(delivery, refused)
         if new:
             try:
+                if self.broker.faults.active:  # faults on demand (docs/faults.md)
+                    await self.broker.faults.check("send", self.queue.name)
                 await self.broker.send(self.queue, new)
+            except BusdError as error:  # refused, every transfer of the call
+                for delivery in accepted:
+                    _reject(delivery, error)
+                accepted = []
             except Exception as exc:
                 log.error("storing %d messages in %s failed: %s", len(new), self.queue.name, exc)
                 unavailable = store_unavailable()

@@ -112,6 +112,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_ms / 1000
         store = self.broker.store
+        if self.broker.faults.active and (  # faults on demand (docs/faults.md)
+            error := await self.broker.faults.refusal(
+                ("accept", "receive"), self.queue.name, self.requested_session
+            )
+        ):
+            return self._refuse(error)
         next_available = self.requested_session is None
         waiting = False  # an earlier call registered us as a waiter
         while not self.detached:

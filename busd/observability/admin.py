@@ -14,6 +14,11 @@
     GET  /admin/queues/{q}/sessions             the session inspector, one page:
                                                 ?sort=id|locked|waiting|updated&after=C&top=N;
                                                 the next page's cursor in X-Next-After
+    GET|POST /admin/faults                      faults on demand (docs/faults.md): the list;
+                                                set one: JSON {kind, entity, session,
+                                                operations, count, fraction, duration_ms,
+                                                delay_ms, condition, description}
+    DELETE /admin/faults/{id}                   end one now
     POST /admin/queues/{q}/purge                delete every message: ?dlq=1 for the DLQ
     POST /admin/queues/{q}/dlq/resubmit         dead letters back to the queue: ?limit=N
     POST /admin/queues/{q}/sessions/{s}/dead-letter   the whole session and its state to the
@@ -202,6 +207,8 @@ async def _dispatch(
         if method != "GET":
             raise AdminError(405, "use GET")
         return 200, await admin.topics()
+    if path.rstrip("/") == "/admin/faults" or path.startswith("/admin/faults/"):
+        return await _faults(admin, method, path, body)
     if path in ("/admin/shards", "/admin/shards/"):
         if method != "GET":
             raise AdminError(405, "use GET")
@@ -261,6 +268,19 @@ async def _dispatch(
         content_type=_optional_text(document, "content_type"),
         subject=_optional_text(document, "subject"),
     )
+
+
+async def _faults(admin: Admin, method: str, path: str, body: bytes) -> Response:
+    fault_id = path.rstrip("/")[len("/admin/faults") :].lstrip("/")
+    if fault_id:
+        if method != "DELETE":
+            raise AdminError(405, "use DELETE")
+        return 200, await admin.delete_fault(unquote(fault_id))
+    if method == "GET":
+        return 200, await admin.faults()
+    if method != "POST":
+        raise AdminError(405, "use GET or POST")
+    return 201, await admin.add_fault(_json_body(body))
 
 
 def _etag_header(etag: str) -> dict[str, str]:

@@ -240,6 +240,13 @@ class Metrics:
             ["entity", "reason"],
             registry=registry,
         )
+        self.faults = Counter(
+            "busd_faults_injected",
+            "Faults on demand (docs/faults.md): set (operation=set) and each operation, link, "
+            "connection or lock one of them hit.",
+            ["entity", "kind", "operation"],
+            registry=registry,
+        )
         self.sweep_seconds = Histogram(
             "busd_sweep_seconds", "Duration of one entity's sweep.", registry=registry
         )
@@ -310,6 +317,9 @@ class Metrics:
 
     def settlement_refused(self, entity: str, reason: str) -> None:
         self.settlements_refused.labels(entity, reason).inc()
+
+    def fault_hit(self, entity: str, kind: str, operation: str) -> None:
+        self.faults.labels(entity, kind, operation).inc()
 
     def on_sweep(self, entity: str, result, seconds: float) -> None:
         # what the sweep expired is in the store's totals (with what receives expired lazily)

@@ -679,6 +679,19 @@ class Store(Protocol):
         """An operator drops a session's lock, whoever holds it, as if its receiver had
         closed: the holder's next settle gets SESSION_LOCK_LOST. False when not held."""
 
+    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        """A fault on demand ends a session's lock, whoever holds it, as its expiry does: the
+        holder's next settle or renewal gets SESSION_LOCK_LOST, its delivered messages come back
+        with a counted failed attempt, the next acceptor takes the session. False when not
+        held."""
+
+    async def fault_hit(self, fault_id: str) -> int:
+        """Count one hit of a fault on demand with a count, for every process together: the
+        hits so far, this one included (busd.broker.faults)."""
+
+    async def fault_forget(self, fault_id: str) -> None:
+        """Drop a fault's count of hits (the fault's record is gone)."""
+
     # --- settlement and locks ------------------------------------------------------------
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None

@@ -235,6 +235,12 @@ def catalog_key(prefix: str) -> str:
     return f"{prefix}:catalog"
 
 
+def fault_hits_key(prefix: str) -> str:
+    """The hits of each fault on demand with a count: fault id -> hits (busd.broker.faults;
+    the faults' records are in the catalog, kind `fault`)."""
+    return f"{prefix}:faults:hits"
+
+
 def catalog_channel(prefix: str) -> str:
     """Where a change of the catalog is announced: the `<kind>:<path>` that changed."""
     return f"{prefix}:catalog:changes"

@@ -248,6 +248,12 @@ class PartitionedStore:
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         await self.inner.catalog_subscribe(on_change)
 
+    async def fault_hit(self, fault_id: str) -> int:
+        return int(await self.inner.fault_hit(fault_id))
+
+    async def fault_forget(self, fault_id: str) -> None:
+        await self.inner.fault_forget(fault_id)
+
     async def namespace_add(self, name: str) -> None:
         await self.inner.namespace_add(name)
 
@@ -565,6 +571,11 @@ class PartitionedStore:
     async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
         return bool(
             await self.inner.drop_session_lock(self._session_part(queue, session_id), session_id)
+        )
+
+    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(
+            await self.inner.lose_session_lock(self._session_part(queue, session_id), session_id)
         )
 
     async def settle(

@@ -84,6 +84,16 @@ class CatalogCalls(RedisConnection):
             deleted, *_ = await pipe.execute()
         return int(deleted)
 
+    # Faults on demand (busd.broker.faults): their records are catalog records of kind
+    # `fault`; a fault with a count counts its hits here, shared by every process.
+    async def fault_hit(self, fault_id: str) -> int:
+        assert self._client is not None
+        return int(await self._client.hincrby(keyspace.fault_hits_key(self.prefix), fault_id, 1))
+
+    async def fault_forget(self, fault_id: str) -> None:
+        assert self._client is not None
+        await self._client.hdel(keyspace.fault_hits_key(self.prefix), fault_id)
+
     # The namespaces made: one set, written once per process that makes one for a Manage key,
     # read only by a process that does not serve the namespace (busd.broker.namespaces).
     async def namespace_add(self, name: str) -> None:

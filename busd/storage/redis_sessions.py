@@ -199,6 +199,10 @@ class SessionCalls(RedisConnection):
     async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
         return bool(await self._run_queue("releaseSession", queue, "", session_arg(session_id)))
 
+    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        reply = await self._run_queue("releaseSession", queue, "", session_arg(session_id), "1")
+        return bool(reply)
+
 
 # How many of a session's first messages the inspector reads to tell deferred from scheduled.
 CLASSIFY_CAP = 1000

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from busd.testing.faults import Faults
     from busd.testing.management import Management
 
 DEFAULT_KEY = ("RootManageSharedAccessKey", "SAS_KEY_VALUE")
@@ -144,6 +145,28 @@ class BusdBroker:
         from busd.testing.management import Management
 
         return Management(self.http_url, self.key)
+
+    @property
+    def faults(self) -> Faults:
+        """Faults on demand over the admin API (busd.testing.faults, docs/faults.md)."""
+        from busd.testing.faults import Faults
+
+        return Faults(self.http_url, self.key)
+
+    def inject_fault(self, kind: str, entity: str, **options: object) -> dict:
+        """Set a fault on `entity` now (busd.testing.faults.Faults.inject): e.g.
+        `inject_fault("server-busy", "orders", operations=["send"], count=2)`."""
+        return self.faults.inject(kind, entity, **options)
+
+    def lose_session_lock(self, queue: str, session_id: str) -> bool:
+        """End the lock on a session of `queue` now, as its expiry would: its holder's next
+        settle or renewal raises SessionLockLostError. False when nobody held it."""
+        return bool(self.faults.inject("session-lock-lost", queue, session=session_id)["released"])
+
+    def lose_message_locks(self, entity: str) -> None:
+        """End the message locks receivers of `entity` hold now: their next settle raises
+        MessageLockLostError, the messages come back with their delivery count raised."""
+        self.faults.inject("message-lock-lost", entity)
 
     def _started(self, port: int) -> int:
         if not port:

@@ -15,6 +15,9 @@ Fixtures (all named busd_*, so they do not clash with a project's own):
                                 unique name; deleted after the test
     busd_topic_factory          likewise for a topic
     busd_subscription_factory   busd_subscription_factory(topic, rules={...}, ...) -> name
+    busd_faults                 faults on demand on the test's busd (docs/faults.md):
+                                .inject(kind, entity, ...), removed after the test; the
+                                broker's own .lose_session_lock(queue, session_id) too
 
 Options: --busd-config (ini busd_config) seeds busd_broker from a Config.json; --busd-redis-url
 (ini busd_redis_url) keeps the state in that Redis/Valkey instead, each broker under a key
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from busd.testing.broker import BusdBroker
+    from busd.testing.faults import Faults
     from busd.testing.management import Management
 
 MARKER = "busd_config"
@@ -215,3 +219,13 @@ def busd_subscription_factory(
         return name
 
     return create
+
+
+@pytest.fixture
+def busd_faults(busd_test_broker: BusdBroker) -> Iterator[Faults]:
+    """Faults on demand on the test's busd (busd.testing.faults, docs/faults.md):
+    `busd_faults.inject("server-busy", queue, operations=["send"], count=2)`. Every fault left
+    is removed after the test."""
+    faults = busd_test_broker.faults
+    yield faults
+    faults.clear()

@@ -104,3 +104,22 @@ async def test_an_operator_release_loses_the_holders_lock(store, make_queue, tok
     )
     assert [m.blob for m in again.messages] == [b"a"]  # available again, uncounted
     assert again.messages[0].delivery_count == 0
+
+
+async def test_a_lost_session_lock_ends_as_an_expired_one(store, make_queue, tokens):
+    """A fault on demand (docs/faults.md) ends the lock as its expiry does: the holder is
+    refused, the next acceptor takes the session at once, the attempt is counted."""
+    q = make_queue(requires_session=True, lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a", session_id="s")])
+    lock = await store.accept_session(q, "s", "h1", count=1, tokens=tokens(1))
+    assert await store.lose_session_lock(q, "s") is True
+    assert await store.lose_session_lock(q, "s") is False
+    (refused,) = await store.settle(
+        q, [Settlement(lock.messages[0].lock_token, Outcome.COMPLETE, session_id="s")], "h1"
+    )
+    assert refused == Condition.SESSION_LOCK_LOST
+    again = await store.accept_session(
+        q, "s", "h2", count=1, tokens=tokens(1), mode=ReceiveMode.PEEK_LOCK
+    )
+    assert [m.blob for m in again.messages] == [b"a"]
+    assert again.messages[0].delivery_count == 1

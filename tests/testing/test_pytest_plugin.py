@@ -177,3 +177,51 @@ def test_loading_the_plugin_imports_nothing_of_the_broker() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _readme_example(name: str) -> str:
+    """The README's code block that starts with `# <name>`."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(rf"```python\n(# {re.escape(name)}\n.*?)```", text, re.DOTALL)
+    assert found, f"README.md has no example {name}"
+    return found.group(1)
+
+
+def test_the_readmes_lost_session_lock_example_passes(tmp_path: Path) -> None:
+    """The README's testing section injects a lost session lock and its code recovers: that
+    exact example, run as a user runs it."""
+    project = _project(tmp_path, {"test_resilience.py": _readme_example("test_resilience.py")})
+    code, out = _run_pytest([str(project), "-v"], cwd=project)
+    assert code == 0, out
+    assert "1 passed" in out, out
+
+
+def test_busd_faults_sets_a_fault_for_one_test(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        {
+            "test_busy.py": """
+            import pytest
+            from azure.servicebus import ServiceBusClient, ServiceBusMessage
+            from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+            def test_1_busy(busd_broker, busd_queue_factory, busd_faults):
+                queue = busd_queue_factory()
+                busd_faults.inject("server-busy", queue, operations=["send"], count=2)
+                assert [f["kind"] for f in busd_faults.list()] == ["server-busy"]
+                with ServiceBusClient.from_connection_string(
+                    busd_broker.connection_string, retry_total=0
+                ) as client:
+                    with client.get_queue_sender(queue) as sender:
+                        with pytest.raises(ServiceBusServerBusyError):
+                            sender.send_messages(ServiceBusMessage("x"))
+                busd_faults.inject("server-busy", queue, duration_ms=60000)
+
+            def test_2_cleared(busd_broker, busd_faults):
+                assert busd_faults.list() == []
+            """
+        },
+    )
+    code, out = _run_pytest([str(project), "-v"], cwd=project)
+    assert code == 0, out
+    assert "2 passed" in out, out

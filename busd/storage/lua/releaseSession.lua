@@ -5,7 +5,8 @@
 
   An operator's release (holder ''; the session inspector's "release a stuck lock") drops
   whoever holds the lock, likewise: the holder's next settle, renewal or state call then gets
-  session-lock-lost.
+  session-lock-lost. With `expire` (a fault on demand, docs/faults.md) the lock ends as an
+  expired one does instead: the delivered messages come back with a counted failed attempt.
 
   Invariant: only the holder (or an operator) releases; a release by anyone else changes
   nothing.
@@ -16,6 +17,7 @@
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
     ARGV[c+1] holder ('' an operator: whoever holds it)
     ARGV[c+2] session id
+    ARGV[c+3] '1': end the lock as if it had expired (optional)
 
   Output:
     1 released, 0 not held (by this holder) (nothing changed)
@@ -34,5 +36,6 @@ local current = redis.call('HGET', Q.sholder, sid)
 if not current or (holder ~= '' and current ~= holder) then return 0 end
 if holder == '' then Q.caller = current end
 local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
-unlockSession(Q, sid, not lockedUntil or lockedUntil <= Q.now)
+local expire = ARGV[QUEUE_ARGC + 3] == '1'
+unlockSession(Q, sid, expire or not lockedUntil or lockedUntil <= Q.now)
 return 1
