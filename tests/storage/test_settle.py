@@ -6,6 +6,9 @@ import pytest
 
 from busd.errors import BusdError, Condition
 from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from tests.storage.stores import NUMBERS, SPLIT_RENEWAL
+
+pytestmark = pytest.mark.every_store
 
 OK = None  # settle: applied
 LOCK_LOST = Condition.MESSAGE_LOCK_LOST
@@ -73,6 +76,7 @@ async def test_max_delivery_count_moves_to_dlq(store, make_queue, tokens):
     assert (await store.counts(q)).dead_letter == 1
 
 
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
 async def test_dead_letter_keeps_reason_description_and_sequence_number(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"x"), NewMessage(b"bad")])
@@ -196,6 +200,7 @@ async def test_renew_message_locks_extends_by_lock_duration(store, make_queue, t
     assert statuses == [OK, OK]
 
 
+@pytest.mark.not_on("partitioned", reason=SPLIT_RENEWAL)
 async def test_renew_unknown_lock_raises_lock_lost_and_renews_none(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
