@@ -66,12 +66,13 @@ KEY_DOC: dict[str, str] = {
     "txops": "hash: '<txn id>:n' -> number of staged operations, '<txn id>:<i>' -> the i-th, "
     "cmsgpack-encoded; applied all at once by lua/commitTransaction.lua",
     # per entity: `q.` the queue, `d.` its dead-letter sub-queue
-    "body": "hash: seq -> message blob, exactly the bytes sent",
-    "meta": "hash: seq -> cmsgpack map of the message's metadata (includes/readMeta.lua)",
+    "body": "hash: seq -> message blob, exactly the bytes sent; 'm<seq>' -> cmsgpack map of "
+    "its metadata (includes/readMeta.lua)",
+    "meta": "hash: seq -> metadata of messages stored before it moved beside the body",
     "all": "zset: seq -> seq; every message in any state (peek)",
     "ready": "zset: seq -> seq; available messages not filed under a session",
     "locked": "zset: seq -> ms lock ends; locked messages not filed under a session",
-    "tokens": "hash: lock token -> seq, for every locked message",
+    "tokens": "hash: lock token -> seq, of locks taken before tokens named their message",
     "deferred": "zset: seq -> seq; deferred messages",
     "sall": "zset (lexicographic): <sid>\\0<seq16> for every message with a session id",
     "sched": "zset: seq -> ms due; scheduled messages",

@@ -248,7 +248,13 @@ def stored(url: str, prefix: str, partitions: int | None = None) -> set[tuple[st
     else:
         client = redis.Redis.from_url(url)
     try:
-        blobs = [blob for scope in scopes for blob in client.hvals(key(prefix, scope, "q.body"))]
+        # a message's body is field '<seq>'; its metadata beside it is 'm<seq>'
+        blobs = [
+            blob
+            for scope in scopes
+            for field, blob in client.hgetall(key(prefix, scope, "q.body")).items()
+            if not field.startswith(b"m")
+        ]
     finally:
         client.close()
     found = set()

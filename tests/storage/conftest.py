@@ -154,6 +154,12 @@ def make_queue(spread: dict[str, int], created: Callable[[Any], Any]) -> Callabl
     return make
 
 
+def named(token: bytes, seq: int) -> bytes:
+    """The lock token a message locked under the broker's `token` gets: its first 8 bytes name
+    the message (its sequence number), the rest are the broker's (lua/includes/lockToken.lua)."""
+    return seq.to_bytes(8, "big") + token[8:]
+
+
 @pytest.fixture
 def tokens() -> Callable[[int], list[bytes]]:
     """n fresh lock tokens (16 random bytes each, as the broker chooses them)."""

@@ -28,3 +28,8 @@ PARTITION_HANDLES = (
     "(busd/broker/transactions.py); the partitioned store passes the transaction calls on "
     "as given, so these tests, which name the whole entity, do not apply"
 )
+# A test that writes a former layout of a queue's keys itself, on the suite's one server.
+OWN_KEYS = (
+    "it writes a queue's keys as an earlier busd stored them, straight into the suite's one "
+    "server (redis_url): what it checks is the scripts', the same on every store"
+)

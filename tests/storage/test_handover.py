@@ -9,7 +9,9 @@ import time
 
 import pytest
 
+from busd.errors import Condition
 from busd.storage.api import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
+from tests.storage.conftest import named
 
 PL = ReceiveMode.PEEK_LOCK
 
@@ -41,7 +43,7 @@ async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq
     (seq,) = await store.send(sq, msgs("s1", b"a"), [o])
     (m,) = o.taken
     assert (m.seq, m.blob, m.session_id, m.delivery_count) == (seq, b"a", "s1", 0)
-    assert m.lock_token == o.tokens[0]
+    assert m.lock_token == named(o.tokens[0], seq)
     assert m.locked_until_ms == lock  # a session message's lock is its session's
     counts = await store.counts(sq)
     assert (counts.active, counts.locked) == (0, 1)
@@ -124,3 +126,24 @@ async def test_a_handed_over_message_wakes_no_one_and_one_filed_wakes_its_holder
     while not woken and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert woken == [held]  # once, for "b" only
+
+
+async def test_a_handed_over_message_settles_for_its_holder_only(store, sq, held):
+    """Settling reads a session message's holder from the message (lua/includes/
+    checkSettlement.lua): another holder, or the holder after the session changed hands, is
+    refused as when the session's holder was read."""
+    o = offer(held)
+    await store.send(sq, msgs("s1", b"a"), [o])
+    (m,) = o.taken
+    done = Settlement(token=m.lock_token, outcome=Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(sq, [done], f"{store.process_id}:2") == [Condition.SESSION_LOCK_LOST]
+    await store.release_session(sq, "s1", held)
+    other = f"{store.process_id}:2"
+    await store.accept_session(sq, "s1", other)
+    assert await store.settle(sq, [done], other) == [Condition.MESSAGE_LOCK_LOST]
+    assert await store.settle(sq, [done], held) == [Condition.SESSION_LOCK_LOST]
+    (again,) = await store.receive_session(sq, "s1", other, 5, PL, LockTokens(5))
+    assert (again.blob, again.delivery_count) == (b"a", 0)
+    retry = Settlement(token=again.lock_token, outcome=Outcome.COMPLETE, session_id="s1")
+    assert await store.settle(sq, [retry], held) == [Condition.SESSION_LOCK_LOST]
+    assert await store.settle(sq, [retry], other) == [None]

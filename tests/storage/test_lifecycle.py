@@ -8,6 +8,7 @@ import pytest
 
 from busd.errors import BusdError, Condition
 from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from tests.storage.conftest import named
 
 PL = ReceiveMode.PEEK_LOCK
 RD = ReceiveMode.RECEIVE_AND_DELETE
@@ -27,9 +28,9 @@ async def test_receive_deferred_locks_and_settles_like_any_delivery(store, make_
     toks = tokens(2)
     got = await store.receive_deferred(q, seqs, PL, toks)
     assert [m.blob for m in got] == [b"a", b"b"]
-    assert [m.lock_token for m in got] == toks
+    assert [m.lock_token for m in got] == [named(t, m.seq) for t, m in zip(toks, got)]
     assert all(m.state == MessageState.DEFERRED for m in got)
-    statuses = await store.settle(q, [Settlement(t, Outcome.COMPLETE) for t in toks])
+    statuses = await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE) for m in got])
     assert statuses == [OK, OK]
     assert (await store.counts(q)).deferred == 0
 
@@ -89,7 +90,7 @@ async def test_receive_deferred_in_session_needs_that_session_and_its_holder(
     toks = tokens(1)
     (d,) = await store.receive_deferred(q, [m.seq], PL, toks, session_id="s1", holder="h1")
     assert d.blob == b"a"
-    done = Settlement(toks[0], Outcome.COMPLETE, session_id="s1")
+    done = Settlement(d.lock_token, Outcome.COMPLETE, session_id="s1")
     assert await store.settle(q, [done], "h1") == [OK]
 
 

@@ -21,6 +21,7 @@ from busd.storage.api import (
 )
 from busd.storage.redis_store import RedisStore
 from tests.conftest import start_valkey
+from tests.storage.conftest import named
 
 
 async def test_calls_in_flight_together_each_get_their_own_answer(store, make_queue):
@@ -122,4 +123,4 @@ async def test_lock_tokens_are_the_tokens_of_the_messages_taken(store, make_queu
     await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
     tokens = LockTokens(10)  # more than there are messages, as a receive with credit asks
     got = await store.receive(q, 10, ReceiveMode.PEEK_LOCK, tokens)
-    assert [m.lock_token for m in got] == list(tokens[:2])
+    assert [m.lock_token for m in got] == [named(t, m.seq) for t, m in zip(tokens, got)]

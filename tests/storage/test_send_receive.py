@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from busd.storage.api import MessageState, NewMessage, ReceiveMode
+from tests.storage.conftest import named
 from tests.storage.stores import NUMBERS
 
 pytestmark = pytest.mark.every_store
@@ -32,7 +33,7 @@ async def test_peek_lock_delivers_oldest_first_with_lock(store, make_queue, toke
     got = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, toks)
     assert [m.blob for m in got] == [b"one", b"two"]
     assert [m.seq for m in got] == [1, 2]
-    assert [m.lock_token for m in got] == toks
+    assert [m.lock_token for m in got] == [named(t, m.seq) for t, m in zip(toks, got)]
     for m in got:
         assert m.delivery_count == 0
         assert m.state == MessageState.ACTIVE

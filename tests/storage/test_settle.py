@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import redis
 
 from busd.errors import BusdError, Condition
+from busd.storage import keys as keyspace
 from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
-from tests.storage.stores import NUMBERS, SPLIT_RENEWAL
+from tests.storage.stores import NUMBERS, OWN_KEYS, SPLIT_RENEWAL
 
 pytestmark = pytest.mark.every_store
 
@@ -210,3 +214,73 @@ async def test_renew_unknown_lock_raises_lock_lost_and_renews_none(store, make_q
     assert err.value.condition == Condition.MESSAGE_LOCK_LOST
     (peeked,) = await store.peek(q, 0, 1)
     assert peeked.locked_until_ms == m.locked_until_ms
+
+
+# A message as the store kept it before its metadata moved beside its body (`q.body` field
+# 'm<seq>', lua/includes/metaField.lua) and lock tokens named their message: its metadata in
+# `q.meta`; when locked (ARGV[2] a token), its token random and found through `q.tokens`.
+AS_BEFORE = """
+local field = 'm' .. ARGV[1]
+local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], field))
+redis.call('HDEL', KEYS[1], field)
+if ARGV[2] then
+  m.tok = ARGV[2]
+  redis.call('HSET', KEYS[3], ARGV[2], ARGV[1])
+end
+redis.call('HSET', KEYS[2], ARGV[1], cmsgpack.pack(m))
+"""
+
+
+def old_keys(store, q):
+    return [keyspace.key(store.prefix, q.name, n) for n in ("q.body", "q.meta", "q.tokens")]
+
+
+@pytest.mark.not_on("cluster", reason=OWN_KEYS)
+@pytest.mark.not_on("partitioned", reason=OWN_KEYS)
+@pytest.mark.parametrize("outcome", [Outcome.COMPLETE, Outcome.ABANDON])
+async def test_a_lock_taken_before_tokens_named_their_message_still_settles(
+    store, make_queue, tokens, redis_url, outcome
+):
+    """The token names the message it locks (lua/includes/lockToken.lua): settling reads no
+    token index. A lock the store took before keeps working, and its index entry goes, as
+    does its metadata's old place."""
+    q = make_queue(lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a")])
+    m = await receive_one(store, q, tokens)
+    assert m.lock_token[:8] == m.seq.to_bytes(8, "big")
+    body, meta, index = old_keys(store, q)
+    client = redis.Redis.from_url(redis_url)
+    old = os.urandom(16)
+    client.eval(AS_BEFORE, 3, body, meta, index, m.seq, old)
+    assert await store.renew_message_locks(q, [old])
+    assert await store.settle(q, [Settlement(m.lock_token, outcome)]) == [LOCK_LOST]
+    assert await store.settle(q, [Settlement(old, outcome)]) == [OK]
+    assert client.hlen(index) == 0 and client.hlen(meta) == 0
+    assert (await store.counts(q)).locked == 0
+    if outcome == Outcome.ABANDON:
+        again = await receive_one(store, q, tokens)
+        assert (again.blob, again.delivery_count) == (b"a", 1)
+
+
+@pytest.mark.not_on("cluster", reason=OWN_KEYS)
+@pytest.mark.not_on("partitioned", reason=OWN_KEYS)
+async def test_a_message_stored_before_its_metadata_moved_is_delivered_and_deleted(
+    store, make_queue, tokens, redis_url
+):
+    """A message whose metadata is where the store kept it before (`q.meta`) is taken, settled
+    and deleted as any other, and nothing of it is left in either place."""
+    q = make_queue(lock_duration_ms=30_000)
+    s1, s2 = await store.send(q, [NewMessage(b"a"), NewMessage(b"b")])
+    body, meta, _ = old_keys(store, q)
+    client = redis.Redis.from_url(redis_url)
+    for seq in (s1, s2):
+        client.eval(AS_BEFORE, 3, body, meta, "unused", seq)
+    assert [p.blob for p in await store.peek(q, 0, 10)] == [b"a", b"b"]
+    got = await store.receive(q, 2, ReceiveMode.PEEK_LOCK, tokens(2))
+    assert [g.blob for g in got] == [b"a", b"b"]
+    assert client.hlen(meta) == 0  # moved beside the body by the lock
+    assert await store.settle(q, [Settlement(g.lock_token, Outcome.COMPLETE) for g in got]) == [
+        OK,
+        OK,
+    ]
+    assert client.hlen(body) == 0 and client.hlen(meta) == 0

@@ -63,7 +63,7 @@
 --- @include "topicSubscriptions"
 --- @include "fanOutMessage"
 --- @include "placeCopy"
---- @include "readMeta"
+--- @include "lockedMessage"
 --- @include "deleteMessage"
 --- @include "keepForwarded"
 --- @include "seenMessageId"
@@ -114,12 +114,10 @@ while i <= #ARGV do
   local first = i + 4
   i = first + 7 * math.max(np, 0)
   if sid == '' then sid = nil end
-  local seq = redis.call('HGET', E.tokens, token)
-  local m = seq and readMeta(E, seq)
-  if not m or m.st ~= 'l' or m.tok ~= token then
+  local seq, m = lockedMessage(E, token)
+  if not seq then
     out[#out + 1] = -1
   else
-    seq = tonumber(seq)
     local hop = m.hop or 0
     local reason, description
     if kind == '' then

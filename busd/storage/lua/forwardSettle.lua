@@ -24,7 +24,7 @@
     wake-ups (includes/wakeWaiters.lua) when a dead-lettered message became available
 ]]
 --- @include "queueContext"
---- @include "readMeta"
+--- @include "lockedMessage"
 --- @include "deleteMessage"
 --- @include "keepForwarded"
 --- @include "countEvent"
@@ -35,12 +35,10 @@ local out = {}
 local moved = 0
 for i = QUEUE_ARGC + 2, #ARGV, 3 do
   local token, reason = ARGV[i], ARGV[i + 1]
-  local seq = redis.call('HGET', E.tokens, token)
-  local m = seq and readMeta(E, seq)
-  if not m or m.st ~= 'l' or m.tok ~= token then
+  local seq, m = lockedMessage(E, token)
+  if not seq then
     out[#out + 1] = -1
   else
-    seq = tonumber(seq)
     if reason == '' then
       deleteMessage(Q, E, seq, m)
       moved = moved + 1

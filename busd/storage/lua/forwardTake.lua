@@ -81,7 +81,7 @@ local function take(seq, m)
     unindexMessage(Q, E, seq, m)
     m.ss, m.fl = nil, 1
     lockMessage(Q, E, seq, m, token, lockedUntil)
-    row = deliveryRow(seq, redis.call('HGET', E.body, seq), m, token, lockedUntil)
+    row = deliveryRow(seq, redis.call('HGET', E.body, seq), m, m.tok, lockedUntil)
   else
     row = takeMessage(Q, E, seq, m, token, lockedUntil)
   end

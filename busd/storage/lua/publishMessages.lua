@@ -14,8 +14,8 @@
   and dropped. Scheduled messages are placed scheduled in each subscription, under the same
   number (cancelTopicScheduled removes every copy).
 
-  Invariant: every copy is in its subscription's q.body, q.meta, q.all and the index of its
-  state (or in d.* when dead-lettered); a subscription not in `subs` (deleted) gets nothing;
+  Invariant: every copy is in its subscription's q.body (body and metadata), q.all and the
+  index of its state (or in d.* when dead-lettered); a subscription not in `subs` (deleted) gets nothing;
   a copy's time to live is at most the subscription's default.
 
   Context: topic

@@ -11,8 +11,8 @@
   step (and taken off when it got all it asked for), so that the next message that becomes
   available wakes it (includes/fileMessage.lua) and no message can slip by unnoticed.
 
-  Invariant: a delivered message is in exactly one of {locked, deleted}; tokens maps its
-  token to it while locked.
+  Invariant: a delivered message is in exactly one of {locked, deleted}; while locked, its
+  token names it (includes/lockToken.lua).
 
   Context: queue
 
@@ -33,7 +33,7 @@
 ]]
 --- @include "queueContext"
 --- @include "housekeeping"
---- @include "readMeta"
+--- @include "readMessage"
 --- @include "expireIfDue"
 --- @include "takeMessage"
 --- @include "tokenAt"
@@ -53,13 +53,13 @@ while #out < count do
   local seqs = redis.call('ZRANGE', E.ready, 0, wanted - 1)
   for _, s in ipairs(seqs) do
     local seq = tonumber(s)
-    local m = readMeta(E, seq)
+    local m, body = readMessage(E, seq)
     if not m or m.st ~= 'a' then
       redis.call('ZREM', E.ready, s) -- not available (cannot happen; never loop on it)
     elseif E.dlq or not expireIfDue(Q, seq, m) then
       local token = false
       if peekLock then token = tokenAt(ARGV[QUEUE_ARGC + 5], #out + 1) end
-      out[#out + 1] = takeMessage(Q, E, seq, m, token, lockedUntil)
+      out[#out + 1] = takeMessage(Q, E, seq, m, token, lockedUntil, body)
     end
   end
   -- fewer than asked: that was all of them (another look only replaces what was skipped)

@@ -22,7 +22,7 @@
     none
 ]]
 --- @include "queueContext"
---- @include "readMeta"
+--- @include "lockedMessage"
 --- @include "writeMeta"
 --- @include "sessionLockedUntil"
 
@@ -30,15 +30,14 @@ local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
 local found = {}
 for i = QUEUE_ARGC + 3, #ARGV do
-  local seq = redis.call('HGET', E.tokens, ARGV[i])
-  local m = seq and readMeta(E, tonumber(seq))
-  if not m or m.st ~= 'l' or m.tok ~= ARGV[i] then return { -1 } end
+  local seq, m = lockedMessage(E, ARGV[i])
+  if not seq then return { -1 } end
   if m.ss then
     if not sessionLockedUntil(Q, m.sid, false) then return { -1 } end
   elseif m.lu <= Q.now then
     return { -1 }
   end
-  found[#found + 1] = { tonumber(seq), m }
+  found[#found + 1] = { seq, m }
 end
 
 local out = { 0 }

@@ -15,8 +15,9 @@
   session is filed available instead, none after it is handed over (docs/design.md §3.5).
 
   Invariant: with duplicate detection on, a message id accepted within the last `window` ms
-  is not accepted again; every message is in q.body, q.meta, q.all and the index of its state
-  (a handed-over message: locked, in q.sinflight, as receiveSessionMessages leaves it).
+  is not accepted again; every message is in q.body (body and metadata), q.all and the
+  index of its state (a handed-over message: locked, in q.sinflight, as
+  receiveSessionMessages leaves it).
 
   Context: queue
 
@@ -81,21 +82,34 @@ if window > 0 then
   redis.call('ZREMRANGEBYSCORE', Q.dedup, '-inf', Q.now - window)
 end
 
-local out = {}
+-- Duplicates first, in order, so that the accepted messages' numbers are reserved at once.
+local duplicate = {}
 local duplicates = 0
-for i = first, #ARGV, 5 do
-  local mid = ARGV[i + 2]
-  local duplicate = false
-  if window > 0 and mid ~= '' then
-    if redis.call('ZSCORE', Q.dedup, mid) then
-      duplicate = true
-    else
-      redis.call('ZADD', Q.dedup, Q.now, mid)
+if window > 0 then
+  for i = first, #ARGV, 5 do
+    local mid = ARGV[i + 2]
+    if mid ~= '' then
+      if redis.call('ZSCORE', Q.dedup, mid) then
+        duplicate[i] = true
+        duplicates = duplicates + 1
+      else
+        redis.call('ZADD', Q.dedup, Q.now, mid)
+      end
     end
   end
-  if duplicate then
+end
+local accepted = (#ARGV - first + 1) / 5 - duplicates
+if accepted > 1 then
+  Q.nextSeq = redis.call('INCRBY', Q.seq, accepted) - accepted + 1
+end
+-- This call only adds messages: a session's holder and its place in the session index are
+-- looked up once per call (includes/fileMessage.lua, includes/placeMessage.lua).
+Q.filed, Q.added = {}, {}
+
+local out = {}
+for i = first, #ARGV, 5 do
+  if duplicate[i] then
     out[#out + 1] = 0
-    duplicates = duplicates + 1
   else
     local sid = ARGV[i + 1]
     if sid == '' then sid = nil end
@@ -103,7 +117,8 @@ for i = first, #ARGV, 5 do
     local now = not (due and due > Q.now) -- else scheduled (includes/placeMessage.lua)
     local o = now and offerFor(sid)
     if o then
-      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil }
+      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil,
+                     holder = o.holder }
     end
     out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]), due, sessionQueue)
     if o then

@@ -9,9 +9,8 @@ local function deadLetter(Q, seq, m, reason, description)
   deleteMessage(Q, Q.q, seq, m)
   local d = { dc = m.dc, enq = m.enq, sid = m.sid, st = 'a', dlr = reason, dld = description,
               pp = m.pp, fs = m.fs, hop = m.hop }
-  redis.call('HSET', Q.d.body, seq, body)
   redis.call('ZADD', Q.d.all, seq, seq)
   if d.sid then redis.call('ZADD', Q.d.sall, 0, seqMember(d.sid, seq)) end
-  fileMessage(Q, Q.d, seq, d)
+  fileMessage(Q, Q.d, seq, d, body)
   countEvent(Q, Q.q, 'deadlettered')
 end

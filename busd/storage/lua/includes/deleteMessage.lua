@@ -1,11 +1,13 @@
 --- @include "unindexMessage"
+--- @include "metaField"
+--- @include "legacyMeta"
 --- @include "forgetSessionIfEmpty"
 -- Delete a message. A session left without messages (and state) ceases to exist: at once, or,
 -- when the script collects them in Q.emptied (a list), once per session when it is done.
 local function deleteMessage(Q, E, seq, m)
   unindexMessage(Q, E, seq, m)
-  redis.call('HDEL', E.body, seq)
-  redis.call('HDEL', E.meta, seq)
+  redis.call('HDEL', E.body, seq, metaField(seq))
+  legacyMeta(E, seq, true)
   redis.call('ZREM', E.all, seq)
   if m.sid then
     redis.call('ZREM', E.sall, seqMember(m.sid, seq))

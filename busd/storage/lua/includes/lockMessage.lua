@@ -1,16 +1,19 @@
 --- @include "seqMember"
 --- @include "writeMeta"
--- Lock a detached message under `token` until `lockedUntil`. A session message is held by
--- its session's lock, so it goes to sinflight and keeps no lock time of its own.
-local function lockMessage(Q, E, seq, m, token, lockedUntil)
+--- @include "lockToken"
+-- Lock a detached message under the broker's `token` made to name it (includes/lockToken.lua;
+-- the lock's token is m.tok from then on) until `lockedUntil`. A session message is held by
+-- its session's lock, so it goes to sinflight and keeps no lock time of its own; the caller
+-- names the session's holder in m.h when it knows it (includes/checkSettlement.lua). `blob`: the
+-- body of a new message, stored with its metadata.
+local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'
-  m.tok = token
+  m.tok = lockToken(token, seq)
   if m.ss then
     redis.call('ZADD', E.sinflight, 0, seqMember(m.sid, seq))
   else
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)
   end
-  redis.call('HSET', E.tokens, token, seq)
-  writeMeta(E, seq, m)
+  writeMeta(E, seq, m, blob)
 end

@@ -10,9 +10,8 @@ local function placeDeadLetter(Q, seq, blob, sid, reason, description, extra)
     for k, v in pairs(extra) do d[k] = v end
   end
   d.enq, d.sid, d.st, d.dlr, d.dld = Q.now, sid, 'a', reason, description
-  redis.call('HSET', Q.d.body, seq, blob)
   redis.call('ZADD', Q.d.all, seq, seq)
   if sid then redis.call('ZADD', Q.d.sall, 0, seqMember(sid, seq)) end
-  fileMessage(Q, Q.d, seq, d)
+  fileMessage(Q, Q.d, seq, d, blob)
   countEvent(Q, Q.q, 'deadlettered')
 end

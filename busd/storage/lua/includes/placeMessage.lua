@@ -7,9 +7,9 @@
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
 -- now on. `patch` is a properties patch to keep (a resubmitted message keeps its own);
 -- `extra`, metadata fields to set besides (a forwarded message's: includes/readMeta.lua).
--- With `Q.handOver` ({ token, lockedUntil }, set by lua/sendMessages.lua), a session message
--- available now is locked for its session's holder instead of filed, and its delivery row left
--- in Q.handOver.row.
+-- With `Q.handOver` ({ token, lockedUntil, holder }, set by lua/sendMessages.lua), a session
+-- message available now is locked for its session's holder instead of filed, and its delivery
+-- row left in Q.handOver.row.
 local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, extra)
   local m = { dc = 0, pp = patch }
   if extra then
@@ -20,7 +20,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
     if sessionQueue then
       m.ss = 1
-      redis.call('ZADD', Q.sessions, 0, sid)
+      -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once
+      local added = Q.added
+      if not (added and added[sid]) then
+        redis.call('ZADD', Q.sessions, 0, sid)
+        if added then added[sid] = true end
+      end
     end
   end
   if due and due > Q.now then
@@ -33,13 +38,13 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     m.enq = Q.now
     if ttl then m.exp = Q.now + ttl end
   end
-  redis.call('HSET', Q.q.body, seq, blob)
   redis.call('ZADD', Q.q.all, seq, seq)
   local h = Q.handOver
   if h and m.ss and m.st == 'a' then
-    lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil)
-    h.row = deliveryRow(seq, blob, m, h.token, h.lockedUntil)
+    m.h = h.holder
+    lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
+    h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else
-    fileMessage(Q, Q.q, seq, m)
+    fileMessage(Q, Q.q, seq, m, blob)
   end
 end

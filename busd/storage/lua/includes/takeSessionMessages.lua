@@ -1,6 +1,6 @@
 --- @include "sessionRange"
 --- @include "memberSeq"
---- @include "readMeta"
+--- @include "readMessage"
 --- @include "expireIfDue"
 --- @include "takeMessage"
 --- @include "tokenAt"
@@ -18,13 +18,16 @@ local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
     local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, wanted)
     for _, member in ipairs(members) do
       local seq = memberSeq(member)
-      local m = readMeta(Q.q, seq)
+      local m, body = readMessage(Q.q, seq)
       if not m or m.st ~= 'a' then
         redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
       elseif not expireIfDue(Q, seq, m) then
         local token = false
-        if tokens then token = tokenAt(tokens, #out - first + 1) end
-        out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil)
+        if tokens then
+          token = tokenAt(tokens, #out - first + 1)
+          m.h = Q.caller or nil -- the holder (includes/checkSettlement.lua)
+        end
+        out[#out + 1] = takeMessage(Q, Q.q, seq, m, token, lockedUntil, body)
       end
     end
     -- fewer than asked: that was all of them (another look only replaces what was skipped)

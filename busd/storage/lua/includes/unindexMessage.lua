@@ -19,9 +19,11 @@ local function unindexMessage(Q, E, seq, m)
     else
       redis.call('ZREM', E.locked, seq)
     end
-    redis.call('HDEL', E.tokens, m.tok)
+    -- only a lock taken before tokens named their message has an entry (lockedMessage.lua)
+    if #m.tok ~= 16 or struct.unpack('>I8', m.tok) ~= seq then redis.call('HDEL', E.tokens, m.tok) end
     m.tok = nil
     m.lu = nil
+    m.h = nil
   elseif st == 'd' then
     redis.call('ZREM', E.deferred, seq)
   elseif st == 's' then

@@ -13,22 +13,27 @@ local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
+  if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
+  -- A session whose last message was settled and that has no state was forgotten then
+  -- (includes/forgetSessionIfEmpty.lua): it has no message to return or to be free with,
+  -- nothing to note, and an activity noted now would outlive it. (A session with messages is
+  -- in Q.sessions: includes/placeMessage.lua.)
+  if not redis.call('ZSCORE', Q.sessions, sid) then return end
   local lo, hi = sessionRange(sid)
+  local counted = false
   for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)) do
     local seq = memberSeq(member)
     local m = readMeta(Q.q, seq)
     if m and m.st == 'l' then
       returnMessage(Q, Q.q, seq, m, failed)
+      counted = failed
     else
       redis.call('ZREM', Q.q.sinflight, member)
     end
   end
   refreshFreeSession(Q, sid, true)
-  if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
-  -- A session whose last message was settled and that has no state was forgotten then
-  -- (includes/forgetSessionIfEmpty.lua): nothing to note, and an activity noted now would
-  -- outlive it.
-  if not redis.call('ZSCORE', Q.sessions, sid) then return end
+  -- a counted attempt may have dead-lettered the session's last messages, and forgotten it
+  if counted and not redis.call('ZSCORE', Q.sessions, sid) then return end
   if Q.sactive then redis.call('HSET', Q.sactive, sid, Q.now) end
   noteIdleSession(Q, sid, { unheld = true })
 end
