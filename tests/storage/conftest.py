@@ -50,8 +50,9 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     """The store this test runs on (STORES); one server unless the module is `every_store`."""
     kind = str(getattr(request, "param", "server"))
     for mark in request.node.iter_markers("not_on"):
+        assert mark.args[0] in STORES, f"not_on: no store {mark.args[0]!r} (STORES)"
         if mark.args[0] == kind:
-            pytest.skip(f"not on a {kind} store: {mark.kwargs['reason']}")
+            pytest.skip(f"not on a {kind} store: {mark.kwargs.get('reason') or mark.args[1]}")
     return kind
 
 
