@@ -6,7 +6,6 @@ Users meet a bad setting as one line on stderr and a named exit code, not a trac
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -15,6 +14,7 @@ import click
 from busd import __version__
 from busd.broker.limits import Limits
 from busd.config import DURABILITIES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+from busd.cpu_quota import usable_cores
 from busd.entity_tools import COMMANDS as ENTITY_COMMANDS
 from busd.tools import COMMANDS as TOOL_COMMANDS
 
@@ -44,11 +44,9 @@ PORT_OR_OFF = _PortOrOff()
 
 
 def _cores() -> int:
-    """The cores this process may run on (`--workers auto`)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """`--workers auto`: the cores this process may use, its container's CPU quota counted
+    (busd/cpu_quota.py)."""
+    return usable_cores()
 
 
 class _CountOrAuto(click.ParamType):
@@ -354,7 +352,8 @@ def cli() -> None:
     type=COUNT_OR_AUTO,
     default=_DEFAULTS.workers,
     show_default=True,
-    help="busd processes serving the same ports (auto: one per core), started, "
+    help="busd processes serving the same ports (auto: one per core it may use, "
+    "its container's CPU quota counted), started, "
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
 @click.option(

@@ -21,6 +21,7 @@ from busd.broker.broker import Broker
 from busd.broker.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.broker.namespaces import Namespaces
 from busd.config import EntitiesFile, Settings, load_entities
+from busd.exposure import default_key_warning
 from busd.listener import Admission, Pending
 from busd.ports import ServicePort, Services
 from busd.storage.waiting import wait_for_store
@@ -474,6 +475,9 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
         settings.sas_keys = {**settings.sas_keys, **entities.keys}
     else:
         log.warning("no --config given: entities are those already in the store")
+    exposed = default_key_warning(settings.host, settings.sas_keys)
+    if exposed and role is None:  # a worker's parent warned once for all (busd/workers.py)
+        log.warning("%s", exposed)
     if settings.redis_url and role is None:  # a worker's parent waited for it (busd/workers.py)
         await wait_for_store(
             settings.redis_url, settings.store_wait_s, redacted(settings.redis_url), log.warning

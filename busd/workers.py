@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -41,6 +42,7 @@ from typing import Any
 
 from busd.broker.catalog import Catalog
 from busd.config import ConfigError, Settings, load_entities
+from busd.exposure import default_key_warning
 from busd.listener import bind
 from busd.server import GRACE_S, READY_LINE, entities_file, redacted
 from busd.server import run as run_server
@@ -67,8 +69,27 @@ RELEASE_TIMEOUT_S = 10.0
 RELEASE_CALLS = 8  # store calls at once while doing so
 
 
+# prctl's option that names the calling thread (the process, called from its main thread):
+# the name `ps`, `top` and `pgrep` show and /proc/<pid>/comm holds, at most 15 bytes.
+PR_SET_NAME = 15
+
+
+def name_process(name: str) -> bool:
+    """Name this process as `ps` shows it (a spawned worker is otherwise one more `python3`);
+    False where the system has no prctl. The command line (`ps -f`) stays as it is: changing
+    it takes a dependency (setproctitle) busd does without."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    name_process(f"busd-worker-{role.index}")
     sys.exit(run_server(settings, role))
 
 
@@ -334,8 +355,10 @@ def run(settings: Settings) -> int:
     configure(settings.log_level, settings.log_format)
     # Fail here, once, on a bad entities file rather than in every worker.
     path = entities_file(settings)
-    if path:
-        load_entities(path, settings.max_message_size)
+    file_keys = load_entities(path, settings.max_message_size).keys if path else {}
+    exposed = default_key_warning(settings.host, {**settings.sas_keys, **file_keys})
+    if exposed:
+        log.warning("%s", exposed)
     if settings.redis_url:  # once, here, before any worker starts
         shown = redacted(settings.redis_url)
         asyncio.run(wait_for_store(settings.redis_url, settings.store_wait_s, shown, log.warning))

@@ -65,6 +65,32 @@ def volume_mounts() -> dict[str, Path]:
     return mounts
 
 
+def published_ports(shell: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each port compose.yaml publishes for
+    busd, as compose makes them from the shell's variables."""
+    found = []
+    for text in BUSD["ports"]:
+        address, host_port, container_port = compose_value(text, shell or {}).rsplit(":", 2)
+        found.append((address, host_port, container_port))
+    return found
+
+
+def test_compose_publishes_every_port_on_loopback_unless_told_otherwise():
+    """The well-known key must not face a network by default (docs/design.md §2.10)."""
+    assert [p[1:] for p in published_ports()] == [
+        ("5672", "5672"),
+        ("5671", "5671"),
+        ("5443", "5443"),
+        ("5300", "5300"),
+    ]
+    assert {p[0] for p in published_ports()} == {"127.0.0.1"}
+    wide = published_ports({"BUSD_PUBLISH_ADDRESS": "0.0.0.0"})
+    assert {p[0] for p in wide} == {"0.0.0.0"}
+    # and the key to give busd when publishing wider goes through, empty by default
+    assert compose_value(BUSD["environment"]["BUSD_SAS_KEY"], {}) == ""
+    assert compose_value(BUSD["environment"]["BUSD_SAS_KEY"], {"BUSD_SAS_KEY": "a=b"}) == "a=b"
+
+
 def option(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
@@ -228,7 +254,7 @@ def test_compose_runs_busd_next_to_valkey_with_an_append_only_file():
     assert option(BUSD["command"], "--host") == "0.0.0.0"
     assert option(BUSD["command"], "--workers") == "auto"
     # every listener reachable: AMQP, AMQP over TLS, WebSockets, HTTP(S)
-    assert BUSD["ports"] == ["5672:5672", "5671:5671", "5443:5443", "5300:5300"]
+    assert [p[1:] for p in published_ports()] == [(p, p) for p in ("5672", "5671", "5443", "5300")]
 
 
 def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_url):
@@ -241,6 +267,8 @@ def test_compose_serves_the_certificate_its_environment_names(tmp_path, redis_ur
         "BUSD_HOSTNAME": "${BUSD_HOSTNAME:-busd}",
         "BUSD_TLS_CERT": "${BUSD_TLS_CERT:-}",
         "BUSD_TLS_KEY": "${BUSD_TLS_KEY:-}",
+        # empty: the well-known key (the ports are then published on loopback only)
+        "BUSD_SAS_KEY": "${BUSD_SAS_KEY:-}",
     }
     certs = tmp_path / "certs"  # the container's /certs
     load_tls(None, None, certs)  # its server certificate and key: a pair as a user brings one
@@ -292,8 +320,9 @@ def test_readme_emulator_section_matches_compose():
     section = readme_section("Switching from the Service Bus emulator")
     assert EMULATOR_CONFIG in section
     assert EMULATOR_CONFIG in volume_mounts()
-    for published in BUSD["ports"]:
-        assert f"`{published.split(':')[0]}`" in section
+    for _, host_port, _ in published_ports():
+        assert f"`{host_port}`" in section
+    assert "BUSD_PUBLISH_ADDRESS" in section
     assert connection_string(Settings()) in section
     # the one-line change: the emulator image for busd's, which honours the mounted file
     assert "-    image: mcr.microsoft.com/azure-messaging/servicebus-emulator:latest" in section

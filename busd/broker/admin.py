@@ -288,7 +288,8 @@ class Admin:
 
     async def queue_info(self, name: str) -> dict[str, Any]:
         spec = self.queue(name)
-        counts = await self.broker.store.counts(spec)
+        store = self.broker.store
+        counts, size = await asyncio.gather(store.counts(spec), store.size_in_bytes(spec))
         return {
             "name": spec.name,
             "kind": "queue" if spec.topic is None else "subscription",
@@ -296,15 +297,21 @@ class Admin:
             "properties": {
                 k: v for k, v in dataclasses.asdict(spec).items() if k not in ("name", "topic")
             },
+            # `active` is the management API's ActiveMessageCount (available plus locked),
+            # so that the dashboard and the SDKs' admin clients show one number;
+            # `available` is what a receiver can take now.
             "counts": {
-                "active": counts.active,
+                "active": counts.active_message_count,
+                "available": counts.active,
                 "locked": counts.locked,
                 "scheduled": counts.scheduled,
                 "deferred": counts.deferred,
                 "dead_letter": counts.dead_letter,
                 "sessions": counts.sessions,
                 "locked_sessions": counts.locked_sessions,
+                "message_count": counts.message_count,
             },
+            "size_in_bytes": size,
         }
 
     async def peek(

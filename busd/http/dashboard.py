@@ -4,7 +4,11 @@ step, served by busd itself (docs/management.md §5).
 The page holds no data: it calls the admin API (`/admin/...`) with a SAS token, as the busd
 tools do, so it is protected exactly as they are. `POST /dashboard/login` turns a key name and
 key into such a token (it checks the key against the broker's, then signs a token for the
-namespace, valid an hour); a user may paste a token instead.
+namespace, valid an hour); a user may paste a token instead. `POST /dashboard/renew` trades a
+valid token for one like it (same key name, same audience) valid another hour: the page renews
+its token before it ends, so a tab left open stays signed in. `GET /dashboard/sign-in` tells
+the sign-in form which key name to suggest and whether the broker still uses the well-known
+default key (docs/management.md §5).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import resources
 
-from busd.auth.sas import SasError, generate_sas_token
+from busd.auth.sas import SasError, generate_sas_token, parse_sas_token, verify_sas_token
 from busd.broker.namespaces import namespace_of_host
+from busd.config import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
 from busd.http.server import Request, Response
 
 TOKEN_TTL_S = 3600
@@ -51,11 +56,51 @@ def login(keys_of: Callable[[str], Mapping[str, str]], request: Request) -> Resp
     return _json(200, {"token": token, "expires": expiry})
 
 
+def renew(keys_of: Callable[[str], Mapping[str, str]], request: Request) -> Response:
+    """A token like the request's (its `Authorization`), valid TOKEN_TTL_S from now. Only a
+    token the namespace's own keys signed is renewed: its audience and key name stay, so a
+    renewed token grants nothing the first did not."""
+    authorization = request.headers.get("authorization", "")
+    try:
+        parsed = verify_sas_token(authorization, keys_of(_key_name_of(authorization)))
+    except SasError as exc:
+        return _json(401, {"error": f"cannot renew this token: {exc.reason}"})
+    key = keys_of(parsed.key_name)[parsed.key_name]
+    expiry = int(time.time()) + TOKEN_TTL_S
+    token = generate_sas_token(parsed.audience, parsed.key_name, key, expiry)
+    return _json(200, {"token": token, "expires": expiry})
+
+
+def _key_name_of(authorization: str) -> str:
+    """The key name a token says it was signed with ("" when it is no token: refused later)."""
+    try:
+        return parse_sas_token(authorization).key_name
+    except SasError:
+        return ""
+
+
+def sign_in_hint(keys: Mapping[str, str]) -> dict[str, object]:
+    """What the sign-in form suggests: the default key name when the namespace has it, and
+    whether that key is still the well-known default (anyone may sign in with it)."""
+    default = next((v for k, v in keys.items() if k.lower() == DEFAULT_SAS_KEY_NAME.lower()), None)
+    return {
+        "key_name": DEFAULT_SAS_KEY_NAME if default is not None or not keys else next(iter(keys)),
+        "default_key": default == DEFAULT_SAS_KEY,
+    }
+
+
 async def handle(server, request: Request) -> Response:
-    if request.path == "/dashboard/login":
+    def keys_of(key_name: str) -> Mapping[str, str]:
+        return _keys_of(server, request, key_name)
+
+    if request.path in ("/dashboard/login", "/dashboard/renew"):
         if request.method != "POST":
             return _json(405, {"error": "use POST"})
-        return login(lambda key_name: _keys_of(server, request, key_name), request)
+        return (login if request.path == "/dashboard/login" else renew)(keys_of, request)
+    if request.path == "/dashboard/sign-in":
+        if request.method not in ("GET", "HEAD"):
+            return _json(405, {"error": "use GET"})
+        return _json(200, sign_in_hint(keys_of(DEFAULT_SAS_KEY_NAME)))
     if request.method not in ("GET", "HEAD") or request.path not in (
         "/",
         "/dashboard",

@@ -8,6 +8,7 @@ what an entity has a field for goes there, the rest into its `extra` and back un
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass, field
@@ -69,19 +70,19 @@ class Entities(Protocol):
     async def runtime(self, entity: Entity) -> ax.Runtime: ...
 
 
-def runtime_of(counts: EntityCounts) -> ax.Runtime:
+def runtime_of(counts: EntityCounts, size_in_bytes: int = 0) -> ax.Runtime:
     """The counts the SDKs (and KEDA) read, from the store's (docs/management.md §4).
 
     ActiveMessageCount is what a receiver has yet to finish: available now or locked by a
-    receiver that has not settled it (Service Bus counts a locked message as active until it
-    is completed). Deferred messages are not active (only a receive by sequence number gets
-    them) but are in MessageCount, the total of every state."""
-    active = counts.active + counts.locked
+    receiver that has not settled it (`EntityCounts.active_message_count`, which the admin
+    API answers too). Deferred messages are not active (only a receive by sequence number
+    gets them) but are in MessageCount, the total of every state."""
     return ax.Runtime(
-        active=active,
+        active=counts.active_message_count,
         dead_letter=counts.dead_letter,
         scheduled=counts.scheduled,
-        message_count=active + counts.deferred + counts.scheduled + counts.dead_letter,
+        message_count=counts.message_count,
+        size_in_bytes=size_in_bytes,
     )
 
 
@@ -328,7 +329,12 @@ class CatalogEntities:
                 accessed_ms=entity.updated_ms,
             )
         spec = self.catalog.spec(_catalog_path(entity.kind, entity.path))
-        runtime = runtime_of(await self.broker.store.counts(spec)) if spec else ax.Runtime()
+        if spec is None:
+            runtime = ax.Runtime()
+        else:
+            store = self.broker.store
+            counts, size = await asyncio.gather(store.counts(spec), store.size_in_bytes(spec))
+            runtime = runtime_of(counts, size)
         runtime.created_ms = entity.created_ms
         runtime.updated_ms = runtime.accessed_ms = entity.updated_ms
         return runtime

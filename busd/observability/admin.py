@@ -1,6 +1,7 @@
 """The admin API's routes on the HTTP port (the operations are busd.broker.admin's).
 
-    GET  /admin/queues                          every queue: properties and counts
+    GET  /admin/queues                          every queue: properties, counts (`active` is
+                                                ActiveMessageCount) and size_in_bytes
     GET  /admin/queues/{q}                      one queue
     GET  /admin/topics                          every topic: its subscriptions and their rules
     GET  /admin/shards                          where each queue and subscription is kept: per

@@ -431,6 +431,18 @@ class EntityCounts:
     # An event that never happened is absent.
     totals: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def active_message_count(self) -> int:
+        """The management API's ActiveMessageCount (docs/management.md §4): available plus
+        locked, as Service Bus counts a locked message active until it is settled. Every view
+        of "active" (the ATOM answer, the admin API, the dashboard) reads this one."""
+        return self.active + self.locked
+
+    @property
+    def message_count(self) -> int:
+        """The management API's MessageCount: every message in every state."""
+        return self.active_message_count + self.deferred + self.scheduled + self.dead_letter
+
 
 # Called with the id of a waiter or lock holder of this process that may have work now (or
 # with WAKE_ALL: wake-ups may have been missed, everyone should look again).
@@ -763,6 +775,13 @@ class Store(Protocol):
         Returns how many moved; 0 when none is left."""
 
     async def counts(self, entity: QueueSpec) -> EntityCounts: ...
+
+    async def size_in_bytes(self, entity: QueueSpec) -> int:
+        """The bytes of the messages a queue or subscription holds, dead letters included
+        (the management API's SizeInBytes): exact for a few dozen messages, past that an
+        estimate from a bounded sample (lua/sizeEntity.lua), so its cost does not grow with
+        the entity."""
+        ...
 
     # --- transactions (docs/design.md §3.15) ----------------------------------------------
     cross_slot_transactions: bool

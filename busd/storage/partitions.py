@@ -714,6 +714,12 @@ class PartitionedStore:
             deleted += await self.inner.delete_messages(part, count - deleted, before_ms)
         return deleted
 
+    async def size_in_bytes(self, entity: QueueSpec) -> int:
+        if not entity.partitions:
+            return await self.inner.size_in_bytes(entity)
+        sizes = await asyncio.gather(*(self.inner.size_in_bytes(p) for p in self.parts(entity)))
+        return sum(sizes)
+
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         if not entity.partitions:
             return await self.inner.counts(entity)

@@ -19,6 +19,9 @@ from busd.storage.redis_codec import as_text, entity_kind
 from busd.storage.redis_connection import RedisConnection
 
 log = logging.getLogger("busd.storage")
+# Messages sizeEntity.lua reads at each end of a sub-queue: SizeInBytes is exact up to twice
+# this, and costs that many reads however many messages the entity holds.
+SIZE_SAMPLE = 32
 
 
 def catalog_field(kind: str, path: str) -> str:
@@ -183,6 +186,10 @@ class CatalogCalls(RedisConnection):
 
     async def purge(self, entity: QueueSpec) -> int:
         return await self._run_queue("purgeEntity", entity, entity_kind(entity))
+
+    async def size_in_bytes(self, entity: QueueSpec) -> int:
+        bytes_, _, _ = await self._run_queue("sizeEntity", entity, SIZE_SAMPLE)
+        return int(bytes_)
 
     async def counts(self, entity: QueueSpec) -> EntityCounts:
         reply = await self._run_queue("countEntity", entity, entity_kind(entity))

@@ -6,9 +6,12 @@ under test-artifacts/ (the path is printed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from azure.servicebus.management import (
     SqlRuleFilter,
 )
 
+from busd.auth.sas import generate_sas_token, parse_sas_token
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,12 +55,14 @@ def busd(busd_factory):
             queue("dash-subject"),
             queue("dash-dead", RequiresSession=True),
             queue("dash-held", RequiresSession=True),
+            queue("dash-layout", RequiresSession=True),
+            queue("dash-counted"),
+            queue("dash-empty-q"),
         ]
     )
 
 
-@pytest.fixture
-def browser(tmp_path):
+def _chromium(profile: Path, width: int, height: int = 1000):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in (
@@ -64,12 +70,18 @@ def browser(tmp_path):
         "--no-sandbox",
         "--disable-gpu",
         "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--window-size={width},{height}",
+        f"--user-data-dir={profile}",
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture
+def browser(tmp_path):
+    driver = _chromium(tmp_path / "profile", 1400)
     try:
         yield driver
     finally:
@@ -92,6 +104,10 @@ def _cell(driver, row_selector: str, column: str) -> str:
     )
 
 
+def _visible(driver, selector: str) -> bool:
+    return _retrying(lambda: driver.find_element(By.CSS_SELECTOR, selector).is_displayed())
+
+
 def _click(driver, selector: str) -> None:
     _retrying(lambda: driver.find_element(By.CSS_SELECTOR, selector).click())
 
@@ -100,6 +116,14 @@ def _wait_text(driver, selector: str, text: str, timeout: float = 15) -> None:
     WebDriverWait(driver, timeout).until(
         ec.text_to_be_present_in_element((By.CSS_SELECTOR, selector), text)
     )
+
+
+DETAIL = "#session-detail"
+
+
+def _field(driver, name: str) -> str:
+    """A field of the selected session's detail pane."""
+    return _retrying(lambda: driver.find_element(By.CSS_SELECTOR, f"{DETAIL} dd.{name}").text)
 
 
 def _seqs(driver) -> list[int]:
@@ -153,13 +177,14 @@ def test_dashboard_counts_pages_and_resubmits(busd, browser):
     WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
     assert _cell(browser, row, "message-count") == "23"
     assert _cell(browser, row, "locked") == "no"
-    assert [_cell(browser, row, c) for c in ("active", "in-flight", "deferred", "holder")] == [
+    _click(browser, row)
+    assert [_field(browser, c) for c in ("active", "in-flight", "deferred", "holder")] == [
         "23",
         "0",
         "0",
         "-",
     ]
-    _click(browser, f"{row} button.peek-session")
+    _click(browser, f"{DETAIL} button.peek-session")
     _wait_text(browser, "#page-info", "page 1, 10 message(s)")
     page1 = _seqs(browser)
     assert len(page1) == 10 and page1 == sorted(page1)
@@ -260,13 +285,15 @@ def test_dashboard_dead_letters_a_session_and_resubmits_it_in_order(busd, browse
     _click(browser, dead)
     row = 'tr[data-session="s-9"]'
     WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
-    _click(browser, f"{row} button.dead-letter-session")
+    _click(browser, row)
+    _click(browser, f"{DETAIL} button.dead-letter-session")
     prompt = WebDriverWait(browser, 10).until(ec.alert_is_present())
     prompt.send_keys("Stuck")
     prompt.accept()
     _wait_text(browser, "#status", "Dead-lettered 3 message(s) of session s-9")
     assert _cell(browser, dead, "dead-letter") == "3"
     assert not browser.find_elements(By.CSS_SELECTOR, row)  # the session has nothing left
+    assert not browser.find_element(By.ID, "session-detail").is_displayed()
 
     browser.find_element(By.ID, "peek-dlq").click()
     _wait_text(browser, "#page-info", "page 1, 3 message(s)")
@@ -296,18 +323,239 @@ def test_dashboard_shows_who_holds_a_session_and_releases_its_lock(busd, browser
             _click(browser, 'tr[data-queue="dash-held"]')
             row = 'tr[data-session="held-1"]'
             WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
-            assert _cell(browser, row, "holder").startswith("127.0.0.1:")
-            assert [_cell(browser, row, c) for c in ("active", "in-flight", "state-preview")] == [
+            _click(browser, row)
+            assert _field(browser, "holder").startswith("127.0.0.1:")
+            assert [_field(browser, c) for c in ("active", "in-flight", "state-preview")] == [
                 "1",
                 "1",
                 "cursor=1",
             ]
-            _click(browser, f"{row} button.release-session")
+            _click(browser, f"{DETAIL} button.release-session")
             _wait_text(browser, "#status", "Released the lock of session held-1.")
             _wait_text(browser, f"{row} td.locked", "no")
+            # released: its release button goes, the others stay
+            assert not _visible(browser, f"{DETAIL} button.release-session")
             with pytest.raises(SessionLockLostError):
                 receiver.complete_message(message)
-    _click(browser, 'tr[data-session="held-1"] button.clear-state')
+    _click(browser, f"{DETAIL} button.clear-state")
     WebDriverWait(browser, 10).until(ec.alert_is_present()).accept()
     _wait_text(browser, "#status", "Cleared the state of session held-1.")
     _wait_text(browser, 'tr[data-session="held-1"] td.state-size', "0")
+    assert not _visible(browser, f"{DETAIL} button.clear-state")
+
+
+# --- the sessions view at the widths of a laptop and of a small desktop ----------------------
+
+# Where each part of the page lies, as the user sees it: the page's and the sessions table's
+# widths against what shows, and every visible button of the session's detail.
+_GEOMETRY = """
+const table = document.querySelector('#sessions');
+const box = table.closest('.list');
+const buttons = [...document.querySelectorAll('#session-detail button')]
+  .filter((b) => b.offsetParent !== null)
+  .map((b) => { const r = b.getBoundingClientRect();
+                return {name: b.className, left: r.left, right: r.right, top: r.top,
+                        bottom: r.bottom}; });
+return {page: document.documentElement.scrollWidth, viewport: window.innerWidth,
+        viewportHeight: window.innerHeight,
+        table: table.scrollWidth, box: box.clientWidth, buttons: buttons};
+"""
+
+
+@pytest.mark.parametrize("width", [1024, 1400])
+def test_sessions_view_fits_the_window_with_its_actions_in_view(busd, tmp_path, width):
+    long_id = "customer-" + "7" * 60  # a long session id wraps, it does not widen the table
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-layout") as sender:
+            for sid in ("a-1", "b-2", "c-3", long_id):
+                sender.send_messages(
+                    [ServiceBusMessage(f"{sid}/{i}", session_id=sid) for i in range(3)]
+                )
+        with client.get_queue_receiver("dash-layout", session_id="b-2", max_wait_time=5) as held:
+            receive(held, 1)
+            held.session.set_state(b"step=2 of a long and winding checkout flow " * 3)
+            browser = _chromium(tmp_path / "profile", width)
+            try:
+                _sign_in(browser, busd)
+                _click(browser, 'tr[data-queue="dash-layout"]')
+                row = 'tr[data-session="b-2"]'
+                WebDriverWait(browser, 15).until(
+                    ec.presence_of_element_located((By.CSS_SELECTOR, row))
+                )
+                _click(browser, row)
+                WebDriverWait(browser, 10).until(
+                    ec.visibility_of_element_located((By.ID, "session-detail"))
+                )
+                browser.execute_script("window.scrollTo(0, 0)")
+                assert browser.save_screenshot(f"/tmp/busd-dashboard-{width}-top.png")
+                browser.execute_script(
+                    "document.querySelector('#session-detail').scrollIntoView({block: 'nearest'})"
+                )
+                geometry = browser.execute_script(_GEOMETRY)
+                shot = Path(f"/tmp/busd-dashboard-{width}.png")
+                assert browser.save_screenshot(str(shot))
+                print(f"screenshot at {width} px: {shot}", geometry)
+                # the session's messages below: the page still does not scroll sideways
+                _click(browser, f"{DETAIL} button.peek-session")
+                _wait_text(browser, "#page-info", "page 1, ")
+                browser.execute_script("document.querySelector('#messages-box').scrollIntoView()")
+                assert browser.save_screenshot(f"/tmp/busd-dashboard-{width}-messages.png")
+                peeked = browser.execute_script(
+                    "return [document.documentElement.scrollWidth, window.innerWidth,"
+                    " document.querySelector('#messages').scrollWidth,"
+                    " document.querySelector('#messages').parentElement.clientWidth]"
+                )
+            finally:
+                browser.quit()
+    assert geometry["page"] <= geometry["viewport"], geometry  # no horizontal scrolling
+    assert peeked[0] <= peeked[1] and peeked[2] <= peeked[3], peeked
+    assert geometry["table"] <= geometry["box"], geometry  # the table fits its box
+    names = sorted(b["name"] for b in geometry["buttons"])
+    # held, with messages and a state: every action applies
+    assert names == sorted(
+        ["peek-session", "release-session", "clear-state danger", "dead-letter-session danger"]
+    )
+    for b in geometry["buttons"]:
+        assert 0 <= b["left"] and b["right"] <= geometry["viewport"], b
+        assert 0 <= b["top"] and b["bottom"] <= geometry["viewportHeight"], b
+
+
+def test_actions_show_only_where_they_apply(busd, browser):
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-layout") as sender:
+            sender.send_messages(ServiceBusMessage("only", session_id="free-1"))
+        with client.get_queue_receiver(
+            "dash-layout", session_id="state-only", max_wait_time=1
+        ) as r:
+            r.session.set_state(b"kept")  # a session with a state and no message
+    _sign_in(browser, busd)
+
+    # an empty queue: nothing to peek, purge or resubmit
+    _click(browser, 'tr[data-queue="dash-empty-q"]')
+    _wait_text(browser, "#queue-name", "dash-empty-q")
+    shown = [
+        b.get_attribute("id")
+        for b in browser.find_elements(By.CSS_SELECTOR, "#queue .toolbar button")
+        if b.is_displayed()
+    ]
+    assert shown == []
+    assert _visible(browser, "#queue-empty")
+
+    _click(browser, 'tr[data-queue="dash-layout"]')
+    _wait_text(browser, "#queue-name", "dash-layout")
+    assert _visible(browser, "#peek-queue") and _visible(browser, "#purge")
+    assert not _visible(browser, "#peek-dlq") and not _visible(browser, "#resubmit")
+
+    def actions(session: str) -> list[str]:
+        row = f'tr[data-session="{session}"]'
+        WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+        _click(browser, row)
+        WebDriverWait(browser, 10).until(
+            lambda d: (
+                d.find_element(By.ID, "session-detail").get_attribute("data-session") == session
+            )
+        )
+        return [
+            b.get_attribute("class").split()[0]
+            for b in browser.find_elements(By.CSS_SELECTOR, f"{DETAIL} button")
+            if b.is_displayed()
+        ]
+
+    # free, with a message: no lock to release, no state to clear
+    assert actions("free-1") == ["peek-session", "dead-letter-session"]
+    # a state and nothing else: only the state can go
+    assert actions("state-only") == ["clear-state"]
+
+
+def test_dashboard_counts_equal_the_management_apis(busd, browser):
+    """ "Active" is ActiveMessageCount (available plus locked), and the size is SizeInBytes,
+    whichever client reads them."""
+    body = "x" * 1000
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-counted") as sender:
+            sender.send_messages([ServiceBusMessage(body) for _ in range(5)])
+        with client.get_queue_receiver("dash-counted", max_wait_time=5) as receiver:
+            locked = receive(receiver, 2)  # held, unsettled: still active to Service Bus
+            assert len(locked) == 2
+            with ServiceBusAdministrationClient.from_connection_string(
+                busd.admin_connection_string, connection_verify=busd.cert_path
+            ) as admin:
+                runtime = admin.get_queue_runtime_properties("dash-counted")
+            _sign_in(browser, busd)
+            row = 'tr[data-queue="dash-counted"]'
+            active = _cell(browser, row, "active")
+            locked_cell = _cell(browser, row, "locked")
+            size_title = _retrying(
+                lambda: browser.find_element(By.CSS_SELECTOR, f"{row} td.size").get_attribute(
+                    "title"
+                )
+            )
+    assert runtime.active_message_count == 5
+    assert (active, locked_cell) == ("5", "2")
+    # every stored message's bytes: the body and its AMQP sections (a few hundred bytes)
+    assert 5 * 1000 < runtime.size_in_bytes < 5 * 1400, runtime.size_in_bytes
+    assert size_title == f"{runtime.size_in_bytes} bytes"
+
+
+def _http(busd, method: str, path: str, headers: dict | None = None, body: bytes | None = None):
+    request = urllib.request.Request(busd.http_url + path, body, headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_sign_in_hints_at_the_default_key_and_the_page_renews_its_token(busd, browser):
+    assert _http(busd, "GET", "/dashboard/sign-in") == (
+        200,
+        {"key_name": "RootManageSharedAccessKey", "default_key": True},
+    )
+    browser.get(busd.http_url + "/")
+    WebDriverWait(browser, 15).until(ec.visibility_of_element_located((By.ID, "key-hint")))
+    assert "SAS_KEY_VALUE" in browser.find_element(By.ID, "key-hint").text
+    _sign_in(browser, busd)
+
+    # a token an hour old: the page trades it for a fresh one, as its timer would
+    audience = f"sb://127.0.0.1:{busd.http_port}/"
+    ending = int(time.time()) + 60
+    short = generate_sas_token(audience, "RootManageSharedAccessKey", "SAS_KEY_VALUE", ending)
+    browser.execute_script("sessionStorage.setItem('busd-token', arguments[0])", short)
+    renewed = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "window.busdRenewIfDue().then(done, (e) => done('failed: ' + e));"
+    )
+    assert renewed is True
+    fresh = browser.execute_script("return sessionStorage.getItem('busd-token')")
+    parsed = parse_sas_token(fresh)
+    assert parsed.expiry >= int(time.time()) + 3500
+    assert (parsed.audience, parsed.key_name) == (audience, "RootManageSharedAccessKey")
+    assert _http(busd, "GET", "/admin/queues", {"Authorization": fresh})[0] == 200
+
+
+def test_renewal_refuses_what_it_cannot_vouch_for(busd):
+    audience = f"sb://127.0.0.1:{busd.http_port}/"
+    key = ("RootManageSharedAccessKey", "SAS_KEY_VALUE")
+    past = generate_sas_token(audience, *key, int(time.time()) - 5)
+    forged = generate_sas_token(audience, key[0], "not-the-key", int(time.time()) + 60)
+    for token in (past, forged, "", "Bearer x"):
+        status, answer = _http(busd, "POST", "/dashboard/renew", {"Authorization": token})
+        assert status == 401 and answer["error"].startswith("cannot renew this token"), answer
+    # a token for one queue stays one for that queue
+    narrow = generate_sas_token(audience + "dash-plain", *key, int(time.time()) + 60)
+    status, answer = _http(busd, "POST", "/dashboard/renew", {"Authorization": narrow})
+    assert status == 200
+    assert parse_sas_token(answer["token"]).audience == audience + "dash-plain"
+    assert _http(busd, "GET", "/admin/queues", {"Authorization": answer["token"]})[0] == 401
+    assert _http(busd, "GET", "/dashboard/renew")[0] == 405
+
+
+def test_no_hint_when_the_broker_has_its_own_key(busd_factory):
+    own = busd_factory(
+        [queue("dash-own")],
+        extra_env={"BUSD_SAS_KEY": "RootManageSharedAccessKey=a-key-of-our-own"},
+    )
+    assert _http(own, "GET", "/dashboard/sign-in") == (
+        200,
+        {"key_name": "RootManageSharedAccessKey", "default_key": False},
+    )

@@ -239,6 +239,14 @@ def test_the_dashboard_and_the_tools_act_on_the_namespace_of_their_key(busd):
     conn.request("GET", "/admin/queues", headers={"Authorization": token})
     response = conn.getresponse()
     assert [q["name"] for q in json.loads(response.read())] == ["ns-only"]
+    # the page's renewal keeps the namespace (the key name names it)
+    conn.request("POST", "/dashboard/renew", headers={"Authorization": token})
+    response = conn.getresponse()
+    renewed = json.loads(response.read())["token"]
+    assert response.status == 200
+    conn.request("GET", "/admin/queues", headers={"Authorization": renewed})
+    response = conn.getresponse()
+    assert [q["name"] for q in json.loads(response.read())] == ["ns-only"]
     result = CliRunner().invoke(
         cli,
         ["queues", "--json", "--url", busd.http_url],

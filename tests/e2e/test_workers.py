@@ -83,6 +83,15 @@ def test_sdk_sessions_are_exclusive_across_workers(busd):
     drain_sessions_concurrently(busd, busd)
 
 
+def comm(pid: int) -> str:
+    """The process's name as `ps`, `top` and `pgrep` show it."""
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def test_workers_are_named_in_ps(busd):
+    assert sorted(comm(pid) for pid in worker_pids(busd)) == ["busd-worker-0", "busd-worker-1"]
+
+
 def test_a_killed_worker_is_started_again(busd):
     before = worker_pids(busd)
     victim = min(before)
@@ -100,6 +109,8 @@ def test_a_killed_worker_is_started_again(busd):
         pytest.fail(f"the parent did not start a worker in place of {victim}: {busd.log_text()}")
     assert busd.proc.poll() is None
     assert "restarting it" in busd.log_text()
+    # the new one takes its place's name
+    assert sorted(comm(pid) for pid in now) == ["busd-worker-0", "busd-worker-1"]
     with ServiceBusClient.from_connection_string(busd.connection_string) as client:
         with client.get_queue_sender("plain") as sender:
             sender.send_messages([ServiceBusMessage(f"after-{i}") for i in range(10)])

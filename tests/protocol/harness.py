@@ -131,6 +131,8 @@ class Received:
     def tag(self) -> bytes:
         # proton's Delivery.tag decodes the tag as UTF-8, which a binary tag is not
         raw = lib.pn_delivery_tag(self.delivery._impl)
+        if not raw.size:  # an empty tag (receive-and-delete, docs/wire.md §6.4): no bytes
+            return b""
         return bytes(ffi.unpack(raw.start, raw.size))
 
     @property
