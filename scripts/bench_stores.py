@@ -113,6 +113,9 @@ class NodeSample:
     calls: dict[str, int]
     keys: int | None
     aof: Aof | None = None  # None: INFO persistence did not answer
+    # the server's own CPU seconds (INFO CPU used_cpu_sys + used_cpu_user): a shard's figure
+    # wherever it runs, this machine or not; None when INFO CPU did not answer (killed)
+    info_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,11 @@ class StoreProbe:
     def sample(self) -> dict[str, NodeSample]:
         return {
             node.name: NodeSample(
-                node_cpu(node), self._calls(node), self._keys(node), self._aof(node)
+                node_cpu(node),
+                self._calls(node),
+                self._keys(node),
+                self._aof(node),
+                self._info_cpu(node),
             )
             for node in self.nodes
         }
@@ -176,6 +183,14 @@ class StoreProbe:
         for own in ("info", "dbsize", "config|get"):  # this probe's
             calls.pop(own, None)
         return calls
+
+    @staticmethod
+    def _info_cpu(node: Node) -> float | None:
+        try:
+            info = node.client.info("cpu")
+        except (redis.RedisError, OSError):
+            return None
+        return float(info.get("used_cpu_sys", 0.0)) + float(info.get("used_cpu_user", 0.0))
 
     @staticmethod
     def _aof(node: Node) -> Aof | None:

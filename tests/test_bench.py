@@ -4,6 +4,7 @@ see each kind of violation in recorded events. Nothing here is about speed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -253,6 +254,47 @@ def test_workers_over_a_cluster_it_started_with_partitioned_queues() -> None:
     shares = re.findall(r"primary :\d+ [\d.]+ µs/msg, calls (\d+)%, keys (\d+)%", nodes[1])
     assert len(shares) == 3 and len(re.findall(r"replica :\d+ [\d.]+ µs/msg", nodes[1])) == 3
     assert sum(int(calls) for calls, _keys in shares) in range(298, 303), shares  # of 300%
+    assert_per_shard(send, 3)
+
+
+# "store per shard: a / b / c µs/msg (:p / :q / :r, INFO CPU), s summed, busiest n% of an
+# even share; calls x / y / z % of an even share"
+PER_SHARD = re.compile(
+    r"^    store per shard: ([\d. /]+) µs/msg \(([:\d /]+), INFO CPU\), ([\d.]+) summed, "
+    r"busiest (\d+)% of an even share; calls ([\d /]+) % of an even share$",
+    re.M,
+)
+
+
+def assert_per_shard(row: str, shards: int) -> None:
+    """A row's per-shard line: each primary's own CPU per message (INFO CPU), adding up to
+    the sum, the busiest one's share, and each one's share of the calls."""
+    line = PER_SHARD.search(row)
+    assert line, row
+    cpus = [float(x) for x in line[1].split(" / ")]
+    assert len(cpus) == len(line[2].split(" / ")) == shards, row
+    assert abs(sum(cpus) - float(line[3])) < 0.2 * shards, row
+    assert int(line[4]) >= 100, row  # the busiest has at least an even share
+    calls = [int(x) for x in line[5].split(" / ")]
+    assert len(calls) == shards and abs(sum(calls) - 100 * shards) <= shards, row
+
+
+def test_store_shards_run_prints_each_shards_figures() -> None:
+    """--store-shards: busd's embedded store as a local Cluster, its queues partitioned over
+    the shards by default; each row gives each shard's CPU, calls and keys."""
+    out = bench("--messages", "300", "--store-shards", "3", "--timeout", "90")
+    assert re.search(
+        r"store embedded Cluster of 3 local shards \(--store-shards\).*\(1 process, "
+        r"durability local, queues partitioned over the shards \(busd's default\)\)",
+        out,
+    ), out
+    assert re.search(r"^store: Valkey .*, 3 nodes \(3 serving\)", out, re.M), out
+    for phase in ("send", "receive peek-lock \\+ complete"):
+        row = re.search(rf"^{phase}\s+300\s", out, re.M)
+        assert row, out
+        _row, *lines = out[row.start() :].splitlines()
+        detail = "\n".join(itertools.takewhile(lambda line: line.startswith("    "), lines))
+        assert_per_shard(detail, 3)
 
 
 def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:

@@ -16,21 +16,41 @@ from busd.storage.api import (
     TopicSpec,
     subscription_path,
 )
+from tests.storage.stores import NUMBERS
 
 RD = ReceiveMode.RECEIVE_AND_DELETE
 PL = ReceiveMode.PEEK_LOCK
 
 
-def subscription(topic: str, name: str, **props) -> QueueSpec:
-    return QueueSpec(subscription_path(topic, name), topic=topic, **props)
+pytestmark = pytest.mark.every_store
 
 
-async def open_topic(store, name: str, *subs: QueueSpec) -> TopicSpec:
-    await store.open_subscriptions(name, [s.subscription for s in subs])
-    return TopicSpec(name)
+@pytest.fixture
+def subscription(spread):
+    """A subscription's handle (partitioned as its topic, on the partitioned store)."""
+
+    def make(topic: str, name: str, **props) -> QueueSpec:
+        return QueueSpec(subscription_path(topic, name), topic=topic, **spread, **props)
+
+    return make
 
 
-async def test_every_subscription_gets_each_message_under_the_topic_number(store):
+@pytest.fixture
+def open_topic(spread, created):
+    """Open the subscriptions of a topic; its handle."""
+
+    async def open_(store, name: str, *subs: QueueSpec) -> TopicSpec:
+        topic = created(TopicSpec(name, **spread))
+        await store.open_subscriptions(topic, [s.subscription for s in subs])
+        return topic
+
+    return open_
+
+
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
+async def test_every_subscription_gets_each_message_under_the_topic_number(
+    store, subscription, open_topic
+):
     subs = [subscription("t", f"s{i}") for i in range(3)]
     topic = await open_topic(store, "t", *subs)
     seqs = await store.publish(topic, subs, [NewMessage(b"a"), NewMessage(b"b")])
@@ -43,7 +63,10 @@ async def test_every_subscription_gets_each_message_under_the_topic_number(store
     assert await store.topic_totals(topic) == {"sent": 2}
 
 
-async def test_placements_route_copies_and_a_message_nobody_takes_is_dropped(store, tokens):
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
+async def test_placements_route_copies_and_a_message_nobody_takes_is_dropped(
+    store, tokens, subscription, open_topic
+):
     a, b = subscription("t", "a"), subscription("t", "b")
     topic = await open_topic(store, "t", a, b)
     seqs = await store.publish(
@@ -70,10 +93,10 @@ async def test_placements_route_copies_and_a_message_nobody_takes_is_dropped(sto
     assert await store.topic_totals(topic) == {"sent": 2, "dropped": 1}
 
 
-async def test_duplicate_detection_is_the_topics(store):
+async def test_duplicate_detection_is_the_topics(store, subscription, spread, created):
     subs = [subscription("t", "a"), subscription("t", "b")]
-    topic = TopicSpec("t", duplicate_detection_window_ms=60_000)
-    await store.open_subscriptions("t", ["a", "b"])
+    topic = created(TopicSpec("t", **spread, duplicate_detection_window_ms=60_000))
+    await store.open_subscriptions(topic, ["a", "b"])
     first = await store.publish(topic, subs, [NewMessage(b"1", message_id="m")])
     again = await store.publish(topic, subs, [NewMessage(b"2", message_id="m")])
     assert first == [1] and again == [0]
@@ -81,13 +104,16 @@ async def test_duplicate_detection_is_the_topics(store):
         assert [m.blob for m in await store.receive(sub, 10, RD, [])] == [b"1"]
 
 
-async def test_sessions_ttl_and_a_subscription_that_is_gone(store):
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
+async def test_sessions_ttl_and_a_subscription_that_is_gone(
+    store, subscription, open_topic, spread, created
+):
     sessions = subscription("t", "sess", requires_session=True)
     short = subscription("t", "short", default_ttl_ms=1000)
     gone = subscription("t", "gone")
     topic = await open_topic(store, "t", sessions, short)  # `gone` never opened
     await store.publish(
-        TopicSpec("t", default_ttl_ms=60_000),
+        created(TopicSpec("t", **spread, default_ttl_ms=60_000)),
         [sessions, short, gone],
         [NewMessage(b"s1", session_id="k"), NewMessage(b"none")],
     )
@@ -102,7 +128,9 @@ async def test_sessions_ttl_and_a_subscription_that_is_gone(store):
     assert await store.topic_totals(topic) == {"sent": 2}
 
 
-async def test_scheduled_on_a_topic_then_cancelled_everywhere(store, server_now):
+async def test_scheduled_on_a_topic_then_cancelled_everywhere(
+    store, server_now, subscription, open_topic
+):
     subs = [subscription("t", "a"), subscription("t", "b")]
     topic = await open_topic(store, "t", *subs)
     later = server_now() + 60_000
@@ -115,7 +143,10 @@ async def test_scheduled_on_a_topic_then_cancelled_everywhere(store, server_now)
     assert missing.value.condition == Condition.MESSAGE_NOT_FOUND
 
 
-async def test_a_resubmitted_dead_letter_takes_a_fresh_topic_number(store):
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
+async def test_a_resubmitted_dead_letter_takes_a_fresh_topic_number(
+    store, subscription, open_topic
+):
     sub = subscription("t", "a")
     topic = await open_topic(store, "t", sub)
     await store.publish(topic, [sub], [NewMessage(b"m")], [[Placement(0, dead_letter=("r", "d"))]])
@@ -125,7 +156,7 @@ async def test_a_resubmitted_dead_letter_takes_a_fresh_topic_number(store):
     assert back.seq == 2 and nxt == 3  # one counter: no copy overwrites another
 
 
-async def test_wakeups_reach_the_subscription_that_got_the_message(store):
+async def test_wakeups_reach_the_subscription_that_got_the_message(store, subscription, open_topic):
     woken: list[str] = []
     await store.subscribe(woken.append)
     a, b = subscription("t", "a"), subscription("t", "b")

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import pytest
+
 from busd.storage.api import MessageState, NewMessage, ReceiveMode
 from tests.storage.conftest import named
+from tests.storage.stores import NUMBERS
+
+pytestmark = pytest.mark.every_store
 
 
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
 async def test_sequence_numbers_start_at_one_and_increase(store, make_queue):
     q = make_queue()
     assert await store.send(q, [NewMessage(b"a"), NewMessage(b"b")]) == [1, 2]
     assert await store.send(q, [NewMessage(b"c")]) == [3]
 
 
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
 async def test_sequence_numbers_are_per_queue(store, make_queue):
     q1, q2 = make_queue(), make_queue()
     assert await store.send(q1, [NewMessage(b"a")]) == [1]
     assert await store.send(q2, [NewMessage(b"a")]) == [1]
 
 
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
 async def test_peek_lock_delivers_oldest_first_with_lock(store, make_queue, tokens):
     q = make_queue(lock_duration_ms=30_000)
     await store.send(q, [NewMessage(b"one"), NewMessage(b"two"), NewMessage(b"three")])

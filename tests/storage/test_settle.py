@@ -10,6 +10,9 @@ import redis
 from busd.errors import BusdError, Condition
 from busd.storage import keys as keyspace
 from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from tests.storage.stores import NUMBERS, OWN_KEYS, SPLIT_RENEWAL
+
+pytestmark = pytest.mark.every_store
 
 OK = None  # settle: applied
 LOCK_LOST = Condition.MESSAGE_LOCK_LOST
@@ -77,6 +80,7 @@ async def test_max_delivery_count_moves_to_dlq(store, make_queue, tokens):
     assert (await store.counts(q)).dead_letter == 1
 
 
+@pytest.mark.not_on("partitioned", reason=NUMBERS)
 async def test_dead_letter_keeps_reason_description_and_sequence_number(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"x"), NewMessage(b"bad")])
@@ -200,6 +204,7 @@ async def test_renew_message_locks_extends_by_lock_duration(store, make_queue, t
     assert statuses == [OK, OK]
 
 
+@pytest.mark.not_on("partitioned", reason=SPLIT_RENEWAL)
 async def test_renew_unknown_lock_raises_lock_lost_and_renews_none(store, make_queue, tokens):
     q = make_queue()
     await store.send(q, [NewMessage(b"a")])
@@ -230,6 +235,8 @@ def old_keys(store, q):
     return [keyspace.key(store.prefix, q.name, n) for n in ("q.body", "q.meta", "q.tokens")]
 
 
+@pytest.mark.not_on("cluster", reason=OWN_KEYS)
+@pytest.mark.not_on("partitioned", reason=OWN_KEYS)
 @pytest.mark.parametrize("outcome", [Outcome.COMPLETE, Outcome.ABANDON])
 async def test_a_lock_taken_before_tokens_named_their_message_still_settles(
     store, make_queue, tokens, redis_url, outcome
@@ -255,6 +262,8 @@ async def test_a_lock_taken_before_tokens_named_their_message_still_settles(
         assert (again.blob, again.delivery_count) == (b"a", 1)
 
 
+@pytest.mark.not_on("cluster", reason=OWN_KEYS)
+@pytest.mark.not_on("partitioned", reason=OWN_KEYS)
 async def test_a_message_stored_before_its_metadata_moved_is_delivered_and_deleted(
     store, make_queue, tokens, redis_url
 ):

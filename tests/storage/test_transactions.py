@@ -20,6 +20,12 @@ from busd.storage.api import (
     StagedSessionState,
     StagedSettlement,
 )
+from tests.storage.stores import CROSS_SLOT, PARTITION_HANDLES
+
+pytestmark = [
+    pytest.mark.every_store,
+    pytest.mark.not_on("partitioned", reason=PARTITION_HANDLES),
+]
 
 TIMEOUT_MS = 120_000
 
@@ -68,6 +74,7 @@ async def test_discard_drops_everything_staged(store, make_queue):
     assert err.value.condition == Condition.TRANSACTION_TIMEOUT
 
 
+@pytest.mark.not_on("cluster", reason=CROSS_SLOT)
 async def test_complete_and_send_across_queues_commit_together(store, make_queue, tokens):
     source, target = make_queue(), make_queue()
     await store.send(source, [NewMessage(b"in")])
@@ -225,6 +232,7 @@ async def test_cancel_of_a_scheduled_message_applies_at_the_commit(store, make_q
     assert await store.peek(q, 0, 10) == []
 
 
+@pytest.mark.not_on("cluster", reason=CROSS_SLOT)
 async def test_commits_leave_no_encoded_call_behind(store, make_queue):
     """A commit's keys are whatever entities the transaction named: the client does not
     keep its encoded call head (one per set would grow without end)."""
@@ -237,6 +245,7 @@ async def test_commits_leave_no_encoded_call_behind(store, make_queue):
     assert not [k for k in heads if k[0] == "commitTransaction"]
 
 
+@pytest.mark.not_on("cluster", reason=CROSS_SLOT)
 async def test_a_topic_send_fans_out_at_the_commit_to_the_copies_staged(store, make_queue):
     """The copies were decided when the send was staged: a subscription deleted since gets
     none; duplicate detection is the topic's; a topic gone refuses the whole commit."""
