@@ -37,12 +37,14 @@ async def test_connect_to_a_noeviction_server_does_not_warn(tmp_path, caplog):
     assert not [r for r in caplog.records if r.name == "busd.storage"]
 
 
-async def test_scripts_are_reloaded_after_script_flush(store, make_queue, redis_url):
+async def test_scripts_are_reloaded_after_function_flush(store, make_queue, redis_url):
+    """A server without busd's library (flushed, or restarted without its data) gets it
+    again on the first call, which then runs once."""
     import redis.asyncio as redis
 
     client = redis.Redis.from_url(redis_url)
     try:
-        await client.script_flush()
+        await client.function_flush()
     finally:
         await client.aclose()
     q = make_queue()
