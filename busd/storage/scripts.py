@@ -14,9 +14,12 @@ header, so the Python side cannot drift from what the script declares. `--- @inc
 "<name>"` lines pull in `lua/includes/<name>.lua` (one small local function each) before the
 line's place, dependencies first, each include once.
 
-The loaded text starts with a `#!lua` shebang: a script with one (even without flags) is
-checked by the server, in cluster mode, to touch only keys of the slot its KEYS hash to, so
-a key built inside a script with another hash tag fails loudly instead of working by luck.
+The server gets the scripts as one Functions library (`build_library`): its chunk defines
+each include once, each script is a function of it. A script's own text (`ScriptSource.text`,
+includes resolved) starts with a `#!lua` shebang, as the library does: a script or function
+with one (even without flags) is checked by the server, in cluster mode, to touch only keys
+of the slot its KEYS hash to, so a key built inside a script with another hash tag fails
+loudly instead of working by luck.
 """
 
 from __future__ import annotations
@@ -312,6 +315,12 @@ class Scripts:
     async def preload(self) -> None:
         """Load the library now (on every primary of a cluster), so that the first calls
         need no reload round trip."""
+        if self._pipe is not None:
+            # FUNCTION LOAD is written to the AOF and sent to the replicas (the library's 0.15
+            # MB, once per busd process started): not when this version is there already.
+            name = f"{LIBRARY_PREFIX}{self.library.version}"
+            if await self._client.function_list(library=name):
+                return
         # A cluster client sends FUNCTION LOAD to every primary.
         await self._client.function_load(self.library.text, replace=True)
 
