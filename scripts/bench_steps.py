@@ -120,7 +120,8 @@ def classify(tokens: list[bytes], scripts: Scripts) -> tuple[str, str]:
     command = tokens[0].lower()
     target = tokens[1] if len(tokens) > 1 else b""
     if command.startswith(b"fcall"):
-        name = target.decode(errors="replace")
+        # busd's functions are named <script>_<library version> (busd/storage/scripts.py)
+        name = re.sub(r"_[0-9a-f]{12}$", "", target.decode(errors="replace"))
     elif command.startswith(b"evalsha"):
         name = scripts.names.get(target.lower()) or f"sha {target[:8].decode(errors='replace')}"
     else:
@@ -128,7 +129,7 @@ def classify(tokens: list[bytes], scripts: Scripts) -> tuple[str, str]:
         name = header.group(1).decode() if header else "eval"
     step = step_of(name)
     j = scripts.offers_argv.get(name)
-    if step == "send" and j is not None and command.startswith(b"evalsha"):
+    if step == "send" and j is not None and command.startswith((b"evalsha", b"fcall")):
         try:
             index = 2 + int(tokens[2]) + j
             if int(tokens[index]) > 0:

@@ -79,7 +79,7 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
         assert figure != "nan", out
     # store calls (script runs) are round trips; commands include those run inside them
     assert 0 < float(calls) < float(cmds)
-    assert re.search(r"store commands per message: [\d.]+ script runs \(evalsha", out), out
+    assert re.search(r"store commands per message: [\d.]+ script runs \(fcall", out), out
     assert "sessions accepted" in out
     # Messages sent before the receivers came: sent, taken with each accept and settled; each
     # of the 30 sessions accepted and let go.

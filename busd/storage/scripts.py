@@ -14,9 +14,12 @@ header, so the Python side cannot drift from what the script declares. `--- @inc
 "<name>"` lines pull in `lua/includes/<name>.lua` (one small local function each) before the
 line's place, dependencies first, each include once.
 
-The loaded text starts with a `#!lua` shebang: a script with one (even without flags) is
-checked by the server, in cluster mode, to touch only keys of the slot its KEYS hash to, so
-a key built inside a script with another hash tag fails loudly instead of working by luck.
+The server gets the scripts as one Functions library (`build_library`): its chunk defines
+each include once, each script is a function of it. A script's own text (`ScriptSource.text`,
+includes resolved) starts with a `#!lua` shebang, as the library does: a script or function
+with one (even without flags) is checked by the server, in cluster mode, to touch only keys
+of the slot its KEYS hash to, so a key built inside a script with another hash tag fails
+loudly instead of working by luck.
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis as PlainRedis
-from redis.exceptions import (
-    NoScriptError,
-)
+from redis.exceptions import ResponseError
 
 from busd.storage.cluster import ShardPipelines
 from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
@@ -38,7 +39,6 @@ from busd.storage.pipeline import DURABILITY, PipelinedConnection, bulk, encode,
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
-    from redis.commands.core import AsyncScript
 
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -211,12 +211,74 @@ def load_sources(directory: Path = LUA_DIR) -> dict[str, ScriptSource]:
     return {s.name: s for s in map(read_source, sorted(directory.glob("*.lua")))}
 
 
+# The library's name and each function's name end in the library's version (the hash of its
+# text), so that processes of two busd versions can share a server during an upgrade, each
+# calling its own functions.
+LIBRARY_PREFIX = "busd_"
+
+
+@dataclass(frozen=True, slots=True)
+class Library:
+    """The scripts as one Valkey Functions library (docs/design.md §3.4): the includes are
+    defined once, when the library is loaded, rather than on every call as an EVALSHA'd
+    script defines them; each script is a function, `function_names[script]`, called with
+    FCALL."""
+
+    text: str
+    version: str
+    function_names: dict[str, bytes]
+
+
+def build_library(sources: dict[str, ScriptSource]) -> Library:
+    """Every script of `sources` in one library: its chunk defines each include once (as the
+    scripts' own text would, dependencies first) and registers each script's body as a
+    function. The bodies read KEYS and ARGV as scripts do: the function sets the chunk's
+    `KEYS`, `ARGV` (locals of the library, shared by its functions and includes) from its
+    arguments first; the server runs one function at a time."""
+    seen: set[str] = set()
+    prelude: list[str] = []
+    bodies: dict[str, str] = {}
+    for name, src in sorted(sources.items()):
+        lines: list[str] = []
+        for line in src.path.read_text().splitlines():
+            if _INCLUDE.match(line):
+                prelude.append(resolve_includes(line, seen))
+            else:
+                lines.append(line)
+        bodies[name] = "\n".join(lines)
+    chunk = "\n".join(["local KEYS, ARGV", *prelude])
+    version = hashlib.sha1(
+        "\0".join([chunk, *(f"{n}\0{b}" for n, b in bodies.items())]).encode()
+    ).hexdigest()[:12]
+    parts = [f"#!lua name={LIBRARY_PREFIX}{version}", chunk]
+    for name, body in bodies.items():
+        parts.append(
+            f"redis.register_function('{name}_{version}', function(keys, argv)\n"
+            f"KEYS, ARGV = keys, argv\n{body}\nend)"
+        )
+    return Library(
+        text="\n".join(parts) + "\n",
+        version=version,
+        function_names={name: f"{name}_{version}".encode() for name in bodies},
+    )
+
+
+def lost_library(exc: ResponseError) -> bool:
+    """Whether a call failed because the server has not got the library's functions (a
+    restarted server without its data, a promoted replica that never had them, FUNCTION
+    FLUSH): the call did not run, and runs once the library is loaded."""
+    return str(exc).startswith("Function not found")
+
+
 class Scripts:
     """The scripts registered with one client.
 
-    On a single server each call is one EVALSHA written as a pre-encoded command, pipelined
+    The scripts are one Functions library (`build_library`), loaded once per server: a
+    call is an FCALL of the script's function, so it no longer defines every include it
+    uses on each call (about 2.5 µs of the server's time per call, docs/design.md §3.19).
+    On a single server each call is one FCALL written as a pre-encoded command, pipelined
     on one connection of our own (`PipelinedConnection`, busd/storage/pipeline.py): the part
-    that repeats (script hash, the queue's keys) is encoded once per script and queue; the
+    that repeats (function name, the queue's keys) is encoded once per script and queue; the
     calls of one event-loop turn go out in one write and their answers come back in one
     read, in order; and a call skips redis-py's per-command machinery (pool, retries,
     observability hooks). Per call, that machinery and a socket write and read each cost
@@ -225,8 +287,9 @@ class Scripts:
     bounds the calls in flight (RedisStore._slots). A call is never retried: a script that
     ran must not run twice. On a cluster, each primary has such a connection of its own and
     a call goes to the one owning its first key's slot (`ShardPipelines`,
-    busd/storage/cluster.py). Either way a server that lost the scripts (NOSCRIPT:
-    restarted, failed over, flushed) gets them again."""
+    busd/storage/cluster.py). Either way a server that lost the library ("Function not
+    found": restarted without its data, failed over to a replica that never had it,
+    flushed) gets it again, and the call runs once."""
 
     def __init__(
         self,
@@ -236,13 +299,8 @@ class Scripts:
     ) -> None:
         self.sources = sources if sources is not None else load_sources()
         self._client = client
-        self._registered: dict[str, AsyncScript] = {
-            name: client.register_script(src.text) for name, src in self.sources.items()
-        }
-        self._sha = {
-            name: hashlib.sha1(src.text.encode()).hexdigest().encode()
-            for name, src in self.sources.items()
-        }
+        self.library = build_library(self.sources)
+        self._load = resp_command(b"FUNCTION", b"LOAD", b"REPLACE", self.library.text.encode())
         # Only a plain client has one pool for every key; a cluster has a pipeline per primary.
         plain = type(client) is PlainRedis
         self._pipe = (
@@ -251,13 +309,20 @@ class Scripts:
         self._shards = (
             None if plain else ShardPipelines(client, DURABILITY[durability])  # type: ignore[arg-type]
         )
-        # (script, keys) -> (number of KEYS, encoded 'EVALSHA <sha> <numkeys> <keys...>')
+        # (script, keys) -> (number of KEYS, encoded 'FCALL <function> <numkeys> <keys...>')
         self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
     async def preload(self) -> None:
-        """Load every script now, so that the first calls need no NOSCRIPT round trip."""
-        for src in self.sources.values():
-            await self._client.script_load(src.text)
+        """Load the library now (on every primary of a cluster), so that the first calls
+        need no reload round trip."""
+        if self._pipe is not None:
+            # FUNCTION LOAD is written to the AOF and sent to the replicas (the library's 0.15
+            # MB, once per busd process started): not when this version is there already.
+            name = f"{LIBRARY_PREFIX}{self.library.version}"
+            if await self._client.function_list(library=name):
+                return
+        # A cluster client sends FUNCTION LOAD to every primary.
+        await self._client.function_load(self.library.text, replace=True)
 
     async def close(self) -> None:
         if self._pipe is not None:
@@ -270,13 +335,15 @@ class Scripts:
         if pipe is None:
             if self._shards is not None and keys:
                 return await self._run_on_shard(self._shards, name, keys, args)
-            return await self._registered[name](keys=keys, args=args)
+            cluster: Any = self._client
+            return await cluster.fcall(self.library.function_names[name].decode(), 0, *args)
         command = self._command(name, keys, args)
         try:
             return await pipe.call(command, name)
-        except NoScriptError:
-            pass
-        await self._client.script_load(self.sources[name].text)
+        except ResponseError as exc:
+            if not lost_library(exc):
+                raise
+        await pipe.call(self._load, name)
         return await pipe.call(command, name)
 
     async def _run_on_shard(
@@ -286,20 +353,21 @@ class Scripts:
         key = encode(keys[0])
         try:
             return await shards.call(command, name, key)
-        except NoScriptError:
-            pass
-        # On that primary (a promoted replica has none of the scripts its primary loaded).
-        await shards.call(
-            resp_command(b"SCRIPT", b"LOAD", self.sources[name].text.encode()), name, key
-        )
+        except ResponseError as exc:
+            if not lost_library(exc):
+                raise
+        # On that primary (a promoted replica has none of the functions its primary loaded,
+        # unless it replicated the load).
+        await shards.call(self._load, name, key)
         return await shards.call(command, name, key)
 
     def _command(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> bytes:
-        """The RESP encoding of `EVALSHA <sha> <numkeys> <keys...> <args...>`."""
+        """The RESP encoding of `FCALL <function> <numkeys> <keys...> <args...>`."""
         cache_key = (name, tuple(keys))
         head = self._heads.get(cache_key)
         if head is None:
-            parts = [bulk(b"EVALSHA"), bulk(self._sha[name]), bulk(b"%d" % len(keys))]
+            function = self.library.function_names[name]
+            parts = [bulk(b"FCALL"), bulk(function), bulk(b"%d" % len(keys))]
             parts += [bulk(encode(k)) for k in keys]
             head = (len(keys), b"".join(parts))
             # A transaction's commit names whatever entities it touched: kept, its key sets

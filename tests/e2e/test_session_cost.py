@@ -71,7 +71,7 @@ def test_a_session_life_costs_three_scripts(busd_factory, redis_url):
         after = command_calls(store)
     calls = {name: after[name] - before.get(name, 0) for name in after}
     calls.pop("cmdstat_info", None)  # this test's own INFO
-    scripts = calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0)
+    scripts = sum(calls.get(f"cmdstat_{c}", 0) for c in ("fcall", "evalsha", "eval"))
     commands = sum(calls.values())
     assert scripts <= SCRIPTS_PER_SESSION * SESSIONS, calls
     per_command = {name: n / SESSIONS for name, n in calls.items() if n}

@@ -186,15 +186,16 @@ async def test_durability_on_a_cluster_needs_every_primarys_append_only_file(tmp
 
 
 async def test_a_primary_that_lost_the_scripts_gets_them_again(cluster, tokens):
-    """A promoted replica, or a flushed primary, has none of the scripts (NOSCRIPT): the call
-    loads its script on that primary and runs once."""
+    """A promoted replica that never had busd's library, or a flushed primary, has none of
+    the scripts ("Function not found"): the call loads the library on that primary and runs
+    once."""
     store = RedisStore(cluster.url, prefix="noscript")
     await store.connect()
     try:
         q = QueueSpec("flushed")
         await store.send(q, [NewMessage(b"a")])
         with cluster.client(owner(cluster, slot_of(store, q))) as node:
-            node.script_flush()
+            node.function_flush()
         await store.send(q, [NewMessage(b"b")])
         received = await store.receive(q, 10, PL, tokens(10))
         assert [m.blob for m in received] == [b"a", b"b"]

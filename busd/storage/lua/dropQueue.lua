@@ -22,7 +22,7 @@
 
 local Q = queueContext(0, 0)
 local n = redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
-for name, key in pairs(Q) do
+for name, key in pairs(getmetatable(Q).__index) do -- its keys (includes/queueKeys.lua)
   if type(key) == 'table' then
     for sub, k in pairs(key) do
       if sub ~= 'dlq' then redis.call('UNLINK', k) end

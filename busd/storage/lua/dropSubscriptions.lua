@@ -32,7 +32,7 @@ local n = 0
 for i = 1, T.n do
   local Q = queueContext(TOPIC_KEYC + (i - 1) * QUEUE_KEYC, TOPIC_ARGC + (i - 1) * QUEUE_ARGC)
   n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
-  for name, key in pairs(Q) do
+  for name, key in pairs(getmetatable(Q).__index) do -- its keys (includes/queueKeys.lua)
     if type(key) == 'table' then
       for sub, k in pairs(key) do
         if sub ~= 'dlq' then redis.call('UNLINK', k) end

@@ -1,4 +1,5 @@
 --- @include "nowMs"
+--- @include "queueKeys"
 -- The number of a queue context's parameters below: a script's own arguments start at
 -- ARGV[QUEUE_ARGC + 1] (`ARGV[c+1]` in the headers), and a script holding several contexts
 -- steps by it. busd/storage/scripts.py reads it from this line for the Python side.
@@ -20,9 +21,10 @@ local QUEUE_KEYC = 38
 --               (includes/deadLetterSession.lua)
 --   ARGV[ab+6]  housekeeping budget (items per kind of lazy work)
 -- `woken` makes a script wake each waiter or holder at most once; the counters feed sweep's
--- result.
+-- result. The keys' names (Q.sholder, Q.q.body, ...) come from includes/queueKeys.lua, kept
+-- between calls, through the context's metatable.
 local function queueContext(kb, ab)
-  local Q = {
+  local keys = queueKeys(kb, QUEUE_KEYC) or queueKeys(kb, QUEUE_KEYC, {
     seq = KEYS[kb + 1], dedup = KEYS[kb + 2], sfree = KEYS[kb + 3], sholder = KEYS[kb + 4],
     slocks = KEYS[kb + 5], sstate = KEYS[kb + 6], supdated = KEYS[kb + 7],
     sessions = KEYS[kb + 8], swaiters = KEYS[kb + 9], procs = KEYS[kb + 10],
@@ -36,6 +38,8 @@ local function queueContext(kb, ab)
           deferred = KEYS[kb + 30], sall = KEYS[kb + 31], waiters = KEYS[kb + 32] },
     stats = KEYS[kb + 33], fwd = KEYS[kb + 34], sidle = KEYS[kb + 35], sactive = KEYS[kb + 36],
     sclient = KEYS[kb + 37], quiet = KEYS[kb + 38],
+  })
+  local Q = {
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
     maxDc = tonumber(ARGV[ab + 4]), dlOnExp = tonumber(ARGV[ab + 5]) % 2 == 1,
     dlSession = tonumber(ARGV[ab + 5]) >= 2,
@@ -43,5 +47,5 @@ local function queueContext(kb, ab)
     now = nowMs(), woken = {}, caller = false,
     expiredLocks = 0, expiredMessages = 0, activated = 0,
   }
-  return Q
+  return setmetatable(Q, keys)
 end
