@@ -104,7 +104,8 @@ class Settings:
     # cores); above 1, entities are partitioned by default (busd/storage/embedded.py)
     store_shards: int | None = 1
     # what the store must have done with a write before busd acknowledges it: local (ran),
-    # fsync (in the primary's append-only file), replicated (and received by a replica); §3.9
+    # fsync (in the primary's append-only file), replicated (and received by a replica);
+    # docs/design.md §3.9
     durability: str = "local"
     # namespaces other than the default one a process serves at once (docs/design.md §3.17)
     max_namespaces: int = 100

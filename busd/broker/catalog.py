@@ -222,7 +222,8 @@ class Catalog:
             and isinstance(entity, (QueueEntity, TopicEntity))
             and entity.partitions != current.partitions
         ):
-            # Its messages live in the keys of its partitions: fixed at creation (§3.18).
+            # Its messages live in the keys of its partitions: fixed at creation
+            # (docs/design.md §3.18).
             log.warning(
                 "%s '%s': partitioning is fixed when an entity is created; the file's "
                 "EnablePartitioning/PartitionCount is ignored (delete the entity to "
