@@ -13,12 +13,13 @@ keeps trusting it across restarts and renewals of the server certificate:
     busd-key.pem      the server certificate's key
 
 The authority may sign only local names: its X.509 name constraints (critical) permit the DNS
-name `localhost` and every name under it, 127.0.0.1, ::1 and the address or name busd is
-bound to (`--host`) when that is neither a loopback nor a wildcard; its path length is 0 and
-its key usage certificate and CRL signing. So trusting it system-wide, as .NET needs, trusts
-nothing but busd on this machine: a certificate it signed for any other name fails
-verification. An authority without those constraints (what busd made before, a self-signed
-certificate that was its own issuer) is made anew at start, with one line in the log.
+name `localhost` and every name under it, 127.0.0.1, ::1, the address or name busd is bound
+to (`--host`) when that is neither a loopback nor a wildcard, and each `--hostname`; its
+path length is 0 and its key usage certificate and CRL signing. So trusting it system-wide,
+as .NET needs, trusts nothing but busd on this machine: a certificate it signed for any
+other name fails verification. An authority without those constraints (what busd made
+before, a self-signed certificate that was its own issuer) is made anew at start, with one
+line in the log.
 """
 
 from __future__ import annotations
