@@ -166,12 +166,12 @@ class Settings:
             raise ConfigError(f"workers must be 1..1024, got {self.workers}")
         if self.store_shards is not None and not 1 <= self.store_shards <= 16:
             raise ConfigError(f"store shards must be 1..16 or auto, got {self.store_shards}")
-        if self.store_shards != 1 and self.durability != "local":
-            # local shards have no replicas to fail over to; a Cluster of the user's with
-            # replicas (--redis-url valkey+cluster://...) takes --durability
+        if self.store_shards != 1 and self.durability == "replicated":
+            # local shards have no replicas (fsync works: each waits for its own append-only
+            # file); a Cluster of the user's with replicas (--redis-url) takes replicated
             raise ConfigError(
-                f"--durability {self.durability} is not offered with --store-shards (local "
-                "shards have no replicas); give a Cluster with replicas as --redis-url instead"
+                "--durability replicated needs replicas, which --store-shards' local shards do "
+                "not have; give a Cluster with replicas as --redis-url instead"
             )
         if self.store_shards != 1 and self.redis_url:
             raise ConfigError(

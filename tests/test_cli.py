@@ -53,7 +53,7 @@ def test_store_shards_are_those_of_the_embedded_store():
     assert result.exit_code == EXIT_CONFIG and "store shards must be 1..16" in result.output
     result = run("serve", "--store-shards", "3", "--redis-url", "redis://127.0.0.1:1")
     assert result.exit_code == EXIT_CONFIG and "--store-shards" in result.output
-    result = run("serve", "--store-shards", "auto", "--durability", "fsync")
+    result = run("serve", "--store-shards", "auto", "--durability", "replicated")
     assert result.exit_code == EXIT_CONFIG and "--store-shards" in result.output
 
 

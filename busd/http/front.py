@@ -40,6 +40,17 @@ def handler(server) -> Front:
         token = request.headers.get("authorization", "")
         return await server.namespaces.for_request(token, request.host)
 
+    async def served_namespace(request: Request, kind: str):
+        """The (name, broker) of a management or admin request's namespace, or the refusal:
+        401 when its token may not reach it, 403 when the process serves as many as it may."""
+        try:
+            name, broker = await namespace(request)
+        except NamespaceLimit as exc:
+            return _namespace_limit(exc, kind == "admin")
+        if broker is None:
+            return _no_namespace(kind == "admin")
+        return name, broker
+
     def atom_of(name: str | None, broker) -> AtomApi:
         known = apis.get(name)
         if known is None or known[0] is not broker:
@@ -65,12 +76,10 @@ def handler(server) -> Front:
             return Response(404, body=b"not found\n")
         if kind in ("health", "dashboard"):
             return BODY_LIMIT
-        try:
-            name, broker = await namespace(request)
-        except NamespaceLimit as exc:
-            return _namespace_limit(exc, kind == "admin")
-        if broker is None:
-            return _no_namespace(kind == "admin")
+        served = await served_namespace(request, kind)
+        if isinstance(served, Response):
+            return served
+        name, broker = served
         if kind == "management":
             try:
                 atom_of(name, broker).authorize(request)
@@ -87,12 +96,10 @@ def handler(server) -> Front:
         kind = _route(request)
         path = request.path
         if kind in ("management", "admin"):
-            try:
-                name, broker = await namespace(request)
-            except NamespaceLimit as exc:
-                return _namespace_limit(exc, kind == "admin")
-            if broker is None:
-                return _no_namespace(kind == "admin")
+            served = await served_namespace(request, kind)
+            if isinstance(served, Response):
+                return served
+            name, broker = served
             if kind == "management":
                 return await atom_of(name, broker).handle(request)
             code, content_type, body, headers = await admin_request(

@@ -58,7 +58,8 @@ def start(tmp_path: Path, data_dir: Path):
         tmp_path,
         data_dir=data_dir,
         prefix="shards",
-        extra_env={"BUSD_STORE_SHARDS": str(SHARDS)},
+        # fsync: each shard waits for its own append-only file (docs/design.md §3.9)
+        extra_env={"BUSD_STORE_SHARDS": str(SHARDS), "BUSD_DURABILITY": "fsync"},
     )
 
 
@@ -104,13 +105,17 @@ def test_three_local_shards_from_one_command(tmp_path):
             assert admin.get_queue("orders").max_delivery_count == 7
         # 18 partitions (a multiple of the shards), six on each shard
         per_shard = Counter()
+        waited = {}
         for _, port in servers:
             node = redis.Redis(host="127.0.0.1", port=port)
             try:
                 tags = {k.split(b"}")[0] for k in node.scan_iter(match=b"{shards:orders:*")}
+                waited[port] = node.info("commandstats").get("cmdstat_waitaof", {}).get("calls")
             finally:
                 node.close()
             per_shard[port] = len(tags)
+        # every shard took sends, and each waited for its own append-only file
+        assert all(waited.values()), waited
         assert sorted(per_shard.values()) == [6, 6, 6], per_shard
 
         # busd shows the spread: `busd shards` and /metrics
