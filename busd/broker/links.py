@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from busd.auth.rights import Grant
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
-    from busd.broker.faults import Faults
     from busd.broker.handover import HandOvers
     from busd.broker.lease import SessionLease, SessionLeases
     from busd.broker.limits import Buffers, Limits
@@ -109,6 +108,21 @@ class NamespaceAuthority(Protocol):
     ) -> tuple[BrokerScope, Grant]: ...
 
 
+class FaultScope(Protocol):
+    """What endpoints use of faults on demand (busd.broker.faults.Faults, which detaches
+    endpoints and so imports this module: described here, not imported)."""
+
+    active: bool  # any fault set: the hot path's one check
+
+    async def refusal(
+        self, operation: str | tuple[str, ...], entity: str, session: str | None = None
+    ) -> BusdError | None: ...
+
+    async def check(
+        self, operation: str | tuple[str, ...], entity: str, session: str | None = None
+    ) -> None: ...
+
+
 class BrokerScope(Protocol):
     """What endpoints and connections use of the broker (busd.broker.broker.Broker, which
     imports them: described here, not imported, so imports flow one way)."""
@@ -125,8 +139,10 @@ class BrokerScope(Protocol):
     session_leases: SessionLeases
     # the session holders a send can hand its messages to (busd.broker.handover)
     handovers: HandOvers
-    # faults on demand (busd.broker.faults): the hot path reads `faults.active` only
-    faults: Faults
+
+    @property
+    def faults(self) -> FaultScope:
+        """Faults on demand (busd.broker.faults): the hot path reads `faults.active` only."""
 
     def queue(self, name: str) -> QueueSpec | None: ...
 
