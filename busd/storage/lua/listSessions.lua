@@ -1,7 +1,7 @@
 --[[
   listSessions: a page of session ids. Without a time: every session with messages or state,
   in session id order. With a time: sessions whose state was set after it, oldest update
-  first.
+  first. A held session without messages or state is not listed (includes/unlistedSession.lua).
 
   Invariant: the order is stable between calls (ids, or update time then id), so pages do
   not overlap while nothing changes.
@@ -25,6 +25,7 @@
 ]]
 --- @include "queueContext"
 --- @include "housekeeping"
+--- @include "unlistedSession"
 
 local Q = queueContext(0, 0)
 local skip = tonumber(ARGV[QUEUE_ARGC + 1])
@@ -33,7 +34,27 @@ housekeeping(Q, Q.q)
 if top <= 0 then return {} end
 
 local after = ARGV[QUEUE_ARGC + 3]
-if after == '' then
-  return redis.call('ZRANGE', Q.sessions, skip, skip + top - 1)
+local function range(from, n)
+  if after == '' then return redis.call('ZRANGE', Q.sessions, from, from + n - 1) end
+  return redis.call('ZRANGEBYSCORE', Q.supdated, '(' .. after, '+inf', 'LIMIT', from, n)
 end
-return redis.call('ZRANGEBYSCORE', Q.supdated, '(' .. after, '+inf', 'LIMIT', skip, top)
+-- With no holder, every session in the indexes is listed: the page is one range read.
+if redis.call('HLEN', Q.sholder) == 0 then return range(skip, top) end
+-- Else the index is read from its start in chunks, the unlisted left out (listing is rare;
+-- skipping them on a message's path would cost every message, docs/design.md §3.4).
+local out, listed, from, chunk = {}, 0, 0, math.max(top, 100)
+while #out < top do
+  local sids = range(from, chunk)
+  for _, sid in ipairs(sids) do
+    if not unlistedSession(Q, sid) then
+      listed = listed + 1
+      if listed > skip then
+        out[#out + 1] = sid
+        if #out == top then break end
+      end
+    end
+  end
+  if #sids < chunk then break end
+  from = from + chunk
+end
+return out
