@@ -12,8 +12,7 @@
   Output:
     { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions,
       free sessions, oldest message enqueued ms (0 none), event, total, event, total, ... }
-    (sessions: those listed, with messages or state, includes/unlistedSession.lua; they are
-    0 for the dead-letter sub-queue; free sessions have available messages and
+    (sessions are 0 for the dead-letter sub-queue; free sessions have available messages and
     no holder; the oldest message is the lowest-numbered one not scheduled for later, among
     the entity's first ten; the event totals are the entity's, from
     `stats` without the entity prefix: sent, received, completed, expired, ...)
@@ -23,7 +22,6 @@
 ]]
 --- @include "queueContext"
 --- @include "readMeta"
---- @include "unlistedCount"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -38,7 +36,7 @@ else
     card(E.sched),
     card(E.deferred),
     card(Q.d.all),
-    card(Q.sessions) - unlistedCount(Q, Q.sessions),
+    card(Q.sessions),
     redis.call('ZCOUNT', Q.slocks, '(' .. Q.now, '+inf'),
     card(Q.sfree),
   }

@@ -39,16 +39,49 @@ local function range(from, n)
   return redis.call('ZRANGEBYSCORE', Q.supdated, '(' .. after, '+inf', 'LIMIT', from, n)
 end
 -- With no holder, every session in the indexes is listed: the page is one range read.
-if redis.call('HLEN', Q.sholder) == 0 then return range(skip, top) end
--- Else the index is read from its start in chunks, the unlisted left out (listing is rare;
--- skipping them on a message's path would cost every message, docs/design.md §3.4).
-local out, listed, from, chunk = {}, 0, 0, math.max(top, 100)
+local held = redis.call('HLEN', Q.sholder)
+if held == 0 then return range(skip, top) end
+
+-- Else the unlisted (held, without messages or state) are left out (listing is rare; leaving
+-- them in the index spares every held session's message two writes, docs/design.md §3.4).
+-- The page starts at the position `from` of the index where `skip` listed sessions lie
+-- before it: counted from the index's start when `skip` is small, else from the ranks of
+-- the unlisted, which are held sessions; either way O(min(skip, held sessions)).
+local from = 0
+local toSkip = skip
+if skip > held then
+  local ranks = {}
+  local base = 0
+  if after ~= '' then base = redis.call('ZCOUNT', Q.supdated, '-inf', after) end
+  for _, sid in ipairs(redis.call('HKEYS', Q.sholder)) do
+    if unlistedSession(Q, sid, true) then
+      local rank
+      if after == '' then
+        rank = redis.call('ZRANK', Q.sessions, sid)
+      else
+        local score = redis.call('ZSCORE', Q.supdated, sid)
+        if score and tonumber(score) > tonumber(after) then
+          rank = redis.call('ZRANK', Q.supdated, sid) - base
+        end
+      end
+      if rank then ranks[#ranks + 1] = rank end
+    end
+  end
+  table.sort(ranks)
+  from = skip
+  for _, rank in ipairs(ranks) do
+    if rank > from then break end
+    from = from + 1
+  end
+  toSkip = 0
+end
+local out, listed, chunk = {}, 0, math.max(top, 100)
 while #out < top do
   local sids = range(from, chunk)
   for _, sid in ipairs(sids) do
     if not unlistedSession(Q, sid) then
       listed = listed + 1
-      if listed > skip then
+      if listed > toSkip then
         out[#out + 1] = sid
         if #out == top then break end
       end

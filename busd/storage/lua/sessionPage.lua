@@ -5,8 +5,8 @@
   whatever the number of sessions. Reads only.
 
   Sorts, each an index of its own:
-    id       every session with messages or state (`sessions`, less the held ones with
-             neither: includes/unlistedSession.lua), by id
+    id       every session with messages or state (`sessions`, whose held sessions without
+             either are read past: includes/unlistedSession.lua), by id
     locked   held sessions (`slocks`), the lock ending first first
     waiting  free sessions with available messages (`sfree`), the oldest message first
     updated  sessions whose state was set (`supdated`), the oldest update first
@@ -26,7 +26,7 @@
               scheduled ones (those beyond count as deferred)
 
   Output:
-    { next cursor ('' last page), sessions in the index,
+    { next cursor ('' last page), sessions in the index (held ones included),
       { session id, holder or false, locked-until ms or false, client or false,
         state size, state preview or false, active, in flight, deferred, scheduled,
         oldest message enqueued ms or false, last activity ms (0 unknown),
@@ -39,7 +39,7 @@
 --- @include "sessionRange"
 --- @include "memberSeq"
 --- @include "readMeta"
---- @include "unlistedCount"
+--- @include "unlistedSession"
 
 local Q = queueContext(0, 0)
 local sort = ARGV[QUEUE_ARGC + 1]
@@ -106,9 +106,9 @@ if #sids == top then
   nextCursor = sids[#sids]
   if sort ~= 'id' then nextCursor = scores[#sids] .. ':' .. nextCursor end
 end
-local total = redis.call('ZCARD', index)
-if filter then total = total - unlistedCount(Q, index) end
-local out = { nextCursor, total }
+-- the index's size: held sessions without messages or state count in it (counting them out
+-- would read every held session, docs/management.md §7)
+local out = { nextCursor, redis.call('ZCARD', index) }
 for i, sid in ipairs(sids) do
   local lo, hi = sessionRange(sid)
   local holder = redis.call('HGET', Q.sholder, sid)
