@@ -11,6 +11,7 @@ the measured rounds. busd's code is whichever `busd` PYTHONPATH finds, so the sa
 compares two trees: run it alternately with each.
 
   PYTHONPATH=$PWD python3 scripts/bench_store_loop.py --messages 20000 --runs 3
+  PYTHONPATH=$PWD python3 scripts/bench_store_loop.py --server-arg=--hz=100   # a setting's cost
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def run_once(args: argparse.Namespace) -> dict[str, float]:
                 "yes",
                 "--appendfsync",
                 "everysec",
+                *(a for arg in args.server_arg for a in arg.split("=", 1)),
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -151,6 +153,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="messages (sessions) per send call")
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="a valkey-server setting as --name=value, after the defaults (repeatable)",
+    )
     args = p.parse_args()
     rows = [run_once(args) for _ in range(args.runs)]
     for key in rows[0]:

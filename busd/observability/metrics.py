@@ -104,8 +104,8 @@ class StoreCollector:
         )
         sessions = GaugeMetricFamily(
             "busd_entity_sessions",
-            "Sessions with messages or state; locked (held) sessions; free sessions (available "
-            "messages, no holder).",
+            "Sessions with messages or state, or held; locked (held) sessions; free sessions "
+            "(available messages, no holder).",
             labels=["entity", "kind"],
         )
         oldest = GaugeMetricFamily(

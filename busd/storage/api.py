@@ -583,6 +583,7 @@ class Store(Protocol):
         tokens: Sequence[bytes] = (),
         client: str = "",
         waiting: bool = True,
+        release: tuple[str, str] | None = None,
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
@@ -593,7 +594,10 @@ class Store(Protocol):
         (peek-lock: one token each), and returned in the lock's `messages`. `client`, the
         holder's connection ('<container id>\0<address>'), is kept for the inspector.
         `waiting` False tells that no earlier call registered the holder as a waiter, which
-        spares taking it off the waiters once it locks a session."""
+        spares taking it off the waiters once it locks a session. `release` (session id, its
+        holder): release that lock first, as `release_session` does, in the same step
+        (release-and-accept-next: one store call where a receiver lets its session go as
+        another link of its connection asks for the next)."""
 
     async def receive_session(
         self,

@@ -399,6 +399,7 @@ class PartitionedStore:
         tokens: Sequence[bytes] = (),
         client: str = "",
         waiting: bool = True,
+        release: tuple[str, str] | None = None,
     ) -> SessionLock | None:
         if not queue.partitions:
             return await self.inner.accept_session(
@@ -411,7 +412,10 @@ class PartitionedStore:
                 tokens=tokens,
                 client=client,
                 waiting=waiting,
+                release=release,
             )
+        if release is not None:  # its partition is not the accept's: a call of its own first
+            await self.release_session(queue, *release)
         if session_id is not None:
             part = self.part_of_session(queue, session_id)
             return await self.inner.accept_session(

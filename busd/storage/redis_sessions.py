@@ -41,8 +41,9 @@ class SessionCalls(RedisConnection):
         tokens: Sequence[bytes] = (),
         client: str = "",
         waiting: bool = True,
+        release: tuple[str, str] | None = None,
     ) -> SessionLock | None:
-        check_session_ids([session_id])
+        check_session_ids([session_id] + ([release[0]] if release else []))
         count = max(count, 0)
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         if count and peek_lock and len(tokens) < count:
@@ -58,6 +59,7 @@ class SessionCalls(RedisConnection):
             token_string(tokens, count) if count and peek_lock else "",
             client,
             1 if waiting else 0,
+            *((session_arg(release[0]), release[1]) if release else ()),
         )
         if reply[0] == ScriptStatus.NO_SESSION_AVAILABLE:
             return None

@@ -633,3 +633,115 @@ async def test_a_session_left_with_its_state_alone_is_idle_however_it_got_there(
     assert await idle_sessions_gone(store, q) == ["busy", "purged"]
     await store.purge(q)  # they lose their messages; neither has a holder
     assert await idle_sessions_gone(store, q) == []
+
+
+async def test_a_held_session_left_empty_is_unlisted_until_its_release_forgets_it(
+    store, sq, tokens
+):
+    """Its settlements keep a held session that they leave empty (lua/settleMessages.lua):
+    the next send finds it in place. It is not listed or paged meanwhile (it counts, as held),
+    and its lock's end forgets it, once (includes/unlockSession.lua)."""
+    await store.send(sq, msgs("held", b"1") + msgs("other", b"2"))
+    await store.accept_session(sq, "held", "h1")
+    (m,) = await store.receive_session(sq, "held", "h1", 1, PL, tokens(1))
+    await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], "h1")
+    assert await store.list_sessions(sq, 0, 10, None) == ["other"]
+    assert await store.list_sessions(sq, 1, 10, None) == []
+    page = await store.session_page(sq, "id", None, 10)
+    assert ([d.session_id for d in page.sessions], page.total) == (["other"], 2)
+    assert (await store.counts(sq)).sessions == 2  # "other", and "held" while held
+    # still held and in order: the next message goes to its holder
+    await store.send(sq, msgs("held", b"3"))
+    assert await store.list_sessions(sq, 0, 10, None) == ["held", "other"]
+    (m,) = await store.receive_session(sq, "held", "h1", 1, PL, tokens(1))
+    assert m.blob == b"3"
+    await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], "h1")
+    await store.release_session(sq, "held", "h1")
+    assert await store.list_sessions(sq, 0, 10, None) == ["other"]
+    assert (await store.counts(sq)).sessions == 1
+    # forgotten: a named accept and release of it leave nothing behind either
+    await store.accept_session(sq, "held", "h2")
+    await store.release_session(sq, "held", "h2")
+    assert (await store.counts(sq)).sessions == 1
+    assert [d.session_id for d in (await store.session_page(sq, "id", None, 10)).sessions] == [
+        "other"
+    ]
+
+
+async def test_a_held_session_with_state_stays_listed_when_empty(store, sq, tokens):
+    await store.send(sq, msgs("s1", b"1"))
+    await store.accept_session(sq, "s1", "h1")
+    await store.set_session_state(sq, "s1", "h1", b"st")
+    (m,) = await store.receive_session(sq, "s1", "h1", 1, PL, tokens(1))
+    await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], "h1")
+    assert await store.list_sessions(sq, 0, 10, None) == ["s1"]
+    await store.release_session(sq, "s1", "h1")
+    assert await store.list_sessions(sq, 0, 10, None) == ["s1"]
+    assert (await store.counts(sq)).sessions == 1
+
+
+async def test_pages_of_listed_sessions_skip_the_unlisted_held_ones(store, sq, tokens):
+    """Listing reads on past held empty sessions until its page is full (lua/listSessions.lua,
+    lua/sessionPage.lua)."""
+    await store.send(sq, [m for i in range(10) for m in msgs(f"s{i}", b"x")])
+    for i in (0, 2, 3):  # held and emptied
+        sid = f"s{i}"
+        await store.accept_session(sq, sid, f"h{i}")
+        (m,) = await store.receive_session(sq, sid, f"h{i}", 1, PL, tokens(1))
+        await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], f"h{i}")
+    await store.accept_session(sq, "s6", "h6")  # held, with its message: listed
+    listed = ["s1", "s4", "s5", "s6", "s7", "s8", "s9"]
+    for skip, top in ((0, 2), (1, 3), (2, 2), (3, 10), (4, 2), (5, 10), (7, 5)):
+        # up to 4 held: counted from the start; beyond: from the unlisted ones' ranks
+        assert await store.list_sessions(sq, skip, top, None) == listed[skip : skip + top]
+    first = await store.session_page(sq, "id", None, 2)
+    assert [d.session_id for d in first.sessions] == ["s1", "s4"]
+    assert first.total == 10  # the index's size: held ones count
+    rest = await store.session_page(sq, "id", first.next, 10)
+    assert [d.session_id for d in rest.sessions] == listed[2:]
+
+
+async def test_release_and_accept_next_is_one_step(store, sq, tokens):
+    """A receiver lets its session go and the next link of its connection takes the next
+    session, in one call (lua/acceptSession.lua): the released session's unsettled message
+    is available again, uncounted, and next-available sees it as any free session."""
+    await store.send(sq, msgs("a", b"a1", b"a2"))
+    first = await store.accept_session(sq, None, "h1", count=1, tokens=tokens(1))
+    assert first is not None and first.session_id == "a"
+    # h1 lets "a" go with a1 unsettled; h2 asks for the next: "a" again, the one free
+    # session, a1 redelivered without a counted attempt
+    nxt = await store.accept_session(sq, None, "h2", count=2, tokens=tokens(2), release=("a", "h1"))
+    assert nxt is not None and nxt.session_id == "a"
+    assert [(m.blob, m.delivery_count) for m in nxt.messages] == [(b"a1", 0), (b"a2", 0)]
+    for m in nxt.messages:
+        await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], "h2")
+    await store.send(sq, msgs("b", b"b1"))
+    # h2 lets the emptied "a" go and h3 takes "b": "a" is forgotten in that same call
+    last = await store.accept_session(
+        sq, None, "h3", count=1, tokens=tokens(1), release=("a", "h2")
+    )
+    assert last is not None and last.session_id == "b"
+    assert await store.list_sessions(sq, 0, 10, None) == ["b"]
+    assert (await store.counts(sq)).locked_sessions == 1
+    # a release by a receiver that does not hold the session changes nothing
+    none_left = await store.accept_session(sq, None, "h4", release=("b", "h1"))
+    assert none_left is None
+    with pytest.raises(BusdError) as err:
+        await store.accept_session(sq, "b", "h5")
+    assert err.value.condition == Condition.SESSION_CANNOT_BE_LOCKED
+
+
+async def test_sessions_updated_after_leave_out_the_unlisted_held_ones(store, sq, tokens):
+    await store.send(sq, [m for i in range(6) for m in msgs(f"u{i}", b"x")])
+    await store.set_session_state(sq, "u0", "", b"s")
+    for sid in ("u1", "u2"):  # held, state set and cleared, emptied: unlisted
+        await store.accept_session(sq, sid, f"h-{sid}")
+        await store.set_session_state(sq, sid, f"h-{sid}", b"s")
+        await store.set_session_state(sq, sid, f"h-{sid}", None)
+        (m,) = await store.receive_session(sq, sid, f"h-{sid}", 1, PL, tokens(1))
+        await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE)], f"h-{sid}")
+    for sid in ("u3", "u4", "u5"):
+        await store.set_session_state(sq, sid, "", b"s")
+    listed = ["u0", "u3", "u4", "u5"]
+    for skip, top in ((0, 10), (1, 2), (2, 1), (3, 5), (4, 5)):
+        assert await store.list_sessions(sq, skip, top, 0) == listed[skip : skip + top]

@@ -12,10 +12,15 @@
   registered as a waiter in the same step, so no session that becomes free afterwards can be
   missed: it wakes the oldest waiter (includes/freeSession.lua).
 
+  Release-and-accept-next: given a session and its holder to release first (a receiver of the
+  same connection that lets its session go as the next one attaches), that lock is released
+  as releaseSession does, in the same call.
+
   Housekeeping first (bounded): expired locks, due scheduled messages, expired messages
   (session-wide).
 
-  Invariant: a session has at most one holder; a held session is not in sfree.
+  Invariant: a session has at most one holder; a held session is not in sfree, and is in
+  sessions.
 
   Context: queue
 
@@ -33,6 +38,8 @@
               id>\0<client address>' ('' unknown)
     ARGV[c+8] '1' when an earlier call may have registered the holder as a waiter (it is
               then taken off the waiters once it locks a session), '0' when none did
+    ARGV[c+9] a session to release first ('' none; optional)
+    ARGV[c+10] its holder (the releasing receiver's; with ARGV[c+9])
 
   Output:
     { 0, session id, locked-until ms, delivery row, ... } (includes/deliveryRow.lua; the
@@ -46,12 +53,17 @@
 --- @include "queueContext"
 --- @include "housekeeping"
 --- @include "unlockSession"
+--- @include "releaseSessionLock"
 --- @include "takeSessionMessages"
 
 local Q = queueContext(0, 0)
 local holder = ARGV[QUEUE_ARGC + 1]
 local sid = ARGV[QUEUE_ARGC + 2]
 Q.caller = holder
+local releasing = ARGV[QUEUE_ARGC + 9]
+if releasing and releasing ~= '' then
+  releaseSessionLock(Q, ARGV[QUEUE_ARGC + 10], releasing, false)
+end
 housekeeping(Q, Q.q)
 
 local nextAvailable = sid == ''
@@ -78,10 +90,12 @@ local lockedUntil = Q.now + Q.lockMs
 redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
 redis.call('ZREM', Q.sfree, sid)
--- A free session has available messages, so it exists; a named one may not (yet).
-if nextAvailable or redis.call('ZSCORE', Q.sessions, sid) then
-  redis.call('HSET', Q.sactive, sid, Q.now)
-end
+-- A held session is in `sessions` while held, whatever it has (a send hands it messages
+-- without filing it there, includes/placeMessage.lua); one without messages or state is not
+-- listed (includes/unlistedSession.lua) and its lock's end forgets it. A free session has
+-- available messages, so it is there already.
+if not nextAvailable then redis.call('ZADD', Q.sessions, 0, sid) end
+redis.call('HSET', Q.sactive, sid, Q.now)
 local client = ARGV[QUEUE_ARGC + 7]
 if client and client ~= '' then redis.call('HSET', Q.sclient, sid, client) end
 local out = { 0, sid, lockedUntil }

@@ -31,11 +31,15 @@ end
 if not E.dlq then
   redis.call('UNLINK', Q.sfree)
   for _, sid in ipairs(redis.call('ZRANGE', Q.sessions, 0, -1)) do
-    if redis.call('HEXISTS', Q.sstate, sid) == 0 then
+    -- a held one stays while held (includes/forgetSessionIfEmpty.lua)
+    if redis.call('HEXISTS', Q.sholder, sid) == 1 then
+      sid = false
+    end
+    if sid and redis.call('HEXISTS', Q.sstate, sid) == 0 then
       redis.call('ZREM', Q.sessions, sid)
       redis.call('ZREM', Q.supdated, sid)
       redis.call('HDEL', Q.sactive, sid)
-    else
+    elseif sid then
       noteIdleSession(Q, sid, { stateful = true, empty = true })
     end
   end

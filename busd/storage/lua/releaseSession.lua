@@ -26,16 +26,8 @@
     wake-ups (includes/wakeWaiters.lua) when messages or the session became available
 ]]
 --- @include "queueContext"
---- @include "unlockSession"
+--- @include "releaseSessionLock"
 
 local Q = queueContext(0, 0)
-local holder = ARGV[QUEUE_ARGC + 1]
-local sid = ARGV[QUEUE_ARGC + 2]
-Q.caller = holder
-local current = redis.call('HGET', Q.sholder, sid)
-if not current or (holder ~= '' and current ~= holder) then return 0 end
-if holder == '' then Q.caller = current end
-local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
-local expire = ARGV[QUEUE_ARGC + 3] == '1'
-unlockSession(Q, sid, expire or not lockedUntil or lockedUntil <= Q.now)
-return 1
+return releaseSessionLock(Q, ARGV[QUEUE_ARGC + 1], ARGV[QUEUE_ARGC + 2],
+  ARGV[QUEUE_ARGC + 3] == '1')

@@ -5,7 +5,8 @@
   whatever the number of sessions. Reads only.
 
   Sorts, each an index of its own:
-    id       every session with messages or state (`sessions`), by id
+    id       every session with messages or state (`sessions`, whose held sessions without
+             either are read past: includes/unlistedSession.lua), by id
     locked   held sessions (`slocks`), the lock ending first first
     waiting  free sessions with available messages (`sfree`), the oldest message first
     updated  sessions whose state was set (`supdated`), the oldest update first
@@ -25,7 +26,7 @@
               scheduled ones (those beyond count as deferred)
 
   Output:
-    { next cursor ('' last page), sessions in the index,
+    { next cursor ('' last page), sessions in the index (held ones included),
       { session id, holder or false, locked-until ms or false, client or false,
         state size, state preview or false, active, in flight, deferred, scheduled,
         oldest message enqueued ms or false, last activity ms (0 unknown),
@@ -38,6 +39,7 @@
 --- @include "sessionRange"
 --- @include "memberSeq"
 --- @include "readMeta"
+--- @include "unlistedSession"
 
 local Q = queueContext(0, 0)
 local sort = ARGV[QUEUE_ARGC + 1]
@@ -49,31 +51,54 @@ local index = ({ id = Q.sessions, locked = Q.slocks, waiting = Q.sfree,
                  updated = Q.supdated })[sort]
 if not index then return redis.error_reply('unknown sort ' .. sort) end
 
-local sids = {}
-local scores = {}
-if sort == 'id' then
-  local from = '-'
-  if cursor ~= '' then from = '(' .. cursor end
-  sids = redis.call('ZRANGEBYLEX', index, from, '+', 'LIMIT', 0, top)
-else
+-- One range of the index after cursor `cur`, at most n: session ids and their scores.
+local function fetch(cur, n)
+  local got, gotScores = {}, {}
+  if sort == 'id' then
+    local from = '-'
+    if cur ~= '' then from = '(' .. cur end
+    return redis.call('ZRANGEBYLEX', index, from, '+', 'LIMIT', 0, n), gotScores
+  end
   local rows
-  if cursor == '' then
-    rows = redis.call('ZRANGE', index, 0, top - 1, 'WITHSCORES')
+  if cur == '' then
+    rows = redis.call('ZRANGE', index, 0, n - 1, 'WITHSCORES')
   else
-    local colon = string.find(cursor, ':', 1, true)
-    local score, after = string.sub(cursor, 1, colon - 1), string.sub(cursor, colon + 1)
+    local colon = string.find(cur, ':', 1, true)
+    local score, after = string.sub(cur, 1, colon - 1), string.sub(cur, colon + 1)
     local rank = redis.call('ZRANK', index, after)
     if rank and redis.call('ZSCORE', index, after) == score then
-      rows = redis.call('ZRANGE', index, rank + 1, rank + top, 'WITHSCORES')
+      rows = redis.call('ZRANGE', index, rank + 1, rank + n, 'WITHSCORES')
     else -- that session left the index: go on after its score
       rows = redis.call('ZRANGEBYSCORE', index, '(' .. score, '+inf', 'WITHSCORES',
-        'LIMIT', 0, top)
+        'LIMIT', 0, n)
     end
   end
   for i = 1, #rows, 2 do
-    sids[#sids + 1] = rows[i]
-    scores[#sids] = rows[i + 1]
+    got[#got + 1] = rows[i]
+    gotScores[#got] = rows[i + 1]
   end
+  return got, gotScores
+end
+
+-- A held session without messages or state is in `sessions` (and may be in `supdated`) but
+-- not listed (includes/unlistedSession.lua): with holders, those indexes' pages leave them
+-- out, reading on until the page is full.
+local filter = (sort == 'id' or sort == 'updated') and redis.call('HLEN', Q.sholder) > 0
+local sids = {}
+local scores = {}
+local cur = cursor
+while true do
+  local got, gotScores = fetch(cur, top)
+  for i, sid in ipairs(got) do
+    if not (filter and unlistedSession(Q, sid)) then
+      sids[#sids + 1] = sid
+      scores[#sids] = gotScores[i]
+      if #sids == top then break end
+    end
+  end
+  if #sids == top or #got < top or not filter then break end
+  cur = got[#got]
+  if sort ~= 'id' then cur = gotScores[#got] .. ':' .. cur end
 end
 
 local nextCursor = ''
@@ -81,6 +106,8 @@ if #sids == top then
   nextCursor = sids[#sids]
   if sort ~= 'id' then nextCursor = scores[#sids] .. ':' .. nextCursor end
 end
+-- the index's size: held sessions without messages or state count in it (counting them out
+-- would read every held session, docs/management.md §7)
 local out = { nextCursor, redis.call('ZCARD', index) }
 for i, sid in ipairs(sids) do
   local lo, hi = sessionRange(sid)

@@ -38,7 +38,12 @@ local E = Q[ARGV[QUEUE_ARGC + 1]]
 local holder = ARGV[QUEUE_ARGC + 2]
 if holder == '' then holder = false end
 Q.caller = holder
-Q.emptied = {} -- sessions that may have lost their last message, looked at once at the end
+-- A session message settles only under its session's live lock (includes/checkSettlement.lua),
+-- so a session its settlements leave empty is held: it stays listed in `sessions` until its
+-- lock ends, which forgets it then (includes/unlockSession.lua), instead of being forgotten
+-- here and filed again by the next send, per message (docs/design.md §3.4). Listing leaves
+-- out a held session without messages or state (lua/listSessions.lua).
+Q.emptied = {} -- collected by includes/deleteMessage.lua, and left so
 
 local function orNil(s)
   if s == '' then return nil end
@@ -66,15 +71,7 @@ for i = QUEUE_ARGC + 3, #ARGV, 6 do
   end
   out[#out + 1] = status
 end
-local forgotten = {}
-for _, sid in ipairs(Q.emptied) do
-  if forgetSessionIfEmpty(Q, sid) then forgotten[sid] = true end
-end
--- A session keeps existing while it has messages or state: one that was not forgotten just
--- now still has them.
-for sid in pairs(settled) do
-  if not forgotten[sid] then redis.call('HSET', Q.sactive, sid, Q.now) end
-end
+for sid in pairs(settled) do redis.call('HSET', Q.sactive, sid, Q.now) end
 for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
   countEvent(Q, E, event, counts[event] or 0)
 end

@@ -20,9 +20,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
     if sessionQueue then
       m.ss = 1
-      -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once
+      -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once.
+      -- A message handed over goes to a held session, which is there already
+      -- (lua/acceptSession.lua).
       local added = Q.added
-      if not (added and added[sid]) then
+      local h = Q.handOver
+      if not (added and added[sid]) and not (h and not (due and due > Q.now)) then
         redis.call('ZADD', Q.sessions, 0, sid)
         if added then added[sid] = true end
       end

@@ -4,22 +4,31 @@
 --- @include "returnMessage"
 --- @include "refreshFreeSession"
 --- @include "noteIdleSession"
+--- @include "forgetSessionIfEmpty"
 -- End a session's lock. Its delivered, unsettled messages are available again: with a
 -- counted failed attempt when the lock expired (`failed`), without when the receiver closed.
 -- The holder goes first, so that the session, once it has available messages, is free and
 -- wakes one waiting next-available receiver (not the holder that is leaving). The end of a
--- lock is the session's last activity; left without messages, it is idle from now.
+-- lock is the session's last activity; left without messages, it is idle from now, or, with
+-- no state either, forgotten here: its settlements left it listed while it was held
+-- (lua/settleMessages.lua), and this is the one place that ends that, once per lock.
 local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
   if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
-  -- A session whose last message was settled and that has no state was forgotten then
-  -- (includes/forgetSessionIfEmpty.lua): it has no message to return or to be free with,
-  -- nothing to note, and an activity noted now would outlive it. (A session with messages is
-  -- in Q.sessions: includes/placeMessage.lua.)
-  if not redis.call('ZSCORE', Q.sessions, sid) then return end
   local lo, hi = sessionRange(sid)
+  -- The usual end of a session whose last message was settled: no message to return or to
+  -- be free with, so one count says it all.
+  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0 then
+    if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
+      redis.call('HSET', Q.sactive, sid, Q.now)
+    end
+    return
+  end
+  -- Listed while it has messages (a session held when a store written before this kept
+  -- only the sessions with messages or state may have been left out of it then).
+  redis.call('ZADD', Q.sessions, 0, sid)
   local counted = false
   for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)) do
     local seq = memberSeq(member)
