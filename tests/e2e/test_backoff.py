@@ -15,8 +15,10 @@ import time
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ServiceBusAdministrationClient
+from click.testing import CliRunner
 
 from busd.auth.sas import generate_sas_token
+from busd.cli import cli
 from tests.e2e.conftest import queue, subscription, topic
 
 pytestmark = pytest.mark.timeout(120)
@@ -329,3 +331,23 @@ def test_a_change_keeping_the_maximum_is_checked_against_it(busd):
         busd, "bo-pair", "<RedeliveryBackoffMinimum>PT6S</RedeliveryBackoffMinimum>", change=True
     )
     assert status == 400 and "RedeliveryBackoffMaximum (PT5S)" in text, text
+
+
+def test_set_with_the_command_line(busd, admin):
+    def tool(*args: str):
+        result = CliRunner().invoke(cli, [*args, "--url", busd.http_url], prog_name="busd")
+        assert "Traceback" not in result.output, result.output
+        return result
+
+    made = tool(
+        "queue", "create", "bo-cli", "--backoff-min", "PT1S", "--backoff-factor", "1.5", "--json"
+    )
+    assert made.exit_code == 0, made.output
+    assert "<RedeliveryBackoffFactor>1.5</RedeliveryBackoffFactor>" in get_queue(busd, "bo-cli")
+    refused = tool("queue", "update", "bo-cli", "--backoff-factor", "0.5")
+    assert refused.exit_code != 0 and "1 to 1000" in refused.output
+    props = admin.get_queue("bo-cli")
+    admin.update_queue(props, lock_duration=dt.timedelta(seconds=20))
+    text = get_queue(busd, "bo-cli")
+    assert "<RedeliveryBackoffMinimum>PT1S</RedeliveryBackoffMinimum>" in text
+    assert "<LockDuration>PT20S</LockDuration>" in text
