@@ -440,6 +440,10 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
                 f"{label}: property {key!r} is kept and answered back by the "
                 "management API, but busd does not act on it"
             )
+    try:
+        ep.check_together(values)
+    except ConfigError as e:
+        raise ConfigError(f"{label}: {e}") from None
     return values
 
 

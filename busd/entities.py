@@ -50,6 +50,10 @@ class QueueEntity:
     dead_letter_on_expiration: bool = _default("DeadLetteringOnMessageExpiration")
     dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
     session_idle_ttl_ms: int | None = _default("SessionIdleTimeToLive")  # None: never
+    # redelivery backoff (docs/design.md §2.17): minimum None is off; maximum None the longest
+    backoff_min_ms: int | None = _default("RedeliveryBackoffMinimum")
+    backoff_max_ms: int | None = _default("RedeliveryBackoffMaximum")
+    backoff_factor: float = _default("RedeliveryBackoffFactor")
     duplicate_detection_window_ms: int | None = None  # None: off
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     forward_to: str | None = None  # bare entity path
@@ -123,6 +127,9 @@ class SubscriptionEntity:
     dead_letter_session_on_max_delivery: bool = _default("DeadLetterSessionOnMaxDeliveryCount")
     dead_letter_on_filter_exceptions: bool = _default("DeadLetteringOnFilterEvaluationExceptions")
     session_idle_ttl_ms: int | None = _default("SessionIdleTimeToLive")
+    backoff_min_ms: int | None = _default("RedeliveryBackoffMinimum")
+    backoff_max_ms: int | None = _default("RedeliveryBackoffMaximum")
+    backoff_factor: float = _default("RedeliveryBackoffFactor")
     forward_to: str | None = None
     forward_dead_lettered_to: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

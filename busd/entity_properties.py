@@ -17,6 +17,7 @@ paths. A record field holds `value * scale` (bytes for kilobytes).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +25,12 @@ from typing import Any
 from busd import access_rules
 from busd.entity_values import normalize_forward_target, parse_duration_ms
 from busd.errors import ConfigError
+from busd.storage.api import BACKOFF_LONGEST_MS
 
 # Types: how a value is read and written.
 BOOL = "bool"
 INT = "int"
+NUMBER = "number"  # a decimal number (float), as `1.5`
 DURATION = "duration"  # ISO 8601 / TimeSpan text; milliseconds, None for unbounded
 TEXT = "text"
 STATUS = "status"  # one of STATUSES
@@ -94,7 +97,18 @@ class Property:
             if not -(2**63) <= value < 2**63:
                 raise ConfigError(f"{self.name} is out of range: {text}")
             return value
+        if self.type == NUMBER:
+            return self._number(text)
         return self._from_string(text)
+
+    def _number(self, value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{self.name} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{self.name} must be a finite number, got {value!r}")
+        return number
 
     def from_json(self, value: Any) -> Any:
         """The value of the entities file's JSON value; ConfigError when it is not one."""
@@ -110,6 +124,10 @@ class Property:
             return value
         if self.type == ACCESS_RULES:
             return access_rules.normalize(value)
+        if self.type == NUMBER:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ConfigError(f"{self.name} must be a number, got {value!r}")
+            return self._number(value)
         if not isinstance(value, str):
             what = {DURATION: "an ISO 8601 duration string", ENTITY: "an entity name"}.get(
                 self.type, "a string"
@@ -173,6 +191,8 @@ class Property:
             return format_duration(value)
         if self.type == BOOL:
             return "true" if value else "false"
+        if self.type == NUMBER:
+            return f"{value:g}"
         return str(value)
 
 
@@ -276,6 +296,50 @@ PROPERTIES: tuple[Property, ...] = (
         flag="session-idle-ttl",
         own=True,
         help="Remove a session's state once it has had no messages and no holder this long.",
+    ),
+    # busd's own (docs/design.md §2.17): Service Bus makes an abandoned message available at
+    # once; with a minimum, it is available again min * factor^(delivery count - 1) later
+    _p(
+        "RedeliveryBackoffMinimum",
+        DURATION,
+        "qs",
+        None,
+        attr="backoff_min_ms",
+        minimum=1,
+        maximum=BACKOFF_LONGEST_MS,
+        bounds="longer than zero, at most 7 days",
+        store=True,
+        flag="backoff-min",
+        own=True,
+        help="Redelivery backoff after a first failed delivery, e.g. PT1S (off unless set).",
+    ),
+    _p(
+        "RedeliveryBackoffMaximum",
+        DURATION,
+        "qs",
+        None,
+        attr="backoff_max_ms",
+        minimum=1,
+        maximum=BACKOFF_LONGEST_MS,
+        bounds="longer than zero, at most 7 days",
+        store=True,
+        flag="backoff-max",
+        own=True,
+        help="Longest redelivery backoff (7 days unless set).",
+    ),
+    _p(
+        "RedeliveryBackoffFactor",
+        NUMBER,
+        "qs",
+        2.0,
+        attr="backoff_factor",
+        minimum=1,
+        maximum=1000,
+        bounds="1 to 1000",
+        store=True,
+        flag="backoff-factor",
+        own=True,
+        help="Growth of the redelivery backoff per failed delivery (2).",
     ),
     _p(
         "RequiresDuplicateDetection",
@@ -423,6 +487,9 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "PartitionCount",
         "DeadLetterSessionOnMaxDeliveryCount",
         "SessionIdleTimeToLive",
+        "RedeliveryBackoffMinimum",
+        "RedeliveryBackoffMaximum",
+        "RedeliveryBackoffFactor",
     ),
     TOPIC: (
         "DefaultMessageTimeToLive",
@@ -471,6 +538,9 @@ ATOM_ORDER: dict[str, tuple[str, ...]] = {
         "UserMetadata",
         "DeadLetterSessionOnMaxDeliveryCount",
         "SessionIdleTimeToLive",
+        "RedeliveryBackoffMinimum",
+        "RedeliveryBackoffMaximum",
+        "RedeliveryBackoffFactor",
     ),
 }
 
@@ -491,6 +561,23 @@ def check(
             current is not None and current.get(name) == value and prop.api_minimum is not None
         ):
             prop.check(value, api)
+    check_together(values, kept=current)
+
+
+def check_together(values: Mapping[str, Any], kept: Mapping[str, Any] | None = None) -> None:
+    """ConfigError when values of several properties contradict each other: a redelivery
+    backoff's minimum above its maximum. `kept`: the entity's current properties, which a
+    change keeps for busd's own ones it leaves out (busd.http.entities)."""
+    given = dict(values)
+    for name in ("RedeliveryBackoffMinimum", "RedeliveryBackoffMaximum"):
+        if name not in given and kept is not None:
+            given[name] = kept.get(name)
+    low, high = given.get("RedeliveryBackoffMinimum"), given.get("RedeliveryBackoffMaximum")
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            f"RedeliveryBackoffMinimum ({format_duration(low)}) must not be longer than "
+            f"RedeliveryBackoffMaximum ({format_duration(high)})"
+        )
 
 
 # The partitions of a queue or topic whose description does not say whether it is

@@ -293,10 +293,15 @@ class CatalogEntities:
                 )
             else:
                 # The description sent replaces the whole one, as in Service Bus: what it
-                # leaves out takes its default (docs/management.md §3.2).
+                # leaves out takes its default (docs/management.md §3.2), but for busd's own
+                # properties, which the SDKs' models never send back: they are kept.
                 replacement = dict(properties)
                 replacement.pop("DefaultRuleDescription", None)
                 before = _to_atom(current)
+                for prop in ep.OF_KIND[kind].values():
+                    if prop.own and not prop.immutable and prop.name not in replacement:
+                        if prop.name in before:
+                            replacement[prop.name] = before[prop.name]
                 for prop in (p for p in ep.OF_KIND[kind].values() if p.immutable):
                     if _changes(prop, replacement, before):
                         raise ax.AtomError(

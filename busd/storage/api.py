@@ -59,6 +59,11 @@ class LockTokens(Sequence[bytes]):
         return self.packed[16 * index : 16 * index + 16]
 
 
+# The longest redelivery backoff, and what one without a maximum grows to (docs/design.md
+# §2.17): a week, as the longest duplicate detection window.
+BACKOFF_LONGEST_MS = 7 * 86_400_000
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
     """The handle of a queue-like entity in every Store call: a queue, or a topic's
@@ -79,6 +84,11 @@ class QueueSpec:
     # None: never; else a session with no messages and no holder this long is removed (state
     # included) by the sweep (docs/design.md §2.6)
     session_idle_ttl_ms: int | None = None
+    # redelivery backoff (docs/design.md §2.17): None off; else an abandoned or lock-expired
+    # message is available again min * factor^(delivery count - 1) ms later, at most max
+    backoff_min_ms: int | None = None
+    backoff_max_ms: int | None = None  # None: the longest (busd.entity_properties)
+    backoff_factor: float = 2.0
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024
     dlq: bool = False

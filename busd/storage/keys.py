@@ -81,6 +81,9 @@ KEY_DOC: dict[str, str] = {
     "sinflight": "zset (lexicographic): <sid>\\0<seq16>; delivered, unsettled session messages",
     "waiters": "zset: waiter id -> ms it began waiting; receivers (not of sessions) with "
     "credit and nothing to take (each message that becomes available wakes the oldest one)",
+    "backoff": "zset: seq -> ms due; available messages waiting out their redelivery backoff "
+    "(docs/design.md §2.17), outside `ready` (in `sready` too when filed under a session); "
+    "the queue's only (q.backoff)",
     # queue-wide, last: what has happened, for the metrics
     "stats": "hash: <entity>.<event> -> count; monotonic totals of what happened to the "
     "queue ('q.') and its dead-letter sub-queue ('d.'): sent, received, completed, "
@@ -141,7 +144,7 @@ QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats", "fwd", "sidle", "sactive", "sclient", "quiet")
+    + ("stats", "fwd", "sidle", "sactive", "sclient", "quiet", "q.backoff")
 )
 
 

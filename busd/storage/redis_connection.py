@@ -19,7 +19,14 @@ from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from busd.storage import keys as keyspace
-from busd.storage.api import WAKE_ALL, QueueSpec, StoreUnavailable, TopicSpec, WakeCallback
+from busd.storage.api import (
+    BACKOFF_LONGEST_MS,
+    WAKE_ALL,
+    QueueSpec,
+    StoreUnavailable,
+    TopicSpec,
+    WakeCallback,
+)
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
 from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import as_text
@@ -53,7 +60,16 @@ def queue_context_args(
         (1 if queue.dead_letter_on_expiration else 0)
         + (2 if queue.dead_letter_session_on_max_delivery else 0),
         budget,
+        backoff_arg(queue),
     ]
+
+
+def backoff_arg(queue: QueueSpec) -> str:
+    """The queue context's redelivery backoff (lua/includes/queueContext.lua): '' when off."""
+    if queue.backoff_min_ms is None:
+        return ""
+    longest = queue.backoff_max_ms if queue.backoff_max_ms is not None else BACKOFF_LONGEST_MS
+    return f"{queue.backoff_min_ms},{longest},{queue.backoff_factor!r}"
 
 
 if len(queue_context_args(QueueSpec(""), "", 0)) != QUEUE_ARGC:

@@ -12,6 +12,7 @@
   Output:
     { active, locked, scheduled, deferred, dead-lettered, sessions, locked sessions,
       free sessions, oldest message enqueued ms (0 none), event, total, event, total, ... }
+    (active includes messages waiting out a redelivery backoff, docs/design.md §2.17)
     (sessions are 0 for the dead-letter sub-queue; free sessions have available messages and
     no holder; the oldest message is the lowest-numbered one not scheduled for later, among
     the entity's first ten; the event totals are the entity's, from
@@ -26,12 +27,21 @@
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
 local function card(key) return redis.call('ZCARD', key) end
+-- Messages waiting out a redelivery backoff are active (as an abandoned message is in Service
+-- Bus); those under a session are in sready already (includes/fileMessage.lua). A queue's
+-- messages are all under sessions or none (includes/placeMessage.lua), so its first says.
+local waiting = 0
+if not E.dlq then
+  local first = redis.call('ZRANGE', Q.q.backoff, 0, 0)[1]
+  local m = first and readMeta(Q.q, tonumber(first))
+  if m and not m.ss then waiting = card(Q.q.backoff) end
+end
 local out
 if E.dlq then
   out = { card(E.ready), card(E.locked), 0, card(E.deferred), card(E.all), 0, 0, 0 }
 else
   out = {
-    card(E.ready) + card(E.sready),
+    card(E.ready) + card(E.sready) + waiting,
     card(E.locked) + card(E.sinflight),
     card(E.sched),
     card(E.deferred),

@@ -6,7 +6,9 @@
   session locks (their in-flight messages likewise), scheduled messages that came due,
   messages past their time to live (session-wide), and, when the entity has a
   SessionIdleTimeToLive, sessions idle (no messages, no holder) for longer than it: their
-  state and bookkeeping go (includes/expireIdleSessions.lua).
+  state and bookkeeping go (includes/expireIdleSessions.lua). Messages whose redelivery
+  backoff ended become available (includes/housekeeping.lua); on a queue whose backoff was
+  turned off, all those still waiting do (docs/design.md §2.17).
 
   Wake-ups, kept whole: the calling process marks itself live until now + `liveness`; the
   waiters of processes whose liveness ran out are dropped (their wake-ups would reach no one).
@@ -38,9 +40,11 @@
 --- @include "expireMessageLocks"
 --- @include "wakeWaiters"
 --- @include "expireIdleSessions"
+--- @include "activateBackoff"
 
 local Q = queueContext(0, 0)
 local sids = housekeeping(Q, Q.q, true)
+if not Q.bo then activateBackoff(Q, Q.budget, '+inf') end
 expireMessageLocks(Q, Q.d, Q.budget)
 local idle = 0
 local idleTtl = ARGV[QUEUE_ARGC + 4]

@@ -3,17 +3,28 @@
 --- @include "freeSession"
 --- @include "wakeHolder"
 --- @include "wakeWaiters"
+--- @include "refreshFreeSession"
 -- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
 -- lockMessage's job) and save its metadata. An available message wakes exactly who can take
 -- it: its session's holder; else, for a session that just became free, one waiting
 -- next-available receiver; else (no session) one waiting receiver of the entity. `blob`: the
 -- body of a message new to E, stored with its metadata.
+-- An available message waiting out its redelivery backoff (m.due, docs/design.md §2.17) wakes
+-- no one: it is filed in `backoff` instead of `ready`; under a session, in `sready` too (it
+-- keeps its place) while its session is not free (includes/refreshFreeSession.lua).
 -- With `Q.filed` (a table, lua/sendMessages.lua: a call that only adds messages, so no holder
 -- changes and every later message has a higher seq) a session's holder is read and the
 -- session filed as free once per call: a batch of n messages of one session costs one look.
 local function fileMessage(Q, E, seq, m, blob)
   local st = m.st
-  if st == 'a' then
+  if st == 'a' and m.due then
+    redis.call('ZADD', E.backoff, m.due, seq)
+    if m.ss then
+      redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
+      if redis.call('HEXISTS', Q.sholder, m.sid) == 0 then refreshFreeSession(Q, m.sid, true) end
+    end
+    if m.exp then redis.call('ZADD', E.ttl, m.exp, seq) end
+  elseif st == 'a' then
     if m.ss then
       redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
       local filed = Q.filed
@@ -22,7 +33,11 @@ local function fileMessage(Q, E, seq, m, blob)
         holder = redis.call('HGET', Q.sholder, m.sid)
         if not holder then
           -- LT: an older message (abandoned, or scheduled earlier) moves the session forward
-          freeSession(Q, m.sid, seq)
+          if Q.bo then
+            refreshFreeSession(Q, m.sid, true) -- not free while its first message waits
+          else
+            freeSession(Q, m.sid, seq)
+          end
         else
           wakeHolder(Q, holder)
         end

@@ -2,6 +2,7 @@
 --- @include "expireSessionLocks"
 --- @include "activateScheduled"
 --- @include "expireMessages"
+--- @include "activateBackoff"
 -- How long a look that found nothing due lets the queue's next scripts skip theirs. Each look
 -- reads four indexes; a busy queue runs a script per accept, receive or peek, and would read
 -- them thousands of times a second to find nothing. What comes due within the window is
@@ -23,6 +24,9 @@ local function housekeeping(Q, E, always)
   local found = expireMessageLocks(Q, E, Q.budget)
   local sids = expireSessionLocks(Q, Q.budget)
   found = math.max(found, #sids, activateScheduled(Q, Q.budget), expireMessages(Q, Q.budget))
+  -- a queue without redelivery backoff has nothing there to look at (but what the sweep
+  -- releases once it was turned off, lua/sweepQueue.lua)
+  if Q.bo then found = math.max(found, activateBackoff(Q, Q.budget, Q.now)) end
   -- A kind that met its budget may have more due: the next script looks again.
   if found < Q.budget then redis.call('SET', Q.quiet, '1', 'PX', QUIET_MS) end
   return sids

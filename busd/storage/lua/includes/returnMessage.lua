@@ -3,10 +3,13 @@
 --- @include "deadLetterSession"
 --- @include "fileMessage"
 --- @include "expireIfDue"
+--- @include "backoffDue"
 -- Unlock a locked message. `failed` (abandon, lock expiry) counts a delivery attempt and
 -- dead-letters at MaxDeliveryCount (never in the DLQ itself), with its whole session when the
 -- queue says so (docs/design.md §2.9). It becomes available again
--- (deferred again when it was fetched out of the deferred state) and may expire right away.
+-- (deferred again when it was fetched out of the deferred state) and may expire right away;
+-- after a failed attempt on a queue with a redelivery backoff, available once it is due
+-- (m.due, docs/design.md §2.17).
 local function returnMessage(Q, E, seq, m, failed, patch)
   unindexMessage(Q, E, seq, m)
   if patch then m.pp = patch end
@@ -23,6 +26,7 @@ local function returnMessage(Q, E, seq, m, failed, patch)
     end
   end
   if m.wd then m.st = 'd' else m.st = 'a' end
+  if failed and m.st == 'a' and not E.dlq then m.due = backoffDue(Q, m.dc) or nil end
   m.wd = nil
   fileMessage(Q, E, seq, m)
   if m.st == 'a' and not E.dlq then expireIfDue(Q, seq, m) end

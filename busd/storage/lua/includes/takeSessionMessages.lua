@@ -8,12 +8,15 @@
 -- Deliver up to `count` available messages of session `sid`, which the caller holds live until
 -- `lockedUntil`, in sequence order, appending their delivery rows to `out`. `tokens`: the
 -- call's lock tokens as one string (peek-lock), false for receive-and-delete. A message met
--- past its time to live expires with its whole session instead.
+-- past its time to live expires with its whole session instead. A message waiting out its
+-- redelivery backoff (docs/design.md §2.17) ends the call: the session's order holds, nothing
+-- after it is delivered before it.
 local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
   Q.held = sid -- held: not free whatever it has available (includes/refreshFreeSession.lua)
   local first = #out
   local lo, hi = sessionRange(sid)
-  while #out - first < count do
+  local waits = false
+  while not waits and #out - first < count do
     local wanted = count - (#out - first)
     local members = redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, wanted)
     for _, member in ipairs(members) do
@@ -21,6 +24,9 @@ local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
       local m, body = readMessage(Q.q, seq)
       if not m or m.st ~= 'a' then
         redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
+      elseif Q.bo and m.due and m.due > Q.now then
+        waits = true
+        break
       elseif not expireIfDue(Q, seq, m) then
         local token = false
         if tokens then

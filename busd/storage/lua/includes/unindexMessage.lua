@@ -6,10 +6,15 @@
 local function unindexMessage(Q, E, seq, m)
   local st = m.st
   if st == 'a' then
+    local delayed = m.due -- waiting out its redelivery backoff (includes/fileMessage.lua)
+    if delayed then
+      redis.call('ZREM', E.backoff, seq)
+      m.due = nil
+    end
     if m.ss then
       redis.call('ZREM', E.sready, seqMember(m.sid, seq))
       refreshFreeSession(Q, m.sid)
-    else
+    elseif not delayed then
       redis.call('ZREM', E.ready, seq)
     end
     if m.exp and not E.dlq then redis.call('ZREM', E.ttl, seq) end
