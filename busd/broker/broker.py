@@ -124,12 +124,12 @@ class Broker:
         if not made:
             return await self.store.send(target, messages)
         try:
-            seqs = await self.store.send(target, messages, [offer for _, offer in made])
+            sent = await self.store.send_handing_over(target, messages, [o for _, o in made])
         except BaseException as failure:
-            hand_over(made, failure)
+            hand_over(made, [[] for _ in made], failure)
             raise
-        hand_over(made, None)
-        return seqs
+        hand_over(made, sent.handed, None)
+        return sent.seqs
 
     async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None:
         if isinstance(target, TopicSpec):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from busd.errors import BusdError, store_unavailable
-from busd.storage.api import HandOver, NewMessage, QueueSpec
+from busd.storage.api import HandOver, NewMessage, QueueSpec, StoredMessage
 
 
 class Holder(Protocol):
@@ -25,8 +25,8 @@ class Holder(Protocol):
         when the receiver cannot take any now. An offer holds back the receiver's own store
         calls until `handed_over`."""
 
-    def handed_over(self, offer: HandOver) -> None:
-        """The send is done: deliver what the store handed over (`offer.taken`)."""
+    def handed_over(self, offer: HandOver, taken: list[StoredMessage]) -> None:
+        """The send is done: deliver what the store handed over (`taken`)."""
 
     def lost(self, error: BusdError) -> None:
         """The send failed and may have handed messages over unseen: let the session go."""
@@ -63,11 +63,15 @@ class HandOvers:
         return made
 
 
-def hand_over(made: Sequence[tuple[Holder, HandOver]], failure: BaseException | None) -> None:
-    """After the send: each holder delivers what it was handed. A send that failed otherwise
-    than by a refusal may have run: its holders let their sessions go, so that nothing handed
-    over unseen is overtaken by the session's next messages."""
-    for holder, offer in made:
-        holder.handed_over(offer)
+def hand_over(
+    made: Sequence[tuple[Holder, HandOver]],
+    handed: Sequence[list[StoredMessage]],
+    failure: BaseException | None,
+) -> None:
+    """After the send: each holder delivers what it was handed (`handed`, per offer). A send
+    that failed otherwise than by a refusal may have run: its holders let their sessions go,
+    so that nothing handed over unseen is overtaken by the session's next messages."""
+    for (holder, offer), taken in zip(made, handed):
+        holder.handed_over(offer, taken)
         if failure is not None and not isinstance(failure, BusdError):
             holder.lost(store_unavailable())

@@ -299,13 +299,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._offered_credit += count
         return HandOver(self.locked_session, self.holder, count, new_tokens(count))
 
-    def handed_over(self, offer: HandOver) -> None:
+    def handed_over(self, offer: HandOver, taken: list[StoredMessage]) -> None:
         """A send that offered is done. Sends may finish in any order, but the store numbers
         and hands over in the order it ran them: what they handed over goes out in sequence
         order once the last of them is done (no fetch ran meanwhile)."""
         self._offers -= 1
         self._offered_credit -= offer.count
-        self._handed += offer.taken
+        self._handed += taken
         if self._offers:
             return
         handed, self._handed = self._handed, []
