@@ -73,11 +73,13 @@ async def held_load(url: str, messages: int, batch: int, sessions: int) -> None:
             picked = [sids[(turn * batch + i) % sessions] for i in range(batch)]
             turn += 1
             offers = [HandOver(sid, holders[sid], 1, LockTokens(1)) for sid in picked]
-            await store.send(q, [NewMessage(BODY, session_id=sid) for sid in picked], offers)
+            handed = await store.send_handing_over(
+                q, [NewMessage(BODY, session_id=sid) for sid in picked], offers
+            )
             sent += batch
             # each settle its own call, as separate links settling after processing
-            for o in offers:
-                for m in o.taken:
+            for o, taken in zip(offers, handed.handed):
+                for m in taken:
                     await settle_one(o.session_id, m.lock_token)
     finally:
         await store.close()

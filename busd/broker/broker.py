@@ -1,8 +1,8 @@
 """Server scope: the entity catalog, the store, wake-ups of waiting receivers, and the sweep.
 
 One `Broker` per process. It holds no state of record: the store does. What it holds is
-local bookkeeping (the receivers of this process that may be woken, by id), rebuilt by
-simply reconnecting after a crash.
+local bookkeeping (the receivers of this process that may be woken, by id, and the sessions
+they hold: busd.broker.receivers), rebuilt by simply reconnecting after a crash.
 
 Wake-ups are targeted in the store (busd.storage.api.Store.subscribe): a message that becomes
 available wakes the one receiver that can take it, on whichever process it lives, by its id.
@@ -18,20 +18,18 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Callable
 
 from busd.amqp.addresses import Address, AddressError, parse_address
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.faults import Faults
 from busd.broker.forwarding import Forwarding
-from busd.broker.handover import HandOvers, hand_over
-from busd.broker.lease import SessionLeases
 from busd.broker.limits import Buffers, Limits
 from busd.broker.links import LinkEndpoint, amqp_condition
+from busd.broker.receivers import Receivers, hand_over
 from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.storage.api import WAKE_ALL, NewMessage, QueueSpec, Store, TopicSpec
+from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
 log = logging.getLogger("busd.broker")
 
@@ -55,13 +53,15 @@ class Broker:
         self.catalog = Catalog(store)
         self.catalog.listen(self._entity_changed)
         self.fanout = Fanout(self.catalog, store)
+        # this process's receivers: what the store's wake-ups reach, and the sessions they hold
+        self.receivers = Receivers()
         self.forwarding = Forwarding(
             self.catalog,
             store,
             self.fanout,
             new_id=self.new_waiter_id,
-            wakeable=self.wakeable,
-            forget=self.forget_wakeable,
+            wakeable=self.receivers.listen,
+            forget=self.receivers.forget,
         )
         # entity path -> the links attached to it (detached when the entity is deleted)
         self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
@@ -75,14 +75,7 @@ class Broker:
         self.authenticated_connections = 0  # those with a valid put-token (--max-connections)
         self.transaction_timeout_s = transaction_timeout_s
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
-        # waiter id -> what to call when the store wakes it (receivers of this process)
-        self._wakeable: dict[str, Callable[[], None]] = {}
         self._ids = itertools.count(1)
-        # the session locks this process's receivers hold: the sweep tells them when the
-        # store expired one
-        self.session_leases = SessionLeases()
-        # the session holders of this process a send can hand its messages to
-        self.handovers = HandOvers()
         # faults on demand set on this namespace (docs/faults.md): the hot path checks
         # `faults.active` only
         self.faults = Faults(store, self, metrics)
@@ -120,16 +113,16 @@ class Broker:
         of each, 0 for a duplicate dropped."""
         if isinstance(target, TopicSpec):
             return await self.fanout.publish(target, messages)
-        made = self.handovers.offers(target, messages)
+        made = self.receivers.offers(target, messages)
         if not made:
             return await self.store.send(target, messages)
         try:
-            seqs = await self.store.send(target, messages, [offer for _, offer in made])
+            sent = await self.store.send_handing_over(target, messages, [o for _, o in made])
         except BaseException as failure:
-            hand_over(made, failure)
+            hand_over(made, None, failure)
             raise
-        hand_over(made, None)
-        return seqs
+        hand_over(made, sent)
+        return sent.seqs
 
     async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None:
         if isinstance(target, TopicSpec):
@@ -158,7 +151,7 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         await self.store.connect()
-        await self.store.subscribe(self.wake)
+        await self.store.subscribe(self.receivers.wake)
         await self.catalog.start()
         await self.faults.start()
         self.forwarding.start()
@@ -228,26 +221,6 @@ class Broker:
         its process part routes the store's wake-ups here."""
         return f"{self.store.process_id}:{next(self._ids)}"
 
-    def wakeable(self, waiter_id: str, callback: Callable[[], None]) -> None:
-        self._wakeable[waiter_id] = callback
-
-    def forget_wakeable(self, waiter_id: str) -> None:
-        self._wakeable.pop(waiter_id, None)
-
-    def wake(self, waiter_id: str) -> None:
-        """The store woke one of our receivers (or, WAKE_ALL, wake-ups may have been lost).
-        A wake-up for a receiver that has gone is dropped: it passed it on when it left."""
-        if waiter_id == WAKE_ALL:
-            callbacks = list(self._wakeable.values())
-        else:
-            callback = self._wakeable.get(waiter_id)
-            callbacks = [callback] if callback is not None else []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("waking %s failed", waiter_id)
-
     # --- sweep ------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:
         for rounds in itertools.count():
@@ -272,7 +245,7 @@ class Broker:
                     continue
                 if self.metrics is not None:
                     self.metrics.on_sweep(spec.name, result, time.monotonic() - started)
-                self.session_leases.expired_in_store(spec.name, result.expired_session_locks)
+                self.receivers.expired_in_store(spec.name, result.expired_session_locks)
                 if not transactions:
                     continue
                 try:  # what transactions past their time left staged (docs/design.md §3.15)

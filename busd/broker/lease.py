@@ -61,15 +61,12 @@ class SessionLease:
         # the session (the sweep returns the messages, counting the attempt).
         self.lost = False
         self._on_lost: Callable[[], None] | None = None
-        self._leases: SessionLeases | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def start(self, leases: SessionLeases, on_lost: Callable[[], None]) -> None:
+    def start(self, on_lost: Callable[[], None]) -> None:
         """The receiver delivers under the lock from now: `on_lost` is called once the lock
-        ran out (its timer, or the sweep), until `end`."""
+        ran out (its timer, or the sweep: busd.broker.receivers), until `end`."""
         self._on_lost = on_lost
-        self._leases = leases
-        leases.add(self)
         self._arm()
 
     @property
@@ -142,28 +139,3 @@ class SessionLease:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._leases is not None:
-            self._leases.remove(self)
-            self._leases = None
-
-
-class SessionLeases:
-    """The process's session leases by (queue, session id): what the sweep checks."""
-
-    def __init__(self) -> None:
-        self._by_session: dict[tuple[str, str], SessionLease] = {}
-
-    def add(self, lease: SessionLease) -> None:
-        self._by_session[(lease.queue.name, lease.session_id)] = lease
-
-    def remove(self, lease: SessionLease) -> None:
-        key = (lease.queue.name, lease.session_id)
-        if self._by_session.get(key) is lease:
-            del self._by_session[key]
-
-    def expired_in_store(self, queue: str, session_ids: list[str]) -> None:
-        """The sweep expired these session locks of `queue` in the store."""
-        for session_id in session_ids:
-            lease = self._by_session.get((queue, session_id))
-            if lease is not None:
-                lease.check()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proton import Condition, Delivery, Endpoint, Link, Session, Terminus, symbol
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from busd.auth.rights import Grant
     from busd.broker.catalog import Catalog
     from busd.broker.fanout import Fanout
-    from busd.broker.handover import HandOvers
-    from busd.broker.lease import SessionLease, SessionLeases
+    from busd.broker.lease import SessionLease
     from busd.broker.limits import Buffers, Limits
+    from busd.broker.receivers import Receivers
     from busd.broker.transactions import TransactionScope
     from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
 
@@ -135,10 +135,9 @@ class BrokerScope(Protocol):
     sas_keys: dict[str, str]
     authenticated_connections: int
     container_id: str
-    # the session locks this process's receivers hold (busd.broker.lease)
-    session_leases: SessionLeases
-    # the session holders a send can hand its messages to (busd.broker.handover)
-    handovers: HandOvers
+    # where the store's wake-ups go, and the sessions this process's receivers hold
+    # (busd.broker.receivers)
+    receivers: Receivers
 
     @property
     def faults(self) -> FaultScope:
@@ -164,10 +163,6 @@ class BrokerScope(Protocol):
     async def cancel_scheduled(self, target: QueueSpec | TopicSpec, seqs: list[int]) -> None: ...
 
     def new_waiter_id(self) -> str: ...
-
-    def wakeable(self, waiter_id: str, callback: Callable[[], None]) -> None: ...
-
-    def forget_wakeable(self, waiter_id: str) -> None: ...
 
     def track(self, path: str, endpoint: LinkEndpoint) -> None: ...
 
@@ -351,13 +346,6 @@ class LinkRegistry:
 
     def named(self, name: str) -> LinkEndpoint | None:
         return self._by_name.get(name)
-
-    def holding(self, session_id: str) -> SessionHolder | None:
-        """The receiver of this connection holding `session_id`'s lock, if any."""
-        for endpoint in self._by_link.values():
-            if isinstance(endpoint, SessionHolder) and endpoint.session_id == session_id:
-                return endpoint
-        return None
 
     def __iter__(self) -> Iterator[LinkEndpoint]:
         return iter(list(self._by_link.values()))

@@ -158,17 +158,20 @@ class ManagementEndpoint(RequestEndpoint):
         """The lease of the receiver of this connection holding `session_id`: only it may act
         on the session (docs/wire.md §8.4)."""
         receiver = self.receiver_for(app)
-        if not isinstance(receiver, SessionHolder) or receiver.session_id != session_id:
-            receiver = self.conn.links.holding(session_id)
-        if receiver is None or receiver.lease is None:
+        lease = None
+        if isinstance(receiver, SessionHolder) and receiver.session_id == session_id:
+            lease = receiver.lease
+        elif (held := self.broker.receivers.holding(self.queue.name, session_id)) is not None:
+            lease = held.lease if held.conn is self.conn else None
+        if lease is None:
             raise BusdError(
                 Condition.SESSION_LOCK_LOST,
                 f"The session lock for '{session_id}' is not held by this client.",
             )
-        if receiver.lease.queue.name != self.queue.name:  # a lock on another entity's session
+        if lease.queue.name != self.queue.name:  # a lock on another entity's session
             raise refusal(Condition.SESSION_LOCK_LOST)
-        receiver.lease.check_held()  # (its end here comes before the store's: lease.py)
-        return receiver.lease
+        lease.check_held()  # (its end here comes before the store's: lease.py)
+        return lease
 
 
 def _response(message_id, status: int, description: str, body, *, condition: str | None = None):

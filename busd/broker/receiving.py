@@ -1,9 +1,10 @@
 """A client's receiver link on a queue, its dead-letter queue, or one of its sessions.
 
 Delivery follows AMQP credit (docs/wire.md §6.2): when the client grants credit, one store call
-takes up to that many messages and they go out in one burst. With fewer available than asked, the
-same store call registers the link as a waiter, and the store wakes it (from any broker
-process) when a message becomes available for it. Settlements that arrive together are applied
+takes up to that many messages and they go out in one burst, through the link's outbox
+(busd.broker.outbox). With fewer available than asked, the same store call registers the link
+as a waiter, and the store wakes it (from any broker process) when a message becomes available
+for it. Settlements that arrive together are applied
 with one store call and each is answered with the settled outcome the SDK waits for
 (docs/wire.md §7.2).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Sequence
 
 from proton import Delivery, Link
 
@@ -33,13 +35,11 @@ from busd.broker.links import (
     is_open,
 )
 from busd.broker.messages import delivery_payload, new_tokens
+from busd.broker.outbox import Outbox
 from busd.errors import BusdError, refusal, store_unavailable
 from busd.storage.api import Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
 
 log = logging.getLogger("busd.broker")
-
-# Most messages one store call takes for one link, whatever the credit.
-MAX_BATCH = 128
 
 
 def lock_tag(token: bytes) -> bytes:
@@ -65,12 +65,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         # identifies this link in the store: lock holder, waiter, target of wake-ups
         self.holder = self.broker.new_waiter_id()
         self.session_id: str | None = None
-        self._fetching = False
-        self._again = False  # woken while fetching: look once more
-        # The last look found fewer messages than credit: nothing more is there until the
-        # store wakes this link, so a flow that only tops up credit costs no store call.
-        self._dry = False
-        self._fetch_task: asyncio.Task | None = None
+        self.outbox = Outbox(self)  # every message the link sends goes through it
         # The entity's messages are forwarded: its forwarder takes every one of them, and this
         # link (attached, e.g. to peek) gets none (docs/design.md §2.15).
         self._forwarded = forward_target(self.broker.catalog, entity) is not None
@@ -84,7 +79,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     # --- delivery -------------------------------------------------------------------------
     def on_attach(self) -> None:
-        self.broker.wakeable(self.holder, self.look_again)
+        self.broker.receivers.listen(self.holder, self.outbox.wake)
         if self.broker.faults.active:  # faults on demand (docs/faults.md): may refuse it
             self._opened = False
             self.spawn(self._open_unless_refused())
@@ -103,7 +98,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
         self.link.open()
         self._opened = True
         self.kick()
-        self.pump()
+        self.outbox.pump()
 
     @property
     def waiters(self) -> str:
@@ -111,106 +106,51 @@ class QueueReceiverEndpoint(LinkEndpoint):
         return "d" if self.entity.dlq else "q"
 
     def on_flow(self) -> None:
-        # A fetch under way looks again by itself when it filled its credit; a link that ran
-        # dry waits for its wake-up. A drain is answered after one more look.
-        if self._fetching or (self._dry and not self.link.drain_mode):
-            return
-        self.pump()
-
-    def look_again(self) -> None:
-        """Something may be available for this link now (a wake-up from the store, or its own
-        abandon or release, for which the store wakes no one)."""
-        self._dry = False
-        self.pump()
-
-    def pump(self) -> None:
-        if self.detached or not self.ready:
-            return
-        if self._forwarded:
-            if self.link.drain_mode:
-                self.link.drained()
-                self.kick()
-            return
-        if self._fetching:
-            self._again = True
-            return
-        if self.link.credit <= 0:
-            return
-        self._fetching = True
-        self._fetch_task = self.spawn(self._fetch())
+        self.outbox.pump()
 
     @property
     def ready(self) -> bool:
         return self._opened
 
-    async def _fetch(self) -> None:
+    @property
+    def delivering(self) -> bool:
+        return not self._forwarded
+
+    async def take(self, count: int) -> list[StoredMessage]:
+        if self.broker.faults.active:  # faults on demand (docs/faults.md)
+            await self.broker.faults.check("deliver", self.queue.name, self.session_id)
+        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
         try:
-            while not self.detached and (credit := self.link.credit) > 0:
-                count = min(credit, MAX_BATCH)
-                self._again = False
-                try:
-                    if self.broker.faults.active:  # faults on demand (docs/faults.md)
-                        await self.broker.faults.check("deliver", self.queue.name, self.session_id)
-                    messages = await self._take(count)
-                except BusdError as error:
-                    self.lost(error)
-                    return
-                except Exception as exc:  # the store is unreachable
-                    log.warning("receive on %s failed: %s", self.entity.path, exc)
-                    self.lost(store_unavailable())
-                    return
-                if self.detached or not is_open(self.link):
-                    await self._return_untaken(messages)
-                    return
-                if self._deliver(messages, count, woken=self._again):
-                    return
-        finally:
-            self._fetching = False
+            return await self._receive(count, tokens)
+        except BusdError:
+            raise
+        except Exception as exc:
+            log.warning("receive on %s failed: %s", self.entity.path, exc)
+            raise store_unavailable() from exc
 
-    def _deliver(self, messages: list[StoredMessage], count: int, *, woken: bool) -> bool:
-        """Send what one store call took for `count` of credit. True when it took fewer and
-        the link was not `woken` since the call: that was all there was, and the link is dry
-        until its next wake-up (the same call registered it to be woken)."""
-        dry = self._dry = len(messages) < count and not woken  # before the kick: it may
-        # dispatch a flow
-        self._send_all(messages)
-        if not dry:
-            return False
-        # OASIS AMQP 1.0 Part 2 §2.6.7: "If set, the sender will (after sending all available
-        # messages) advance the delivery-count as much as possible, consuming all
-        # link-credit, and send the flow state to the receiver." (`drained` does both.)
-        if self.link.drain_mode:
-            self.link.drained()
-            self.kick()
-        return True
+    async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
+        # Registers this link as a waiter when fewer are available (and wakes arrive at its
+        # outbox, listening since the attach, so none can come before we listen).
+        return await self.broker.store.receive(self.entity, count, self.mode, tokens, self.holder)
 
-    def _send_all(self, messages: list[StoredMessage]) -> None:
+    def transmit(self, messages: list[StoredMessage]) -> None:
         for message in messages:
             self._send(message)
         if messages and self.broker.metrics is not None:
             self.broker.metrics.messages_received(self.queue.name, len(messages))
         self.kick()
 
-    async def _take(self, count: int) -> list[StoredMessage]:
-        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
-        # Registers this link as a waiter when fewer are available (and wakes arrive here
-        # through `look_again`, registered at attach, so none can come before we listen).
-        return await self.broker.store.receive(self.entity, count, self.mode, tokens, self.holder)
-
-    async def _return_untaken(self, messages: list[StoredMessage]) -> None:
-        if messages and self.mode == ReceiveMode.PEEK_LOCK:
-            await self.broker.store.settle(
-                self.entity,
-                [
-                    Settlement(
-                        token=m.lock_token or b"",
-                        outcome=Outcome.RELEASE,
-                        session_id=self.session_id,
-                    )
-                    for m in messages
-                ],
-                self.holder,
+    async def give_back(self, messages: list[StoredMessage]) -> None:
+        """Release what was taken for the link and will not go out on it (count unchanged)."""
+        if self.mode != ReceiveMode.PEEK_LOCK:
+            return
+        releases = [
+            Settlement(
+                token=m.lock_token or b"", outcome=Outcome.RELEASE, session_id=self.session_id
             )
+            for m in messages
+        ]
+        await self.broker.store.settle(self.entity, releases, self.holder)
 
     def _send(self, message: StoredMessage) -> None:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
@@ -293,7 +233,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
                     self.answer_settlement(delivery, settlement, error)
                 self.kick()
                 if any(s.outcome in (Outcome.ABANDON, Outcome.RELEASE) for _, s in batch):
-                    self.look_again()  # the same message may be next again (the store wakes
+                    self.outbox.wake()  # the same message may be next again (the store wakes
                     # no one for the holder's own abandon)
         finally:
             self._settling = False
@@ -338,7 +278,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
 
     def on_detach(self) -> None:
         super().on_detach()
-        self.broker.forget_wakeable(self.holder)
+        self.broker.receivers.forget(self.holder)
         for delivery in self._inflight:
             engine.release(delivery)
         self._inflight.clear()
@@ -346,15 +286,9 @@ class QueueReceiverEndpoint(LinkEndpoint):
     async def finish(self) -> None:
         """In the client's order: the fetch under way (it returns what it took too late), the
         settlements received before the detach, then the link's last store call."""
-        while True:
-            pending = [
-                task
-                for task in (self._fetch_task, self._settle_task)
-                if task is not None and not task.done()
-            ]
-            if not pending:
-                break
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.outbox.idle()
+        if self._settle_task is not None:
+            await asyncio.gather(self._settle_task, return_exceptions=True)
         await self._last_call()
 
     async def _last_call(self) -> None:

@@ -4,7 +4,7 @@ It first locks a session - a named one, or the next available one within the cli
 `com.microsoft:timeout`, woken by any broker process's sends - and only then answers the
 attach, echoing the session id in the source filter and the lock expiry in
 `com.microsoft:locked-until-utc`. It then delivers that session's messages in order like any
-queue receiver, and takes those a send on this process hands it (busd.broker.handover).
+queue receiver, and takes those a send on this process hands it (busd.broker.receivers).
 The lock is its `SessionLease` (busd.broker.lease): it lasts LockDuration unless renewed
 through `$management`; when it runs out the link is detached with
 `com.microsoft:session-lock-lost` and the store's sweep returns the unsettled messages with
@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from proton import Link, symbol
 
 from busd.broker.lease import SessionLease
-from busd.broker.links import ConnectionScope, echo_termini, is_open
+from busd.broker.links import ConnectionScope, echo_termini
 from busd.broker.messages import new_tokens
-from busd.broker.receiving import MAX_BATCH, QueueReceiverEndpoint
+from busd.broker.outbox import MAX_BATCH
+from busd.broker.receiving import QueueReceiverEndpoint
 from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import HandOver, QueueSpec, ReceiveMode, StoredMessage
 
@@ -62,16 +64,6 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accept_task: asyncio.Task | None = None
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._credit_seen = False  # first_credit was learnt from this link
-        # Taken with the lock before the client granted credit, not sent yet: (messages, how
-        # many the accept asked for, woken during it).
-        self._first: tuple[list[StoredMessage], int, bool] | None = None
-        # Sends under way that offered to hand this link messages (busd.broker.handover), the
-        # credit they may take, and what they handed over before the last of them was done.
-        # While any is under way, this link starts no fetch of its own (`_pump_deferred`).
-        self._offers = 0
-        self._offered_credit = 0
-        self._handed: list[StoredMessage] = []
-        self._pump_deferred = False
 
     @property
     def ready(self) -> bool:
@@ -84,14 +76,14 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         return self.session_id
 
     def on_attach(self) -> None:
-        self.broker.wakeable(self.holder, self._on_wake)
+        self.broker.receivers.listen(self.holder, self.wake)
         self._accept_task = self.spawn(self._accept())
 
-    def _on_wake(self) -> None:
+    def wake(self) -> None:
         """A wake-up from the store: a session became free (while waiting for one), or the
         held session got messages."""
         if self._accepted:
-            self.look_again()
+            self.outbox.wake()
         elif self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
 
@@ -159,9 +151,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                     store, self.queue, lock.session_id, self.holder, lock.locked_until_ms, sent_at
                 )
                 if not self.detached:
-                    # woken during the call: the session may have more than was taken
-                    self._first = (lock.messages, count, woken.done())
                     self._open_locked(self.lease)
+                    # woken during the call: the session may have more than was taken
+                    self.outbox.hold_first(lock.messages, count, woken.done())
                 return  # (detached meanwhile: finish() releases the lock and what it took)
             waiting = next_available
             remaining = deadline - loop.time()
@@ -196,7 +188,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self.conn.refuse(self, error)
 
     def _open_locked(self, lease: SessionLease) -> None:
-        """Answer the attach, then deliver the first messages as the credit allows."""
+        """Answer the attach; the first messages go out as the credit allows."""
         link = self.link
         echo_termini(link)
         link.source.filter.clear()
@@ -204,17 +196,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(lease.locked_until_ms)}
         link.open()
         self._accepted = True
-        lease.start(self.broker.session_leases, self._expired)
-        if self.mode == ReceiveMode.PEEK_LOCK:
-            self.broker.handovers.holding(self.queue.name, lease.session_id, self)
+        lease.start(self._expired)
+        self.broker.receivers.hold(self)
         self.kick()
-        self.pump()
-
-    def look_again(self) -> None:
-        if self._first is not None:  # woken before the first credit: look once it is sent
-            messages, count, _ = self._first
-            self._first = (messages, count, True)
-        super().look_again()
 
     def on_flow(self) -> None:
         if not self._credit_seen and self.link.credit > 0:
@@ -225,42 +209,17 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._credit_seen = True
         self.conn.first_credit[self.queue.name] = self.link.credit
 
-    def pump(self) -> None:
-        if self.lease is not None and not self.lease.held:
-            # The lock ended here (busd.broker.lease): nothing more is delivered; a drain is
-            # answered at once.
-            if self.link.drain_mode and not self.detached and is_open(self.link):
-                self.link.drained()
-                self.kick()
-            return
-        if self._offers:  # a send may be handing messages over: they come first
-            self._pump_deferred = True
-        elif self._first is None:
-            super().pump()
-        elif self.ready and not self.detached and self.link.credit > 0:
-            self._send_first()
+    @property
+    def delivering(self) -> bool:
+        # Once the lock ended here (busd.broker.lease), nothing more goes out: what was taken
+        # stays in flight in the store and comes back when it ends there (count + 1).
+        return self.lease is not None and self.lease.held
 
-    def _send_first(self) -> None:
-        """The first credit is here: send what the accept took. Messages beyond that credit
-        go back to the store (count unchanged) before anything else is fetched, so the
-        session's order holds."""
-        assert self._first is not None
-        messages, count, woken = self._first
-        self._first = None
-        credit = self.link.credit
-        if len(messages) > credit:
-            self._deliver(messages[:credit], credit, woken=True)
-            self._fetching = True  # nothing is fetched until they are back
-            self._fetch_task = self.spawn(self._give_back(messages[credit:]))
-        elif not self._deliver(messages, count, woken=woken):
-            self.pump()  # there may be more
-
-    def _send_all(self, messages: list[StoredMessage]) -> None:
-        # Taken under the lock, but the lock ended here meanwhile: they stay in flight in the
-        # store and come back when it ends there, as delivered ones would (count + 1).
-        if self.lease is not None and not self.lease.held:
-            return
-        super()._send_all(messages)
+    async def give_back(self, messages: list[StoredMessage]) -> None:
+        # Detached, or the lock ended: the session's release, or the lock running out in the
+        # store, returns them.
+        if not self.detached and self.delivering:
+            await super().give_back(messages)
 
     def settlement_refusal(self) -> BusdError | None:
         try:
@@ -270,57 +229,16 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return lost
         return None
 
-    async def _give_back(self, messages: list[StoredMessage]) -> None:
-        try:
-            await self._return_untaken(messages)
-        except Exception as exc:  # they come back when the session is released
-            log.warning(
-                "returning messages of session %r of %s failed: %s",
-                self.session_id,
-                self.queue.name,
-                exc,
-            )
-        finally:
-            self._fetching = False
-        self.look_again()
-
-    # --- messages handed over by sends (busd.broker.handover) --------------------------------
+    # --- messages handed over by sends (docs/design.md §3.5) ----------------------------------
     def offer(self, wanted: int) -> HandOver | None:
-        """Take up to `wanted` messages of a send, within the credit no other offer holds; only
-        with nothing under way, so that what is handed over is next in order on the link."""
-        if self._fetching or self._first is not None or self.detached:
+        """Take part in a send with up to `wanted` messages of the session (peek-lock only):
+        the offer, or None. `handed_over` follows, whatever the send's fate."""
+        if self.mode != ReceiveMode.PEEK_LOCK or (count := self.outbox.offer(wanted)) <= 0:
             return None
-        if self.lease is None or not self.lease.held:
-            return None
-        count = min(wanted, self.link.credit - self._offered_credit)
-        if count <= 0:
-            return None
-        self._offers += 1
-        self._offered_credit += count
         return HandOver(self.locked_session, self.holder, count, new_tokens(count))
 
-    def handed_over(self, offer: HandOver) -> None:
-        """A send that offered is done. Sends may finish in any order, but the store numbers
-        and hands over in the order it ran them: what they handed over goes out in sequence
-        order once the last of them is done (no fetch ran meanwhile)."""
-        self._offers -= 1
-        self._offered_credit -= offer.count
-        self._handed += offer.taken
-        if self._offers:
-            return
-        handed, self._handed = self._handed, []
-        if handed and not self.detached and is_open(self.link):
-            # (detached: the session's release, or its lock running out, returns them)
-            handed.sort(key=lambda m: m.seq)
-            credit = max(self.link.credit, 0)  # less only after a drain
-            self._send_all(handed[:credit])
-            if len(handed) > credit:
-                self._fetching = True  # nothing is fetched until they are back
-                self._fetch_task = self.spawn(self._give_back(handed[credit:]))
-                return
-        if self._pump_deferred:
-            self._pump_deferred = False
-            self.pump()
+    def handed_over(self, offer: HandOver, taken: list[StoredMessage]) -> None:
+        self.outbox.handed_over(offer.count, taken)
 
     def _expired(self) -> None:
         """The session lock ran out: the link is detached, and the store's sweep returns the
@@ -332,8 +250,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             )
         )
 
-    async def _take(self, count: int) -> list[StoredMessage]:
-        tokens = new_tokens(count) if self.mode == ReceiveMode.PEEK_LOCK else []
+    async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
         try:
             return await self.broker.store.receive_session(
                 self.queue, self.locked_session, self.holder, count, self.mode, tokens
@@ -346,7 +263,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     def on_detach(self) -> None:
         super().on_detach()
         if self.lease is not None:
-            self.broker.handovers.released(self.queue.name, self.lease.session_id, self)
+            self.broker.receivers.let_go(self)
             self.lease.end()
         if self._woken is not None and not self._woken.done():
             self._woken.set_result(None)  # stop waiting for a session now

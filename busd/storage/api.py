@@ -255,18 +255,26 @@ class StoredMessage:
     hops: int = 0  # how many times it was forwarded (forwarders only: Store.take_forwarding)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class HandOver:
     """An offer with a send: the sending process's own receiver `holder`, which holds session
-    `session_id`, has credit and nothing under way, takes at most `count` of the sent messages
-    of that session at once, locked under `tokens` (docs/design.md §3.5). The store fills
-    `taken` with what it handed over, in order; the rest is filed as usual."""
+    `session_id` and has credit, takes at most `count` of the sent messages of that session at
+    once, locked under `tokens` (docs/design.md §3.5). The rest is filed as usual."""
 
     session_id: str
     holder: str
     count: int
     tokens: Sequence[bytes]
-    taken: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Sent:
+    """What `Store.send_handing_over` did: the sequence number of each message (0 for a
+    duplicate dropped), and per offer, in the offers' order, the messages handed over to its
+    holder, in order."""
+
+    seqs: list[int]
+    handed: list[list[StoredMessage]]
 
 
 @dataclass(slots=True)
@@ -534,13 +542,16 @@ class Store(Protocol):
         an entity without partitions). Asks the server for its slot map once per call."""
 
     # --- send ------------------------------------------------------------------------------
-    async def send(
-        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
-    ) -> list[int]:
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         """Enqueue atomically (all or none). Returns the sequence number of each message, 0 for a
-        duplicate dropped by duplicate detection. Scheduled messages get their number now.
-        A message an offer takes is locked for its holder in the same step and appended to the
-        offer's `taken` instead of being filed available (a store may take none)."""
+        duplicate dropped by duplicate detection. Scheduled messages get their number now."""
+
+    async def send_handing_over(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> Sent:
+        """`send`, with offers: a message an offer takes is locked for its holder in the same
+        step and returned in `Sent.handed` instead of being filed available (a store may take
+        none)."""
 
     async def publish(
         self,

@@ -47,6 +47,7 @@ from busd.storage.api import (
     Placement,
     QueueSpec,
     ReceiveMode,
+    Sent,
     SessionDetail,
     SessionLock,
     SessionPage,
@@ -293,16 +294,21 @@ class PartitionedStore:
         return sum(await asyncio.gather(*(self.inner.drop_queue(p) for p in self.parts(queue))))
 
     # --- send --------------------------------------------------------------------------------
-    async def send(
-        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
-    ) -> list[int]:
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         if not queue.partitions:
-            return await self.inner.send(queue, messages, offers)
-        # A partitioned queue takes no offers: its sessions' holders are woken as usual.
+            return await self.inner.send(queue, messages)
         # A batch spanning partitions is stored per partition, each part all or none.
         return await self._by_partition(
             queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send
         )
+
+    async def send_handing_over(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> Sent:
+        if not queue.partitions:
+            return await self.inner.send_handing_over(queue, messages, offers)
+        # A partitioned queue takes no offers: its sessions' holders are woken as usual.
+        return Sent(await self.send(queue, messages), [[] for _ in offers])
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)

@@ -14,6 +14,7 @@ from busd.storage.api import (
     Placement,
     QueueSpec,
     ReceiveMode,
+    Sent,
     Settlement,
     StoredMessage,
     TopicSpec,
@@ -38,11 +39,19 @@ DELETE_SCAN_SLACK = 4000
 
 
 class MessageCalls(RedisConnection):
-    async def send(
-        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver] = ()
-    ) -> list[int]:
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        return (await self._send(queue, messages, ())).seqs
+
+    async def send_handing_over(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> Sent:
+        return await self._send(queue, messages, offers)
+
+    async def _send(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> Sent:
         if not messages:
-            return []
+            return Sent([], [[] for _ in offers])
         if queue.dlq:
             raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
         check_session_ids(m.session_id for m in messages)
@@ -68,9 +77,8 @@ class MessageCalls(RedisConnection):
             ]
         reply = await self._run_queue("sendMessages", queue, *args)
         count = len(messages)
-        for offer, rows in zip(offers, reply[count:]):
-            offer.taken = [stored_message(r) for r in rows]
-        return list(reply[:count])
+        handed = [[stored_message(r) for r in rows] for rows in reply[count:]]
+        return Sent(list(reply[:count]), handed)
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)

@@ -544,6 +544,22 @@ class ProtocolClient:
         return await self._round_trip(node, request)
 
 
+class StoreCalls:
+    """Counts the broker's calls of some Store methods (the real store still runs them)."""
+
+    def __init__(self, store, *names: str) -> None:
+        self.counts = dict.fromkeys(names, 0)
+        for name in names:
+            setattr(store, name, self._counted(name, getattr(store, name)))
+
+    def _counted(self, name, method):
+        async def call(*args, **kwargs):
+            self.counts[name] += 1
+            return await method(*args, **kwargs)
+
+        return call
+
+
 def uuid_array(tokens: list[uuid.UUID]) -> Array:
     """An AMQP array of uuid, as `$management` takes lock tokens (docs/wire.md §8.4.1)."""
     return Array(UNDESCRIBED, Data.UUID, *tokens)

@@ -18,6 +18,7 @@ from tests.protocol.harness import (
     TIMEOUT,
     TRACKING_ID,
     ProtocolClient,
+    StoreCalls,
     is_null,
     ticks_to_unix,
 )
@@ -157,22 +158,6 @@ async def test_session_lock_expiry_detaches_with_session_lock_lost(client):
     (retry,) = await again.wait_for(1)
     assert retry.message.body == item.message.body == "a0"
     assert retry.message.delivery_count == 1
-
-
-class StoreCalls:
-    """Counts the broker's calls of some Store methods (the real store still runs them)."""
-
-    def __init__(self, store, *names: str) -> None:
-        self.counts = dict.fromkeys(names, 0)
-        for name in names:
-            setattr(store, name, self._counted(name, getattr(store, name)))
-
-    def _counted(self, name, method):
-        async def call(*args, **kwargs):
-            self.counts[name] += 1
-            return await method(*args, **kwargs)
-
-        return call
 
 
 async def test_one_store_call_locks_the_session_and_takes_its_first_messages(broker, client):

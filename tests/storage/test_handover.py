@@ -40,8 +40,9 @@ async def held(store, sq):
 async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq, held):
     o = offer(held)
     lock = await store.renew_session_lock(sq, "s1", held)
-    (seq,) = await store.send(sq, msgs("s1", b"a"), [o])
-    (m,) = o.taken
+    sent = await store.send_handing_over(sq, msgs("s1", b"a"), [o])
+    (seq,) = sent.seqs
+    ((m,),) = sent.handed
     assert (m.seq, m.blob, m.session_id, m.delivery_count) == (seq, b"a", "s1", 0)
     assert m.lock_token == named(o.tokens[0], seq)
     assert m.locked_until_ms == lock  # a session message's lock is its session's
@@ -57,8 +58,9 @@ async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq
 
 async def test_an_offer_takes_at_most_its_count_and_the_rest_stays_in_order(store, sq, held):
     o = offer(held, count=2)
-    seqs = await store.send(sq, msgs("s1", b"a", b"b", b"c", b"d"), [o])
-    assert [m.seq for m in o.taken] == seqs[:2]
+    sent = await store.send_handing_over(sq, msgs("s1", b"a", b"b", b"c", b"d"), [o])
+    seqs = sent.seqs
+    assert [m.seq for m in sent.handed[0]] == seqs[:2]
     rest = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
     assert [m.seq for m in rest] == seqs[2:]
 
@@ -66,8 +68,9 @@ async def test_an_offer_takes_at_most_its_count_and_the_rest_stays_in_order(stor
 async def test_nothing_overtakes_a_message_already_available(store, sq, held):
     (first,) = await store.send(sq, msgs("s1", b"a"))
     o = offer(held)
-    (second,) = await store.send(sq, msgs("s1", b"b"), [o])
-    assert o.taken == []
+    sent = await store.send_handing_over(sq, msgs("s1", b"b"), [o])
+    (second,) = sent.seqs
+    assert sent.handed == [[]]
     got = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
     assert [m.seq for m in got] == [first, second]
 
@@ -75,8 +78,11 @@ async def test_nothing_overtakes_a_message_already_available(store, sq, held):
 async def test_only_the_live_holder_of_the_session_is_handed_anything(store, sq, held):
     stranger = offer(f"{store.process_id}:2")
     other_session = offer(held, sid="s2")
-    seqs = await store.send(sq, msgs("s1", b"a") + msgs("s2", b"b"), [stranger, other_session])
-    assert stranger.taken == [] and other_session.taken == []
+    sent = await store.send_handing_over(
+        sq, msgs("s1", b"a") + msgs("s2", b"b"), [stranger, other_session]
+    )
+    seqs = sent.seqs
+    assert sent.handed == [[], []]
     assert (await store.counts(sq)).active == 2
     got = await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))
     assert [m.seq for m in got] == seqs[:1]
@@ -88,8 +94,7 @@ async def test_an_expired_lock_is_handed_nothing(store, make_queue):
     await store.accept_session(q, "s1", holder)
     await asyncio.sleep(0.2)
     o = offer(holder)
-    await store.send(q, msgs("s1", b"a"), [o])
-    assert o.taken == []
+    assert (await store.send_handing_over(q, msgs("s1", b"a"), [o])).handed == [[]]
     assert (await store.counts(q)).active == 1
 
 
@@ -99,9 +104,12 @@ async def test_scheduled_messages_and_duplicates_are_not_handed_over(store, make
     await store.accept_session(q, "s1", holder)
     o = offer(holder)
     later = int(time.time() * 1000) + 60_000
-    first = await store.send(q, msgs("s1", b"late", scheduled_ms=later, message_id="x"), [o])
-    again = await store.send(q, msgs("s1", b"dup", message_id="x"), [o])
-    assert o.taken == [] and again == [0]
+    late = await store.send_handing_over(
+        q, msgs("s1", b"late", scheduled_ms=later, message_id="x"), [o]
+    )
+    dup = await store.send_handing_over(q, msgs("s1", b"dup", message_id="x"), [o])
+    first, again = late.seqs, dup.seqs
+    assert late.handed == dup.handed == [[]] and again == [0]
     counts = await store.counts(q)
     assert (counts.scheduled, counts.active, counts.locked) == (1, 0, 0)
     assert first[0] > 0
@@ -109,8 +117,8 @@ async def test_scheduled_messages_and_duplicates_are_not_handed_over(store, make
 
 async def test_a_released_session_gets_its_handed_messages_back_uncounted(store, sq, held):
     o = offer(held)
-    await store.send(sq, msgs("s1", b"a", b"b"), [o])
-    assert len(o.taken) == 2
+    sent = await store.send_handing_over(sq, msgs("s1", b"a", b"b"), [o])
+    assert len(sent.handed[0]) == 2
     await store.release_session(sq, "s1", held)
     lock = await store.accept_session(sq, None, "h2", count=5, tokens=LockTokens(5))
     assert lock is not None and lock.session_id == "s1"
@@ -120,7 +128,7 @@ async def test_a_released_session_gets_its_handed_messages_back_uncounted(store,
 async def test_a_handed_over_message_wakes_no_one_and_one_filed_wakes_its_holder(store, sq, held):
     woken: list[str] = []
     await store.subscribe(woken.append)
-    await store.send(sq, msgs("s1", b"a"), [offer(held)])
+    await store.send_handing_over(sq, msgs("s1", b"a"), [offer(held)])
     await store.send(sq, msgs("s1", b"b"))  # no offer: filed, and the holder is woken
     deadline = time.monotonic() + 5
     while not woken and time.monotonic() < deadline:
@@ -133,8 +141,7 @@ async def test_a_handed_over_message_settles_for_its_holder_only(store, sq, held
     checkSettlement.lua): another holder, or the holder after the session changed hands, is
     refused as when the session's holder was read."""
     o = offer(held)
-    await store.send(sq, msgs("s1", b"a"), [o])
-    (m,) = o.taken
+    ((m,),) = (await store.send_handing_over(sq, msgs("s1", b"a"), [o])).handed
     done = Settlement(token=m.lock_token, outcome=Outcome.COMPLETE, session_id="s1")
     assert await store.settle(sq, [done], f"{store.process_id}:2") == [Condition.SESSION_LOCK_LOST]
     await store.release_session(sq, "s1", held)
