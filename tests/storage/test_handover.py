@@ -184,8 +184,8 @@ async def test_a_held_sessions_message_costs_the_store_few_commands(
     before = _commands(store_url)
     for i in range(rounds):
         o = offer(held, count=1)
-        await store.send(sq, msgs("s1", b"m%d" % i), [o])
-        (m,) = o.taken
+        sent = await store.send_handing_over(sq, msgs("s1", b"m%d" % i), [o])
+        ((m,),) = sent.handed
         await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], held)
     per_message = (_commands(store_url) - before - 1) / rounds  # less this test's INFO
     assert per_message <= COMMANDS_PER_HELD_MESSAGE, per_message
