@@ -682,6 +682,8 @@ class Verdict:
     first_latencies: list[float] = field(default_factory=list)
     delivery_latencies: list[float] = field(default_factory=list)
     first_delivery_latencies: list[float] = field(default_factory=list)
+    # (session, index) -> when it was first delivered (and completed)
+    first_delivered: dict[tuple[str, int], float] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -751,6 +753,7 @@ def check(plan: dict[str, int], results: list[dict], sessions: bool = True) -> V
                 f" s after its complete (link {link})",
             )
 
+    v.first_delivered = first
     completed = {k for k in first if k[1] < plan.get(k[0], 0)}
     v.completed = len(completed)
     v.lost = sum(plan.values()) - v.completed

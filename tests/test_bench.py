@@ -183,6 +183,9 @@ def test_small_release_run_lets_sessions_go_and_takes_the_next() -> None:
     assert 0 < float(p50) <= float(p99) and 0 < float(first50) <= float(first99), out
     # Each of the 32 sessions had several bursts over the 2 s: held, let go and taken again.
     assert int(accepted) > 32, out
+    # from each send's answer to its delivery: negative when the delivery came first
+    ack = re.search(r"ack-to-delivery p50 (-?[\d.]+) ms, p99 (-?[\d.]+) ms", out)
+    assert ack and float(ack.group(1)) <= float(ack.group(2)), out
     assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
 
 
