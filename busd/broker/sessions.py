@@ -287,12 +287,16 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     # --- messages handed over by sends (busd.broker.handover) --------------------------------
     def offer(self, wanted: int) -> HandOver | None:
         """Take up to `wanted` messages of a send, within the credit no other offer holds; only
-        with nothing under way, so that what is handed over is next in order on the link."""
-        if self._fetching or self._first is not None or self.detached:
+        with no fetch under way, so that what is handed over is next in order on the link."""
+        if self._fetching or self.detached:
             return None
         if self.lease is None or not self.lease.held:
             return None
-        count = min(wanted, self.link.credit - self._offered_credit)
+        # While the accept's first messages wait for the client's first credit, a send adds to
+        # them, up to the credit the accept expected: they go out with that credit, not after
+        # a wake-up and a fetch of their own (docs/design.md §3.5).
+        room = self.link.credit if self._first is None else self._first[1] - len(self._first[0])
+        count = min(wanted, room - self._offered_credit)
         if count <= 0:
             return None
         self._offers += 1
@@ -312,6 +316,10 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         if handed and not self.detached and is_open(self.link):
             # (detached: the session's release, or its lock running out, returns them)
             handed.sort(key=lambda m: m.seq)
+            if self._first is not None:  # after the accept's messages, with the first credit
+                messages, count, woken = self._first
+                self._first = (messages + handed, count, woken)
+                handed = []
             credit = max(self.link.credit, 0)  # less only after a drain
             self._send_all(handed[:credit])
             if len(handed) > credit:
