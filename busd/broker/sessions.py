@@ -233,12 +233,17 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 self.link.drained()
                 self.kick()
             return
+        first = self._first
+        if first is not None and self.ready and not self.detached and self.link.credit > 0:
+            # The accept's messages are ahead of anything a send under way hands over: they
+            # go now, unless some must go back (that waits for the sends, to keep the order).
+            if not self._offers or self.link.credit >= len(first[0]):
+                self._send_first()
+                return
         if self._offers:  # a send may be handing messages over: they come first
             self._pump_deferred = True
         elif self._first is None:
             super().pump()
-        elif self.ready and not self.detached and self.link.credit > 0:
-            self._send_first()
 
     def _send_first(self) -> None:
         """The first credit is here: send what the accept took. Messages beyond that credit
