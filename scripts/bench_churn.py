@@ -110,20 +110,26 @@ def sent_at(payload: bytes) -> float | None:
 
 
 def sender_payloads(
-    plan: dict[str, int], body_size: int, senders: int, stamped: bool = False
+    plan: dict[str, int], body_size: int, senders: int, stamped: bool = False, burst: int = 1
 ) -> list[list[bytes]]:
     """One list per sender connection. A session is sent by one sender only, its messages in
     index order, so the order the broker stores them in is the order they are checked in;
-    each sender goes round its sessions (first messages first), as many producers would.
-    `stamped`: with room for the send time (`stamp`)."""
+    each sender goes round its sessions (first messages first), as many producers would,
+    `burst` messages of a session in a row before the next session (more than one: at a
+    steady rate a session is quiet between its bursts, long enough for its receiver to let
+    it go and take the next). `stamped`: with room for the send time (`stamp`)."""
     shares: list[list[str]] = [[] for _ in range(senders)]
     for k, sid in enumerate(plan):
         shares[k % senders].append(sid)
     out = []
     for sids in shares:
         payloads = []
-        for index in range(max((plan[s] for s in sids), default=0)):
-            payloads.extend(encode(s, index, body_size, stamped) for s in sids if index < plan[s])
+        for start in range(0, max((plan[s] for s in sids), default=0), burst):
+            for s in sids:
+                payloads.extend(
+                    encode(s, index, body_size, stamped)
+                    for index in range(start, min(start + burst, plan[s]))
+                )
         out.append(payloads)
     return [p for p in out if p]
 
@@ -141,6 +147,8 @@ class Recorder:
         # answered -> its first message: longer than idle_ms and the receiver lets go first
         self.first_latencies: list[float] = []
         self.delivery_latencies: list[float] = []  # stamped send -> delivered here, seconds
+        # the same for the first message of each held session: its receiver was waiting
+        self.first_delivery_latencies: list[float] = []
         self.accept_timeouts = 0
         self.late = 0  # arrived on a link already closed here: not taken, the broker releases it
         self.errors = 0
@@ -171,6 +179,7 @@ class Recorder:
             "latencies": self.latencies,
             "first_latencies": self.first_latencies,
             "delivery_latencies": self.delivery_latencies,
+            "first_delivery_latencies": self.first_delivery_latencies,
             "accept_timeouts": self.accept_timeouts,
             "late": self.late,
             "errors": self.errors,
@@ -257,6 +266,8 @@ class Loop(Handler):
         sent = sent_at(payload)
         if sent is not None:
             self.rec.delivery_latencies.append(now - sent)
+            if self.got == 1:
+                self.rec.first_delivery_latencies.append(now - sent)
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()  # first: the disposition goes out settled
         if key is not None:
@@ -670,6 +681,9 @@ class Verdict:
     latencies: list[float] = field(default_factory=list)
     first_latencies: list[float] = field(default_factory=list)
     delivery_latencies: list[float] = field(default_factory=list)
+    first_delivery_latencies: list[float] = field(default_factory=list)
+    # (session, index) -> when it was first delivered (and completed)
+    first_delivered: dict[tuple[str, int], float] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -712,6 +726,7 @@ def check(plan: dict[str, int], results: list[dict], sessions: bool = True) -> V
         v.latencies += r.get("latencies", [])
         v.first_latencies += r.get("first_latencies", [])
         v.delivery_latencies += r.get("delivery_latencies", [])
+        v.first_delivery_latencies += r.get("first_delivery_latencies", [])
     v.deliveries = len(deliveries)
     v.sessions_accepted = len(intervals)
     holding = {link: sid for link, sid, _, _ in intervals}
@@ -738,6 +753,7 @@ def check(plan: dict[str, int], results: list[dict], sessions: bool = True) -> V
                 f" s after its complete (link {link})",
             )
 
+    v.first_delivered = first
     completed = {k for k in first if k[1] < plan.get(k[0], 0)}
     v.completed = len(completed)
     v.lost = sum(plan.values()) - v.completed

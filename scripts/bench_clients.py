@@ -251,6 +251,7 @@ class Sender(Client):
         window: int | None = None,
         rate: float | None = None,
         stamp: Callable[[bytes], bytes] | None = None,
+        acked: Callable[[bytes], None] | None = None,
     ) -> None:
         super().__init__(container, target, entity, stats, phase)
         self.count = count
@@ -258,6 +259,7 @@ class Sender(Client):
         self.window = window
         self.rate = rate
         self.stamp = stamp
+        self.acked = acked  # told of each payload the broker accepted, as the answer comes
         self.began: float | None = None  # the first credit (rate: sends are due from then)
         self.sent = 0
         self.answered = 0
@@ -301,6 +303,8 @@ class Sender(Client):
             return
         if delivery.remote_state == Delivery.ACCEPTED:
             self.stats.progress()
+            if self.acked is not None:
+                self.acked(self.payloads[int(delivery.tag) % len(self.payloads)])
         else:
             self.stats.error(f"send outcome {delivery.remote_state}: {delivery.remote.condition}")
         delivery.settle()

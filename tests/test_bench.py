@@ -158,6 +158,37 @@ def per_step(out: str, title: str) -> dict[str, tuple[float, float]]:
     return ran
 
 
+def test_small_release_run_lets_sessions_go_and_takes_the_next() -> None:
+    """--scenario release-32, 2 s of it: sessions sent in bursts go quiet, their receivers let
+    them go and take the next; the latency of each hold's first message is printed apart."""
+    out = bench(
+        "--scenario",
+        "release-32",
+        "--messages",
+        "2000",
+        "--client-procs",
+        "2",
+        "--no-steps",
+        "--timeout",
+        "90",
+    )
+    row = re.search(
+        r"^steady: 32 rx / 2 procs\s+2000\s.*send-to-delivery p50 ([\d.]+) ms, p99 ([\d.]+) ms"
+        r".*; first of a hold p50 ([\d.]+) ms, p99 ([\d.]+) ms; (\d+) sessions accepted",
+        out,
+        re.M,
+    )
+    assert row, out
+    p50, p99, first50, first99, accepted = row.groups()
+    assert 0 < float(p50) <= float(p99) and 0 < float(first50) <= float(first99), out
+    # Each of the 32 sessions had several bursts over the 2 s: held, let go and taken again.
+    assert int(accepted) > 32, out
+    # from each send's answer to its delivery: negative when the delivery came first
+    ack = re.search(r"ack-to-delivery p50 (-?[\d.]+) ms, p99 (-?[\d.]+) ms", out)
+    assert ack and float(ack.group(1)) <= float(ack.group(2)), out
+    assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
+
+
 @pytest.mark.skipif(
     not any(os.access(server, os.X_OK) for server in peer.SERVERS) or not shutil.which("epmd"),
     reason="RabbitMQ is not installed here",
@@ -465,6 +496,25 @@ def test_events_of_several_workers_are_merged() -> None:
     verdict = churn.check(PLAN, [first, second])
     assert verdict.violations == 0, verdict.examples
     assert verdict.accept_timeouts == 2
+
+
+def test_bursts_keep_each_session_in_order_on_one_sender() -> None:
+    plan = churn.make_plan(4, 20, None, 1)  # 5 messages each
+    lists = churn.sender_payloads(plan, 64, 2, burst=2)
+    sent = [[churn.parse(p) for p in payloads] for payloads in lists]
+    # sender 0 has s0 and s2: two of s0, two of s2, two of s0 ... (the last burst short)
+    assert sent[0][:6] == [
+        ("s000000", 0),
+        ("s000000", 1),
+        ("s000002", 0),
+        ("s000002", 1),
+        ("s000000", 2),
+        ("s000000", 3),
+    ]
+    for sid in plan:
+        mine = [i for payloads in sent for s, i in payloads if s == sid]
+        assert mine == list(range(plan[sid]))
+    assert not {s for s, _ in sent[0]} & {s for s, _ in sent[1]}
 
 
 def test_messages_carry_their_session_and_index() -> None:

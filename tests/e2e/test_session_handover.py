@@ -32,7 +32,7 @@ def redis_url(own_redis_url):
 @pytest.fixture(scope="module")
 def busd(busd_factory):
     return busd_factory(
-        [queue(name, RequiresSession=True) for name in ("one", "many", "credit")],
+        [queue(name, RequiresSession=True) for name in ("one", "many", "credit", "first")],
         extra_env=NO_SWEEP,
     )
 
@@ -59,6 +59,40 @@ def test_a_waiting_holder_gets_each_message_with_no_wake_up_and_no_receive(busd,
     # a send and a settlement per message; a receive would be a third
     scripts = sum(calls.get(f"cmdstat_{c}", 0) for c in ("fcall", "evalsha", "eval"))
     assert count <= scripts <= 2 * count, calls
+
+
+def test_a_send_before_the_first_credit_goes_out_with_it_with_no_wake_up_and_no_receive(
+    busd, redis_url
+):
+    """A receiver that let its session go attaches for the next and grants credit only once
+    the attach is answered (as the SDKs do): what is sent to its session meanwhile joins the
+    messages its accept took and goes out with the first credit."""
+    store = redis.Redis.from_url(redis_url)
+    with ProtonCbsClient(busd.port) as client:
+        client.authorize("first")
+        # The connection's first session receiver tells busd how much credit they grant.
+        client.receiver("first", credit=10, session="earlier").close()
+        receiver = client.receiver("first", credit=0, session="s")  # answered, no credit yet
+        sender = client.sender("first")
+        time.sleep(0.2)  # the accept's look is done
+        before = command_calls(store)
+        for i in range(2):
+            sender.send(Message(body=f"m{i}", group_id="s"))  # answered once stored
+        time.sleep(0.2)  # a wake-up, had there been one, is in
+        receiver.link.flow(5)
+        got = []
+        for _ in range(2):
+            got.append(receiver.receive(timeout=10).body)
+            receiver.accept()
+        time.sleep(0.3)  # the settlements are stored
+        after = command_calls(store)
+    assert got == ["m0", "m1"]
+    calls = {name: after[name] - before.get(name, 0) for name in after}
+    calls.pop("cmdstat_info", None)
+    assert calls.get("cmdstat_publish", 0) == 0, calls  # nobody was woken
+    # the two sends and the settlements; a receive of the holder's own would be one more
+    scripts = sum(calls.get(f"cmdstat_{c}", 0) for c in ("fcall", "evalsha", "eval"))
+    assert scripts <= 4, calls
 
 
 def test_concurrent_senders_hand_over_in_the_session_s_order(busd, redis_url):
