@@ -286,6 +286,7 @@ class LinkRegistry:
     def __init__(self) -> None:
         self._by_link: dict[Any, LinkEndpoint] = {}  # raw pn_link_t pointer -> endpoint
         self._by_name: dict[str, LinkEndpoint] = {}
+        self._names: dict[Any, str] = {}  # raw pointer -> its link's name
         self.raw: dict[Any, LinkEndpoint] = {}
         # (raw pn_session_t pointer, address) -> our reply link of a request/response node
         # in that AMQP session (busd.broker.nodes)
@@ -293,8 +294,10 @@ class LinkRegistry:
 
     def add(self, endpoint: LinkEndpoint) -> None:
         impl = endpoint.link._impl
+        name = endpoint.link.name
         self._by_link[impl] = endpoint
-        self._by_name[endpoint.link.name] = endpoint
+        self._by_name[name] = endpoint
+        self._names[impl] = name  # (proton decodes the name on every read)
         if endpoint.raw_deliveries:
             self.raw[impl] = endpoint
 
@@ -305,10 +308,11 @@ class LinkRegistry:
         if self._by_link.get(impl) is not endpoint:
             return False
         del self._by_link[impl]
+        name = self._names.pop(impl)
         if self.raw.get(impl) is endpoint:
             del self.raw[impl]
-        if self._by_name.get(endpoint.link.name) is endpoint:
-            del self._by_name[endpoint.link.name]
+        if self._by_name.get(name) is endpoint:
+            del self._by_name[name]
         return True
 
     def add_reply(self, session: Any, address: str, endpoint: LinkEndpoint) -> None:
