@@ -112,9 +112,11 @@ def remote_modified(delivery) -> tuple[bool, bool]:
 
 
 # --- a link's life ---------------------------------------------------------------------------
-def link_name(link) -> str:
-    """The link's name (UnicodeDecodeError when it is not UTF-8)."""
-    return ffi.string(lib.pn_link_name(link)).decode()
+def link_name(link) -> str | None:
+    """The link's name (None: the attach had none; UnicodeDecodeError when it is not
+    UTF-8)."""
+    name = lib.pn_link_name(link)
+    return None if name == NULL else ffi.string(name).decode()
 
 
 def remote_address(link, *, source: bool) -> str | None:
