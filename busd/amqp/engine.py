@@ -173,14 +173,18 @@ def echo_termini(link) -> None:
 
 
 def end_link(link) -> None:
-    """Close our end of a link the client detached (no error of ours), then free it."""
+    """Close our end of a link the client detached (no error of ours), then free it. proton
+    keeps every link of a session until it is freed (the detach is still written), so without
+    this a long-lived connection would keep each link it ever had."""
     if not lib.pn_link_state(link) & LOCAL_CLOSED:
         lib.pn_link_close(link)
     lib.pn_link_free(link)
 
 
 def end_session(session) -> None:
-    """As `end_link`, for an AMQP session the client ended (and the links it still has)."""
+    """As `end_link`, for an AMQP session the client ended and whatever links it still has
+    (the JavaScript SDK begins a session for every link it attaches, all on one
+    connection)."""
     if not lib.pn_session_state(session) & LOCAL_CLOSED:
         lib.pn_session_close(session)
     lib.pn_session_free(session)

@@ -629,7 +629,7 @@ def _read_attach(link: Any) -> Attach:
         properties = engine.remote_properties(link)
     except CodecError:
         raise BusdError(
-            Cond.INVALID_FIELD, "The link's properties map is not valid UTF-8."
+            Cond.INVALID_FIELD, "The link's properties map cannot be decoded (not valid UTF-8?)."
         ) from None
     try:
         source_filter = engine.remote_source_filter(link)
