@@ -155,6 +155,7 @@ class SessionLeases:
         self._by_session: dict[tuple[str, str], SessionLease] = {}
         self._slots: dict[int, set[SessionLease]] = {}
         self._order: list[int] = []  # the slots, a heap (may hold emptied ones)
+        self._ordered: set[int] = set()  # the slots `_order` holds, each once
         self._timer: asyncio.TimerHandle | None = None
         self._timer_slot: int | None = None
 
@@ -178,7 +179,9 @@ class SessionLeases:
         leases = self._slots.get(slot)
         if leases is None:
             leases = self._slots[slot] = set()
-            heapq.heappush(self._order, slot)
+            if slot not in self._ordered:  # (emptied and filled again before it came due)
+                self._ordered.add(slot)
+                heapq.heappush(self._order, slot)
         leases.add(lease)
         if self._timer_slot is None or slot < self._timer_slot:
             self._arm(slot)
@@ -206,13 +209,15 @@ class SessionLeases:
         now = time.time()
         order = self._order
         while order and order[0] * SLOT_S <= now:
-            for lease in list(self._slots.pop(heapq.heappop(order), ())):
+            slot = heapq.heappop(order)
+            self._ordered.discard(slot)
+            for lease in list(self._slots.pop(slot, ())):
                 lease.slot = None
                 lease.check()  # lost: its receiver's detach ends the lease
                 if not lease.lost and lease._leases is self:  # not yet (the clock went back)
                     self.file(lease)
         while order and order[0] not in self._slots:  # emptied slots
-            heapq.heappop(order)
+            self._ordered.discard(heapq.heappop(order))
         if order:
             self._arm(order[0])
 

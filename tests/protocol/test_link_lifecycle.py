@@ -6,6 +6,7 @@ session accept is still in the store, and the one timer all session leases share
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from cproton_ffi import ffi, lib
@@ -229,3 +230,30 @@ def test_symbol_keys_of_decoded_properties_match_protons():
 
     assert {Symbol("com.microsoft:timeout"): 5}.get(TIMEOUT) == 5
     assert symbol("x") == Symbol("x")
+
+
+async def test_leases_filed_in_one_slot_are_queued_once_and_each_lost_one_is_told(broker):
+    """A hundred leases of one slot, each ended before it comes due: the slot is queued once
+    (not once per lease); a lease left running is told its lock was lost, once, after its
+    lock's end plus grace."""
+    queue = broker.queue("short-sessions")  # 300 ms locks: 300 ms of grace
+    leases = lease_module.SessionLeases()
+    now_ms = int(time.time() * 1000)
+    told: list[str] = []
+    for i in range(100):
+        lease = lease_module.SessionLease(
+            broker.store, queue, f"s{i}", "holder", now_ms, time.monotonic()
+        )
+        lease.start(leases, lambda i=i: told.append(f"s{i}"))
+        lease.end()
+    assert len(leases._order) == 1 and not leases._slots
+    kept = lease_module.SessionLease(
+        broker.store, queue, "kept", "holder", now_ms, time.monotonic()
+    )
+    kept.start(leases, lambda: told.append("kept"))
+    await asyncio.sleep(0.2)
+    assert told == []  # not before the lock's end plus grace (0.3 s + 0.3 s)
+    await asyncio.sleep(0.6)
+    assert told == ["kept"] and kept.lost
+    kept.end()
+    assert not leases._slots and not leases._order
