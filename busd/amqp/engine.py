@@ -1,10 +1,14 @@
-"""proton's C engine, called directly on the per-message path.
+"""proton's C engine, called directly on the per-message and per-link paths.
 
 proton's Python classes wrap every event and delivery in fresh objects and keep attributes in
 C records: measured with py-spy, that wrapping was a quarter of busd's CPU per message. The
 links that carry messages (queue senders and receivers) therefore handle their deliveries as
-raw `pn_delivery_t` pointers through these few functions; everything else (attach, flow,
-CBS, `$management`, errors) keeps using the Python classes.
+raw `pn_delivery_t` pointers through these few functions. A link's life is handled raw too
+(docs/design.md §3.2): its attach is read here (name, addresses, properties, source filter),
+its flow and detach reach the connection as raw `pn_link_t` pointers, and an AMQP session's
+begin and end as raw `pn_session_t` pointers. An endpoint keeps one proton `Link` for what it
+does with its link (answer the attach, read credit); the rare paths (refusals, errors, CBS,
+`$management`) keep using the Python classes.
 
 A raw delivery the broker keeps beyond the event that brought it is held with `hold()` and
 let go with `release()`, so proton cannot free it underneath (the Python wrappers do the same).
@@ -12,8 +16,12 @@ let go with `release()`, so proton cannot free it underneath (the Python wrapper
 
 from __future__ import annotations
 
+from typing import Any
+
 from cproton_ffi import ffi, lib
 from proton import Delivery
+
+from busd.amqp.decoding import decode_value
 
 PN_DELIVERY = lib.PN_DELIVERY
 PN_LINK_FLOW = lib.PN_LINK_FLOW
@@ -22,6 +30,19 @@ REJECTED = lib.PN_REJECTED
 RELEASED = lib.PN_RELEASED
 MODIFIED = lib.PN_MODIFIED
 NULL = ffi.NULL
+
+# the link and session events the connection handles raw (busd.amqp.protocol)
+PN_LINK_REMOTE_OPEN = lib.PN_LINK_REMOTE_OPEN
+PN_LINK_REMOTE_CLOSE = lib.PN_LINK_REMOTE_CLOSE
+PN_LINK_REMOTE_DETACH = lib.PN_LINK_REMOTE_DETACH
+PN_SESSION_REMOTE_OPEN = lib.PN_SESSION_REMOTE_OPEN
+PN_SESSION_REMOTE_CLOSE = lib.PN_SESSION_REMOTE_CLOSE
+LOCAL_UNINIT = lib.PN_LOCAL_UNINIT
+LOCAL_ACTIVE = lib.PN_LOCAL_ACTIVE
+LOCAL_CLOSED = lib.PN_LOCAL_CLOSED
+REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
+COORDINATOR = lib.PN_COORDINATOR
+SND_SETTLED = lib.PN_SND_SETTLED
 
 collector_peek = lib.pn_collector_peek
 collector_pop = lib.pn_collector_pop
@@ -39,6 +60,13 @@ remote_state = lib.pn_delivery_remote_state
 link_credit = lib.pn_link_credit
 link_flow = lib.pn_link_flow
 link_advance = lib.pn_link_advance
+event_session = lib.pn_event_session
+link_session = lib.pn_link_session
+link_state = lib.pn_link_state
+link_is_sender = lib.pn_link_is_sender
+session_state = lib.pn_session_state
+session_set_incoming_capacity = lib.pn_session_set_incoming_capacity
+session_open = lib.pn_session_open
 hold = lib.pn_incref
 release = lib.pn_decref
 
@@ -81,6 +109,85 @@ def remote_modified(delivery) -> tuple[bool, bool]:
     return bool(lib.pn_disposition_is_failed(remote)), bool(
         lib.pn_disposition_is_undeliverable(remote)
     )
+
+
+# --- a link's life ---------------------------------------------------------------------------
+def link_name(link) -> str | None:
+    """The link's name (None: the attach had none; UnicodeDecodeError when it is not
+    UTF-8)."""
+    name = lib.pn_link_name(link)
+    return None if name == NULL else ffi.string(name).decode()
+
+
+def remote_address(link, *, source: bool) -> str | None:
+    """The address of the client's source or target (UnicodeDecodeError when not UTF-8)."""
+    terminus = lib.pn_link_remote_source(link) if source else lib.pn_link_remote_target(link)
+    address = lib.pn_terminus_get_address(terminus)
+    return None if address == NULL else ffi.string(address).decode()
+
+
+def remote_target_is_coordinator(link) -> bool:
+    """Whether the client attaches a transaction controller (docs/wire.md §10.2)."""
+    return lib.pn_terminus_get_type(lib.pn_link_remote_target(link)) == COORDINATOR
+
+
+def remote_snd_settled(link) -> bool:
+    """Whether the client asks for settled deliveries (receive-and-delete)."""
+    return lib.pn_link_remote_snd_settle_mode(link) == SND_SETTLED
+
+
+def _data_value(data) -> Any:
+    """The value a `pn_data_t` holds, decoded by busd's codec (busd.amqp.decoding: symbols as
+    `Symbol`, described values as `Described`); None when it holds none. Raises CodecError
+    on what busd cannot decode (text that is not UTF-8)."""
+    if data == NULL:  # proton makes it only when the frame has the field
+        return None
+    lib.pn_data_rewind(data)
+    if not lib.pn_data_next(data):
+        return None
+    size = lib.pn_data_encoded_size(data)
+    if size <= 0:
+        return None
+    buf = ffi.new("char[]", size)
+    if lib.pn_data_encode(data, buf, size) != size:
+        return None
+    return decode_value(ffi.buffer(buf, size)[:])[0]
+
+
+def remote_properties(link) -> Any:
+    """The properties map of the client's attach (None when it sent none)."""
+    return _data_value(lib.pn_link_remote_properties(link))
+
+
+def remote_source_filter(link) -> Any:
+    """The filter map of the client's source (None when it sent none)."""
+    return _data_value(lib.pn_terminus_filter(lib.pn_link_remote_source(link)))
+
+
+def echo_termini(link) -> None:
+    """Our termini and settle modes as the client's (the attach's answer, docs/wire.md §4)."""
+    lib.pn_terminus_copy(lib.pn_link_source(link), lib.pn_link_remote_source(link))
+    lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
+    lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
+    lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
+
+
+def end_link(link) -> None:
+    """Close our end of a link the client detached (no error of ours), then free it. proton
+    keeps every link of a session until it is freed (the detach is still written), so without
+    this a long-lived connection would keep each link it ever had."""
+    if not lib.pn_link_state(link) & LOCAL_CLOSED:
+        lib.pn_link_close(link)
+    lib.pn_link_free(link)
+
+
+def end_session(session) -> None:
+    """As `end_link`, for an AMQP session the client ended and whatever links it still has
+    (the JavaScript SDK begins a session for every link it attaches, all on one
+    connection)."""
+    if not lib.pn_session_state(session) & LOCAL_CLOSED:
+        lib.pn_session_close(session)
+    lib.pn_session_free(session)
 
 
 def wrap(delivery) -> Delivery:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Protocol as TypingProtocol
 
-from proton import Collector, Connection, Event, Link, Transport
+from proton import Collector, Connection, Event, Transport
 from proton._events import EventType
 from proton._exceptions import TransportException
 
@@ -52,6 +52,22 @@ class EventHandler(TypingProtocol):
     def flow(self, endpoint: Any) -> None:
         """A flow frame for the link of `endpoint`, one of `raw_links`."""
 
+    # A link's and an AMQP session's life, as raw pointers (engine.py): no event object.
+    def link_opened(self, link: Any) -> None:
+        """The client attached `link` (a raw pn_link_t)."""
+
+    def link_flow(self, link: Any) -> None:
+        """A flow frame for `link`, not one of `raw_links`."""
+
+    def link_gone(self, link: Any) -> None:
+        """The client detached `link` (closed or not)."""
+
+    def session_opened(self, session: Any) -> None:
+        """The client began an AMQP session (a raw pn_session_t)."""
+
+    def session_gone(self, session: Any) -> None:
+        """The client ended an AMQP session."""
+
     def closed(self) -> None: ...
 
 
@@ -78,35 +94,26 @@ class _Closed:
     def flow(self, endpoint: Any) -> None:
         pass
 
+    def link_opened(self, link: Any) -> None:
+        pass
+
+    def link_flow(self, link: Any) -> None:
+        pass
+
+    def link_gone(self, link: Any) -> None:
+        pass
+
+    def session_opened(self, session: Any) -> None:
+        pass
+
+    def session_gone(self, session: Any) -> None:
+        pass
+
     def closed(self) -> None:
         pass
 
 
 _CLOSED = _Closed()
-
-
-class LinkEvent:
-    """A link's event as the handler sees it: its type and its link. proton's `Event.wrap`
-    also wraps the event's transport, connection and session, which no link handler reads;
-    an attach and a detach are two events of every session receiver's life."""
-
-    __slots__ = ("type", "link")
-
-    def __init__(self, kind: EventType, link: Link) -> None:
-        self.type = kind
-        self.link = link
-
-
-# The link events dispatched as LinkEvent, by proton event number.
-_LINK_EVENTS: dict[int, EventType] = {
-    kind.number: kind
-    for kind in (
-        Event.LINK_REMOTE_OPEN,
-        Event.LINK_REMOTE_CLOSE,
-        Event.LINK_REMOTE_DETACH,
-        Event.LINK_FLOW,
-    )
-}
 
 
 class AmqpProtocol(asyncio.Protocol):
@@ -268,29 +275,38 @@ class AmqpProtocol(asyncio.Protocol):
         while (impl := engine.collector_peek(collector)) != engine.NULL:
             try:
                 kind = engine.event_type(impl)
-                # Deliveries and flows on message links go raw to their endpoint (see
-                # busd.amqp.engine); other events the handler has a method for are wrapped.
-                if kind == engine.PN_DELIVERY and raw_links:
-                    delivery = engine.event_delivery(impl)
-                    endpoint = raw_links.get(engine.delivery_link(delivery))
-                    if endpoint is not None:
-                        endpoint.on_raw_delivery(delivery)
-                        engine.collector_pop(collector)
-                        continue
-                elif kind == engine.PN_LINK_FLOW and raw_links:
-                    endpoint = raw_links.get(engine.event_link(impl))
+                # Deliveries on message links go raw to their endpoint, flows and a link's
+                # and a session's life raw to the handler (see busd.amqp.engine); other events
+                # the handler has a method for are wrapped.
+                if kind == engine.PN_DELIVERY:
+                    if raw_links:
+                        delivery = engine.event_delivery(impl)
+                        endpoint = raw_links.get(engine.delivery_link(delivery))
+                        if endpoint is not None:
+                            endpoint.on_raw_delivery(delivery)
+                            engine.collector_pop(collector)
+                            continue
+                    if kind in handled:
+                        self.handler.dispatch(Event.wrap(impl))
+                elif kind == engine.PN_LINK_FLOW:
+                    link = engine.event_link(impl)
+                    endpoint = raw_links.get(link)
                     if endpoint is not None:
                         self.handler.flow(endpoint)
-                        engine.collector_pop(collector)
-                        continue
-                if kind in handled:
-                    link_kind = _LINK_EVENTS.get(kind)
-                    if link_kind is not None:
-                        self.handler.dispatch(
-                            LinkEvent(link_kind, Link.wrap(engine.event_link(impl)))
-                        )
                     else:
-                        self.handler.dispatch(Event.wrap(impl))
+                        self.handler.link_flow(link)
+                    engine.collector_pop(collector)
+                    continue
+                elif kind == engine.PN_LINK_REMOTE_OPEN:
+                    self.handler.link_opened(engine.event_link(impl))
+                elif kind == engine.PN_LINK_REMOTE_CLOSE or kind == engine.PN_LINK_REMOTE_DETACH:
+                    self.handler.link_gone(engine.event_link(impl))
+                elif kind == engine.PN_SESSION_REMOTE_OPEN:
+                    self.handler.session_opened(engine.event_session(impl))
+                elif kind == engine.PN_SESSION_REMOTE_CLOSE:
+                    self.handler.session_gone(engine.event_session(impl))
+                elif kind in handled:
+                    self.handler.dispatch(Event.wrap(impl))
             except Exception:  # a bug in one handler must not kill the connection loop
                 log.exception("connection %s: error handling an event", self.peer)
             engine.collector_pop(collector)

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from proton import Condition, Endpoint, Link
 
 from busd.allocator import trim_soon
+from busd.amqp import engine
+from busd.amqp.types import CodecError
 from busd.auth.rights import Grant, allows, missing_claim
 from busd.broker.limits import MAX_NAME_LENGTH, Buffers
 from busd.broker.links import (
     LinkEndpoint,
     LinkRegistry,
     amqp_condition,
-    end_link,
-    end_session,
     refuse_link,
 )
 from busd.broker.namespaces import namespace_of_host
@@ -234,26 +234,36 @@ class ConnectionHandler:
             self._end(endpoint)
         self._after_finishing(conn.close)
 
-    def on_session_remote_open(self, event) -> None:
-        session = event.session
-        session.incoming_capacity = SESSION_INCOMING_CAPACITY
-        session.open()
+    # --- a link's and a session's life, on proton's engine (busd.amqp.engine) ---------------
+    def session_opened(self, session: Any) -> None:
+        engine.session_set_incoming_capacity(session, SESSION_INCOMING_CAPACITY)
+        engine.session_open(session)
 
-    def on_session_remote_close(self, event) -> None:
+    def session_gone(self, session: Any) -> None:
         # Ending a session ends its links too: their work goes first, as for a detach.
-        session = event.session
-        for endpoint in [e for e in self.links if e.link.session == session]:
-            self._end(endpoint)
-        # its links busd closed first go with it (their pointers are proton's to reuse)
-        for impl, link in list(self._unanswered.items()):
-            if link.session == session:
-                del self._unanswered[impl]
-        self._after_finishing(lambda: end_session(session))
-
-    def on_link_remote_open(self, event) -> None:
-        link = event.link
         try:
-            attach = _read_attach(link)
+            for endpoint in self.links:
+                if engine.link_session(endpoint.link._impl) == session:
+                    self._end(endpoint)
+            # its links busd closed first go with it (their pointers are proton's to reuse)
+            for impl in [i for i in self._unanswered if engine.link_session(i) == session]:
+                del self._unanswered[impl]
+        except Exception:  # contained to the connection; its session is still answered
+            log.exception("connection %s: ending a session failed", self.proto.peer)
+        # held until answered: its links' store work may outlast the connection's objects
+        engine.hold(session)
+        self._after_finishing(lambda: self._end_session(session))
+
+    def _end_session(self, session: Any) -> None:
+        try:
+            engine.end_session(session)
+        finally:
+            engine.release(session)
+
+    def link_opened(self, impl: Any) -> None:
+        link = Link.wrap(impl)  # the endpoint's one proton object for its link
+        try:
+            attach = _read_attach(impl)
             limit = self.home.limits.links_per_connection
             if len(self._unanswered) >= limit:
                 # Refusing would keep one more: a client that answers no detach is closed.
@@ -272,15 +282,62 @@ class ConnectionHandler:
             log.debug("link refused: %s", error)
             self._refuse_link(link, error)
             return
+        except Exception:
+            log.exception("connection %s: handling an attach failed", self.proto.peer)
+            self._contain_link(link, None)
+            return
         self.links.add(endpoint)
         if self.home.metrics is not None:
             self.home.metrics.link_attached()
-        endpoint.on_attach()
+        try:
+            endpoint.on_attach()
+        except Exception:
+            log.exception("connection %s: handling an attach failed", self.proto.peer)
+            self._contain_link(link, endpoint)
 
-    def on_link_flow(self, event) -> None:
-        endpoint = self.links.of(event.link)
+    def link_flow(self, impl: Any) -> None:
+        endpoint = self.links.of_raw(impl)
         if endpoint is not None:
-            endpoint.on_flow()
+            self.flow(endpoint)
+
+    def link_gone(self, impl: Any) -> None:
+        """The client detached the link (one detach per link: proton refuses a second). It is
+        freed once busd has answered and nothing of busd's uses it any more."""
+        try:
+            self._link_gone(impl)
+        except Exception:
+            log.exception("connection %s: handling a detach failed", self.proto.peer)
+            self.proto.abort()
+
+    def _link_gone(self, impl: Any) -> None:
+        self._unanswered.pop(impl, None)
+        endpoint = self.links.of_raw(impl)
+        if endpoint is not None:
+            self._end(endpoint, then=lambda: engine.end_link(impl))
+        elif impl in self._ending:  # busd detached it first and is still finishing its work
+            self._free_when_done.add(impl)
+        else:
+            engine.end_link(impl)
+
+    def _contain_link(self, link: Link, endpoint: LinkEndpoint | None) -> None:
+        """A failure handling an attach: the link is detached (refused when its attach is not
+        answered yet) with amqp:internal-error; the connection goes on."""
+        internal = BusdError(Cond.INTERNAL, "busd failed to handle this; it is logged.")
+        try:
+            if endpoint is not None and self.links.of(link) is endpoint:
+                if link.state & Endpoint.LOCAL_UNINIT:
+                    self.refuse(endpoint, internal)
+                else:
+                    self.detach(endpoint, amqp_condition(internal, triple=False))
+            elif not link.state & Endpoint.LOCAL_ACTIVE:
+                self._refuse_link(link, internal)
+            else:
+                link.condition = amqp_condition(internal, triple=False)
+                self._close_first(link)
+        except Exception:
+            log.exception("connection %s: closing after a failure failed", self.proto.peer)
+            self.proto.abort()
+        self.proto.kick()
 
     def on_delivery(self, event) -> None:
         delivery = event.delivery
@@ -295,12 +352,6 @@ class ConnectionHandler:
             # keeping them.
             delivery.link.recv(delivery.pending)
             delivery.settle()
-
-    def on_link_remote_close(self, event) -> None:
-        self._link_gone(event.link)
-
-    def on_link_remote_detach(self, event) -> None:
-        self._link_gone(event.link)
 
     def on_transport_error(self, event) -> None:
         try:
@@ -320,19 +371,6 @@ class ConnectionHandler:
 
     def on_transport_closed(self, event) -> None:
         self.proto.kick()
-
-    def _link_gone(self, link: Link) -> None:
-        """The client detached `link` (one detach per link: proton refuses a second). It is
-        freed once busd has answered and nothing of busd's uses it any more."""
-        impl = link._impl
-        self._unanswered.pop(impl, None)
-        endpoint = self.links.of(link)
-        if endpoint is not None:
-            self._end(endpoint, then=lambda: end_link(link))
-        elif impl in self._ending:  # busd detached it first and is still finishing its work
-            self._free_when_done.add(impl)
-        else:
-            end_link(link)
 
     def _close_first(self, link: Link) -> None:
         """Close a link on busd's side before the client detached it."""
@@ -369,7 +407,7 @@ class ConnectionHandler:
             if link._impl in self._free_when_done:  # the client detached it meanwhile
                 self._free_when_done.discard(link._impl)
                 self._unanswered.pop(link._impl, None)  # (`then` may have closed it first)
-                end_link(link)
+                engine.end_link(link._impl)
             self.proto.kick()
 
         task.add_done_callback(done)
@@ -579,19 +617,27 @@ def _chain_length(endpoint) -> int:
     return count
 
 
-def _read_attach(link: Link) -> Attach:
-    """What routing reads of an attach, decoded once: the link's name and addresses must be
-    text busd can log and route, and its properties must decode (docs/wire.md §2)."""
-    _name(lambda: link.name, "link name")
-    source = link.remote_source
-    target = link.remote_target
-    source_address = _name(lambda: source.address, "source address")
-    target_address = _name(lambda: target.address, "target address")
+def _read_attach(link: Any) -> Attach:
+    """What routing reads of an attach (a raw pn_link_t), decoded once on proton's engine: the
+    link's name and addresses must be text busd can log and route, and its properties and
+    source filter must decode (docs/wire.md §2)."""
+    _name(lambda: engine.link_name(link), "link name")
+    source_address = _name(lambda: engine.remote_address(link, source=True), "source address")
+    target_address = _name(lambda: engine.remote_address(link, source=False), "target address")
     # routing reads them (com.microsoft:timeout): their text must decode too
     try:
-        properties = link.remote_properties
-    except UnicodeDecodeError:
+        properties = engine.remote_properties(link)
+    except CodecError:
         raise BusdError(
-            Cond.INVALID_FIELD, "The link's properties map is not valid UTF-8."
+            Cond.INVALID_FIELD, "The link's properties map cannot be decoded (not valid UTF-8?)."
         ) from None
-    return Attach(source, target, source_address, target_address, properties or {})
+    try:
+        source_filter = engine.remote_source_filter(link)
+    except CodecError:  # as no filter: routing refuses a session receiver without one
+        source_filter = None
+    return Attach(
+        source_address,
+        target_address,
+        properties if isinstance(properties, dict) else {},
+        source_filter if isinstance(source_filter, dict) else None,
+    )

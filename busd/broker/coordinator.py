@@ -16,6 +16,7 @@ from typing import Any
 
 from proton import Array, Data, Delivery, Described, Link, Message, Terminus, symbol, ulong
 
+from busd.amqp import engine
 from busd.broker.links import (
     CREDIT_WINDOW,
     ConnectionScope,
@@ -43,7 +44,7 @@ CAPABILITIES = (
 
 
 def is_coordinator(link: Link) -> bool:
-    return not link.is_sender and link.remote_target.type == Terminus.COORDINATOR
+    return not link.is_sender and engine.remote_target_is_coordinator(link._impl)
 
 
 class CoordinatorEndpoint(LinkEndpoint):

@@ -16,14 +16,20 @@ settlements, renewals and session-state calls are refused here with session-lock
 while the store cannot be reached: the store can never give the session to another receiver
 while this one still acts on it.
 
-A lease has one timer, re-armed by each renewal, to detach its receiver when the lock ran out
-without being told by a store call; the sweep, which finds expired session locks in the store,
-checks it too. Nothing of it runs per message.
+The process's leases share one timer (`LeaseTimer`, kept by busd.broker.receivers): each
+lease is filed in the slot of the moment its receiver must be detached because the lock ran
+out without a store call saying so (`lost_at`), a renewal files it again, and its end takes
+it out; the timer wakes at the earliest slot only. A session's life so costs no timer of its
+own (a many-short-sessions load held one asyncio timer per session, armed at the accept and
+cancelled at the release). The sweep, which finds expired session locks in the store, checks
+the leases too, through the registry of held sessions. Nothing of it runs per message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 import time
 from collections.abc import Callable
 
@@ -35,6 +41,9 @@ LOCK_LOST_GRACE_S = 2.0
 # How much sooner than the store a lease ends here (module docstring): what the clocks may
 # differ by over one lock. At most a quarter of the lock.
 LEASE_MARGIN_S = 0.2
+# Width of a slot of the leases' timer: a lost lock is told at most this much later than
+# `lost_at` (plus the event loop's delay), past a grace of up to LOCK_LOST_GRACE_S anyway.
+SLOT_S = 0.05
 
 
 class SessionLease:
@@ -61,13 +70,15 @@ class SessionLease:
         # the session (the sweep returns the messages, counting the attempt).
         self.lost = False
         self._on_lost: Callable[[], None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._leases: LeaseTimer | None = None
+        self.slot: int | None = None  # its slot in the leases' timer (`LeaseTimer`)
 
-    def start(self, on_lost: Callable[[], None]) -> None:
+    def start(self, leases: LeaseTimer, on_lost: Callable[[], None]) -> None:
         """The receiver delivers under the lock from now: `on_lost` is called once the lock
-        ran out (its timer, or the sweep: busd.broker.receivers), until `end`."""
+        ran out (its timer, or the sweep), until `end`."""
         self._on_lost = on_lost
-        self._arm()
+        self._leases = leases
+        leases.add(self)
 
     @property
     def margin_s(self) -> float:
@@ -101,8 +112,8 @@ class SessionLease:
         )
         self.locked_until_ms = locked_until_ms
         self.held_until = max(self.held_until, self._ends_here(sent_at))
-        if self._on_lost is not None:  # started and not ended: the timer follows the lock
-            self._arm()
+        if self._leases is not None:  # started and not ended: the timer follows the lock
+            self._leases.file(self)
         return locked_until_ms
 
     async def release(self) -> None:
@@ -120,12 +131,6 @@ class SessionLease:
         grace = min(LOCK_LOST_GRACE_S, self.queue.lock_duration_ms / 1000)
         return self.locked_until_ms / 1000 + grace
 
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        delay = max(0.0, self.lost_at() - time.time())
-        self._timer = asyncio.get_running_loop().call_later(delay + 0.05, self.check)
-
     def check(self) -> None:
         """The lease's timer, or the sweep that found the lock expired in the store: past
         `lost_at`, the lock is lost and its receiver told."""
@@ -136,6 +141,77 @@ class SessionLease:
     def end(self) -> None:
         """The receiver is gone: no timer, no sweep for this lease any more."""
         self._on_lost = None
+        if self._leases is not None:
+            self._leases.remove(self)
+            self._leases = None
+
+
+class LeaseTimer:
+    """The one timer of the process's session leases: slots of SLOT_S (by wall-clock time, as
+    `lost_at`), each with the leases whose lock is told lost then, and one asyncio timer armed
+    at the earliest slot."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, set[SessionLease]] = {}
+        self._order: list[int] = []  # the slots, a heap (may hold emptied ones)
+        self._ordered: set[int] = set()  # the slots `_order` holds, each once
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_slot: int | None = None
+
+    def add(self, lease: SessionLease) -> None:
+        self.file(lease)
+
+    def remove(self, lease: SessionLease) -> None:
+        self._unfile(lease)
+
+    def file(self, lease: SessionLease) -> None:
+        """File `lease` in the slot of its `lost_at` (again, after a renewal)."""
+        slot = math.ceil(lease.lost_at() / SLOT_S) + 1
+        if slot == lease.slot:
+            return
+        self._unfile(lease)
+        lease.slot = slot
+        leases = self._slots.get(slot)
+        if leases is None:
+            leases = self._slots[slot] = set()
+            if slot not in self._ordered:  # (emptied and filled again before it came due)
+                self._ordered.add(slot)
+                heapq.heappush(self._order, slot)
+        leases.add(lease)
+        if self._timer_slot is None or slot < self._timer_slot:
+            self._arm(slot)
+
+    def _unfile(self, lease: SessionLease) -> None:
+        slot, lease.slot = lease.slot, None
+        if slot is None:
+            return
+        leases = self._slots.get(slot)
+        if leases is not None:
+            leases.discard(lease)
+            if not leases:
+                del self._slots[slot]  # (its number leaves `_order` when it comes due)
+
+    def _arm(self, slot: int) -> None:
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        self._timer_slot = slot
+        delay = max(0.0, slot * SLOT_S - time.time())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _due(self) -> None:
+        """The timer: check the leases of every slot that came due, then wait for the next."""
+        self._timer = self._timer_slot = None
+        now = time.time()
+        order = self._order
+        while order and order[0] * SLOT_S <= now:
+            slot = heapq.heappop(order)
+            self._ordered.discard(slot)
+            for lease in list(self._slots.pop(slot, ())):
+                lease.slot = None
+                lease.check()  # lost: its receiver's detach ends the lease
+                if not lease.lost and lease._leases is self:  # not yet (the clock went back)
+                    self.file(lease)
+        while order and order[0] not in self._slots:  # emptied slots
+            self._ordered.discard(heapq.heappop(order))
+        if order:
+            self._arm(order[0])

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from proton import Condition, Delivery, Endpoint, Link, Session, Terminus, symbol
+from proton import Condition, Delivery, Link, Terminus, symbol
 
 from busd.allocator import trim_soon
 from busd.amqp import engine
@@ -66,36 +66,13 @@ def refuse_link(link: Link, error: BusdError) -> None:
 
 
 def echo_termini(link: Link) -> None:
-    link.source.copy(link.remote_source)
-    link.target.copy(link.remote_target)
-    link.snd_settle_mode = link.remote_snd_settle_mode
-    link.rcv_settle_mode = link.remote_rcv_settle_mode
+    """Answer the attach with the client's termini and settle modes (on proton's engine:
+    busd.amqp.engine)."""
+    engine.echo_termini(link._impl)
 
 
 def is_open(link: Link) -> bool:
-    return not (link.state & Endpoint.LOCAL_CLOSED)
-
-
-def close_link(link: Link) -> None:
-    if is_open(link):
-        link.close()
-
-
-def end_link(link: Link) -> None:
-    """The client detached the link and busd answers: close our end, then free it. proton keeps
-    every link of a session until it is freed (the detach is still written), so without this
-    a long-lived connection would keep each link it ever had."""
-    close_link(link)
-    link.free()
-
-
-def end_session(session: Session) -> None:
-    """The client ended an AMQP session and busd answers: as `end_link`, for the session and
-    whatever links it still has (the JavaScript SDK begins a session for every link it attaches,
-    all on one connection)."""
-    if not session.state & Endpoint.LOCAL_CLOSED:
-        session.close()
-    session.free()
+    return not (engine.link_state(link._impl) & engine.LOCAL_CLOSED)
 
 
 # --- interfaces ---------------------------------------------------------------------------------
@@ -304,6 +281,7 @@ class LinkRegistry:
     def __init__(self) -> None:
         self._by_link: dict[Any, LinkEndpoint] = {}  # raw pn_link_t pointer -> endpoint
         self._by_name: dict[str, LinkEndpoint] = {}
+        self._names: dict[Any, str] = {}  # raw pointer -> its link's name
         self.raw: dict[Any, LinkEndpoint] = {}
         # (raw pn_session_t pointer, address) -> our reply link of a request/response node
         # in that AMQP session (busd.broker.nodes)
@@ -311,8 +289,10 @@ class LinkRegistry:
 
     def add(self, endpoint: LinkEndpoint) -> None:
         impl = endpoint.link._impl
+        name = endpoint.link.name
         self._by_link[impl] = endpoint
-        self._by_name[endpoint.link.name] = endpoint
+        self._by_name[name] = endpoint
+        self._names[impl] = name  # (proton decodes the name on every read)
         if endpoint.raw_deliveries:
             self.raw[impl] = endpoint
 
@@ -323,10 +303,11 @@ class LinkRegistry:
         if self._by_link.get(impl) is not endpoint:
             return False
         del self._by_link[impl]
+        name = self._names.pop(impl)
         if self.raw.get(impl) is endpoint:
             del self.raw[impl]
-        if self._by_name.get(endpoint.link.name) is endpoint:
-            del self._by_name[endpoint.link.name]
+        if self._by_name.get(name) is endpoint:
+            del self._by_name[name]
         return True
 
     def add_reply(self, session: Any, address: str, endpoint: LinkEndpoint) -> None:
@@ -343,6 +324,10 @@ class LinkRegistry:
 
     def of(self, link: Link) -> LinkEndpoint | None:
         return self._by_link.get(link._impl)
+
+    def of_raw(self, link: Any) -> LinkEndpoint | None:
+        """The endpoint of a raw `pn_link_t` pointer (busd.amqp.engine)."""
+        return self._by_link.get(link)
 
     def named(self, name: str) -> LinkEndpoint | None:
         return self._by_name.get(name)

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from busd.broker.lease import LeaseTimer
 from busd.errors import BusdError, store_unavailable
 from busd.storage.api import WAKE_ALL, HandOver, NewMessage, QueueSpec, Sent, StoredMessage
 
@@ -60,6 +61,7 @@ class Receivers:
     def __init__(self) -> None:
         self._listening: dict[str, Callable[[], None]] = {}  # id -> what a wake-up calls
         self._held: dict[tuple[str, str], HeldSession] = {}  # (entity path, session id)
+        self.lease_timer = LeaseTimer()  # the one timer of the held sessions' leases
 
     # --- wake-ups ------------------------------------------------------------------------------
     def listen(self, receiver_id: str, wake: Callable[[], None]) -> None:

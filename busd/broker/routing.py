@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proton import Link, Terminus
+from proton import Link
 
 from busd.amqp.addresses import Address, parse_address
 from busd.auth.rights import LISTEN, SEND
@@ -24,11 +24,10 @@ from busd.storage.api import QueueSpec, TopicSpec
 class Attach:
     """What the client's attach says, each field decoded once (proton decodes on every read)."""
 
-    source: Terminus
-    target: Terminus
     source_address: str | None
     target_address: str | None
     properties: dict[Any, Any]
+    source_filter: dict[Any, Any] | None  # the source's filter map (docs/wire.md §6.5)
 
 
 def make_endpoint(conn: ConnectionScope, link: Link, attach: Attach) -> LinkEndpoint:
@@ -121,7 +120,7 @@ def _receiver(
 ) -> LinkEndpoint:
     if dlq:
         return receiving.QueueReceiverEndpoint(conn, link, queue.dead_letter_queue)
-    has_filter, session_id = _session_filter(attach.source)
+    has_filter, session_id = _session_filter(attach.source_filter)
     if queue.requires_session and not has_filter:
         raise BusdError(
             Condition.NOT_ALLOWED,
@@ -138,17 +137,9 @@ def _receiver(
     return receiving.QueueReceiverEndpoint(conn, link, queue)
 
 
-def _session_filter(source: Terminus | None) -> tuple[bool, str | None]:
-    """Whether the source asks for a session (docs/wire.md §6.5), and which (None: the next
-    available); BusdError when the id is not a string."""
-    if source is None or source.filter is None:
-        return False, None
-    try:
-        data = source.filter
-        data.rewind()
-        filters = data.get_object() if data.next() is not None else {}
-    except Exception:
-        return False, None
+def _session_filter(filters: dict[Any, Any] | None) -> tuple[bool, str | None]:
+    """Whether the source's filter map asks for a session (docs/wire.md §6.5), and which (None:
+    the next available); BusdError when the id is not a string."""
     if not isinstance(filters, dict) or sessions.SESSION_FILTER not in filters:
         return False, None
     value = filters[sessions.SESSION_FILTER]

@@ -196,7 +196,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(lease.locked_until_ms)}
         link.open()
         self._accepted = True
-        lease.start(self._expired)
+        lease.start(self.broker.receivers.lease_timer, self._expired)
         self.broker.receivers.hold(self)
         self.kick()
 

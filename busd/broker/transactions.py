@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proton import Link
 
+from busd.amqp import engine
 from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import (
     QueueSpec,
@@ -372,7 +373,7 @@ class TransactionScope:
         """An entity link attaches on `link`'s session: in cross-entity mode, the first one
         pins the send-via entity, and a receiver on another entity is refused (docs/wire.md
         §10.6)."""
-        session = link.session._impl
+        session = engine.link_session(link._impl)
         if session not in self._via_of_session:
             return
         via = self._via_of_session[session]
