@@ -23,15 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from proton import Link
 
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.api import (
-    QueueSpec,
-    StagedOperation,
-    StagedPublish,
-    StagedSettlement,
-    Store,
-    TopicSpec,
-)
+from busd.storage.api import Store
 from busd.storage.partitions import operation_partition
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
 
 if TYPE_CHECKING:
     from busd.broker.fanout import Fanout

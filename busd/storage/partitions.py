@@ -35,36 +35,30 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from busd.errors import Condition
-from busd.storage.api import (
-    CatalogCallback,
-    EntityCounts,
-    ForwardDestination,
-    ForwardedMessage,
-    ForwardResult,
+from busd.storage.api import CatalogCallback, Store, WakeCallback
+from busd.storage.counts import EntityCounts, SweepResult
+from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult
+from busd.storage.keys import FIRST_LAYOUT
+from busd.storage.messages import (
     HandOver,
     LockTokens,
     NewMessage,
     Placement,
-    QueueSpec,
     ReceiveMode,
     Sent,
-    SessionDetail,
-    SessionLock,
-    SessionPage,
     Settlement,
+    StoredMessage,
+)
+from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import (
     StagedCancel,
     StagedOperation,
     StagedPublish,
     StagedSend,
     StagedSessionState,
     StagedSettlement,
-    Store,
-    StoredMessage,
-    SweepResult,
-    TopicSpec,
-    WakeCallback,
 )
-from busd.storage.keys import FIRST_LAYOUT
 
 PARTITION_SHIFT = 48  # a sequence number's partition: its top 16 bits (of 64)
 T = TypeVar("T")

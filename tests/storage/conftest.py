@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.api import QueueSpec
 from busd.storage.partitions import first_seq, wrap
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from busd.testing.broker import delete_prefix
 
 STORES = ("server", "cluster", "partitioned")

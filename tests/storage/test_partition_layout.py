@@ -15,9 +15,11 @@ import redis
 
 from busd.entities import QueueEntity, from_record, to_record
 from busd.storage import keys
-from busd.storage.api import NewMessage, QueueSpec, ReceiveMode, Store
+from busd.storage.api import Store
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.partitions import PartitionedStore, partition_of_key, wrap
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey_shards
 
 RD = ReceiveMode.RECEIVE_AND_DELETE
