@@ -24,7 +24,7 @@ from proton import Link
 
 from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import Store
-from busd.storage.partitions import operation_partition
+from busd.storage.partition_routing import operation_partition
 from busd.storage.specs import QueueSpec, TopicSpec
 from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
 
