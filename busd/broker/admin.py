@@ -21,14 +21,9 @@ from busd.amqp import codec
 from busd.broker import faults, messages, session_tools
 from busd.errors import BusdError
 from busd.rules import RuleError, rule_from_record, rule_to_dict
-from busd.storage.api import (
-    SESSION_SORTS,
-    MessageState,
-    QueueSpec,
-    SessionDetail,
-    StoredMessage,
-    TopicSpec,
-)
+from busd.storage.messages import MessageState, StoredMessage
+from busd.storage.sessions import SESSION_SORTS, SessionDetail
+from busd.storage.specs import QueueSpec, TopicSpec
 
 # Messages moved per resubmit call when the caller sets no limit: bounds one script's run.
 RESUBMIT_CHUNK = 500

@@ -29,7 +29,9 @@ from busd.broker.links import LinkEndpoint, amqp_condition
 from busd.broker.receivers import Receivers, hand_over
 from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
+from busd.storage.api import Store
+from busd.storage.messages import NewMessage
+from busd.storage.specs import QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.broker")
 

@@ -38,7 +38,8 @@ from busd.entities import (
     to_record,
 )
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec, Store, subscription_path
+from busd.storage.api import Store
+from busd.storage.specs import QueueSpec, subscription_path
 
 log = logging.getLogger("busd.broker")
 

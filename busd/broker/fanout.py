@@ -16,14 +16,10 @@ from busd.broker.catalog import Catalog
 from busd.entities import Entity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.rules import FilterEvaluationError, MessageView, RuleError, RuleSet, rule_from_record
-from busd.storage.api import (
-    NewMessage,
-    Placement,
-    QueueSpec,
-    StagedPublish,
-    Store,
-    TopicSpec,
-)
+from busd.storage.api import Store
+from busd.storage.messages import NewMessage, Placement
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import StagedPublish
 
 log = logging.getLogger("busd.broker")
 

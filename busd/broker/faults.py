@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from busd.broker.links import LinkEndpoint, amqp_condition
 from busd.errors import BusdError, Condition
-from busd.storage.api import Outcome, Settlement
+from busd.storage.messages import Outcome, Settlement
 
 if TYPE_CHECKING:
     from busd.storage.api import Store

@@ -24,15 +24,10 @@ from busd.broker.fanout import Fanout
 from busd.broker.messages import new_tokens
 from busd.entities import QueueEntity, SubscriptionEntity
 from busd.rules import MessageView
-from busd.storage.api import (
-    ForwardDestination,
-    ForwardedMessage,
-    ForwardResult,
-    NewMessage,
-    QueueSpec,
-    Store,
-    StoredMessage,
-)
+from busd.storage.api import Store
+from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult
+from busd.storage.messages import NewMessage, StoredMessage
+from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
 

@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec, Store
+from busd.storage.api import Store
+from busd.storage.specs import QueueSpec
 
 # See SessionLease.lost_at.
 LOCK_LOST_GRACE_S = 2.0

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from busd.broker.limits import Buffers, Limits
     from busd.broker.receivers import Receivers
     from busd.broker.transactions import TransactionScope
-    from busd.storage.api import NewMessage, QueueSpec, Store, TopicSpec
+    from busd.storage.api import Store
+    from busd.storage.messages import NewMessage
+    from busd.storage.specs import QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.broker")
 

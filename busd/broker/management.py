@@ -21,18 +21,10 @@ from busd.broker.links import ConnectionScope, Receiver, SessionHolder
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.nodes import RequestEndpoint
 from busd.errors import BusdError, Condition, refusal, store_unavailable
-from busd.storage.api import (
-    MessageState,
-    NewMessage,
-    Outcome,
-    QueueSpec,
-    ReceiveMode,
-    Settlement,
-    StagedSessionState,
-    StagedSettlement,
-    StoreUnavailable,
-    TopicSpec,
-)
+from busd.storage.api import StoreUnavailable
+from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import StagedSessionState, StagedSettlement
 
 log = logging.getLogger("busd.broker")
 

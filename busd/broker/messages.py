@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from busd.amqp import codec
 from busd.errors import BusdError, Condition
-from busd.storage.api import LockTokens, NewMessage, QueueSpec, StoredMessage, TopicSpec
+from busd.storage.messages import LockTokens, NewMessage, StoredMessage
+from busd.storage.specs import QueueSpec, TopicSpec
 
 # Service Bus: SessionId and ReplyToSessionId are at most 128 characters (docs/design.md §2.2).
 MAX_SESSION_ID_LENGTH = 128

@@ -25,7 +25,7 @@ from proton import Link
 
 from busd.broker.links import is_open
 from busd.errors import BusdError, store_unavailable
-from busd.storage.api import StoredMessage
+from busd.storage.messages import StoredMessage
 
 log = logging.getLogger("busd.broker")
 

@@ -22,7 +22,7 @@ from typing import Any
 from proton import Described, symbol
 
 from busd.amqp import codec, engine
-from busd.storage.api import Outcome, Settlement
+from busd.storage.messages import Outcome, Settlement
 
 # The outcomes' descriptor codes (OASIS AMQP 1.0 Part 3 §3.4), which are proton's PN_* states.
 ACCEPTED = engine.ACCEPTED

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from busd.broker.lease import LeaseTimer
 from busd.errors import BusdError, store_unavailable
-from busd.storage.api import WAKE_ALL, HandOver, NewMessage, QueueSpec, Sent, StoredMessage
+from busd.storage.api import WAKE_ALL
+from busd.storage.messages import HandOver, NewMessage, Sent, StoredMessage
+from busd.storage.specs import QueueSpec
 
 if TYPE_CHECKING:
     from busd.broker.lease import SessionLease

@@ -37,7 +37,8 @@ from busd.broker.links import (
 from busd.broker.messages import delivery_payload, new_tokens
 from busd.broker.outbox import Outbox
 from busd.errors import BusdError, refusal, store_unavailable
-from busd.storage.api import Outcome, QueueSpec, ReceiveMode, Settlement, StoredMessage
+from busd.storage.messages import Outcome, ReceiveMode, Settlement, StoredMessage
+from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
 

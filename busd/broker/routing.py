@@ -17,7 +17,7 @@ from busd.broker import cbs, coordinator, management, nodes, receiving, sending,
 from busd.broker.links import ConnectionScope, LinkEndpoint
 from busd.broker.unknown_entities import UNKNOWN_ENTITIES
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec, TopicSpec
+from busd.storage.specs import QueueSpec, TopicSpec
 
 
 @dataclass(frozen=True, slots=True)

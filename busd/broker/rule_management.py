@@ -17,7 +17,7 @@ from busd.errors import BusdError, Condition
 
 if TYPE_CHECKING:
     from busd.broker.links import BrokerScope
-    from busd.storage.api import QueueSpec
+    from busd.storage.specs import QueueSpec
 
 
 class RuleNode(Protocol):

@@ -24,7 +24,8 @@ from busd.broker.links import (
     echo_termini,
 )
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.api import NewMessage, QueueSpec, TopicSpec
+from busd.storage.messages import NewMessage
+from busd.storage.specs import QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.broker")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import QueueSpec, Store
+from busd.storage.api import Store
+from busd.storage.specs import QueueSpec
 
 # The reason an operator's dead-lettering gives when it names none.
 DEFAULT_REASON = "SessionDeadLettered"

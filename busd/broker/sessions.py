@@ -27,7 +27,8 @@ from busd.broker.messages import new_tokens
 from busd.broker.outbox import MAX_BATCH
 from busd.broker.receiving import QueueReceiverEndpoint
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.api import HandOver, QueueSpec, ReceiveMode, StoredMessage
+from busd.storage.messages import HandOver, ReceiveMode, StoredMessage
+from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
 

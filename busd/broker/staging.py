@@ -21,17 +21,14 @@ from busd.broker import messages, outcomes
 from busd.broker.links import ConnectionScope, amqp_condition
 from busd.broker.transactions import NOT_CROSS_PARTITION
 from busd.errors import BusdError, Condition
-from busd.storage.api import (
-    NewMessage,
-    Outcome,
-    QueueSpec,
-    Settlement,
+from busd.storage.messages import NewMessage, Outcome, Settlement
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import (
     StagedCancel,
     StagedOperation,
     StagedPublish,
     StagedSend,
     StagedSettlement,
-    TopicSpec,
 )
 
 log = logging.getLogger("busd.broker")

@@ -24,15 +24,10 @@ from proton import Link
 
 from busd.amqp import engine
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.api import (
-    QueueSpec,
-    StagedOperation,
-    StagedPublish,
-    StagedSettlement,
-    Store,
-    TopicSpec,
-)
-from busd.storage.partitions import operation_partition
+from busd.storage.api import Store
+from busd.storage.partition_routing import operation_partition
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
 
 if TYPE_CHECKING:
     from busd.broker.fanout import Fanout

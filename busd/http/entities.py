@@ -36,7 +36,8 @@ from busd.rules import (
     rule_from_record,
     rule_record,
 )
-from busd.storage.api import EntityCounts, subscription_path
+from busd.storage.counts import EntityCounts
+from busd.storage.specs import subscription_path
 
 
 @dataclass

@@ -52,7 +52,7 @@ from urllib.parse import parse_qs, quote, unquote
 
 from busd.broker.admin import SESSION_PAGE, Admin, AdminError
 from busd.broker.messages import MAX_SESSION_ID_LENGTH
-from busd.storage.api import SESSION_SORTS
+from busd.storage.sessions import SESSION_SORTS
 
 log = logging.getLogger("busd.http")
 

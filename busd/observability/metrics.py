@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from busd.errors import Condition
-from busd.storage.api import EntityCounts, Outcome
+from busd.storage.counts import EntityCounts
+from busd.storage.messages import Outcome
 
 _OUTCOME_NAMES = {
     Outcome.COMPLETE: "completed",

@@ -14,9 +14,11 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from busd.storage import keys as keyspace
-from busd.storage.api import CatalogCallback, EntityCounts, QueueSpec, TopicSpec
+from busd.storage.api import CatalogCallback
+from busd.storage.counts import EntityCounts
 from busd.storage.redis_codec import as_text, entity_kind
 from busd.storage.redis_connection import RedisConnection
+from busd.storage.specs import QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.storage")
 # Messages sizeEntity.lua reads at each end of a sub-queue: SizeInBytes is exact up to twice

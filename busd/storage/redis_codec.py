@@ -9,15 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.errors import BusdError, Condition, refusal
-from busd.storage.api import (
-    LockTokens,
-    MessageState,
-    NewMessage,
-    Placement,
-    QueueSpec,
-    StoredMessage,
-    TopicSpec,
-)
+from busd.storage.messages import LockTokens, MessageState, NewMessage, Placement, StoredMessage
+from busd.storage.specs import QueueSpec, TopicSpec
 
 
 def as_text(value: bytes | str | None) -> str | None:

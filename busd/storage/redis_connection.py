@@ -19,18 +19,12 @@ from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from busd.storage import keys as keyspace
-from busd.storage.api import (
-    BACKOFF_LONGEST_MS,
-    WAKE_ALL,
-    QueueSpec,
-    StoreUnavailable,
-    TopicSpec,
-    WakeCallback,
-)
+from busd.storage.api import WAKE_ALL, StoreUnavailable, WakeCallback
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
 from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import as_text
 from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
+from busd.storage.specs import BACKOFF_LONGEST_MS, QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.storage")
 

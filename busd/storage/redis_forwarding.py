@@ -8,13 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.storage import keys as keyspace
-from busd.storage.api import (
-    ForwardDestination,
-    ForwardedMessage,
-    ForwardResult,
-    QueueSpec,
-    StoredMessage,
-)
+from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult
+from busd.storage.messages import StoredMessage
 from busd.storage.redis_codec import (
     check_session_ids,
     entity_kind,
@@ -25,6 +20,7 @@ from busd.storage.redis_codec import (
     token_string,
 )
 from busd.storage.redis_connection import RedisConnection
+from busd.storage.specs import QueueSpec
 
 # Why a message that cannot be forwarded stays at its source (lua/forwardMessages.lua keeps
 # the same words for a single server's move).

@@ -8,16 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.errors import Condition
-from busd.storage.api import (
+from busd.storage.messages import (
     HandOver,
     NewMessage,
     Placement,
-    QueueSpec,
     ReceiveMode,
     Sent,
     Settlement,
     StoredMessage,
-    TopicSpec,
 )
 from busd.storage.redis_codec import (
     check_session_ids,
@@ -32,6 +30,7 @@ from busd.storage.redis_codec import (
     token_string,
 )
 from busd.storage.redis_connection import RedisConnection
+from busd.storage.specs import QueueSpec, TopicSpec
 
 # What a batch delete may look at beyond the messages it deletes (locked, scheduled or newer
 # ones it passes over), so that one call stays short however the entity's messages stand.

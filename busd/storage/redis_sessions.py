@@ -6,14 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from busd.storage.api import (
-    QueueSpec,
-    ReceiveMode,
-    SessionDetail,
-    SessionLock,
-    SessionPage,
-    StoredMessage,
-)
+from busd.storage.messages import ReceiveMode, StoredMessage
 from busd.storage.redis_codec import (
     ScriptStatus,
     as_text,
@@ -26,6 +19,8 @@ from busd.storage.redis_codec import (
     token_string,
 )
 from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
+from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
+from busd.storage.specs import QueueSpec
 
 
 class SessionCalls(RedisConnection):

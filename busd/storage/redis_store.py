@@ -17,8 +17,8 @@ the call limiter read when a store is made.
 
 from __future__ import annotations
 
-from busd.storage.api import QueueSpec, SweepResult
 from busd.storage.call_limiter import CALL_WAIT_S
+from busd.storage.counts import SweepResult
 from busd.storage.redis_catalog import CatalogCalls
 from busd.storage.redis_codec import optional_arg, session_from_reply
 from busd.storage.redis_connection import (
@@ -31,6 +31,7 @@ from busd.storage.redis_forwarding import ForwardingCalls
 from busd.storage.redis_messages import MessageCalls
 from busd.storage.redis_sessions import SessionCalls
 from busd.storage.redis_transactions import TransactionCalls
+from busd.storage.specs import QueueSpec
 
 __all__ = ["CALL_WAIT_S", "RedisStore", "parse_cluster_url", "parse_sentinel_url"]
 

@@ -7,16 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import (
-    QueueSpec,
-    StagedCancel,
-    StagedOperation,
-    StagedPublish,
-    StagedSend,
-    StagedSessionState,
-    StagedSettlement,
-    TopicSpec,
-)
 from busd.storage.redis_codec import (
     ScriptStatus,
     check_session_ids,
@@ -28,6 +18,15 @@ from busd.storage.redis_codec import (
     session_arg,
 )
 from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
+from busd.storage.specs import QueueSpec, TopicSpec
+from busd.storage.staged import (
+    StagedCancel,
+    StagedOperation,
+    StagedPublish,
+    StagedSend,
+    StagedSessionState,
+    StagedSettlement,
+)
 
 
 def _staged_session_ids(operations: list[StagedOperation]) -> list[str | None]:

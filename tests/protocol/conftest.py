@@ -19,8 +19,8 @@ from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.connection import ConnectionHandler
 from busd.entities import QueueEntity
-from busd.storage.api import QueueSpec
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from tests.conftest import delete_prefix
 from tests.protocol.harness import SAS_KEYS, ProtocolClient
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 
 pytestmark = pytest.mark.every_store
 

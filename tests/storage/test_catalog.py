@@ -15,7 +15,7 @@ from busd.config import EntitiesFile
 from busd.entities import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.server import seed_catalog
-from busd.storage.api import NewMessage, ReceiveMode
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.partitions import wrap
 from busd.storage.redis_store import RedisStore
 from tests.conftest import delete_prefix

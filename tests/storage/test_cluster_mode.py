@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 import redis
 
-from busd.storage.api import NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey_cluster
 
 PL = ReceiveMode.PEEK_LOCK
@@ -131,7 +132,8 @@ def test_cluster_urls_are_recognised():
 async def test_fan_out_and_topic_scripts_run_in_cluster_mode(cluster_store, tokens):
     """A topic and its subscriptions share one slot: fan-out, cancel and drop are one script
     each."""
-    from busd.storage.api import Placement, TopicSpec, subscription_path
+    from busd.storage.messages import Placement
+    from busd.storage.specs import TopicSpec, subscription_path
 
     s = cluster_store
     subs = [
@@ -176,14 +178,9 @@ async def test_a_topic_transaction_commits_in_one_slot(routed_store, tokens):
     """A send to a topic and the completion of one of its subscription's messages, staged
     under the topic and committed by one script: the topic and its subscriptions share one
     slot."""
-    from busd.storage.api import (
-        Placement,
-        StagedCancel,
-        StagedPublish,
-        StagedSettlement,
-        TopicSpec,
-        subscription_path,
-    )
+    from busd.storage.messages import Placement
+    from busd.storage.specs import TopicSpec, subscription_path
+    from busd.storage.staged import StagedCancel, StagedPublish, StagedSettlement
 
     s = routed_store
     subs = [QueueSpec(subscription_path("txn/t", n), topic="txn/t") for n in ("a", "b")]
@@ -222,7 +219,7 @@ async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_s
     """Source and destination live in different slots: the destination records what it took,
     so a forwarder that dies between the two halves costs neither a message nor a copy."""
     from busd.storage import keys as keyspace
-    from busd.storage.api import ForwardDestination, ForwardedMessage, ForwardResult
+    from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult
 
     s = routed_store
     src, dst = QueueSpec("fwd-src", lock_duration_ms=300), QueueSpec("fwd-dst")
@@ -248,7 +245,8 @@ async def test_a_forwarders_move_on_a_cluster_is_never_lost_nor_doubled(routed_s
     assert await s._client.zcard(keyspace.key("routed", "fwd-dst", "dedup")) == 0  # forgotten
 
     # a topic: fanned out with the placements given; the hop limit and a gone destination
-    from busd.storage.api import Placement, TopicSpec, subscription_path
+    from busd.storage.messages import Placement
+    from busd.storage.specs import TopicSpec, subscription_path
 
     subs = [QueueSpec(subscription_path("fwd-t", n), topic="fwd-t") for n in ("x", "y")]
     await s.open_subscriptions("fwd-t", ["x", "y"])

@@ -18,10 +18,12 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from busd.storage import keys as keyspace
-from busd.storage.api import NewMessage, QueueSpec, ReceiveMode, StoreUnavailable
+from busd.storage.api import StoreUnavailable
 from busd.storage.cluster import ShardPipelines
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.pipeline import resp_command
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from tests.faults.replicas import Cluster
 
 pytestmark = pytest.mark.timeout(90)

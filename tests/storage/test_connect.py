@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from busd.storage.api import NewMessage, ReceiveMode
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore
 from tests.conftest import start_valkey
 
@@ -68,7 +68,7 @@ async def test_many_concurrent_calls_wait_for_a_connection_instead_of_failing(re
     own asyncio pool fails at its limit, which is why the store bounds its calls itself)."""
     import asyncio
 
-    from busd.storage.api import QueueSpec
+    from busd.storage.specs import QueueSpec
 
     store = RedisStore(redis_url, prefix="concurrency-" + os.urandom(4).hex(), max_calls=4)
     await store.connect()
@@ -89,7 +89,7 @@ async def test_a_call_that_waits_too_long_for_its_turn_is_server_busy(redis_url,
 
     import busd.storage.redis_store as rs
     from busd.errors import BusdError, Condition
-    from busd.storage.api import QueueSpec
+    from busd.storage.specs import QueueSpec
 
     monkeypatch.setattr(rs, "CALL_WAIT_S", 0.2)
     store = RedisStore(redis_url, prefix="busy-" + os.urandom(4).hex(), max_calls=1)

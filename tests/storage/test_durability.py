@@ -11,8 +11,10 @@ import uuid
 import pytest
 import redis
 
-from busd.storage.api import NewMessage, QueueSpec, ReceiveMode, StoreUnavailable
+from busd.storage.api import StoreUnavailable
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey
 
 AOF = {"appendonly": "yes", "appendfsync": "everysec"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 
 
 async def receive(store, entity, n, tokens):

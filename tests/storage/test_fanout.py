@@ -8,14 +8,8 @@ import time
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import (
-    NewMessage,
-    Placement,
-    QueueSpec,
-    ReceiveMode,
-    TopicSpec,
-    subscription_path,
-)
+from busd.storage.messages import NewMessage, Placement, ReceiveMode
+from busd.storage.specs import QueueSpec, TopicSpec, subscription_path
 from tests.storage.stores import NUMBERS
 
 RD = ReceiveMode.RECEIVE_AND_DELETE

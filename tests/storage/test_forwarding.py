@@ -8,15 +8,8 @@ import asyncio
 import dataclasses
 
 from busd.storage import keys as keyspace
-from busd.storage.api import (
-    ForwardDestination,
-    ForwardedMessage,
-    ForwardResult,
-    NewMessage,
-    Outcome,
-    ReceiveMode,
-    Settlement,
-)
+from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 
 PL = ReceiveMode.PEEK_LOCK
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from busd.errors import Condition
-from busd.storage.api import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.conftest import named
 
 PL = ReceiveMode.PEEK_LOCK

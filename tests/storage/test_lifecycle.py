@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.conftest import named
 
 PL = ReceiveMode.PEEK_LOCK

@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as redis
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import NewMessage, ReceiveMode, StoredMessage
 from busd.storage.keys import key
+from busd.storage.messages import NewMessage, ReceiveMode, StoredMessage
 from busd.storage.partitions import wrap
 
 PL = ReceiveMode.PEEK_LOCK

@@ -15,7 +15,7 @@ import redis
 
 from busd.errors import Condition
 from busd.storage import keys as keyspace
-from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 
 
 @pytest.fixture

@@ -160,9 +160,9 @@ def test_all_keys_of_a_queue_share_one_hash_tag():
 
 
 def test_the_queue_context_width_is_declared_once():
-    from busd.storage.api import QueueSpec
     from busd.storage.redis_connection import queue_context_args
     from busd.storage.scripts import QUEUE_ARGC, read_queue_argc
+    from busd.storage.specs import QueueSpec
 
     assert QUEUE_ARGC == read_queue_argc()
     assert len(queue_context_args(QueueSpec("q"), "ch", 1)) == QUEUE_ARGC

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from busd.storage.api import MessageState, NewMessage, ReceiveMode
+from busd.storage.messages import MessageState, NewMessage, ReceiveMode
 from tests.storage.conftest import named
 from tests.storage.stores import NUMBERS
 

@@ -11,8 +11,10 @@ import uuid
 
 import pytest
 
-from busd.storage.api import NewMessage, QueueSpec, ReceiveMode, StoreUnavailable
+from busd.storage.api import StoreUnavailable
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.redis_store import RedisStore, parse_sentinel_url
+from busd.storage.specs import QueueSpec
 from tests.faults.replicas import ReplicaSet
 
 pytestmark = pytest.mark.timeout(90)

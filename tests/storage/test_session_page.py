@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from busd.errors import Condition
-from busd.storage.api import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 
 PAGE = 250
 

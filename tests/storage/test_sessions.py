@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from busd.errors import BusdError, Condition
-from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.conftest import named
 
 pytestmark = pytest.mark.every_store

@@ -9,7 +9,7 @@ import redis
 
 from busd.errors import BusdError, Condition
 from busd.storage import keys as keyspace
-from busd.storage.api import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.stores import NUMBERS, OWN_KEYS, SPLIT_RENEWAL
 
 pytestmark = pytest.mark.every_store

@@ -9,17 +9,9 @@ import pytest
 
 from busd.errors import BusdError, Condition
 from busd.storage import keys as keyspace
-from busd.storage.api import (
-    NewMessage,
-    Outcome,
-    QueueSpec,
-    ReceiveMode,
-    Settlement,
-    StagedCancel,
-    StagedSend,
-    StagedSessionState,
-    StagedSettlement,
-)
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.specs import QueueSpec
+from busd.storage.staged import StagedCancel, StagedSend, StagedSessionState, StagedSettlement
 from tests.storage.stores import CROSS_SLOT, PARTITION_HANDLES
 
 pytestmark = [
@@ -251,7 +243,9 @@ async def test_a_topic_send_fans_out_at_the_commit_to_the_copies_staged(store, m
     none; duplicate detection is the topic's; a topic gone refuses the whole commit."""
     import uuid
 
-    from busd.storage.api import Placement, StagedPublish, TopicSpec, subscription_path
+    from busd.storage.messages import Placement
+    from busd.storage.specs import TopicSpec, subscription_path
+    from busd.storage.staged import StagedPublish
 
     name = f"t-{uuid.uuid4().hex[:8]}"
     subs = [QueueSpec(subscription_path(name, n), topic=name) for n in ("a", "b")]

@@ -10,8 +10,10 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.api import WAKE_ALL, NewMessage, Outcome, QueueSpec, ReceiveMode, Settlement
+from busd.storage.api import WAKE_ALL
+from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 from busd.storage.redis_store import RedisStore
+from busd.storage.specs import QueueSpec
 
 PL = ReceiveMode.PEEK_LOCK
 RAD = ReceiveMode.RECEIVE_AND_DELETE
@@ -361,7 +363,9 @@ async def test_a_topic_send_committed_in_a_transaction_wakes_the_subscriptions_i
     import os
     import uuid
 
-    from busd.storage.api import Placement, StagedPublish, TopicSpec, subscription_path
+    from busd.storage.messages import Placement
+    from busd.storage.specs import TopicSpec, subscription_path
+    from busd.storage.staged import StagedPublish
 
     name = f"t-{uuid.uuid4().hex[:8]}"
     subs = [QueueSpec(subscription_path(name, n), topic=name) for n in ("a", "b", "c")]

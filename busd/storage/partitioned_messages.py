@@ -1,0 +1,235 @@
+"""The partitioned store's message calls: a send goes to its message's partition, a receive
+tries the partitions in turn, a settlement, renewal, fetch or cancel finds its partition by
+its token or sequence number, a peek or delete goes partition by partition
+(docs/design.md §3.18)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from busd.errors import Condition
+from busd.storage.messages import (
+    HandOver,
+    NewMessage,
+    Placement,
+    ReceiveMode,
+    Sent,
+    Settlement,
+    StoredMessage,
+)
+from busd.storage.partition_routing import (
+    PARTITION_SHIFT,
+    first_seq,
+    partition_of_seq,
+    partition_of_token,
+    stamped,
+)
+from busd.storage.partitioned_base import PartitionedBase
+from busd.storage.specs import QueueSpec, TopicSpec
+
+
+class PartitionedMessageCalls(PartitionedBase):
+    # --- send --------------------------------------------------------------------------------
+    async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        if not queue.partitions:
+            return await self.inner.send(queue, messages)
+        # A batch spanning partitions is stored per partition, each part all or none.
+        return await self._by_partition(
+            queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send
+        )
+
+    async def send_handing_over(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> Sent:
+        if not queue.partitions:
+            return await self.inner.send_handing_over(queue, messages, offers)
+        # A partitioned queue takes no offers: its sessions' holders are woken as usual.
+        return Sent(await self.send(queue, messages), [[] for _ in offers])
+
+    async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
+        return await self.send(queue, messages)
+
+    async def publish(
+        self,
+        topic: TopicSpec,
+        subscriptions: list[QueueSpec],
+        messages: list[NewMessage],
+        placements: list[list[Placement]] | None = None,
+    ) -> list[int]:
+        if not topic.partitions:
+            return await self.inner.publish(topic, subscriptions, messages, placements)
+        # A partitioned topic's partition p holds partition p of each of its subscriptions.
+        groups: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(self.part_of_message(topic, m), []).append(i)
+        tparts = self.topic_parts(topic)
+        sparts = [self.parts(s) for s in subscriptions]
+
+        async def publish(p: int, idx: list[int]) -> list[int]:
+            return list(
+                await self.inner.publish(
+                    tparts[p],
+                    [s[p] for s in sparts],
+                    [messages[i] for i in idx],
+                    None if placements is None else [placements[i] for i in idx],
+                )
+            )
+
+        answers = await asyncio.gather(*(publish(p, idx) for p, idx in groups.items()))
+        out = [0] * len(messages)
+        for idx, answer in zip(groups.values(), answers):
+            for i, seq in zip(idx, answer):
+                out[i] = seq
+        return out
+
+    async def cancel_topic_scheduled(
+        self, topic: TopicSpec, subscriptions: list[QueueSpec], seqs: list[int]
+    ) -> None:
+        if not topic.partitions:
+            return await self.inner.cancel_topic_scheduled(topic, subscriptions, seqs)
+        groups: dict[int, list[int]] = {}
+        for seq in seqs:
+            groups.setdefault(partition_of_seq(seq, topic.partitions), []).append(seq)
+        tparts = self.topic_parts(topic)
+        for p, group in groups.items():
+            await self.inner.cancel_topic_scheduled(
+                tparts[p], [self.parts(s)[p] for s in subscriptions], group
+            )
+
+    # --- receive -----------------------------------------------------------------------------
+    async def receive(
+        self,
+        entity: QueueSpec,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        waiter: str | None = None,
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return await self.inner.receive(entity, count, mode, tokens, waiter)
+        out: list[StoredMessage] = []
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        for part in self._rotation(entity):
+            want = count - len(out)
+            if want <= 0:
+                break
+            given = stamped(tokens, part.partition or 0, len(out), want) if peek_lock else ()
+            out += await self.inner.receive(part, want, mode, given, waiter)
+        return out
+
+    async def settle(
+        self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None
+    ) -> list[Condition | None]:
+        if not entity.partitions:
+            return await self.inner.settle(entity, settlements, holder)
+        count = entity.partitions
+        return await self._by_partition(
+            entity,
+            settlements,
+            lambda s: partition_of_token(s.token, count),
+            lambda part, items: self.inner.settle(part, items, holder),
+        )
+
+    async def renew_message_locks(
+        self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None
+    ) -> list[int]:
+        if not entity.partitions:
+            return await self.inner.renew_message_locks(entity, tokens, until_ms)
+        count = entity.partitions
+        return await self._by_partition(
+            entity,
+            tokens,
+            lambda t: partition_of_token(t, count),
+            lambda part, items: self.inner.renew_message_locks(part, items, until_ms),
+        )
+
+    # --- peek, deferral, scheduling ----------------------------------------------------------
+    async def peek(
+        self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return list(await self.inner.peek(entity, from_seq, count, session_id))
+        if session_id is not None:
+            part = self.part_of_session(entity, session_id)
+            return list(
+                await self.inner.peek(
+                    part, max(from_seq, first_seq(part.partition or 0)), count, session_id
+                )
+            )
+        # In sequence-number order, which is partition by partition: a peek continued from
+        # the last number seen + 1 goes on where this one stopped.
+        out: list[StoredMessage] = []
+        for part in self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT :]:
+            if len(out) >= count:
+                break
+            start = max(from_seq, first_seq(part.partition or 0))
+            out += await self.inner.peek(part, start, count - len(out))
+        return out
+
+    async def receive_deferred(
+        self,
+        entity: QueueSpec,
+        seqs: list[int],
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        session_id: str | None = None,
+        holder: str | None = None,
+    ) -> list[StoredMessage]:
+        if not entity.partitions:
+            return list(
+                await self.inner.receive_deferred(entity, seqs, mode, tokens, session_id, holder)
+            )
+        count = entity.partitions
+        out: list[StoredMessage] = []
+        groups: dict[int, list[int]] = {}
+        for seq in seqs:
+            groups.setdefault(partition_of_seq(seq, count), []).append(seq)
+        parts = self.parts(entity)
+        for p, group in groups.items():
+            given = (
+                stamped(tokens, p, len(out), len(group)) if mode == ReceiveMode.PEEK_LOCK else ()
+            )
+            out += await self.inner.receive_deferred(
+                parts[p], group, mode, given, session_id, holder
+            )
+        return out
+
+    async def cancel_scheduled(self, queue: QueueSpec, seqs: list[int]) -> None:
+        if not queue.partitions:
+            return await self.inner.cancel_scheduled(queue, seqs)
+        count = queue.partitions
+
+        async def cancel(part: QueueSpec, group: list[int]) -> list[None]:
+            await self.inner.cancel_scheduled(part, group)
+            return [None] * len(group)
+
+        await self._by_partition(queue, seqs, lambda s: partition_of_seq(s, count), cancel)
+
+    # --- housekeeping ------------------------------------------------------------------------
+    async def resubmit_dead_letters(self, queue: QueueSpec, limit: int) -> int:
+        if not queue.partitions:
+            return int(await self.inner.resubmit_dead_letters(queue, limit))
+        moved = 0
+        for part in self.parts(queue):
+            if moved >= limit:
+                break
+            moved += await self.inner.resubmit_dead_letters(part, limit - moved)
+        return moved
+
+    async def delete_messages(
+        self, entity: QueueSpec, count: int, before_ms: int | None, session_id: str | None = None
+    ) -> int:
+        # Oldest first within each partition, partition after partition: the broker refuses a
+        # batch delete on a partitioned entity, as Service Bus does (docs/wire.md §8.4.13).
+        if not entity.partitions:
+            return int(await self.inner.delete_messages(entity, count, before_ms, session_id))
+        if session_id is not None:
+            part = self.part_of_session(entity, session_id)
+            return int(await self.inner.delete_messages(part, count, before_ms, session_id))
+        deleted = 0
+        for part in self.parts(entity):
+            if deleted >= count:
+                break
+            deleted += await self.inner.delete_messages(part, count - deleted, before_ms)
+        return deleted

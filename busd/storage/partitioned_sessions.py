@@ -1,0 +1,236 @@
+"""The partitioned store's session calls: a named session is in the partition of its id; the
+next available one is looked for in the partitions in turn, its acceptor registered as a
+waiter in each it tried; listings and the inspector's pages merge the partitions'
+(docs/design.md §3.18)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
+
+from busd.storage.messages import ReceiveMode, StoredMessage
+from busd.storage.partition_routing import stamped
+from busd.storage.partitioned_base import PartitionedBase
+from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
+from busd.storage.specs import QueueSpec
+
+
+class PartitionedSessionCalls(PartitionedBase):
+    # --- sessions ----------------------------------------------------------------------------
+    async def accept_session(
+        self,
+        queue: QueueSpec,
+        session_id: str | None,
+        holder: str,
+        *,
+        wait: bool = False,
+        count: int = 0,
+        mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
+        tokens: Sequence[bytes] = (),
+        client: str = "",
+        waiting: bool = True,
+        release: tuple[str, str] | None = None,
+    ) -> SessionLock | None:
+        if not queue.partitions:
+            return await self.inner.accept_session(
+                queue,
+                session_id,
+                holder,
+                wait=wait,
+                count=count,
+                mode=mode,
+                tokens=tokens,
+                client=client,
+                waiting=waiting,
+                release=release,
+            )
+        if release is not None:  # its partition is not the accept's: a call of its own first
+            await self.release_session(queue, *release)
+        if session_id is not None:
+            part = self.part_of_session(queue, session_id)
+            return await self.inner.accept_session(
+                part,
+                session_id,
+                holder,
+                count=count,
+                mode=mode,
+                tokens=stamped(tokens, part.partition or 0, 0, count),
+                client=client,
+            )
+        waits = self._session_waits.setdefault(holder, set()) if wait else set()
+        for part in self._rotation(queue):
+            p = part.partition or 0
+            lock = await self.inner.accept_session(
+                part,
+                None,
+                holder,
+                wait=wait,
+                count=count,
+                mode=mode,
+                tokens=stamped(tokens, p, 0, count),
+                client=client,
+                waiting=waiting and p in waits,
+            )
+            if lock is not None:
+                waits.discard(p)  # the script took us off this partition's waiters
+                await self.stop_waiting(queue, "s", holder)
+                return lock
+            if wait:
+                waits.add(p)
+        return None
+
+    async def receive_session(
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+    ) -> list[StoredMessage]:
+        if queue.partitions:
+            queue = self.part_of_session(queue, session_id)
+            tokens = stamped(tokens, queue.partition or 0, 0, count)
+        return await self.inner.receive_session(queue, session_id, holder, count, mode, tokens)
+
+    def _session_part(self, queue: QueueSpec, session_id: str) -> QueueSpec:
+        return self.part_of_session(queue, session_id) if queue.partitions else queue
+
+    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
+        return int(
+            await self.inner.renew_session_lock(
+                self._session_part(queue, session_id), session_id, holder
+            )
+        )
+
+    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+        await self.inner.release_session(self._session_part(queue, session_id), session_id, holder)
+
+    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
+        if not queue.partitions:
+            return int(await self.inner.release_process_locks(queue, id_prefix))
+        parts = self.parts(queue)
+        counts = await asyncio.gather(
+            *(self.inner.release_process_locks(p, id_prefix) for p in parts)
+        )
+        return sum(counts)
+
+    async def get_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> bytes | None:
+        return await self.inner.get_session_state(
+            self._session_part(queue, session_id), session_id, holder
+        )
+
+    async def read_session_state(
+        self, queue: QueueSpec, session_id: str, holder: str
+    ) -> tuple[bytes | None, str | None]:
+        state, etag = await self.inner.read_session_state(
+            self._session_part(queue, session_id), session_id, holder
+        )
+        return state, etag
+
+    async def set_session_state(
+        self,
+        queue: QueueSpec,
+        session_id: str,
+        holder: str,
+        state: bytes | None,
+        *,
+        if_match: str | None = None,
+        if_absent: bool = False,
+    ) -> str | None:
+        return await self.inner.set_session_state(
+            self._session_part(queue, session_id),
+            session_id,
+            holder,
+            state,
+            if_match=if_match,
+            if_absent=if_absent,
+        )
+
+    async def dead_letter_session(
+        self, queue: QueueSpec, session_id: str, reason: str, description: str | None
+    ) -> int:
+        return int(
+            await self.inner.dead_letter_session(
+                self._session_part(queue, session_id), session_id, reason, description
+            )
+        )
+
+    async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
+        moved, left = await self.inner.resubmit_session(
+            self._session_part(queue, session_id), session_id
+        )
+        return moved, left
+
+    async def list_sessions(
+        self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
+    ) -> list[str]:
+        if not queue.partitions:
+            return list(await self.inner.list_sessions(queue, skip, top, updated_after_ms))
+        # Each partition's first skip + top, merged in id order: a stable order for paging.
+        pages = await asyncio.gather(
+            *(
+                self.inner.list_sessions(p, 0, skip + top, updated_after_ms)
+                for p in self.parts(queue)
+            )
+        )
+        return sorted(itertools.chain.from_iterable(pages))[skip : skip + top]
+
+    async def session_page(
+        self,
+        queue: QueueSpec,
+        sort: str,
+        after: str | None,
+        top: int,
+        preview: int = 32,
+    ) -> SessionPage:
+        """A partitioned entity's page merges its partitions' pages after the same cursor, in
+        the sort's order (the cursor carries the last session's id, or its score and id)."""
+        if not queue.partitions:
+            return await self.inner.session_page(queue, sort, after, top, preview)
+        pages = await asyncio.gather(
+            *(self.inner.session_page(p, sort, after, top, preview) for p in self.parts(queue))
+        )
+        merged = sorted((d for page in pages for d in page.sessions), key=_page_order(sort))
+        more = len(merged) > top or any(page.next for page in pages)
+        merged = merged[:top]
+        return SessionPage(
+            merged,
+            merged[-1].cursor if more and merged else None,
+            sum(page.total for page in pages),
+        )
+
+    async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(
+            await self.inner.drop_session_lock(self._session_part(queue, session_id), session_id)
+        )
+
+    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
+        return bool(
+            await self.inner.lose_session_lock(self._session_part(queue, session_id), session_id)
+        )
+
+    # --- waiters -----------------------------------------------------------------------------
+    async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
+        if not queue.partitions:
+            return bool(await self.inner.stop_waiting(queue, waiters, waiter))
+        parts = self.parts(queue)
+        if waiters == "s":  # only where this acceptor registered
+            chosen = [parts[p] for p in sorted(self._session_waits.pop(waiter, ()))]
+        else:
+            chosen = list(parts)
+        answers = await asyncio.gather(
+            *(self.inner.stop_waiting(p, waiters, waiter) for p in chosen)
+        )
+        return any(answers)
+
+
+def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:
+    """The order of the inspector's `sort` index, from a page's sessions (their cursor holds
+    the index's score)."""
+    if sort == "id":
+        return lambda d: (d.cursor.encode(),)
+    return lambda d: (float(d.cursor.split(":", 1)[0]), d.cursor.split(":", 1)[1].encode())
