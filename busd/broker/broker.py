@@ -119,7 +119,7 @@ class Broker:
         if not made:
             return await self.store.send(target, messages)
         try:
-            sent = await self.store.send_handing_over(target, messages, [o for _, o in made])
+            sent = await self.store.send_handing_over(target, messages, [o for _, o, _ in made])
         except BaseException as failure:
             hand_over(made, None, failure)
             raise

@@ -7,11 +7,19 @@ while credit lasts; what does not fit (the credit went with a drain, the link cl
 session's lock ended here) is given back from this one place, before anything else is taken,
 so the order on the link holds.
 
-A round is either one fetch or the sends that offered, never both: a send offers only while
-no fetch or give-back is under way, and a fetch starts only once nothing is. After a fetch
-that found fewer messages than it asked for, and no wake-up came meanwhile, the link is dry:
-the same store call registered it as a waiter, so a flow that only tops up credit costs no
-store call until the store wakes it. A drain is answered after one more look.
+A round is the producer calls under way together: a fetch and the sends that offered while
+it ran, or sends alone. A send offers while no give-back is under way and nothing of the
+round has come back yet (so a round under load still ends); with the others', the fetch's
+messages may exceed the credit, and the excess is given back from the one place. The store
+hands a send's message over only when its session has no other available message, so
+whatever the round's calls return, merged by sequence number, is the session's order. Before
+the client's first credit, what the accept took waits for it, and sends are offered the
+credit the accept expected less what it took; what they hand over waits with it. When the
+credit comes and covers the accept's messages, they go at once, earlier in the session than
+anything a send under way may hand over. After a fetch that found fewer messages than it
+asked for, and no wake-up came meanwhile, the link is dry: the same store call registered it
+as a waiter, so a flow that only tops up credit costs no store call until the store wakes it.
+A drain is answered after one more look.
 """
 
 from __future__ import annotations
@@ -77,8 +85,11 @@ class Outbox:
         self._returning: asyncio.Task | None = None  # a give-back: nothing is taken meanwhile
         self._woken = False  # a wake-up came while the fetch was under way
         self._dry = False  # see the module's docstring
-        # The client has granted credit once: until then, what the accept took waits for it.
+        # The client has granted credit once: until then, what the accept took waits for it,
+        # and sends are offered what the accept expected (`_expected`) less what it took.
         self._credited = False
+        self._expected = 0
+        self._looked = False  # the round under way includes a fetch
 
     @property
     def under_way(self) -> int:
@@ -98,11 +109,13 @@ class Outbox:
                 link.drained()
                 sink.kick()
             return
+        if not self._credited and link.credit > 0:
+            if self._gathered:
+                self._first_credit()
+                return
+            self._credited = True
         if self._under_way or self._returning is not None:
             return  # the round's end pumps again
-        if self._gathered:  # the accept's first messages, waiting for credit
-            self._end_round(looked=True)
-            return
         credit = link.credit
         if credit <= 0 or (self._dry and not link.drain_mode):
             return
@@ -124,30 +137,50 @@ class Outbox:
         """What the session accept took (asking for `count`; `woken` during the call): sent
         once the client grants credit."""
         self._dry = len(messages) < count and not woken
+        self._expected = count
         self._gathered += messages
         self.pump()
+
+    def _first_credit(self) -> None:
+        """The client's first credit, with messages waiting for it: they go now if nothing is
+        under way or the credit covers them all (every message a send under way hands over is
+        later in the session); else when the round ends, which gives back what does not fit."""
+        if self._under_way and len(self._gathered) > self._sink.link.credit:
+            return
+        if not self._under_way:
+            self._end_round(looked=True)
+            return
+        self._credited = True
+        messages, self._gathered = self._gathered, []
+        self._sink.transmit(messages)
 
     def offer(self, wanted: int) -> int:
         """A send offers up to `wanted` messages of the link's session: the credit reserved for
         them (0: none now). `handed_over` follows, whatever the send's fate."""
         sink = self._sink
-        if self._fetch is not None or self._returning is not None:
-            return 0
+        if self._returning is not None or (self._gathered and self._credited):
+            return 0  # what goes back first, or the round is closing
         if sink.detached or not sink.ready or not sink.delivering:
             return 0
-        count = min(wanted, sink.link.credit - self._reserved)
+        limit = sink.link.credit if self._credited else self._expected
+        count = min(wanted, limit - self._reserved - len(self._gathered))
         if count <= 0:
             return 0
-        self._credited = True
         self._under_way += 1
         self._reserved += count
         return count
 
-    def handed_over(self, count: int, messages: list[StoredMessage]) -> None:
-        """The send that reserved `count` is done: what the store handed over to the link."""
+    def handed_over(self, count: int, messages: list[StoredMessage], filed: bool) -> None:
+        """The send that reserved `count` is done: what the store handed over to the link.
+        `filed`: it also filed messages of the session available, for which the store wakes
+        no holder it was offered to (lua/sendMessages.lua): the link looks again itself."""
         self._under_way -= 1
         self._reserved -= count
         self._gathered += messages
+        if filed:
+            self._dry = False
+            if self._fetch is not None:
+                self._woken = True  # the round's end looks again
         self._end_round(looked=False)
 
     async def _fetch_some(self, count: int) -> None:
@@ -166,6 +199,7 @@ class Outbox:
             self._fetch = None
             self._under_way -= 1
         self._gathered += messages
+        self._looked = True
         self._end_round(looked=True)
 
     # --- the way out -------------------------------------------------------------------------
@@ -175,6 +209,7 @@ class Outbox:
         an accept), whose finding answers a drain."""
         if self._under_way:
             return
+        looked, self._looked = looked or self._looked, False
         sink = self._sink
         link = sink.link
         messages, self._gathered = self._gathered, []

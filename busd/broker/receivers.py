@@ -47,14 +47,16 @@ class HeldSession(Protocol):
         """Take part in a send with up to `wanted` messages of the session: the offer, or
         None when it cannot take any now. `handed_over` follows, whatever the send's fate."""
 
-    def handed_over(self, offer: HandOver, taken: list[StoredMessage]) -> None:
-        """The send is done: deliver what the store handed over."""
+    def handed_over(self, offer: HandOver, taken: list[StoredMessage], filed: bool) -> None:
+        """The send is done: deliver what the store handed over (`filed`: it filed some of the
+        session's messages available too, and woke no one for them)."""
 
     def lost(self, error: BusdError) -> None:
         """Detach with `error` (the session is let go)."""
 
 
-Offers = list[tuple[HeldSession, HandOver]]
+# Each offer, with how many messages of its session the send carries.
+Offers = list[tuple[HeldSession, HandOver, int]]
 
 
 class Receivers:
@@ -117,14 +119,17 @@ class Receivers:
         if not self._held or not queue.requires_session:
             return []
         wanted: dict[str, int] = {}
+        carried: dict[str, int] = {}
         for m in messages:
-            if m.session_id is not None and m.scheduled_ms is None:
-                wanted[m.session_id] = wanted.get(m.session_id, 0) + 1
+            if m.session_id is not None:
+                carried[m.session_id] = carried.get(m.session_id, 0) + 1
+                if m.scheduled_ms is None:
+                    wanted[m.session_id] = wanted.get(m.session_id, 0) + 1
         made = []
         for session_id, count in wanted.items():
             receiver = self._held.get((queue.name, session_id))
             if receiver is not None and (offer := receiver.offer(count)) is not None:
-                made.append((receiver, offer))
+                made.append((receiver, offer, carried[session_id]))
         return made
 
 
@@ -133,7 +138,10 @@ def hand_over(made: Offers, sent: Sent | None, failure: BaseException | None = N
     failed). A send that failed otherwise than by a refusal may have run: its receivers let
     their sessions go, so that nothing handed over unseen is overtaken by the session's next
     messages."""
-    for i, (receiver, offer) in enumerate(made):
-        receiver.handed_over(offer, [] if sent is None else sent.handed[i])
+    for i, (receiver, offer, carried) in enumerate(made):
+        taken = [] if sent is None else sent.handed[i]
+        # Fewer taken than carried: the rest was filed (or scheduled, or a duplicate dropped),
+        # and the store woke no holder it was offered to (lua/sendMessages.lua).
+        receiver.handed_over(offer, taken, sent is not None and len(taken) < carried)
         if failure is not None and not isinstance(failure, BusdError):
             receiver.lost(store_unavailable())

@@ -238,8 +238,8 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return None
         return HandOver(self.locked_session, self.holder, count, new_tokens(count))
 
-    def handed_over(self, offer: HandOver, taken: list[StoredMessage]) -> None:
-        self.outbox.handed_over(offer.count, taken)
+    def handed_over(self, offer: HandOver, taken: list[StoredMessage], filed: bool) -> None:
+        self.outbox.handed_over(offer.count, taken, filed)
 
     def _expired(self) -> None:
         """The session lock ran out: the link is detached, and the store's sweep returns the

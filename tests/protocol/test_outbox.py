@@ -2,7 +2,9 @@
 protocol in memory: what the session accept took, the link's own fetch and what sends hand
 over go out in the session's order within the credit; what does not fit goes back first; a
 drain is answered after one more look; a link that goes while a send hands it messages sends
-none of them, and they come back to the session uncounted."""
+none of them, and they come back to the session uncounted. Sends hand over before the first
+credit and while the link's own fetch runs; an offered holder is not woken, it looks again
+itself."""
 
 from __future__ import annotations
 
@@ -16,6 +18,27 @@ from tests.protocol.harness import SEQUENCE_NUMBER, ProtocolClient, StoreCalls
 pytestmark = pytest.mark.timeout(30)
 
 CALLS = ("accept_session", "receive_session", "send", "send_handing_over", "settle")
+
+
+class Gate:
+    """Holds the answers of a store method: the real call runs at once (its effect is in the
+    store), its answer reaches the broker only once the gate opens."""
+
+    def __init__(self, store, name: str) -> None:
+        self.opened = asyncio.Event()
+        self.entered = 0
+        method = getattr(store, name)
+
+        async def call(*args, **kwargs):
+            result = await method(*args, **kwargs)
+            self.entered += 1
+            await self.opened.wait()
+            return result
+
+        setattr(store, name, call)
+
+    async def reached(self, client: ProtocolClient, count: int = 1) -> None:
+        await client.wait(lambda: self.entered >= count, "the gated store call")
 
 
 def bodies(handle) -> list[str]:
@@ -164,3 +187,123 @@ async def test_a_link_closed_mid_hand_over_sends_nothing_and_the_session_gets_it
     (item,) = await again.wait_for(1)
     assert item.message.body == "d0"
     assert item.message.delivery_count == 0
+
+
+async def test_a_send_before_the_first_credit_joins_the_accept_s_messages(broker, connect, client):
+    producer = await connect()
+    await producer.authorize("sessions")
+    await learn_first_credit(client, 3)
+    await producer.send_to("sessions", Message(body="e0", group_id="e"))
+    calls = StoreCalls(broker.store, *CALLS)
+    receiver = await client.attach_receiver("sessions", session="e")  # takes e0 of 3 expected
+    await client.settle_down(0.05)
+    # offered 3 - 1: e1 and e2 are handed over and wait with e0; e3 is filed
+    await producer.send_to("sessions", *(Message(body=f"e{i}", group_id="e") for i in (1, 2, 3)))
+    await client.settle_down(0.05)
+    assert receiver.received == []
+    assert calls.counts["send_handing_over"] == 1
+    receiver.flow(10)
+    await receiver.wait_for(4)
+    await client.settle_down(0.05)
+    assert bodies(receiver) == ["e0", "e1", "e2", "e3"]
+    assert calls.counts["receive_session"] == 1  # e3 only: e1 and e2 needed none
+    assert calls.counts["settle"] == 0
+    assert [r.message.delivery_count for r in receiver.received] == [0] * 4
+
+
+async def test_the_first_credit_sends_the_accept_s_messages_while_a_hand_over_is_under_way(
+    broker, connect, client
+):
+    producer = await connect()
+    await producer.authorize("sessions")
+    await learn_first_credit(client, 3)
+    await producer.send_to("sessions", Message(body="f0", group_id="f"))
+    receiver = await client.attach_receiver("sessions", session="f")  # takes f0
+    await client.settle_down(0.05)
+    calls = StoreCalls(broker.store, *CALLS)
+    gate = Gate(broker.store, "send_handing_over")
+    sending = asyncio.ensure_future(producer.send_to("sessions", Message(body="f1", group_id="f")))
+    await gate.reached(client)  # f1 is handed over; the broker has not heard yet
+    receiver.flow(5)
+    await receiver.wait_for(1)  # f0 goes with the credit, not after the send
+    assert bodies(receiver) == ["f0"]
+    gate.opened.set()
+    await sending
+    await receiver.wait_for(2)
+    await client.settle_down(0.05)
+    assert bodies(receiver) == ["f0", "f1"]
+    assert (calls.counts["receive_session"], calls.counts["settle"]) == (0, 0)
+
+
+async def test_a_send_during_the_link_s_fetch_is_handed_over_and_merged_in_order(
+    broker, connect, client
+):
+    producer = await connect()
+    await producer.authorize("sessions")
+    receiver = await client.attach_receiver("sessions", session="g", credit=0)
+    await client.settle_down(0.05)
+    await producer.send_to("sessions", *(Message(body=f"g{i}", group_id="g") for i in range(2)))
+    calls = StoreCalls(broker.store, *CALLS)
+    gate = Gate(broker.store, "receive_session")
+    receiver.flow(5)
+    await gate.reached(client)  # the fetch took g0 and g1; its answer is on its way
+    await producer.send_to("sessions", Message(body="g2", group_id="g"))
+    assert calls.counts["send_handing_over"] == 1  # offered while the fetch runs
+    gate.opened.set()
+    await receiver.wait_for(3)
+    await client.settle_down(0.05)
+    assert bodies(receiver) == ["g0", "g1", "g2"]
+    assert seqs(receiver) == sorted(seqs(receiver))
+    # g2 was handed over: no wake-up, no second fetch, nothing given back
+    assert (calls.counts["receive_session"], calls.counts["settle"]) == (1, 0)
+
+
+async def test_what_a_fetch_and_a_hand_over_bring_beyond_the_credit_goes_back_in_order(
+    broker, connect, client
+):
+    producer = await connect()
+    await producer.authorize("sessions")
+    receiver = await client.attach_receiver("sessions", session="h", credit=0)
+    await client.settle_down(0.05)
+    await producer.send_to("sessions", *(Message(body=f"h{i}", group_id="h") for i in range(2)))
+    calls = StoreCalls(broker.store, *CALLS)
+    gate = Gate(broker.store, "receive_session")
+    receiver.flow(2)
+    await gate.reached(client)  # the fetch took h0 and h1
+    await producer.send_to("sessions", Message(body="h2", group_id="h"))  # handed over too
+    # something of the round came back (h2): it closes, and the next send is filed
+    await producer.send_to("sessions", Message(body="h3", group_id="h"))
+    assert (calls.counts["send_handing_over"], calls.counts["send"]) == (1, 1)
+    gate.opened.set()
+    await receiver.wait_for(2)
+    await client.wait(lambda: calls.counts["settle"] == 1, "the give-back")
+    await client.settle_down(0.05)
+    assert bodies(receiver) == ["h0", "h1"]  # the credit's worth, in order; h2 went back
+    receiver.flow(5)
+    await receiver.wait_for(4)
+    await client.settle_down(0.05)
+    assert bodies(receiver) == ["h0", "h1", "h2", "h3"]
+    assert [r.message.delivery_count for r in receiver.received] == [0] * 4
+    assert calls.counts["settle"] == 1
+
+
+async def test_an_offered_holder_is_not_woken_and_looks_again_itself(broker, connect, client):
+    producer = await connect()
+    await producer.authorize("sessions")
+    receiver = await client.attach_receiver("sessions", session="k", credit=1)
+    await client.settle_down(0.05)  # dry, with credit 1
+    held = broker.receivers.holding("sessions", "k")
+    assert held is not None
+    woken = []
+    broker.receivers.listen(held.holder, lambda: (woken.append(1), held.wake()))
+    calls = StoreCalls(broker.store, *CALLS)
+    # one send of two: k0 is handed over (the credit's worth), k1 is filed for the holder
+    await producer.send_to("sessions", *(Message(body=f"k{i}", group_id="k") for i in range(2)))
+    await receiver.wait_for(1)
+    await client.settle_down(0.1)
+    assert woken == []  # no wake-up from the store
+    assert calls.counts["receive_session"] == 0  # no credit left to look with
+    receiver.flow(1)  # not dry: it looks, and finds k1
+    await receiver.wait_for(2)
+    assert bodies(receiver) == ["k0", "k1"]
+    assert calls.counts["receive_session"] == 1

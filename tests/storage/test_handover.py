@@ -136,6 +136,23 @@ async def test_a_handed_over_message_wakes_no_one_and_one_filed_wakes_its_holder
     assert woken == [held]  # once, for "b" only
 
 
+async def test_a_holder_offered_in_the_send_is_not_woken_for_what_it_filed(store, sq, held):
+    """Its process sees from the rows that fewer were handed over than sent, and has the
+    holder look again itself (busd/broker/receivers.py)."""
+    woken: list[str] = []
+    await store.subscribe(woken.append)
+    sent = await store.send_handing_over(sq, msgs("s1", b"a", b"b"), [offer(held, count=1)])
+    assert [m.blob for m in sent.handed[0]] == [b"a"]  # "b" is filed available
+    await store.send(sq, msgs("s1", b"c"))  # no offer: the holder is woken, for "c"
+    deadline = time.monotonic() + 5
+    while not woken and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert woken == [held]  # once: for "c", not for "b"
+    got = await store.receive_session(sq, "s1", held, 10, PL, LockTokens(10))
+    assert [m.blob for m in got] == [b"b", b"c"]
+
+
 async def test_a_handed_over_message_settles_for_its_holder_only(store, sq, held):
     """Settling reads a session message's holder from the message (lua/includes/
     checkSettlement.lua): another holder, or the holder after the session changed hands, is

@@ -37,7 +37,9 @@
     (includes/deliveryRow.lua; locked-until is the session's)
 
   Events:
-    wake-ups (includes/wakeWaiters.lua) when a message is available now and not handed over
+    wake-ups (includes/wakeWaiters.lua) when a message is available now and not handed over;
+    none to a holder offered in this call: its process sees from the rows returned that the
+    session got more than was handed over, and has that holder look again itself
 ]]
 --- @include "queueContext"
 --- @include "enqueueMessage"
@@ -56,6 +58,7 @@ for _ = 1, tonumber(ARGV[QUEUE_ARGC + 3]) do
               tokens = ARGV[first + 3], rows = {} }
   offers[ARGV[first]] = o
   offerList[#offerList + 1] = o
+  Q.woken[o.holder] = true -- see Events
   first = first + 4
 end
 
