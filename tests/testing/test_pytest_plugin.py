@@ -179,18 +179,18 @@ def test_loading_the_plugin_imports_nothing_of_the_broker() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def _readme_example(name: str) -> str:
-    """The README's code block that starts with `# <name>`."""
-    text = (ROOT / "README.md").read_text()
+def _testing_doc_example(name: str) -> str:
+    """The code block of docs/testing.md that starts with `# <name>`."""
+    text = (ROOT / "docs" / "testing.md").read_text()
     found = re.search(rf"```python\n(# {re.escape(name)}\n.*?)```", text, re.DOTALL)
-    assert found, f"README.md has no example {name}"
+    assert found, f"docs/testing.md has no example {name}"
     return found.group(1)
 
 
-def test_the_readmes_lost_session_lock_example_passes(tmp_path: Path) -> None:
-    """The README's testing section injects a lost session lock and its code recovers: that
+def test_the_testing_docs_lost_session_lock_example_passes(tmp_path: Path) -> None:
+    """docs/testing.md injects a lost session lock and its code recovers: that
     exact example, run as a user runs it."""
-    project = _project(tmp_path, {"test_resilience.py": _readme_example("test_resilience.py")})
+    project = _project(tmp_path, {"test_resilience.py": _testing_doc_example("test_resilience.py")})
     code, out = _run_pytest([str(project), "-v"], cwd=project)
     assert code == 0, out
     assert "1 passed" in out, out
