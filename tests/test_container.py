@@ -1,6 +1,6 @@
 """The container set-up without a container engine: the Dockerfile's and compose.yaml's
 commands run here as processes (on loopback and free ports instead of 0.0.0.0:5672/5300),
-compose.yaml passes `docker-compose config`, and the README's emulator section agrees with it.
+compose.yaml passes `docker-compose config`, and docs/emulator.md agrees with it.
 """
 
 from __future__ import annotations
@@ -309,15 +309,12 @@ def test_compose_file_passes_docker_compose_config():
     assert result.returncode == 0, result.stderr
 
 
-def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end > 0 else None]
+def doc_page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text()
 
 
-def test_readme_emulator_section_matches_compose():
-    section = readme_section("Switching from the Service Bus emulator")
+def test_the_emulator_page_matches_compose():
+    section = doc_page("emulator.md")
     assert EMULATOR_CONFIG in section
     assert EMULATOR_CONFIG in volume_mounts()
     for _, host_port, _ in published_ports():
@@ -334,10 +331,10 @@ def test_readme_emulator_section_matches_compose():
     assert option(COMPOSE["services"]["valkey"]["command"], "--appendfsync") == "everysec"
 
 
-def test_readme_tools_section_names_every_command():
+def test_the_tools_page_names_every_command():
     from busd.cli import cli
 
-    section = readme_section("Tools")
+    section = doc_page("tools.md")
     for command in ("queues", "peek", "sessions", "send", "purge", "dlq resubmit"):
         assert f"busd {command} " in section or f"busd {command}\n" in section, command
         assert command.split()[0] in cli.commands

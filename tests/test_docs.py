@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # The documents for users and operators (docs/README.md lists them).
 USER_DOCS = [
-    DOCS / name for name in ("quickstart.md", "containers.md", "operating.md", "troubleshooting.md")
+    DOCS / name
+    for name in (
+        "quickstart.md",
+        "containers.md",
+        "operating.md",
+        "troubleshooting.md",
+        "emulator.md",
+        "amqp-clients.md",
+    )
 ]
 ALL_DOCS = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
@@ -31,6 +39,7 @@ ALL_DOCS = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 FOREIGN_OPTIONS = {
     "docker compose": {"--rm", "--no-deps", "--entrypoint"},
     "git log": {"--oneline"},
+    "scripts/bench": {"--scenario"},
 }
 FOREIGN = set().union(*FOREIGN_OPTIONS.values())
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SESSIONS = 20
 PER_SESSION = 10
-RECEIVERS = 4
+RECEIVERS = 8
 # Each acceptance takes at most this many messages before closing, so every session is
 # accepted several times, by receivers on both processes, and resumes where it stopped.
 TAKE_PER_ACCEPT = 4

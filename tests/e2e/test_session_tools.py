@@ -127,7 +127,14 @@ def test_a_poison_message_takes_its_whole_session_to_the_dlq_in_order(client):
 def test_without_the_policy_the_poison_message_goes_alone(client):
     send(client, "poison-alone", "s1", ["m0", "m1"])
     abandon_first_twice(client, "poison-alone", "s1")
-    assert [str(m) for m in dead_letters(client, "poison-alone", 2)] == ["m0"]
+    assert [str(m) for m in dead_letters(client, "poison-alone", 1)] == ["m0"]
+    # m1 stayed in its session: the dead-letter queue is empty, the session serves it
+    with client.get_queue_receiver(
+        "poison-alone", sub_queue=ServiceBusSubQueue.DEAD_LETTER
+    ) as receiver:
+        assert receiver.peek_messages(max_message_count=5) == []
+    with client.get_queue_receiver("poison-alone", session_id="s1", max_wait_time=5) as receiver:
+        assert [str(m) for m in receive(receiver, 1)] == ["m1"]
 
 
 # --- on demand: the CLI and the admin HTTP API ------------------------------------------------

@@ -10,6 +10,7 @@ import re
 import signal
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,17 +65,24 @@ def start(tmp_path: Path, data_dir: Path):
 
 
 def take_sessions(busd, count: int) -> dict[str, list[str]]:
-    """Accept `count` next-available sessions and complete all of each one's messages."""
-    taken: dict[str, list[str]] = {}
-    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
-        for _ in range(count):
+    """Accept `count` next-available sessions at once, each on a connection of its own, and
+    complete all of each one's messages (concurrently: with --durability fsync each
+    settlement waits for its shard's append-only file, and the waits overlap)."""
+
+    def take_one(_: int) -> tuple[str, list[str]]:
+        with ServiceBusClient.from_connection_string(busd.connection_string) as client:
             with client.get_queue_receiver(
                 "orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
             ) as receiver:
                 got = receive(receiver, PER_SESSION)
                 for m in got:
                     receiver.complete_message(m)
-                taken[receiver.session.session_id] = [str(m) for m in got]
+                return receiver.session.session_id, [str(m) for m in got]
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        pairs = list(pool.map(take_one, range(count)))
+    taken = dict(pairs)
+    assert len(taken) == count, f"a session was given to two receivers: {pairs}"
     return taken
 
 

@@ -180,7 +180,7 @@ def test_loading_the_plugin_imports_nothing_of_the_broker() -> None:
 
 
 def _readme_example(name: str) -> str:
-    """The README's code block that starts with `# <name>`."""
+    """The code block of README.md that starts with `# <name>`."""
     text = (ROOT / "README.md").read_text()
     found = re.search(rf"```python\n(# {re.escape(name)}\n.*?)```", text, re.DOTALL)
     assert found, f"README.md has no example {name}"
