@@ -1,6 +1,6 @@
 """What one client may make a busd process hold, and how much of it is held now.
 
-Every limit is a setting (`busd serve --help`, the README's table); each is answered with the
+Every limit is a setting (`busd serve --help`, docs/configuration.md's table); each is answered with the
 AMQP condition clients expect (docs/design.md §3.12):
 
 - bytes of unfinished transfers per link: the transfer is refused with
