@@ -1,7 +1,7 @@
 """What one client may make a busd process hold, and how much of it is held now.
 
-Every limit is a setting (`busd serve --help`, docs/configuration.md's table); each is answered with the
-AMQP condition clients expect (docs/design.md §3.12):
+Every limit is a setting (`busd serve --help`, docs/configuration.md's table); each is
+answered with the AMQP condition clients expect (docs/design.md §3.12):
 
 - bytes of unfinished transfers per link: the transfer is refused with
   `amqp:link:message-size-exceeded`; per connection and per process: the link is detached with

@@ -238,10 +238,10 @@ def catalog_key(prefix: str) -> str:
     return f"{prefix}:catalog"
 
 
-def fault_hits_key(prefix: str) -> str:
-    """The hits of each fault on demand with a count: fault id -> hits (busd.broker.faults;
-    the faults' records are in the catalog, kind `fault`)."""
-    return f"{prefix}:faults:hits"
+def fault_hits_key(prefix: str, fault_id: str) -> str:
+    """The hits of one fault on demand with a count (busd.broker.faults; the faults' records
+    are in the catalog, kind `fault`)."""
+    return f"{prefix}:faults:hits:{fault_id}"
 
 
 def catalog_channel(prefix: str) -> str:

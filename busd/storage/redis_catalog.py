@@ -24,6 +24,10 @@ log = logging.getLogger("busd.storage")
 # Messages sizeEntity.lua reads at each end of a sub-queue: SizeInBytes is exact up to twice
 # this, and costs that many reads however many messages the entity holds.
 SIZE_SAMPLE = 32
+# How long a fault's count of hits is kept after its last hit (a fault that is never spent
+# nor removed, its process gone), and after the fault ended (fault_forget).
+FAULT_HITS_KEPT_S = 30 * 86_400
+FAULT_FORGOTTEN_S = 60
 
 
 def catalog_field(kind: str, path: str) -> str:
@@ -88,13 +92,21 @@ class CatalogCalls(RedisConnection):
 
     # Faults on demand (busd.broker.faults): their records are catalog records of kind
     # `fault`; a fault with a count counts its hits here, shared by every process.
+    # A spent count is not deleted at once but left to expire: another process that has not
+    # heard yet that the fault ended still counts past it (a deleted count would start again
+    # at 1 and let its hits through).
     async def fault_hit(self, fault_id: str) -> int:
         assert self._client is not None
-        return int(await self._client.hincrby(keyspace.fault_hits_key(self.prefix), fault_id, 1))
+        key = keyspace.fault_hits_key(self.prefix, fault_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, FAULT_HITS_KEPT_S)
+            hits, _ = await pipe.execute()
+        return int(hits)
 
     async def fault_forget(self, fault_id: str) -> None:
         assert self._client is not None
-        await self._client.hdel(keyspace.fault_hits_key(self.prefix), fault_id)
+        await self._client.expire(keyspace.fault_hits_key(self.prefix, fault_id), FAULT_FORGOTTEN_S)
 
     # The namespaces made: one set, written once per process that makes one for a Manage key,
     # read only by a process that does not serve the namespace (busd.broker.namespaces).

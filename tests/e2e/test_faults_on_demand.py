@@ -374,9 +374,13 @@ def _send_on_new_connections(busd, bodies: list[str], *, at_once: bool = False) 
 
 def test_faults_hold_for_every_worker(busd_workers):
     # a count is shared by the workers: 12 connections (on both workers but with a chance of
-    # 2**-11) meet exactly 4 refusals
+    # 2**-11) meet exactly 4 refusals, one after another and all at once (the worker that
+    # spends the count must not restart the other's)
     fault(busd_workers, kind="server-busy", entity="busy", operations=["send"], count=4)
     assert _send_on_new_connections(busd_workers, [f"c{i}" for i in range(12)]) == 4
+    fault(busd_workers, kind="server-busy", entity="busy", operations=["send"], count=4)
+    time.sleep(0.3)  # the other worker hears of it over the catalog's channel
+    assert _send_on_new_connections(busd_workers, [f"d{i}" for i in range(12)], at_once=True) == 4
     # a window holds in every worker, and ends for every worker when removed
     made = fault(busd_workers, kind="server-busy", entity="busy", duration_ms=60_000)
     time.sleep(0.3)  # the other worker hears of it over the catalog's channel
@@ -385,7 +389,7 @@ def test_faults_hold_for_every_worker(busd_workers):
     time.sleep(0.3)
     assert _send_on_new_connections(busd_workers, [f"a{i}" for i in range(6)], at_once=True) == 0
     with ServiceBusClient.from_connection_string(busd_workers.connection_string) as client:
-        got = drain(client, "busy", 14)
-    # exactly once: the 8 the count let through and the 6 after the window, nothing refused
-    assert len(got) == len(set(got)) == 14
+        got = drain(client, "busy", 22)
+    # exactly once: the 16 the counts let through and the 6 after the window, nothing refused
+    assert len(got) == len(set(got)) == 22
     assert {b for b in got if b.startswith("a")} == {f"a{i}" for i in range(6)}
