@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -77,7 +78,9 @@ class Outbox:
     """Credit-bounded, sequence-ordered delivery of one receiver link."""
 
     def __init__(self, sink: Sink) -> None:
-        self._sink = sink
+        # Weakly: the link owns its outbox, and a cycle between them would keep a closed
+        # connection's objects until a full garbage collection (busd_connection_objects).
+        self._sink: Sink = weakref.proxy(sink)
         self._under_way = 0  # producer calls whose messages are not gathered yet
         self._reserved = 0  # the credit the sends under way may fill
         self._gathered: list[StoredMessage] = []  # what they returned so far

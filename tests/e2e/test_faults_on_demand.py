@@ -303,7 +303,8 @@ def test_bad_faults_are_refused_and_nothing_is_set(busd, document, status):
     before = faults(busd)
     got, answer = http(busd, "POST", "/admin/faults", json.dumps(document).encode())
     assert got == status and "error" in answer, answer
-    assert faults(busd) == before
+    # nothing was added (a fault of an earlier test may have run out meanwhile)
+    assert all(f in before for f in faults(busd))
 
 
 def test_faults_need_the_manage_right(busd):
