@@ -278,7 +278,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         detached, and only then the release: a settlement is never refused for a lock this
         link gave up itself, and the session can be accepted again the moment the detach is
         answered."""
-        if self._accept_task is not None:
+        if self._accept_task is not None and not self._accept_task.done():
             await asyncio.gather(self._accept_task, return_exceptions=True)
         await super().finish()
 
