@@ -15,6 +15,7 @@ name: `UserMetadata`, `Status`, ...).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -75,8 +76,10 @@ class QueueEntity:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: getattr(spec, k) for k in fields if k in QueueSpec.__dataclass_fields__})
 
-    @property
+    @functools.cached_property
     def spec(self) -> QueueSpec:
+        # Built once per version of the queue (an entity is replaced, never changed): every
+        # link's attach asks for it.
         return QueueSpec(
             name=self.name,
             partition_layout=self.partition_layout,

@@ -7,7 +7,8 @@ raw `pn_delivery_t` pointers through these few functions. A link's life is handl
 (docs/design.md §3.2): its attach is read here (name, addresses, properties, source filter),
 its flow and detach reach the connection as raw `pn_link_t` pointers, and an AMQP session's
 begin and end as raw `pn_session_t` pointers. An endpoint keeps one proton `Link` for what it
-does with its link (answer the attach, read credit); the rare paths (refusals, errors, CBS,
+does with its link (read credit, answer a plain attach; a session receiver answers its attach
+here, `open_session_link`); the rare paths (refusals, errors, CBS,
 `$management`) keep using the Python classes.
 
 A raw delivery the broker keeps beyond the event that brought it is held with `hold()` and
@@ -170,6 +171,36 @@ def echo_termini(link) -> None:
     lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
     lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
     lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
+
+
+def _put_symbol(data, name: bytes) -> None:
+    lib.pn_data_put_symbol(data, (len(name), ffi.from_buffer(name)))
+
+
+def open_session_link(
+    link, filter_key: bytes, session_id: str, property_key: bytes, locked_until: int
+) -> None:
+    """Answer a session receiver's attach (docs/wire.md §4.2): the client's termini with the
+    source filter `{filter_key: session_id}` and the properties `{property_key: locked_until}`
+    (a long), written straight into the engine's data rather than through proton's `Data`
+    objects, as the session churn pays this once per session."""
+    echo_termini(link)
+    data = lib.pn_terminus_filter(lib.pn_link_source(link))
+    lib.pn_data_clear(data)
+    lib.pn_data_put_map(data)
+    lib.pn_data_enter(data)
+    _put_symbol(data, filter_key)
+    text = session_id.encode()
+    lib.pn_data_put_string(data, (len(text), ffi.from_buffer(text)))
+    lib.pn_data_exit(data)
+    data = lib.pn_link_properties(link)
+    lib.pn_data_clear(data)
+    lib.pn_data_put_map(data)
+    lib.pn_data_enter(data)
+    _put_symbol(data, property_key)
+    lib.pn_data_put_long(data, locked_until)
+    lib.pn_data_exit(data)
+    lib.pn_link_open(link)
 
 
 def end_link(link) -> None:

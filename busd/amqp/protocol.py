@@ -36,6 +36,18 @@ logging.addLevelName(TRACE, "TRACE")
 
 # Our frames: large enough that most messages fit in one, small enough to keep memory flat.
 MAX_FRAME_SIZE = 256 * 1024
+# the events handled raw (_dispatch_events), whatever the handler's methods
+RAW_EVENTS = frozenset(
+    {
+        engine.PN_DELIVERY,
+        engine.PN_LINK_FLOW,
+        engine.PN_LINK_REMOTE_OPEN,
+        engine.PN_LINK_REMOTE_CLOSE,
+        engine.PN_LINK_REMOTE_DETACH,
+        engine.PN_SESSION_REMOTE_OPEN,
+        engine.PN_SESSION_REMOTE_CLOSE,
+    }
+)
 
 
 class RawDeliveryTaker(TypingProtocol):
@@ -273,8 +285,13 @@ class AmqpProtocol(asyncio.Protocol):
         raw_links = self.raw_links
         handled = self._handled
         while (impl := engine.collector_peek(collector)) != engine.NULL:
+            kind = engine.event_type(impl)
+            # Nearly half of proton's events (a link's init, local open and final, transport
+            # updates) have no handler: popped here without going through the chain below.
+            if kind not in RAW_EVENTS and kind not in handled:
+                engine.collector_pop(collector)
+                continue
             try:
-                kind = engine.event_type(impl)
                 # Deliveries on message links go raw to their endpoint, flows and a link's
                 # and a session's life raw to the handler (see busd.amqp.engine); other events
                 # the handler has a method for are wrapped.

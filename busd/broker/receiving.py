@@ -288,7 +288,8 @@ class QueueReceiverEndpoint(LinkEndpoint):
         """In the client's order: the fetch under way (it returns what it took too late), the
         settlements received before the detach, then the link's last store call."""
         await self.outbox.idle()
-        if self._settle_task is not None:
+        # (a done task is not awaited: gather would still cost an event-loop turn per link)
+        if self._settle_task is not None and not self._settle_task.done():
             await asyncio.gather(self._settle_task, return_exceptions=True)
         await self._last_call()
 

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 from proton import Link, symbol
 
+from busd.amqp import engine
 from busd.broker.lease import SessionLease
-from busd.broker.links import ConnectionScope, echo_termini
+from busd.broker.links import ConnectionScope
 from busd.broker.messages import new_tokens
 from busd.broker.outbox import MAX_BATCH
 from busd.broker.receiving import QueueReceiverEndpoint
@@ -35,6 +36,8 @@ log = logging.getLogger("busd.broker")
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 TIMEOUT_PROPERTY = symbol("com.microsoft:timeout")
 LOCKED_UNTIL_PROPERTY = symbol("com.microsoft:locked-until-utc")
+SESSION_FILTER_NAME = SESSION_FILTER.encode()
+LOCKED_UNTIL_NAME = LOCKED_UNTIL_PROPERTY.encode()
 # Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
 DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
 DOTNET_EPOCH_TICKS = 621355968000000000
@@ -190,12 +193,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
 
     def _open_locked(self, lease: SessionLease) -> None:
         """Answer the attach; the first messages go out as the credit allows."""
-        link = self.link
-        echo_termini(link)
-        link.source.filter.clear()
-        link.source.filter.put_dict({SESSION_FILTER: self.session_id})
-        link.properties = {LOCKED_UNTIL_PROPERTY: unix_ms_to_ticks(lease.locked_until_ms)}
-        link.open()
+        engine.open_session_link(
+            self._raw_link,
+            SESSION_FILTER_NAME,
+            self.locked_session,
+            LOCKED_UNTIL_NAME,
+            unix_ms_to_ticks(lease.locked_until_ms),
+        )
         self._accepted = True
         lease.start(self.broker.receivers.lease_timer, self._expired)
         self.broker.receivers.hold(self)
@@ -274,7 +278,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         detached, and only then the release: a settlement is never refused for a lock this
         link gave up itself, and the session can be accepted again the moment the detach is
         answered."""
-        if self._accept_task is not None:
+        if self._accept_task is not None and not self._accept_task.done():
             await asyncio.gather(self._accept_task, return_exceptions=True)
         await super().finish()
 

@@ -54,6 +54,21 @@ async def test_specific_session_attach_echoes_the_filter_and_lock_expiry(client)
         assert abs(item.annotations[LOCKED_UNTIL] / 1000 - ticks_to_unix(ticks)) < 0.01
 
 
+async def test_next_available_attach_answers_the_locked_session_id_as_sent(client):
+    """The answer's filter replaces the client's null with the locked id, character for
+    character (UTF-8 beyond ASCII), and carries nothing else."""
+    session = "café-☕-会话"
+    await client.send_to("sessions", Message(body="x", group_id=session))
+    receiver = await client.attach_receiver(
+        "sessions", session=NEXT_AVAILABLE, properties={TIMEOUT: uint(2000)}, credit=1
+    )
+    assert not receiver.closed_by_broker
+    assert receiver.remote_filter == {SESSION_FILTER: session}
+    assert list(receiver.remote_properties) == [LOCKED_UNTIL_UTC]
+    items = await receiver.wait_for(1)
+    assert items[0].message.group_id == session
+
+
 async def test_next_available_takes_the_oldest_free_session(client):
     await fill(client)
     first = await client.attach_receiver(
