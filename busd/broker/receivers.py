@@ -30,7 +30,6 @@ from busd.storage.specs import QueueSpec
 
 if TYPE_CHECKING:
     from busd.broker.lease import SessionLease
-    from busd.broker.links import ConnectionScope
 
 log = logging.getLogger("busd.broker")
 
@@ -41,7 +40,11 @@ class HeldSession(Protocol):
     queue: QueueSpec
     holder: str  # its id in the store
     lease: SessionLease | None  # set before it is held
-    conn: ConnectionScope
+
+    @property
+    def conn(self) -> object:
+        """Its connection (a ConnectionScope of busd.broker.links, which names this module):
+        only compared, so that `$management` acts on a session its own connection holds."""
 
     def offer(self, wanted: int) -> HandOver | None:
         """Take part in a send with up to `wanted` messages of the session: the offer, or
