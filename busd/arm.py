@@ -22,6 +22,7 @@ from typing import Any
 
 from busd import access_rules
 from busd import entity_properties as ep
+from busd import property_types as pt
 from busd.arm_expressions import Scope, TemplateError
 from busd.config import DEFAULT_MAX_MESSAGE_SIZE, parse_document
 from busd.errors import ConfigError
@@ -308,7 +309,7 @@ class _Reader:
                 )
             name = key[:1].upper() + key[1:]
             prop = known.get(name)
-            if prop is None or prop.type == ep.ACCESS_RULES:
+            if prop is None or prop.type == pt.ACCESS_RULES:
                 raise TemplateError(f"{res.label}: property {key!r}: {_unknown(kind, name)}")
             try:
                 parsed = prop.from_json(value)
@@ -410,7 +411,7 @@ def _claim(
 
 def _unknown(kind: str, name: str) -> str:
     other = ep.BY_NAME.get(name)
-    if other is not None and other.type != ep.ACCESS_RULES:
+    if other is not None and other.type != pt.ACCESS_RULES:
         kinds = " and ".join(f"{k}s" for k in other.kinds)
         return f"not one of a {kind} (only {kinds} have it)"
     return f"not a {kind} property busd serves"

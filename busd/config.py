@@ -20,6 +20,7 @@ from typing import Any
 
 from busd import access_rules, origins
 from busd import entity_properties as ep
+from busd import property_types as pt
 from busd.auth.rights import SasKey, parse_rights
 from busd.broker.limits import Limits
 from busd.entities import (
@@ -423,13 +424,13 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
         prop = known.get(key)
         if prop is None:
             raise ConfigError(f"{label}: {_unknown(kind, key)}")
-        if value is None or (value == "" and prop.type in (ep.DURATION, ep.ENTITY)):
+        if value is None or (value == "" and prop.type in (pt.DURATION, pt.ENTITY)):
             continue
         try:
             # keys a rule leaves out are kept in the store from start to start (server seeding)
             values[key] = (
                 access_rules.normalize(value, fill=False)
-                if prop.type == ep.ACCESS_RULES
+                if prop.type == pt.ACCESS_RULES
                 else prop.from_json(value)
             )
             prop.check(values[key])

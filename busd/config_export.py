@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from busd import entity_properties as ep
+from busd import property_types as pt
 from busd.entity_tools import ATOM, SB, AtomClient, entity_path
 from busd.http import atom_xml as ax
 from busd.rules.model import DEFAULT_RULE_NAME
@@ -121,7 +122,7 @@ def _properties(kind: str, entry: ET.Element) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, prop in sorted(ep.OF_KIND[kind].items()):
         value = values.get(name, prop.default)
-        if prop.type == ep.ACCESS_RULES:
+        if prop.type == pt.ACCESS_RULES:
             if value:
                 out[name] = prop.to_json(value)
         elif name in EMULATOR_PROPERTIES[kind] or value != prop.default:

@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 import click
 
 from busd import entity_properties as ep
+from busd import property_types as pt
 from busd.auth.sas import generate_sas_token
 from busd.tools import (
     EXIT_FAILED,
@@ -178,15 +179,15 @@ def _show(as_json: bool, what: str, props: dict[str, Any]) -> None:
     click.echo(f"{what}\n" + table(["PROPERTY", "VALUE"], rows))
 
 
-def _options(kind: str) -> list[ep.Property]:
+def _options(kind: str) -> list[pt.Property]:
     """The properties of `kind` the command line sets (busd.entity_properties' `flag`)."""
     return [p for p in ep.OF_KIND[kind].values() if p.flag]
 
 
-def _with(options: list[ep.Property]) -> Callable:
+def _with(options: list[pt.Property]) -> Callable:
     def decorate(command: Callable) -> Callable:
         for prop in reversed(options):
-            if prop.type == ep.BOOL:
+            if prop.type == pt.BOOL:
                 command = click.option(
                     f"--{prop.flag}/--no-{prop.flag}", prop.name, default=None, help=prop.help
                 )(command)
@@ -194,7 +195,7 @@ def _with(options: list[ep.Property]) -> Callable:
                 command = click.option(
                     f"--{prop.flag}",
                     prop.name,
-                    type=int if prop.type == ep.INT else str,
+                    type=int if prop.type == pt.INT else str,
                     default=None,
                     help=prop.help,
                 )(command)
@@ -203,11 +204,11 @@ def _with(options: list[ep.Property]) -> Callable:
     return decorate
 
 
-def _values(options: list[ep.Property], given: dict[str, Any]) -> list[tuple[str, str]]:
+def _values(options: list[pt.Property], given: dict[str, Any]) -> list[tuple[str, str]]:
     """The options given, as a description's elements: flags and counts written as the API
     spells them, durations and names as typed (busd checks them)."""
     return [
-        (p.name, p.to_text(value) if p.type in (ep.BOOL, ep.INT) else value)
+        (p.name, p.to_text(value) if p.type in (pt.BOOL, pt.INT) else value)
         for p in options
         if (value := given.get(p.name)) is not None
     ]

@@ -30,9 +30,11 @@ from defusedxml.ElementTree import fromstring
 
 from busd import access_rules
 from busd import entity_properties as ep
-from busd.entity_properties import INT32_MAX, format_duration
+from busd import property_types as pt
+from busd.entity_properties import INT32_MAX
 from busd.entity_values import parse_duration_ms
 from busd.errors import ConfigError
+from busd.property_types import format_duration
 
 ATOM = "http://www.w3.org/2005/Atom"
 SB = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
@@ -147,7 +149,7 @@ def parse_description(body: bytes, kind: str) -> dict[str, Any]:
         if name in writable:
             prop = writable[name]
             try:
-                if prop.type == ep.ACCESS_RULES:
+                if prop.type == pt.ACCESS_RULES:
                     found[name] = prop.from_json(_access_rules(child))
                 else:
                     found[name] = prop.from_text(child.text or "")
@@ -366,11 +368,11 @@ def description(
         prop = of_kind.get(name)
         if prop is None:
             _runtime_field(root, name, rt)
-        elif prop.type == ep.ACCESS_RULES:
+        elif prop.type == pt.ACCESS_RULES:
             _access_rules_element(root, name, values.get(name) or ())
         elif prop.own and values.get(name) == prop.default:
             continue  # busd's own, as good as unset: the service's description
-        elif values.get(name) is not None or (name in values and prop.type == ep.DURATION):
+        elif values.get(name) is not None or (name in values and prop.type == pt.DURATION):
             _el(root, name, _property_text(prop, values[name], host))
     return root
 
@@ -393,8 +395,8 @@ def _access_rules_element(parent: ET.Element, name: str, rules: Iterable[dict[st
                 _el(element, field_name, str(value))
 
 
-def _property_text(prop: ep.Property, value: Any, host: str) -> str:
-    if prop.type == ep.ENTITY:
+def _property_text(prop: pt.Property, value: Any, host: str) -> str:
+    if prop.type == pt.ENTITY:
         # The service answers the destination's URL on the namespace's host, as the SDKs
         # send it (their tests compare the URL's end: `<host>/<name>`).
         return f"sb://{host}/{value}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from busd import entity_properties as ep
+from busd import property_types as pt
 from busd.entities import (
     DEFAULT_RULE_NAME,
     QueueEntity,
@@ -361,10 +362,10 @@ def _atom_error(exc: BusdError) -> ax.AtomError:
     return ax.AtomError(400, exc.description)
 
 
-def _changes(prop: ep.Property, replacement: dict[str, Any], before: dict[str, Any]) -> bool:
+def _changes(prop: pt.Property, replacement: dict[str, Any], before: dict[str, Any]) -> bool:
     """Whether the replacement alters a property fixed at creation: a flag, or a value its
     flag switches on (PartitionCount, while partitioning stays on)."""
-    if prop.type == ep.BOOL:
+    if prop.type == pt.BOOL:
         return bool(replacement.get(prop.name)) != bool(before.get(prop.name))
     if prop.enabled_by and not (replacement.get(prop.enabled_by) and before.get(prop.enabled_by)):
         return False

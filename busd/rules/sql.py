@@ -14,161 +14,54 @@ A compiled expression is a function of a *scope*: an object with
     sys(canonical_name) -> value or None      a system property (SYSTEM_PROPERTIES)
 
 (busd.rules.view.MessageView, and the overlay an action writes through).
+
+Here: the compiler from parse tree to closures, with constants folded. The grammar and its
+parse are busd.rules.sql_grammar's; what values do at run time, busd.rules.sql_values'.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
+from lark import Token, Tree
 
 from busd.rules.errors import EvaluationError, RuleError
+from busd.rules.sql_grammar import (
+    _RESERVED,
+    MAX_ACTION_STATEMENTS,
+    SETTABLE_SYSTEM_PROPERTIES,
+    SYSTEM_PROPERTIES,
+    _error_at,
+    _parse,
+    _unquote,
+)
+from busd.rules.sql_values import (
+    _ARITHMETIC,
+    _COMPARISONS,
+    Scope,
+    _and_values,
+    _condition,
+    _dynamic_property,
+    _in_values,
+    _like_match,
+    _like_regex,
+    _negate,
+    _not_value,
+    _or_values,
+    _plus,
+)
 
 __all__ = [
-    "SYSTEM_PROPERTIES",
-    "SETTABLE_SYSTEM_PROPERTIES",
     "Expression",
     "Statement",
     "compile_filter",
     "compile_action",
 ]
 
-# Service Bus caps filter and action text at 1024 characters, and an action at 32 statements.
-MAX_EXPRESSION_LENGTH = 1024
-MAX_ACTION_STATEMENTS = 32
-
-# `sys.` names (case-insensitive) -> the canonical name a scope answers to. These are the
-# BrokeredMessage properties Service Bus exposes to filters; `Subject` is the newer SDKs' name
-# for `Label`.
-SYSTEM_PROPERTIES = {
-    name.lower(): name
-    for name in (
-        "MessageId",
-        "CorrelationId",
-        "To",
-        "ReplyTo",
-        "Label",
-        "SessionId",
-        "ReplyToSessionId",
-        "ContentType",
-        "TimeToLive",
-        "ScheduledEnqueueTimeUtc",
-        "PartitionKey",
-        "ViaPartitionKey",
-        "SequenceNumber",
-        "EnqueuedSequenceNumber",
-        "EnqueuedTimeUtc",
-        "ExpiresAtUtc",
-        "DeliveryCount",
-        "Size",
-        "LockToken",
-        "LockedUntilUtc",
-        "DeadLetterSource",
-        "State",
-        "ForcePersistence",
-    )
-}
-SYSTEM_PROPERTIES["subject"] = "Label"
-# What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
-# accepted and have no effect (Service Bus ignores the first; busd has no partitions).
-SETTABLE_SYSTEM_PROPERTIES = frozenset(
-    (
-        "MessageId",
-        "CorrelationId",
-        "To",
-        "ReplyTo",
-        "Label",
-        "SessionId",
-        "ReplyToSessionId",
-        "ContentType",
-        "TimeToLive",
-        "ScheduledEnqueueTimeUtc",
-        "PartitionKey",
-    )
-)
-
-_GRAMMAR = r"""
-filter: expr
-action: (statement ";"*)+
-
-statement: SET property EQ expr         -> set_stmt
-         | REMOVE property              -> remove_stmt
-
-?expr: and_expr
-     | expr OR and_expr                 -> or_
-?and_expr: not_expr
-         | and_expr AND not_expr        -> and_
-?not_expr: predicate
-         | NOT not_expr                 -> not_
-?predicate: sum
-          | sum (EQ | COMPOP) sum        -> compare
-          | sum IS NULL                 -> is_null
-          | sum IS NOT NULL             -> is_not_null
-          | sum IN "(" expr_list ")"    -> in_
-          | sum NOT IN "(" expr_list ")" -> not_in
-          | sum LIKE sum [ESCAPE sum]   -> like
-          | sum NOT LIKE sum [ESCAPE sum] -> not_like
-          | EXISTS "(" property ")"     -> exists
-expr_list: expr ("," expr)*
-?sum: product
-    | sum ADDOP product                 -> arith
-?product: unary
-        | product MULOP unary           -> arith
-?unary: atom
-      | ADDOP unary                     -> sign
-?atom: STRING                           -> string
-     | INT                              -> integer
-     | FLOAT                            -> double
-     | TRUE                             -> true
-     | FALSE                            -> false
-     | NULL                             -> null
-     | PARAM                            -> param
-     | property
-     | NAME "(" [expr ("," expr)*] ")"  -> function
-     | "(" expr ")"
-property: name ("." name)?
-?name: NAME | BRACKETED | QUOTED
-
-AND.2: /and\b/i
-OR.2: /or\b/i
-NOT.2: /not\b/i
-IS.2: /is\b/i
-NULL.2: /null\b/i
-IN.2: /in\b/i
-LIKE.2: /like\b/i
-ESCAPE.2: /escape\b/i
-EXISTS.2: /exists\b/i
-TRUE.2: /true\b/i
-FALSE.2: /false\b/i
-SET.2: /set\b/i
-REMOVE.2: /remove\b/i
-NAME: /[A-Za-z_][A-Za-z0-9_]*/
-BRACKETED: /\[(?:[^\]]|\]\])*\]/
-QUOTED: /"(?:[^"]|"")*"/
-STRING: /'(?:[^']|'')*'/
-PARAM: /@[A-Za-z_][A-Za-z0-9_]*/
-FLOAT.3: /(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+/
-INT: /\d+/
-EQ: "="
-COMPOP: "<>" | "!=" | "<=" | ">=" | "<" | ">"
-ADDOP: "+" | "-"
-MULOP: "*" | "/" | "%"
-
-%import common.WS
-%ignore WS
-"""
-
-_RESERVED = frozenset("and or not is null in like escape exists true false set remove".split())
-
-_PARSER = Lark(_GRAMMAR, start=["filter", "action"], parser="lalr", propagate_positions=True)
-
-Scope = Any
 Expression = Callable[[Scope], Any]
 
 
@@ -189,42 +82,6 @@ def _fn(node: Node) -> Expression:
         value = node.value
         return lambda scope: value
     return node
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsing
-
-
-def _parse(text: str, start: str, what: str) -> Tree:
-    if not isinstance(text, str):
-        raise RuleError(f"{what} must be a string")
-    if not text.strip():
-        raise RuleError(f"{what} is empty")
-    if len(text) > MAX_EXPRESSION_LENGTH:
-        raise RuleError(f"{what} is longer than {MAX_EXPRESSION_LENGTH} characters")
-    try:
-        return _PARSER.parse(text, start=start)
-    except UnexpectedInput as exc:
-        raise RuleError(_syntax_message(text, exc, what)) from None
-
-
-def _syntax_message(text: str, exc: UnexpectedInput, what: str) -> str:
-    if isinstance(exc, UnexpectedEOF):
-        return f"{what}: syntax error at position {len(text) + 1}: unexpected end of expression"
-    pos = exc.pos_in_stream if exc.pos_in_stream is not None else 0
-    if isinstance(exc, UnexpectedCharacters):
-        found = repr(text[pos])
-    else:
-        token = getattr(exc, "token", None)
-        found = repr(str(token)) if token is not None and token.type != "$END" else "end"
-        if token is not None and token.type == "$END":
-            return f"{what}: syntax error at position {len(text) + 1}: unexpected end of expression"
-    return f"{what}: syntax error at position {pos + 1}: unexpected {found}"
-
-
-def _error_at(node: Tree | Token, message: str, what: str) -> RuleError:
-    pos = node.start_pos if isinstance(node, Token) else node.meta.start_pos
-    return RuleError(f"{what}: {message} at position {(pos or 0) + 1}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,15 +180,6 @@ def _compile_action_cached(text: str, params: tuple) -> tuple[Statement, ...]:
     if len(statements) > MAX_ACTION_STATEMENTS:
         raise RuleError(f"{what} has more than {MAX_ACTION_STATEMENTS} statements")
     return tuple(statements)
-
-
-def _unquote(token: Token) -> str:
-    text = str(token)
-    if token.type == "BRACKETED":
-        return text[1:-1].replace("]]", "]")
-    if token.type == "QUOTED":
-        return text[1:-1].replace('""', '"')
-    return text
 
 
 class _Compiler:
@@ -531,224 +379,3 @@ class _Compiler:
     def c_sign(self, tree: Tree) -> Node:
         op, operand = tree.children
         return self._fold(tree, _negate if str(op) == "-" else _plus, self.compile(operand))
-
-
-# ---------------------------------------------------------------------------------------------
-# Run-time semantics
-
-
-def _dynamic_property(scope: Scope, name: Any) -> Any:
-    if name is None:
-        return None
-    if not isinstance(name, str):
-        raise EvaluationError("property() needs a property name (a string)")
-    head, dot, tail = name.partition(".")
-    if dot and head.lower() == "sys":
-        canonical = SYSTEM_PROPERTIES.get(tail.lower())
-        if canonical is None:
-            raise EvaluationError(f"unknown system property {tail!r}")
-        return scope.sys(canonical)
-    if dot and head.lower() == "user":
-        name = tail
-    return scope.user(name.lower())
-
-
-def _condition(value: Any, op: str) -> bool | None:
-    if value is None or value is True or value is False:
-        return value
-    raise EvaluationError(f"{op} needs conditions, not {_type_name(value)}")
-
-
-def _or_values(a: Any, b: Any) -> bool | None:
-    x, y = _condition(a, "OR"), _condition(b, "OR")
-    if x is True or y is True:
-        return True
-    return None if x is None or y is None else False
-
-
-def _and_values(a: Any, b: Any) -> bool | None:
-    x, y = _condition(a, "AND"), _condition(b, "AND")
-    if x is False or y is False:
-        return False
-    return None if x is None or y is None else True
-
-
-def _not_value(v: Any) -> bool | None:
-    c = _condition(v, "NOT")
-    return None if c is None else not c
-
-
-def _type_name(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, uuid.UUID):
-        return "a guid"
-    if isinstance(v, datetime):
-        return "a date-time"
-    if isinstance(v, timedelta):
-        return "a time span"
-    return f"a value of type {type(v).__name__}"
-
-
-def _kind(v: Any) -> int:
-    # Values of the same kind compare; int and float are one kind (C# widens to double).
-    t = type(v)
-    if t is str:
-        return 1
-    if t is bool:
-        return 2
-    if t is int or t is float:
-        return 3
-    if isinstance(v, bool):
-        return 2
-    if isinstance(v, (int, float)):
-        return 3
-    if isinstance(v, str):
-        return 1
-    if isinstance(v, uuid.UUID):
-        return 4
-    if isinstance(v, datetime):
-        return 5
-    if isinstance(v, timedelta):
-        return 6
-    return 7
-
-
-_ORDERED_KINDS = (1, 3, 5, 6)
-
-
-def _comparison(op: str, test: Callable[[Any, Any], bool], ordered: bool):
-    def compare(a: Any, b: Any) -> bool | None:
-        if a is None or b is None:
-            return None
-        ka = _kind(a)
-        if ka != _kind(b):
-            raise EvaluationError(f"cannot compare {_type_name(a)} with {_type_name(b)}")
-        if ordered and ka not in _ORDERED_KINDS:
-            raise EvaluationError(f"{op} cannot order {_type_name(a)} values")
-        if ka == 7 and type(a) is not type(b):
-            raise EvaluationError(f"cannot compare {_type_name(a)} with {_type_name(b)}")
-        return test(a, b)
-
-    return compare
-
-
-_COMPARISONS = {
-    "=": _comparison("=", lambda a, b: a == b, False),
-    "<>": _comparison("<>", lambda a, b: a != b, False),
-    "!=": _comparison("!=", lambda a, b: a != b, False),
-    "<": _comparison("<", lambda a, b: a < b, True),
-    "<=": _comparison("<=", lambda a, b: a <= b, True),
-    ">": _comparison(">", lambda a, b: a > b, True),
-    ">=": _comparison(">=", lambda a, b: a >= b, True),
-}
-_EQUALS = _COMPARISONS["="]
-
-
-def _in_values(v: Any, values: tuple, negate: bool) -> bool | None:
-    if v is None:
-        return None
-    unknown = False
-    for item in values:
-        r = _EQUALS(v, item)
-        if r is True:
-            return not negate
-        if r is None:
-            unknown = True
-    return None if unknown else negate
-
-
-@functools.lru_cache(maxsize=1024)
-def _like_regex(pattern: Any, escape: Any, has_escape: bool) -> re.Pattern | None:
-    if pattern is None or (has_escape and escape is None):
-        return None
-    if not isinstance(pattern, str):
-        raise EvaluationError(f"LIKE needs a string pattern, not {_type_name(pattern)}")
-    if has_escape and (not isinstance(escape, str) or len(escape) != 1):
-        raise EvaluationError("ESCAPE needs a one-character string")
-    out = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if has_escape and c == escape:
-            if i + 1 == n:
-                raise EvaluationError("a LIKE pattern cannot end with its escape character")
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _like_match(v: Any, regex: re.Pattern | None, negate: bool) -> bool | None:
-    if v is None or regex is None:
-        return None
-    if not isinstance(v, str):
-        raise EvaluationError(f"LIKE needs a string, not {_type_name(v)}")
-    matched = regex.fullmatch(v) is not None
-    return matched != negate
-
-
-def _int_div(a: int, b: int) -> int:
-    if b == 0:
-        raise EvaluationError("division by zero")
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-def _arith(op: str, ints: Callable[[int, int], Any], floats: Callable[[float, float], Any]):
-    def apply(a: Any, b: Any) -> Any:
-        if a is None or b is None:
-            return None
-        ka, kb = _kind(a), _kind(b)
-        if ka == 3 and kb == 3:
-            if type(a) is int and type(b) is int or (isinstance(a, int) and isinstance(b, int)):
-                return ints(int(a), int(b))
-            return floats(float(a), float(b))
-        if op == "+" and ka == 1 and kb == 1:
-            return a + b
-        if op in "+-" and ka in (5, 6) and kb == 6:  # date-time or time span +/- time span
-            return a + b if op == "+" else a - b
-        if op == "-" and ka == 5 and kb == 5:
-            return a - b
-        raise EvaluationError(f"cannot apply {op} to {_type_name(a)} and {_type_name(b)}")
-
-    return apply
-
-
-def _float_div(a: float, b: float) -> float:
-    if b == 0.0:  # C# double division: infinities and NaN rather than an error
-        return float("nan") if a == 0.0 or a != a else float("inf") if a > 0 else float("-inf")
-    return a / b
-
-
-def _float_mod(a: float, b: float) -> float:
-    return float("nan") if b == 0.0 else math.fmod(a, b)
-
-
-_ARITHMETIC = {
-    "+": _arith("+", lambda a, b: a + b, lambda a, b: a + b),
-    "-": _arith("-", lambda a, b: a - b, lambda a, b: a - b),
-    "*": _arith("*", lambda a, b: a * b, lambda a, b: a * b),
-    "/": _arith("/", _int_div, _float_div),
-    "%": _arith("%", lambda a, b: a - b * _int_div(a, b), _float_mod),
-}
-
-
-def _negate(v: Any) -> Any:
-    if v is None:
-        return None
-    if _kind(v) in (3, 6):
-        return -v
-    raise EvaluationError(f"cannot negate {_type_name(v)}")
-
-
-def _plus(v: Any) -> Any:
-    if v is None or _kind(v) in (3, 6):
-        return v
-    raise EvaluationError(f"unary + needs a number, not {_type_name(v)}")

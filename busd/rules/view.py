@@ -248,5 +248,5 @@ def _sql_value(v: Any) -> Any:
     if isinstance(v, (str, uuid.UUID, bytes)):
         return v
     if isinstance(v, (Described, AmqpDecimal, list, dict)):
-        return v  # compared only for equality with itself (sql._kind 7)
+        return v  # compared only for equality with itself (sql_values._kind 7)
     raise EvaluationError(f"unsupported application-property value {v!r}")

@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from busd.entity_properties import BY_NAME, format_duration
+from busd.entity_properties import BY_NAME
 from busd.entity_tools import (
     CORRELATION_FIELDS,
     AtomClient,
@@ -20,6 +20,7 @@ from busd.entity_tools import (
     entry_document,
     rule_document,
 )
+from busd.property_types import format_duration
 from busd.tools import EXIT_NOT_FOUND, ToolError
 
 DEFAULT_RULE = "$Default"

@@ -37,8 +37,8 @@ from azure.servicebus.management._utils import (
     serialize_rule_key_values,
 )
 
-from busd.entity_properties import UNBOUNDED
 from busd.http import atom_xml as ax
+from busd.property_types import UNBOUNDED, format_duration
 
 URL = "https://localhost:5300"
 
@@ -48,13 +48,13 @@ def _parse(data: bytes) -> ET.Element:
 
 
 def test_durations_round_trip_in_the_service_spelling():
-    assert ax.format_duration(60_000) == "PT1M"
-    assert ax.format_duration(30_000) == "PT30S"
-    assert ax.format_duration(14 * 86_400_000) == "P14D"
-    assert ax.format_duration(500) == "PT0.5S"
-    assert ax.format_duration(None) == UNBOUNDED
-    assert ax.format_duration(0) == "PT0S"
-    assert ax.format_duration(90_061_001) == "P1DT1H1M1.001S"
+    assert format_duration(60_000) == "PT1M"
+    assert format_duration(30_000) == "PT30S"
+    assert format_duration(14 * 86_400_000) == "P14D"
+    assert format_duration(500) == "PT0.5S"
+    assert format_duration(None) == UNBOUNDED
+    assert format_duration(0) == "PT0S"
+    assert format_duration(90_061_001) == "P1DT1H1M1.001S"
 
 
 def test_a_queue_entry_reads_back_in_the_sdk_with_every_value():
