@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from busd import __version__
 from busd.auth.sas import verify_sas_token
-from busd.cli import EXIT_CONFIG, cli
+from busd.cli import cli
+from busd.command_exits import EXIT_CONFIG
 
 
 def run(*args, env=None):

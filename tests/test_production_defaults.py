@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from busd.cli import EXIT_STARTUP
+from busd.command_exits import EXIT_STARTUP
 from busd.cpu_quota import quota_cpus, usable_cores
 from busd.exposure import default_key_warning, is_loopback
 
@@ -154,6 +154,6 @@ def test_unreadable_or_odd_files_are_no_limit(tmp_path):
 
 def test_workers_auto_resolves_through_the_quota():
     """The command line's `auto` is the quota-aware count (the host's real cgroup here)."""
-    from busd.cli import COUNT_OR_AUTO
+    from busd.serve_options import COUNT_OR_AUTO
 
     assert COUNT_OR_AUTO.convert("auto", None, None) == usable_cores()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from busd.cli import EXIT_STARTUP
+from busd.command_exits import EXIT_STARTUP
 from busd.server import READY_LINE
 from tests.conftest import free_port
 

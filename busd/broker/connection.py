@@ -10,13 +10,15 @@ finishes its store work in the order the client sent it (`LinkEndpoint.finish`);
 the detach, end or close answered. So a client that completes messages and detaches in one
 burst has its completions stored before the session is released, and may accept the same
 session again as soon as it hears the answer.
+
+What the client's open and attach carry is read in busd.broker.client_frames; the connection's
+CBS grants and token expiry are its `TokenGrants` half (busd.broker.token_grants).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,9 +27,8 @@ from proton import Condition, Endpoint, Link
 
 from busd.allocator import trim_soon
 from busd.amqp import engine
-from busd.amqp.types import CodecError
-from busd.auth.rights import Grant, allows, missing_claim
-from busd.broker.limits import MAX_NAME_LENGTH, Buffers
+from busd.broker.client_frames import _read_attach, _read_open
+from busd.broker.limits import Buffers
 from busd.broker.links import (
     LinkEndpoint,
     LinkRegistry,
@@ -35,13 +36,15 @@ from busd.broker.links import (
     refuse_link,
 )
 from busd.broker.namespaces import namespace_of_host
-from busd.broker.routing import Attach, make_endpoint
+from busd.broker.routing import make_endpoint
+from busd.broker.token_grants import TokenGrants
 from busd.broker.transactions import TransactionScope
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
 
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol
+    from busd.auth.rights import Grant
     from busd.broker.broker import Broker
     from busd.broker.links import BrokerScope
     from busd.broker.namespaces import Namespaces
@@ -51,9 +54,6 @@ log = logging.getLogger("busd.broker")
 # Bytes the engine may buffer per session for incoming transfers: keeps the session's
 # incoming window open for clients that pipeline many transfers (docs/wire.md §1.4).
 SESSION_INCOMING_CAPACITY = 64 * 1024 * 1024
-
-# A token's expiry is in whole seconds: links are detached this long after it.
-EXPIRY_SLACK_S = 0.05
 
 # Every connection handler still in memory (open, or closed and not yet freed): the census
 # behind the busd_connection_objects gauge, which shows a connection that is never freed.
@@ -72,7 +72,7 @@ def kept_endpoints() -> tuple[int, int]:
     return sessions, links
 
 
-class ConnectionHandler:
+class ConnectionHandler(TokenGrants):
     """Connection scope: the proton connection, its CBS grants and its links."""
 
     def __init__(
@@ -480,132 +480,6 @@ class ConnectionHandler:
         conn = self.proto.connection
         return _chain_length(conn.session_head(0)), _chain_length(conn.link_head(0))
 
-    # --- authorisation (docs/wire.md §3.5) --------------------------------------------------
-    def bind(self, broker: BrokerScope) -> bool:
-        """Serve `broker`'s namespace from now on; False when a token already bound the
-        connection to another one (a connection serves one namespace for its life)."""
-        if self._bound:
-            return broker is self.broker
-        self._bound = True
-        self.broker = broker
-        self.transactions.broker = broker  # none declared yet: that needs a grant
-        if self.namespaces is not None:
-            self.namespaces.hold(broker)
-        return True
-
-    def grant(self, grant: Grant) -> None:
-        """A verified token: it replaces the one put before for the same audience (a refresh).
-        The first one counts the connection among the authenticated ones, if the cap allows."""
-        if not self._authenticated:
-            if self._closed or self._at_connection_cap():
-                return
-            self._authenticated = True
-            self.home.authenticated_connections += 1
-            self.proto.authenticated()
-        self.grants[grant.audience.lower()] = grant
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-            self._auth_timer = None
-        self._arm_expiry()
-
-    def authorize(self, entity_path: str, right: str | None) -> None:
-        """Raise unless a live CBS token of this connection covers `entity_path` with `right`
-        (None: any right)."""
-        now = time.time()
-        covering = [g for g in self.grants.values() if g.expiry > now and g.covers(entity_path)]
-        if any(allows(g.claims, right) for g in covering):
-            return
-        if covering:
-            reason = f"Unauthorized access to '{entity_path}': {missing_claim(right)}."
-        else:
-            reason = (
-                f"Unauthorized access to '{entity_path}': put a valid token for it on $cbs first."
-            )
-        raise BusdError(Cond.UNAUTHORIZED, reason)
-
-    def _arm_expiry(self) -> None:
-        """One timer per connection, at its earliest token expiry: a refresh that moves the
-        expiry later costs one wake-up that finds nothing to do."""
-        if not self.grants:
-            return
-        earliest = min(g.expiry for g in self.grants.values())
-        if self._expiry_timer is not None:
-            if self._expiry_at <= earliest:
-                return
-            self._expiry_timer.cancel()
-        self._expiry_at = earliest
-        self._expiry_timer = asyncio.get_running_loop().call_later(
-            max(0.0, earliest - time.time()) + EXPIRY_SLACK_S, self._expire
-        )
-
-    def _expire(self) -> None:
-        """Tokens lapsed: forget them, and detach the links no live token covers any more with
-        `amqp:unauthorized-access`, as Service Bus does."""
-        self._expiry_timer = None
-        now = time.time()
-        self.grants = {a: g for a, g in self.grants.items() if g.expiry > now}
-        for endpoint in self.links:
-            if endpoint.needs is None or endpoint.detached:
-                continue
-            entity_path, right = endpoint.needs
-            try:
-                self.authorize(entity_path, right)
-            except BusdError:
-                log.info(
-                    "connection %s: token for '%s' expired: detaching link %s",
-                    self.proto.peer,
-                    entity_path,
-                    endpoint.link.name,
-                )
-                error = BusdError(
-                    Cond.UNAUTHORIZED,
-                    f"The token for '{entity_path}' expired: put a new one on $cbs "
-                    "before it expires to keep links open.",
-                )
-                if endpoint.link.state & Endpoint.LOCAL_UNINIT:  # attach not answered yet
-                    self.refuse(endpoint, error)
-                else:
-                    self.detach(endpoint, amqp_condition(error, triple=False))
-        self._arm_expiry()
-        self.proto.kick()
-
-    def _disarm_expiry(self) -> None:
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
-
-
-def _name(value_of: Callable[[], str | None] | str | None, what: str) -> str | None:
-    """A name the client gave, decoded: refused when it is not UTF-8 or too long."""
-    try:
-        value = value_of() if callable(value_of) else value_of
-    except UnicodeDecodeError:
-        raise BusdError(Cond.INVALID_FIELD, f"The {what} is not valid UTF-8.") from None
-    if value is not None and len(value) > MAX_NAME_LENGTH:
-        raise BusdError(
-            Cond.INVALID_FIELD, f"The {what} is longer than {MAX_NAME_LENGTH} characters."
-        )
-    return value
-
-
-def _read_open(conn) -> tuple[str | None, str | None]:
-    """The (container-id, hostname) of the client's open, decoded once with the rest of its
-    fields: each must be text busd can log and use (docs/design.md §3.12)."""
-    container = _name(lambda: conn.remote_container, "container-id")
-    hostname = _name(lambda: conn.remote_hostname, "hostname")
-    for what, value_of in (
-        ("properties", lambda: conn.remote_properties),
-        ("offered capabilities", lambda: conn.remote_offered_capabilities),
-        ("desired capabilities", lambda: conn.remote_desired_capabilities),
-    ):
-        try:
-            value_of()
-        except Exception:  # not UTF-8, or a value proton cannot decode
-            raise BusdError(
-                Cond.INVALID_FIELD, f"The open's {what} cannot be decoded (not valid UTF-8?)."
-            ) from None
-    return container, hostname
-
 
 def _chain_length(endpoint) -> int:
     """How many sessions or links proton's list holds from `endpoint`, its head (0: any
@@ -615,29 +489,3 @@ def _chain_length(endpoint) -> int:
         count += 1
         endpoint = endpoint.next(0)
     return count
-
-
-def _read_attach(link: Any) -> Attach:
-    """What routing reads of an attach (a raw pn_link_t), decoded once on proton's engine: the
-    link's name and addresses must be text busd can log and route, and its properties and
-    source filter must decode (docs/wire.md §2)."""
-    _name(lambda: engine.link_name(link), "link name")
-    source_address = _name(lambda: engine.remote_address(link, source=True), "source address")
-    target_address = _name(lambda: engine.remote_address(link, source=False), "target address")
-    # routing reads them (com.microsoft:timeout): their text must decode too
-    try:
-        properties = engine.remote_properties(link)
-    except CodecError:
-        raise BusdError(
-            Cond.INVALID_FIELD, "The link's properties map cannot be decoded (not valid UTF-8?)."
-        ) from None
-    try:
-        source_filter = engine.remote_source_filter(link)
-    except CodecError:  # as no filter: routing refuses a session receiver without one
-        source_filter = None
-    return Attach(
-        source_address,
-        target_address,
-        properties if isinstance(properties, dict) else {},
-        source_filter if isinstance(source_filter, dict) else None,
-    )
