@@ -164,7 +164,6 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self.faults.stop()
         await self.forwarding.stop()
         await self.catalog.stop()
         await self.store.close()

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import Any, Protocol
 
 from busd.auth.rights import rule_keys
 from busd.entities import (
@@ -47,6 +48,17 @@ log = logging.getLogger("busd.broker")
 Listener = Callable[[Entity | None, Entity | None], None]
 
 
+class RecordFollower(Protocol):
+    """Follows the catalog's records of a kind that is no entity (a fault on demand's): read
+    and announced with the entities', from the one subscription to the catalog's changes."""
+
+    def replace(self, records: dict[str, dict[str, Any]]) -> None:
+        """Every record of the kind, by path (at a reload)."""
+
+    def changed(self, path: str, record: dict[str, Any] | None) -> None:
+        """One record was written (None: deleted)."""
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -63,6 +75,7 @@ class Catalog:
         # each put-token: kept here so that needs no store call and follows every change
         self._access_keys: dict[str, tuple[Mapping[str, str], ...]] = {}
         self._listeners: list[Listener] = []
+        self._followers: dict[str, RecordFollower] = {}  # record kind -> its follower
         self._dirty: set[str | None] = set()  # catalog fields to read again; None: all
         self._worker: asyncio.Task[None] | None = None
 
@@ -81,14 +94,25 @@ class Catalog:
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def follow_records(self, kind: str, follower: RecordFollower) -> None:
+        """`follower` hears of every record of `kind` from now (what is stored already: its
+        own read, or the next reload)."""
+        self._followers[kind] = follower
+
     async def reload(self) -> None:
         records = await self.store.catalog_all()
         fresh: dict[tuple[str, str], Entity] = {}
+        followed: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in self._followers}
         for name, record in records.items():
             kind, _, path = name.partition(":")
+            if kind in followed:
+                followed[kind][path] = record
+                continue
             entity = self._parse(kind, path, record)
             if entity is not None:
                 fresh[(kind, path)] = entity
+        for kind, of_kind in followed.items():
+            self._followers[kind].replace(of_kind)
         old, self._entities = self._entities, fresh
         self._index()
         for key in old.keys() | fresh.keys():
@@ -366,6 +390,10 @@ class Catalog:
 
     async def _read_one(self, kind: str, path: str) -> None:
         record = await self.store.catalog_get(kind, path)
+        follower = self._followers.get(kind)
+        if follower is not None:
+            follower.changed(path, record)
+            return
         self._apply(kind, path, None if record is None else self._parse(kind, path, record))
 
     async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:

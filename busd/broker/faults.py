@@ -2,8 +2,9 @@
 
 A fault is scoped to one entity (a queue, topic or subscription; optionally one of its
 sessions) and lasts a count of hits or a time window. Its record is a catalog record of kind
-`fault` (the catalog itself ignores that kind): written by the process that served the admin
-request, announced over the catalog's channel to every process, which keeps its own copy here.
+`fault` (which the catalog reads for this module, busd.broker.catalog.RecordFollower): written
+by the process that served the admin request, announced over the catalog's channel to every
+process, which keeps its own copy here.
 A fault with a count counts its hits in the store (`Store.fault_hit`), so the count holds for
 all workers together; the process that makes the last hit deletes the record.
 
@@ -224,25 +225,23 @@ class Faults:
         # faults applied once here already, until their window ends: never applied again
         self._applied: set[str] = set()
         self.active = False  # the hot path's one check
-        self._dirty: set[str | None] = set()
-        self._worker: asyncio.Task[None] | None = None
 
     # --- following the store ----------------------------------------------------------------
+    # The faults are catalog records of their own kind: the catalog reads each change of one
+    # and hands it here (busd.broker.catalog.RecordFollower).
     async def start(self) -> None:
-        await self.store.catalog_subscribe(self._changed)
+        self.broker.catalog.follow_records(RECORD_KIND, self)
         await self.reload()
-
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
 
     async def reload(self) -> None:
         records = await self.store.catalog_all()
+        prefix = RECORD_KIND + ":"
+        self.replace({n[len(prefix) :]: r for n, r in records.items() if n.startswith(prefix)})
+
+    def replace(self, records: dict[str, dict[str, Any]]) -> None:
         fresh = {}
-        for name, record in records.items():
-            kind, _, fault_id = name.partition(":")
-            fault = _from_record(record) if kind == RECORD_KIND else None
+        for fault_id, record in records.items():
+            fault = _from_record(record)
             if fault is not None:
                 fresh[fault_id] = fault
         for gone in set(self._faults) - set(fresh):
@@ -250,34 +249,12 @@ class Faults:
         for fault in fresh.values():
             self._add(fault)
 
-    def _changed(self, name: str | None) -> None:
-        if name is not None and not name.startswith(RECORD_KIND + ":"):
-            return
-        self._dirty.add(name)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(
-                self._follow(), name="busd-faults-follow"
-            )
-
-    async def _follow(self) -> None:
-        while self._dirty:
-            name = self._dirty.pop()
-            try:
-                if name is None:
-                    self._dirty.clear()
-                    await self.reload()
-                    continue
-                fault_id = name.partition(":")[2]
-                record = await self.store.catalog_get(RECORD_KIND, fault_id)
-                fault = None if record is None else _from_record(record)
-                if fault is None:
-                    self._remove(fault_id)
-                else:
-                    self._add(fault)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the store is away: the sweep tick reads them again
-                log.warning("reading the faults on demand failed: %s", exc)
+    def changed(self, path: str, record: dict[str, Any] | None) -> None:
+        fault = None if record is None else _from_record(record)
+        if fault is None:
+            self._remove(path)
+        else:
+            self._add(fault)
 
     def _add(self, fault: Fault) -> None:
         if fault.id in self._faults or not fault.live(_now_ms()):
