@@ -47,7 +47,8 @@ SYSTEM_PROPERTIES = {
 }
 SYSTEM_PROPERTIES["subject"] = "Label"
 # What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
-# accepted and have no effect (Service Bus ignores the first; busd has no partitions).
+# accepted and have no effect (Service Bus ignores the first; a message's partition is
+# chosen when it is published, before any action runs).
 SETTABLE_SYSTEM_PROPERTIES = frozenset(
     (
         "MessageId",
