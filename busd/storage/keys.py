@@ -42,6 +42,10 @@ from binascii import crc_hqx
 # Logical key names and what each holds. Scripts refer to keys only through these names (in
 # their headers); the loader turns a header's list into KEYS.
 KEY_DOC: dict[str, str] = {
+    # not a key: what a script is passed for a queue context (`context_key`)
+    "ctx": "the prefix a queue's (or subscription's) keys share, `{<tag>}:` or "
+    "`{<tag>}:s:<subscription>:`: a `Context: queue` script is passed it alone and names "
+    "the keys of QUEUE_KEYS from it (includes/queueKeys.lua); nothing is stored under it",
     # queue-wide
     "seq": "string: last sequence number given out (queue and dead-letter queue share it)",
     "dedup": "zset: message-id -> ms first seen (duplicate detection); on a Redis Cluster also "
@@ -148,6 +152,9 @@ QUEUE_KEYS: tuple[str, ...] = (
 )
 
 
+# The one key a queue context is passed (`context_key`), whatever QUEUE_KEYS holds.
+QUEUE_CONTEXT = "ctx"
+
 # A topic's own keys, in the order of includes/topicContext.lua.
 TOPIC_KEYS: tuple[str, ...] = ("seq", "dedup", "subs", "tstats")
 # Keys a subscription shares with its topic (see the module docstring).
@@ -218,13 +225,38 @@ def hash_tag(prefix: str, entity: str) -> str:
 
 def key(prefix: str, entity: str, name: str, subscription: str | None = None) -> str:
     """The Redis key of one logical key name of a queue or topic (`entity`), or of the topic's
-    `subscription`."""
+    `subscription`; for QUEUE_CONTEXT, the `context_key`."""
     base = name.split(".", 1)[-1]
     if base not in KEY_DOC:
         raise KeyError(f"unknown key name {name!r}")
+    if name == QUEUE_CONTEXT:
+        return context_key(prefix, entity, subscription)
     if subscription is None or name in SHARED_WITH_TOPIC:
         return f"{hash_tag(prefix, entity)}:{name}"
     return f"{hash_tag(prefix, entity)}:s:{subscription}:{name}"
+
+
+def context_key(prefix: str, entity: str, subscription: str | None = None) -> str:
+    """What a script is passed for the queue context of a queue (or of a topic's
+    `subscription`): the prefix every key of QUEUE_KEYS starts with, but `seq` and `dedup`
+    of a subscription, which are its topic's (`{<tag>}:`, the part up to the tag's `}:`).
+    Its hash tag routes the call on a Cluster."""
+    if subscription is None:
+        return f"{hash_tag(prefix, entity)}:"
+    return f"{hash_tag(prefix, entity)}:s:{subscription}:"
+
+
+@functools.lru_cache(maxsize=4096)
+def context_expansion(context: bytes) -> tuple[bytes, ...]:
+    """The keys of QUEUE_KEYS that a `context_key` stands for, as includes/queueKeys.lua names
+    them. A Cluster is passed them too, after the call's own keys, unread by the script: a
+    slot being migrated then refuses the call up front when some of them have moved (its
+    keys are checked before it runs), where a script that named keys it was not passed would
+    find some gone midway."""
+    tag = context[: context.index(b"}:") + 2]
+    return tuple(
+        (tag if name in SHARED_WITH_TOPIC else context) + name.encode() for name in QUEUE_KEYS
+    )
 
 
 def keys(

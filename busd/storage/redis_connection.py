@@ -319,7 +319,7 @@ class RedisConnection:
         if cached is None:
             assert self._scripts is not None
             names = self._scripts.sources[script].key_names
-            # Encoded once: every call sends the queue's whole key set.
+            # Encoded once per script and queue.
             cached = self._keys[(script, scope)] = [
                 k.encode() for k in keyspace.keys(self.prefix, scope[0], names, scope[1])
             ]
@@ -358,6 +358,9 @@ class RedisConnection:
     async def _call(self, scripts: Scripts, script: str, keys: list[bytes], args: list[Any]) -> Any:
         """One script call in its turn (the call limiter), the store's unavailability
         raised as StoreUnavailable."""
+        if not self.cross_slot_transactions:  # a Cluster: see keyspace.context_expansion
+            expand = keyspace.context_expansion
+            keys = keys + [k for c in keys if c.endswith(b":") for k in expand(c)]
         await self._acquire()
         try:
             return await scripts.run(script, keys, args)

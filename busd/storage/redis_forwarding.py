@@ -75,10 +75,7 @@ class ForwardingCalls(RedisConnection):
         if destination.queue is not None:
             queue = destination.queue
             entity_name, subscription = queue.key_scope
-            keys += [
-                k.encode()
-                for k in keyspace.keys(self.prefix, entity_name, keyspace.QUEUE_KEYS, subscription)
-            ]
+            keys.append(keyspace.context_key(self.prefix, entity_name, subscription).encode())
             args += [
                 "q",
                 *self._queue_args(queue),

@@ -1,12 +1,13 @@
 """Loads the Lua scripts: one file per atomic state transition.
 
 A script that works on a queue says so once in its header, `Context: queue`: it takes the
-queue's whole key set (`busd.storage.keys.QUEUE_KEYS`, in that order) and the QUEUE_ARGC
+queue's context key (`busd.storage.keys.context_key`, from which
+`lua/includes/queueKeys.lua` names the keys of `QUEUE_KEYS`) and the QUEUE_ARGC
 parameters of `lua/includes/queueContext.lua` first (`QUEUE_ARGC` below is read from there;
 a header writes it `c`, the script's own arguments starting at `ARGV[c+1]`), and its file is
 `lua/<verbNoun>.lua`. A script that works on a topic says `Context: topic`: it takes the
 topic's keys (`TOPIC_KEYS`, `lua/includes/topicContext.lua`) and then, for each subscription
-the call names, that subscription's whole queue key set, in the call's order (the number
+the call names, that subscription's context key, in the call's order (the number
 varies by call). The few scripts that list their own keys are `lua/<verbNoun>-<N>.lua`, N
 being the number of KEYS, and their header lists each key as `KEYS[i]  <name>` with the
 logical names of `busd.storage.keys`. Either way the loader builds each call's KEYS from the
@@ -34,7 +35,13 @@ from redis.asyncio import Redis as PlainRedis
 from redis.exceptions import ResponseError
 
 from busd.storage.cluster import ShardPipelines
-from busd.storage.keys import QUEUE_KEYS, TOPIC_KEYS, TRANSACTION_KEYS
+from busd.storage.keys import (
+    QUEUE_CONTEXT,
+    QUEUE_KEYS,
+    SHARED_WITH_TOPIC,
+    TOPIC_KEYS,
+    TRANSACTION_KEYS,
+)
 from busd.storage.pipeline import DURABILITY, PipelinedConnection, bulk, encode, resp_command
 
 if TYPE_CHECKING:
@@ -50,18 +57,24 @@ _CONTEXT = re.compile(r"^\s*Context:\s*(?P<name>\w+)\s*$", re.M)
 # `transaction`: the via entity's staged transactions; the caller adds the contexts of the
 # queues and topics the transaction names after them (lua/commitTransaction.lua).
 CONTEXTS: dict[str, tuple[str, ...]] = {
-    "queue": QUEUE_KEYS,
+    "queue": (QUEUE_CONTEXT,),
     "topic": TOPIC_KEYS,
     "transaction": TRANSACTION_KEYS,
 }
 # The keys a context repeats once per subscription named by the call.
-PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {"queue": (), "topic": QUEUE_KEYS, "transaction": ()}
+PER_SUBSCRIPTION: dict[str, tuple[str, ...]] = {
+    "queue": (),
+    "topic": (QUEUE_CONTEXT,),
+    "transaction": (),
+}
 _INCLUDE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z]+)"\s*$')
 SHEBANG = "#!lua\n"
 _HEADER_KEY = re.compile(r"^\s*KEYS\[(?P<index>\d+)\]\s+(?P<name>\S+)")
 _CONTEXT_ARG = re.compile(r"ARGV\[ab \+ (?P<index>\d+)\]")
 _CONTEXT_KEY = re.compile(r"KEYS\[kb \+ (?P<index>\d+)\]")
-QUEUE_CONTEXT = INCLUDE_DIR / "queueContext.lua"
+QUEUE_CONTEXT_LUA = INCLUDE_DIR / "queueContext.lua"
+QUEUE_KEY_NAMES_LUA = INCLUDE_DIR / "queueKeys.lua"
+_NAMED_KEY = re.compile(r"\b(?P<kind>[kt])\('(?P<name>[a-z.]+)'\)")
 TOPIC_CONTEXT = INCLUDE_DIR / "topicContext.lua"
 
 
@@ -85,22 +98,32 @@ def read_context_width(path: Path, name: str, reads: re.Pattern[str], what: str)
     return width
 
 
-def read_queue_argc(path: Path = QUEUE_CONTEXT) -> int:
+def read_queue_argc(path: Path = QUEUE_CONTEXT_LUA) -> int:
     """The number of a queue context's parameters, as lua/includes/queueContext.lua declares
     it (`local QUEUE_ARGC = <n>`) and its function reads them (ARGV[ab+1 .. ab+n])."""
     return read_context_width(path, "QUEUE_ARGC", _CONTEXT_ARG, "ARGV[ab+i]")
 
 
-def read_queue_keyc(path: Path = QUEUE_CONTEXT) -> int:
+def read_queue_keyc(path: Path = QUEUE_CONTEXT_LUA, names: Path = QUEUE_KEY_NAMES_LUA) -> int:
     """The number of a queue context's keys, as lua/includes/queueContext.lua declares it
-    (`local QUEUE_KEYC = <n>`) and its function reads them (KEYS[kb+1 .. kb+n]): the length
-    of QUEUE_KEYS, which the loader passes in its place."""
+    (`local QUEUE_KEYC = <n>`) and its function reads them (KEYS[kb+1 .. kb+n]): the one
+    key of CONTEXTS["queue"], which the loader passes. The names lua/includes/queueKeys.lua
+    builds from it are checked too: each of QUEUE_KEYS once, those shared with a
+    subscription's topic (`t(...)`) exactly SHARED_WITH_TOPIC."""
     keyc = read_context_width(path, "QUEUE_KEYC", _CONTEXT_KEY, "KEYS[kb+i]")
-    if keyc != len(QUEUE_KEYS):
+    if keyc != len(CONTEXTS["queue"]):
         raise ScriptError(
-            f"{path.name}: QUEUE_KEYC is {keyc}, busd.storage.keys.QUEUE_KEYS "
-            f"has {len(QUEUE_KEYS)} keys"
+            f"{path.name}: QUEUE_KEYC is {keyc}, a queue context is passed "
+            f"{len(CONTEXTS['queue'])} key"
         )
+    built = [(m["kind"], m["name"]) for m in _NAMED_KEY.finditer(names.read_text())]
+    if sorted(n for _, n in built) != sorted(QUEUE_KEYS):
+        raise ScriptError(
+            f"{names.name}: names {sorted(n for _, n in built)}, busd.storage.keys.QUEUE_KEYS "
+            f"has {sorted(QUEUE_KEYS)}"
+        )
+    if {n for kind, n in built if kind == "t"} != SHARED_WITH_TOPIC:
+        raise ScriptError(f"{names.name}: the topic's own names are not {set(SHARED_WITH_TOPIC)}")
     return keyc
 
 
@@ -120,7 +143,7 @@ def read_topic_keyc(path: Path = TOPIC_CONTEXT) -> int:
 # What a `Context: queue` script takes after the queue's keys, before its own arguments; the
 # store's queue_context_args (busd/storage/redis_connection.py) builds them.
 QUEUE_ARGC = read_queue_argc()
-# How many keys a queue context is: a script finds the keys it takes after one from there.
+# How many keys a queue context is (one): a script finds the keys it takes after one from there.
 QUEUE_KEYC = read_queue_keyc()
 # How many keys a topic's own context is, before its subscriptions' queue contexts.
 TOPIC_KEYC = read_topic_keyc()

@@ -15,6 +15,7 @@ from busd.storage.scripts import (
     header_of,
     load_sources,
     read_source,
+    resolve_includes,
 )
 
 SOURCES = load_sources()
@@ -39,8 +40,7 @@ def test_a_script_with_the_queue_context_declares_it_once(name):
     src = SOURCES[name]
     raw = src.path.read_text()
     assert src.path.name == f"{name}.lua"  # no key count: the context says what it takes
-    assert src.key_names == CONTEXTS[src.context]
-    assert src.key_names[: len(keyspace.QUEUE_KEYS)] == keyspace.QUEUE_KEYS
+    assert src.key_names == CONTEXTS[src.context] == (keyspace.QUEUE_CONTEXT,)
     assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)  # not listed again
     assert "queueContext(0, 0)" in raw
     # the script's own body reaches keys only through the context
@@ -53,11 +53,10 @@ def test_a_script_with_the_topic_context_declares_it_once(name):
     raw = src.path.read_text()
     assert src.path.name == f"{name}.lua"
     assert src.key_names == keyspace.TOPIC_KEYS
-    assert src.per_subscription == keyspace.QUEUE_KEYS
+    assert src.per_subscription == (keyspace.QUEUE_CONTEXT,)
     assert not re.search(r"^\s*KEYS\[\d+\]", header_of(raw), re.M)
     assert "topicContext()" in raw
-    # subscription contexts follow the topic's keys (TOPIC_KEYC of them), each a whole queue
-    # key set
+    # subscription contexts follow the topic's keys (TOPIC_KEYC of them), each one key
     for offset in re.findall(r"queueContext\((.*?),", raw):
         assert offset.startswith("TOPIC_KEYC + "), offset
 
@@ -110,14 +109,39 @@ def test_header_key_names_are_known_key_names(name):
         keyspace.key("p", "q", key_name)  # raises on an unknown name
 
 
-def test_queue_context_maps_keys_in_the_queue_key_order():
-    text = (INCLUDE_DIR / "queueContext.lua").read_text()
-    pairs = re.findall(r"(\w+) = KEYS\[kb \+ (\d+)\]", text)
-    in_order = [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))]
-    expected = [n.split(".")[-1] for n in keyspace.QUEUE_KEYS]
-    assert in_order == expected
-    indexes = sorted(int(i) for _, i in pairs)
-    assert indexes == list(range(1, len(keyspace.QUEUE_KEYS) + 1))
+# What includes/queueKeys.lua names from a context's one key, as a script reads them.
+NAMES_OF = (
+    resolve_includes('--- @include "queueKeys"')
+    + """
+local names = queueKeys(KEYS[1]).__index
+local out = {}
+for _, n in ipairs(ARGV) do
+  local entity, name = string.match(n, '^([qd])%.(.+)$')
+  if entity then out[#out + 1] = names[entity][name] else out[#out + 1] = names[n] end
+end
+return out
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "entity, subscription",
+    [("orders/eu", None), ("orders/eu", "s1"), ("orders:3/16", None), ("orders:3/16", "s1")],
+)
+def test_the_keys_a_script_names_from_the_context_key_are_the_stores_keys(
+    redis_url, entity, subscription
+):
+    """A script is passed one key per queue context and names the queue's keys from it: the
+    names are exactly busd.storage.keys' (a subscription's `seq` and `dedup` its topic's;
+    a partition's under its even-layout tag)."""
+    import redis
+
+    context = keyspace.context_key("busd", entity, subscription)
+    with redis.Redis.from_url(redis_url) as client:
+        named = client.eval(NAMES_OF, 1, context, *keyspace.QUEUE_KEYS)
+    expected = keyspace.keys("busd", entity, keyspace.QUEUE_KEYS, subscription)
+    assert [n.decode() for n in named] == expected
+    assert keyspace.key("busd", entity, keyspace.QUEUE_CONTEXT, subscription) == context
 
 
 def test_a_script_naming_an_unknown_context_is_refused(tmp_path):
@@ -189,27 +213,34 @@ def test_a_queue_context_whose_width_disagrees_with_what_it_reads_is_refused(tmp
 def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tmp_path):
     from busd.storage.scripts import QUEUE_KEYC, ScriptError, read_queue_keyc
 
-    assert QUEUE_KEYC == len(keyspace.QUEUE_KEYS)
+    assert QUEUE_KEYC == 1  # the context key; includes/queueKeys.lua names the rest
     for name, src in SOURCES.items():
         # a key after a queue context is found from QUEUE_KEYC, never by number
         body = re.sub(r"--.*", "", src.path.read_text().split("]]", 1)[1])
         assert not re.search(
             r"\b(catalogKey|queueContext|topicContext)\(0*[1-9]\d*\s*[,)]", body
         ), name
-        assert not re.search(rf"\b{QUEUE_KEYC}\b|\b{QUEUE_KEYC + 1}\b", body), name
     text = (INCLUDE_DIR / "queueContext.lua").read_text()
     bad = tmp_path / "queueContext.lua"
-    # one key more than the context reads, or a context that disagrees with QUEUE_KEYS
+    # one key more than the context reads, or none declared
     bad.write_text(re.sub(r"local QUEUE_KEYC = \d+", f"local QUEUE_KEYC = {QUEUE_KEYC + 1}", text))
     with pytest.raises(ScriptError):
         read_queue_keyc(bad)
     bad.write_text(re.sub(r"local QUEUE_KEYC = \d+\n", "", text))
     with pytest.raises(ScriptError):
         read_queue_keyc(bad)
-    fewer = re.sub(rf",?\s*\w+ = KEYS\[kb \+ {QUEUE_KEYC}\]", "", text)  # the last key
-    bad.write_text(re.sub(r"local QUEUE_KEYC = \d+", f"local QUEUE_KEYC = {QUEUE_KEYC - 1}", fewer))
+    # the names built from it: one missing, or one of the queue's own taken as the topic's
+    names = (INCLUDE_DIR / "queueKeys.lua").read_text()
+    good = tmp_path / "queueContextGood.lua"
+    good.write_text(text)
+    bad_names = tmp_path / "queueKeys.lua"
+    bad_names.write_text(names.replace(" sactive = k('sactive'),", ""))
     with pytest.raises(ScriptError, match="QUEUE_KEYS"):
-        read_queue_keyc(bad)
+        read_queue_keyc(good, bad_names)
+    bad_names.write_text(names.replace("k('sfree')", "t('sfree')"))
+    with pytest.raises(ScriptError, match="topic"):
+        read_queue_keyc(good, bad_names)
+    assert read_queue_keyc(good, INCLUDE_DIR / "queueKeys.lua") == 1
 
 
 def test_the_topic_context_width_is_declared_once_and_matches_the_key_set(tmp_path):

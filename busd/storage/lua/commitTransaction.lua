@@ -30,8 +30,9 @@
 
   Input:
     KEYS      the via entity's staged transactions (txns, txops), then one queue context
-              (busd.storage.keys.QUEUE_KEYS) per queue-like entity in the order of ARGV, then
-              per topic its topic context (TOPIC_KEYS, then one queue context per subscription)
+              (its key, busd.storage.keys.context_key) per queue-like entity in the order of
+              ARGV, then per topic its topic context (TOPIC_KEYS, then one queue context per
+              subscription)
               (built by the store: the loader knows the via entity's keys only)
     ARGV[1]   transaction id
     ARGV[2]   number of queue-like entities (queues, subscriptions) the transaction names
