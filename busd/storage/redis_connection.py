@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, StoreUnavailable, WakeCallback
 from busd.storage.call_limiter import CALL_WAIT_S, CallLimiter
+from busd.storage.coalesce import Coalescer
 from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import as_text
 from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
@@ -174,6 +175,8 @@ class RedisConnection:
         self._keys: dict[tuple[str, tuple[str, str | None]], list[bytes]] = {}
         self._topic_key_cache: dict[tuple[str, str, tuple[str, ...]], list[bytes]] = {}
         self._listeners: list[asyncio.Task[None]] = []  # one per subscribe() call
+        # calls of one kind on one entity made together while one is in flight (settle)
+        self._coalesced: Coalescer[Any, Any] = Coalescer()
         self.cross_slot_transactions = parse_cluster_url(url) is None
 
     # --- lifecycle -----------------------------------------------------------------------

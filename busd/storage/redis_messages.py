@@ -147,8 +147,19 @@ class MessageCalls(RedisConnection):
     ) -> list[Condition | None]:
         if not settlements:
             return []
-        args: list[Any] = [entity_kind(entity), optional_arg(holder)]
-        for s in settlements:
+        # with the settlements of other links of the entity that come while one call of them
+        # is in flight (busd/storage/coalesce.py)
+        return await self._coalesced.call(
+            ("settle", entity.key_scope, entity.dlq),
+            [(s, holder) for s in settlements],
+            lambda items: self._settle(entity, items),
+        )
+
+    async def _settle(
+        self, entity: QueueSpec, items: list[tuple[Settlement, str | None]]
+    ) -> list[Condition | None]:
+        args: list[Any] = [entity_kind(entity)]
+        for s, holder in items:
             args += [
                 s.token,
                 s.outcome.value,
@@ -156,6 +167,7 @@ class MessageCalls(RedisConnection):
                 optional_arg(s.dead_letter_reason),
                 optional_arg(s.dead_letter_description),
                 optional_arg(s.properties_patch),
+                optional_arg(holder),
             ]
         return [
             refused_condition(status)

@@ -10,17 +10,19 @@
   handed back with later deliveries.
 
   Invariant: a settlement whose lock is not live changes nothing. A session message's lock is
-  its session's: it must be live and held by the holder (by anyone when no holder is given).
+  its session's: it must be live and held by the settlement's holder (by anyone when it names
+  none). The settlements of several receivers come in one call (busd/storage/coalesce.py),
+  each with its own holder, each applied as if alone.
 
   Context: queue
 
   Input:
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
     ARGV[c+1] entity: 'q' or 'd'
-    ARGV[c+2] holder of the session lock ('' any)
-    ARGV[c+3..] six per settlement: lock token, outcome ('complete', 'abandon', 'defer',
+    ARGV[c+2..] seven per settlement: lock token, outcome ('complete', 'abandon', 'defer',
               'dead-letter', 'release'), session id ('' none), dead-letter reason ('' none),
-              dead-letter description ('' none), properties patch ('' none)
+              dead-letter description ('' none), properties patch ('' none), holder of the
+              session lock ('' any)
 
   Output:
     array: per settlement 0 OK, -1 MESSAGE_LOCK_LOST, -2 SESSION_LOCK_LOST
@@ -35,9 +37,6 @@
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
-local holder = ARGV[QUEUE_ARGC + 2]
-if holder == '' then holder = false end
-Q.caller = holder
 -- A session message settles only under its session's live lock (includes/checkSettlement.lua),
 -- so a session its settlements leave empty is held: it stays listed in `sessions` until its
 -- lock ends, which forgets it then (includes/unlockSession.lua), instead of being forgotten
@@ -52,7 +51,7 @@ end
 
 local outcomes = { complete = true, abandon = true, release = true, defer = true }
 outcomes['dead-letter'] = true
-for i = QUEUE_ARGC + 4, #ARGV, 6 do
+for i = QUEUE_ARGC + 3, #ARGV, 7 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
 end
 
@@ -60,7 +59,9 @@ local out = {}
 local settled = {} -- sessions whose holder settled: their last activity is now
 local counts = {}
 local locks = {}
-for i = QUEUE_ARGC + 3, #ARGV, 6 do
+for i = QUEUE_ARGC + 2, #ARGV, 7 do
+  local holder = orNil(ARGV[i + 6]) or false
+  Q.caller = holder -- its own wake-ups are not sent (includes/wakeHolder.lua)
   local sid = orNil(ARGV[i + 2]) or false
   local status, seq, m = checkSettlement(Q, E, locks, holder, ARGV[i], sid)
   if status == 0 then
