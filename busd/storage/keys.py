@@ -91,7 +91,8 @@ KEY_DOC: dict[str, str] = {
     # queue-wide, last: what has happened, for the metrics
     "stats": "hash: <entity>.<event> -> count; monotonic totals of what happened to the "
     "queue ('q.') and its dead-letter sub-queue ('d.'): sent, received, completed, "
-    "expired, ... (includes/countEvent.lua)",
+    "expired, ... (includes/countEvent.lua); 'q.handed' counts messages a send handed "
+    "over, sent and received at once (lua/countEntity.lua adds them to both)",
     # topic-wide (a topic's own keys besides `seq` and `dedup`)
     "subs": "set: names of the topic's live subscriptions; fan-out stores copies only in "
     "these, so a subscription deleted while a process still routes to it gets nothing",

@@ -206,3 +206,17 @@ async def test_a_held_sessions_message_costs_the_store_few_commands(
         await store.settle(sq, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], held)
     per_message = (_commands(store_url) - before - 1) / rounds  # less this test's INFO
     assert per_message <= COMMANDS_PER_HELD_MESSAGE, per_message
+
+
+async def test_what_a_send_hands_over_counts_as_sent_and_received_with_the_rest(store, sq, held):
+    """A hand-over is counted once (`handed`, lua/sendMessages.lua) and read as both sent and
+    received, beside what the same send filed and what a receive takes later."""
+    sent = await store.send_handing_over(sq, msgs("s1", b"a", b"b", b"c"), [offer(held, count=2)])
+    assert [len(h) for h in sent.handed] == [2]
+    totals = (await store.counts(sq)).totals
+    assert (totals["sent"], totals["received"]) == (3, 2)
+    assert len(await store.receive_session(sq, "s1", held, 5, PL, LockTokens(5))) == 1
+    await store.send(sq, msgs("other", b"d"))
+    totals = (await store.counts(sq)).totals
+    assert (totals["sent"], totals["received"]) == (4, 3)
+    assert "handed" not in totals

@@ -16,7 +16,8 @@
     (sessions are 0 for the dead-letter sub-queue; free sessions have available messages and
     no holder; the oldest message is the lowest-numbered one not scheduled for later, among
     the entity's first ten; the event totals are the entity's, from
-    `stats` without the entity prefix: sent, received, completed, expired, ...)
+    `stats` without the entity prefix: sent, received, completed, expired, ...; a hand-over's
+    'handed' is added to both sent and received)
 
   Events:
     none
@@ -62,10 +63,24 @@ end
 out[#out + 1] = oldest
 local prefix = ARGV[QUEUE_ARGC + 1] .. '.'
 local stats = redis.call('HGETALL', Q.stats)
+local totals, names = {}, {}
+local function add(name, n)
+  if not totals[name] then names[#names + 1] = name end
+  totals[name] = (totals[name] or 0) + n
+end
 for i = 1, #stats, 2 do
   if string.sub(stats[i], 1, 2) == prefix then
-    out[#out + 1] = string.sub(stats[i], 3)
-    out[#out + 1] = tonumber(stats[i + 1])
+    local name, n = string.sub(stats[i], 3), tonumber(stats[i + 1])
+    if name == 'handed' then -- sent and received at once (lua/sendMessages.lua)
+      add('sent', n)
+      add('received', n)
+    else
+      add(name, n)
+    end
   end
+end
+for _, name in ipairs(names) do
+  out[#out + 1] = name
+  out[#out + 1] = totals[name]
 end
 return out

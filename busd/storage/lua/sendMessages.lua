@@ -133,12 +133,12 @@ for i = first, #ARGV, 5 do
     end
   end
 end
-countEvent(Q, Q.q, 'sent', #out - duplicates)
-countEvent(Q, Q.q, 'duplicates', duplicates)
 local handed = 0
-for _, o in ipairs(offerList) do
-  out[#out + 1] = o.rows
-  handed = handed + #o.rows
-end
-countEvent(Q, Q.q, 'received', handed)
+for _, o in ipairs(offerList) do handed = handed + #o.rows end
+-- a message handed over is sent and received at once: counted once, as 'handed', which
+-- lua/countEntity.lua adds to both (one command where a whole send was handed over)
+countEvent(Q, Q.q, 'sent', #out - duplicates - handed)
+countEvent(Q, Q.q, 'handed', handed)
+countEvent(Q, Q.q, 'duplicates', duplicates)
+for _, o in ipairs(offerList) do out[#out + 1] = o.rows end
 return out
