@@ -21,6 +21,7 @@ from busd.storage.messages import (
 from busd.storage.partition_routing import (
     PARTITION_SHIFT,
     first_seq,
+    partition_of_key,
     partition_of_seq,
     partition_of_token,
     stamped,
@@ -44,8 +45,42 @@ class PartitionedMessageCalls(PartitionedBase):
     ) -> Sent:
         if not queue.partitions:
             return await self.inner.send_handing_over(queue, messages, offers)
-        # A partitioned queue takes no offers: its sessions' holders are woken as usual.
-        return Sent(await self.send(queue, messages), [[] for _ in offers])
+        # A session's messages are all in its partition: each partition's send takes the
+        # offers of the sessions it holds, their tokens stamped with it (settlements find it
+        # there), and hands over as one server does (docs/design.md §3.5, §3.18).
+        count = queue.partitions
+        groups: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(self.part_of_message(queue, m), []).append(i)
+        offered: dict[int, list[int]] = {}
+        for j, o in enumerate(offers):
+            p = partition_of_key(o.session_id, count)
+            if p in groups:
+                offered.setdefault(p, []).append(j)
+        parts = self.parts(queue)
+
+        async def send(p: int, idx: list[int]) -> Sent:
+            own = [offers[j] for j in offered.get(p, ())]
+            return await self.inner.send_handing_over(
+                parts[p],
+                [messages[i] for i in idx],
+                [
+                    HandOver(
+                        o.session_id, o.holder, o.count, stamped(o.tokens, p, 0, len(o.tokens))
+                    )
+                    for o in own
+                ],
+            )
+
+        answers = await asyncio.gather(*(send(p, idx) for p, idx in groups.items()))
+        seqs = [0] * len(messages)
+        handed: list[list[StoredMessage]] = [[] for _ in offers]
+        for (p, idx), answer in zip(groups.items(), answers):
+            for i, seq in zip(idx, answer.seqs):
+                seqs[i] = seq
+            for j, taken in zip(offered.get(p, ()), answer.handed):
+                handed[j] = taken
+        return Sent(seqs, handed)
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)

@@ -13,6 +13,8 @@ from busd.errors import Condition
 from busd.storage.messages import HandOver, LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.conftest import named
 
+pytestmark = pytest.mark.every_store
+
 PL = ReceiveMode.PEEK_LOCK
 
 
@@ -44,7 +46,8 @@ async def test_a_held_session_s_message_is_handed_to_its_holder_locked(store, sq
     (seq,) = sent.seqs
     ((m,),) = sent.handed
     assert (m.seq, m.blob, m.session_id, m.delivery_count) == (seq, b"a", "s1", 0)
-    assert m.lock_token == named(o.tokens[0], seq)
+    # the token names the message; a partitioned entity's last byte is its partition's
+    assert m.lock_token[:15] == named(o.tokens[0], seq)[:15]
     assert m.locked_until_ms == lock  # a session message's lock is its session's
     counts = await store.counts(sq)
     assert (counts.active, counts.locked) == (0, 1)
@@ -192,11 +195,11 @@ def _commands(url: str) -> int:
 COMMANDS_PER_HELD_MESSAGE = 22.2
 
 
+@pytest.mark.not_on("cluster", reason="counts one server's commands")
+@pytest.mark.not_on("partitioned", reason="counts one server's commands")
 async def test_a_held_sessions_message_costs_the_store_few_commands(
     store, store_kind, store_url, sq, held
 ):
-    if store_kind != "server":
-        pytest.skip("counts one server's commands")
     rounds = 20
     before = _commands(store_url)
     for i in range(rounds):
