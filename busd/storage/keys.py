@@ -42,7 +42,9 @@ from binascii import crc_hqx
 # Logical key names and what each holds. Scripts refer to keys only through these names (in
 # their headers); the loader turns a header's list into KEYS.
 KEY_DOC: dict[str, str] = {
-    # not a key: what a script is passed for a queue context (`context_key`)
+    # not keys: what a script is passed for a queue context (`context_key`), and on a
+    # Cluster a name beside it that is never written (`context_guard`)
+    "guard": "never written: passed beside a context key on a Cluster (`context_guard`)",
     "ctx": "the prefix a queue's (or subscription's) keys share, `{<tag>}:` or "
     "`{<tag>}:s:<subscription>:`: a `Context: queue` script is passed it alone and names "
     "the keys of QUEUE_KEYS from it (includes/queueKeys.lua); nothing is stored under it",
@@ -247,17 +249,13 @@ def context_key(prefix: str, entity: str, subscription: str | None = None) -> st
     return f"{hash_tag(prefix, entity)}:s:{subscription}:"
 
 
-@functools.lru_cache(maxsize=4096)
-def context_expansion(context: bytes) -> tuple[bytes, ...]:
-    """The keys of QUEUE_KEYS that a `context_key` stands for, as includes/queueKeys.lua names
-    them. A Cluster is passed them too, after the call's own keys, unread by the script: a
-    slot being migrated then refuses the call up front when some of them have moved (its
-    keys are checked before it runs), where a script that named keys it was not passed would
-    find some gone midway."""
-    tag = context[: context.index(b"}:") + 2]
-    return tuple(
-        (tag if name in SHARED_WITH_TOPIC else context) + name.encode() for name in QUEUE_KEYS
-    )
+def context_guard(context: bytes) -> bytes:
+    """A key never written, beside a `context_key`: a Cluster is passed it too, after the
+    call's own keys, so that the call names two keys of the slot and one is always missing.
+    A slot being migrated then refuses the call up front (TRYAGAIN, on either node: the
+    server checks a call's keys before it runs), where a script that names keys it was not
+    passed would find some of them gone midway (docs/design.md §3.4)."""
+    return context + b"guard"
 
 
 def keys(

@@ -361,9 +361,8 @@ class RedisConnection:
     async def _call(self, scripts: Scripts, script: str, keys: list[bytes], args: list[Any]) -> Any:
         """One script call in its turn (the call limiter), the store's unavailability
         raised as StoreUnavailable."""
-        if not self.cross_slot_transactions:  # a Cluster: see keyspace.context_expansion
-            expand = keyspace.context_expansion
-            keys = keys + [k for c in keys if c.endswith(b":") for k in expand(c)]
+        if not self.cross_slot_transactions:  # a Cluster: see keyspace.context_guard
+            keys = keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
         await self._acquire()
         try:
             return await scripts.run(script, keys, args)
