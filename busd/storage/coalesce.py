@@ -17,6 +17,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+# The most items one coalesced call carries (whole callers: one caller's may exceed it), so
+# that a burst does not make one script call long enough to hold up everything else.
+MAX_ITEMS = 512
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -67,7 +71,13 @@ class Coalescer(Generic[Item, Result]):
     ) -> None:
         try:
             while lane.pending:
-                batch, lane.pending = lane.pending, []
+                # whole callers, in order, up to MAX_ITEMS (at least one caller)
+                taken, size = 0, 0
+                for items, _ in lane.pending:
+                    if taken and size + len(items) > MAX_ITEMS:
+                        break
+                    taken, size = taken + 1, size + len(items)
+                batch, lane.pending = lane.pending[:taken], lane.pending[taken:]
                 merged = [item for items, _ in batch for item in items]
                 try:
                     results = await run(merged)

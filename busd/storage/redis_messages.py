@@ -148,9 +148,10 @@ class MessageCalls(RedisConnection):
         if not settlements:
             return []
         # with the settlements of other links of the entity that come while one call of them
-        # is in flight (busd/storage/coalesce.py)
+        # is in flight (busd/storage/coalesce.py); the lane is the spec's, so a call made
+        # for several callers runs with the settings each of them named
         return await self._coalesced.call(
-            ("settle", entity.key_scope, entity.dlq),
+            ("settle", entity),
             [(s, holder) for s in settlements],
             lambda items: self._settle(entity, items),
         )

@@ -108,3 +108,24 @@ async def test_many_holders_settling_at_once_each_get_their_own_outcome(
             assert again == []
     counts = await store.counts(q)
     assert counts.active + counts.locked == len(abandoned)
+
+
+async def test_a_coalesced_call_carries_whole_callers_up_to_its_limit(monkeypatch):
+    from busd.storage import coalesce
+
+    monkeypatch.setattr(coalesce, "MAX_ITEMS", 4)
+    coalescer: Coalescer[object, object] = Coalescer()
+    calls = Calls()
+    first = asyncio.ensure_future(coalescer.call("lane", [0], calls.run))
+    await asyncio.sleep(0)
+    sizes = (3, 1, 2, 5)
+    waiting = [
+        asyncio.ensure_future(coalescer.call("lane", [f"{n}.{i}" for i in range(n)], calls.run))
+        for n in sizes
+    ]
+    await asyncio.sleep(0)
+    calls.release.set()
+    await first
+    answers = [await t for t in waiting]
+    assert [len(a) for a in answers] == list(sizes)
+    assert [len(c) for c in calls.made] == [1, 4, 2, 5]  # 3+1, then 2 (2+5 > 4), then 5 alone
