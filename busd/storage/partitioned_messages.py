@@ -12,6 +12,7 @@ from busd.errors import Condition
 from busd.storage.messages import (
     HandOver,
     NewMessage,
+    Outcome,
     Placement,
     ReceiveMode,
     Sent,
@@ -72,15 +73,51 @@ class PartitionedMessageCalls(PartitionedBase):
                 ],
             )
 
-        answers = await asyncio.gather(*(send(p, idx) for p, idx in groups.items()))
+        answers = await asyncio.gather(
+            *(send(p, idx) for p, idx in groups.items()), return_exceptions=True
+        )
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None:
+            await self._give_back_handed(queue, offers, offered, groups, answers)
+            raise failed
         seqs = [0] * len(messages)
         handed: list[list[StoredMessage]] = [[] for _ in offers]
         for (p, idx), answer in zip(groups.items(), answers):
+            assert isinstance(answer, Sent)
             for i, seq in zip(idx, answer.seqs):
                 seqs[i] = seq
             for j, taken in zip(offered.get(p, ()), answer.handed):
                 handed[j] = taken
         return Sent(seqs, handed)
+
+    async def _give_back_handed(
+        self,
+        queue: QueueSpec,
+        offers: Sequence[HandOver],
+        offered: dict[int, list[int]],
+        groups: dict[int, list[int]],
+        answers: list[Sent | BaseException],
+    ) -> None:
+        """A send that failed in one partition fails as a whole (its caller hands nothing to
+        the holders), so what the others handed over goes back: released (no count), its
+        holder woken, ahead of its session's later messages as before. A release that fails
+        too leaves them to the end of the session's lock."""
+        parts = self.parts(queue)
+        for p, answer in zip(groups, answers):
+            if not isinstance(answer, Sent):
+                continue
+            for j, taken in zip(offered.get(p, ()), answer.handed):
+                back = [
+                    Settlement(
+                        m.lock_token or b"", Outcome.RELEASE, session_id=offers[j].session_id
+                    )
+                    for m in taken
+                ]
+                if back:
+                    try:
+                        await self.inner.settle(parts[p], back)
+                    except Exception:  # the end of the session's lock returns them
+                        pass
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)

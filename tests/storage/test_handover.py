@@ -223,3 +223,41 @@ async def test_what_a_send_hands_over_counts_as_sent_and_received_with_the_rest(
     totals = (await store.counts(sq)).totals
     assert (totals["sent"], totals["received"]) == (4, 3)
     assert "handed" not in totals
+
+
+@pytest.mark.not_on("server", reason="one send over several partitions: a partitioned store's")
+@pytest.mark.not_on("cluster", reason="one send over several partitions: a partitioned store's")
+async def test_a_send_failing_in_one_partition_gives_back_what_another_handed_over(
+    store, sq, monkeypatch
+):
+    """A send over two partitions whose second partition's call fails fails as a whole (its
+    caller hands nothing to the holders): the first partition's message, stored and handed
+    over there, goes back available, uncounted, first in its session."""
+    from busd.storage.api import StoreUnavailable
+    from busd.storage.partition_routing import partition_of_key
+
+    by_part: dict[int, str] = {}
+    for i in range(64):
+        by_part.setdefault(partition_of_key(f"k{i}", sq.partitions), f"k{i}")
+    (p0, ok), (p1, broken) = list(by_part.items())[:2]
+    holders = {sid: f"{store.process_id}:{n}" for n, sid in enumerate((ok, broken), 1)}
+    for sid, holder in holders.items():
+        await store.accept_session(sq, sid, holder)
+    real = store.inner.send_handing_over
+
+    async def failing_in_one(queue, messages, offers):
+        if queue.partition == p1:
+            raise StoreUnavailable("the shard went away")
+        return await real(queue, messages, offers)
+
+    monkeypatch.setattr(store.inner, "send_handing_over", failing_in_one)
+    with pytest.raises(StoreUnavailable):
+        await store.send_handing_over(
+            sq,
+            msgs(ok, b"a") + msgs(broken, b"b"),
+            [offer(holders[ok], ok), offer(holders[broken], broken)],
+        )
+    monkeypatch.undo()
+    assert (await store.counts(sq)).locked == 0
+    got = await store.receive_session(sq, ok, holders[ok], 5, PL, LockTokens(5))
+    assert [(m.blob, m.delivery_count) for m in got] == [(b"a", 0)]
