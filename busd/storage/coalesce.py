@@ -31,6 +31,7 @@ class _Lane(Generic[Item, Result]):
     def __init__(self) -> None:
         # what arrived while the call in flight runs: each caller's items and its future
         self.pending: list[tuple[list[Item], asyncio.Future[list[Result]]]] = []
+        # the task draining the lane: held here, as the event loop holds its tasks weakly
         self.task: asyncio.Task[None] | None = None
 
 
