@@ -134,6 +134,35 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     assert abs(sum(cmds for _, cmds in ran.values()) / float(whole.group(2)) - 1) < 0.35, out
 
 
+def test_senders_spread_over_processes_send_every_message_once() -> None:
+    """--sender-procs 2: the steady load's 4 sender connections run in 2 child processes; every
+    message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks
+    pass and the row says where the sends came from."""
+    out = bench(
+        "--scenario",
+        "steady-32",
+        "--messages",
+        "2000",
+        "--client-procs",
+        "2",
+        "--sender-procs",
+        "2",
+        "--no-steps",
+        "--timeout",
+        "90",
+    )
+    row = re.search(
+        r"^steady: 32 rx / 2 procs\s+2000\s.*sent 2000 at (\d+) msg/s \(--rate 1000\) from 2 "
+        r"processes; .*ack-to-delivery p50 (-?[\d.]+) ms, p99 (-?[\d.]+) ms",
+        out,
+        re.M,
+    )
+    assert row, out
+    assert 700 <= int(row.group(1)) <= 1100, out  # the rate is shared out, not doubled
+    assert re.search(r"^checks \(steady: .*\): 0 violations \(order 0,", out, re.M), out
+    assert re.search(r"2000 deliveries, 2000 completed", out), out
+
+
 def per_step(out: str, title: str) -> dict[str, tuple[float, float]]:
     """The steps that ran in the table titled `title`: calls and commands per message; each
     one plausible (a call runs its script and at least one command inside), adding up."""
