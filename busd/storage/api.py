@@ -188,6 +188,7 @@ class Store(Protocol):
         client: str = "",
         waiting: bool = True,
         release: tuple[str, str] | None = None,
+        waiter: str | None = None,
     ) -> SessionLock | None:
         """Lock a specific session (it may have no messages) or, with session_id None, the next
         session that has available messages and no holder. Returns None when no session is
@@ -201,7 +202,8 @@ class Store(Protocol):
         spares taking it off the waiters once it locks a session. `release` (session id, its
         holder): release that lock first, as `release_session` does, in the same step
         (release-and-accept-next: one store call where a receiver lets its session go as
-        another link of its connection asks for the next)."""
+        another link of its connection asks for the next). `waiter`, with `wait`: the id
+        registered instead of the holder's (`<process id>:...`, woken on its channel)."""
 
     async def receive_session(
         self,

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from busd.storage.api import WakeCallback
+from busd.storage.api import WAKE_ALL, WakeCallback
 from busd.storage.messages import NewMessage
 from busd.storage.partition_routing import message_key, partition_of_key
+from busd.storage.partition_waits import PartitionWaits
 from busd.storage.specs import QueueSpec, TopicSpec
 
 T = TypeVar("T")
+
+log = logging.getLogger("busd.storage")
 
 
 class PartitionedBase:
@@ -27,8 +31,11 @@ class PartitionedBase:
         self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
         self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
         self._turn = itertools.count()
-        # next-available acceptors (holder ids) -> partitions where they may be registered
-        self._session_waits: dict[str, set[int]] = {}
+        # this process's next-available acceptors of partitioned queues, waiting as one
+        self._waits = PartitionWaits(self.process_id)
+        self._waits.pass_on = self._pass_on
+        self._waits_specs: dict[str, QueueSpec] = {}  # each such queue's spec, by name
+        self._passing: set[asyncio.Task] = set()
 
     # --- lifecycle: the inner store's --------------------------------------------------------
     async def connect(self) -> None:
@@ -41,7 +48,35 @@ class PartitionedBase:
         return bool(await self.inner.ping())
 
     async def subscribe(self, on_wake: WakeCallback) -> None:
-        await self.inner.subscribe(on_wake)
+        waits = self._waits
+
+        def wake(waiter: str) -> None:
+            if waiter == WAKE_ALL:
+                waits.lost()
+            elif waits.woke(waiter):  # this process's waiter of a partition
+                return
+            on_wake(waiter)
+
+        waits.wake = on_wake
+        await self.inner.subscribe(wake)
+
+    def _pass_on(self, name: str, partition: int, waiter: str) -> None:
+        """A wake-up of this process's waiter that no acceptor here takes goes back to the
+        store, which wakes another waiter if a session is free there (lua/stopWaiting.lua)."""
+        spec = self._waits_specs.get(name)
+        if spec is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.inner.stop_waiting(self.parts(spec)[partition], "s", waiter)
+        )
+        self._passing.add(task)
+        task.add_done_callback(self._passed_on)
+
+    def _passed_on(self, task: asyncio.Task) -> None:
+        self._passing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the sweep wakes a waiter where a session is free (lua/sweepQueue.lua)
+            log.debug("passing a wake-up on failed: %s", task.exception())
 
     async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
         # the inner store places each partition of a partitioned handle itself

@@ -1,12 +1,14 @@
 """The partitioned store's session calls: a named session is in the partition of its id; the
-next available one is looked for in the partitions in turn, its acceptor registered as a
-waiter in each it tried; listings and the inspector's pages merge the partitions'
+next available one is looked for in the partitions in turn, and a process whose acceptors
+wait is registered as one waiter in each partition it found empty
+(busd/storage/partition_waits.py); listings and the inspector's pages merge the partitions'
 (docs/design.md §3.18)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Sequence
 
 from busd.storage.messages import ReceiveMode, StoredMessage
@@ -31,6 +33,7 @@ class PartitionedSessionCalls(PartitionedBase):
         client: str = "",
         waiting: bool = True,
         release: tuple[str, str] | None = None,
+        waiter: str | None = None,
     ) -> SessionLock | None:
         if not queue.partitions:
             return await self.inner.accept_session(
@@ -44,6 +47,7 @@ class PartitionedSessionCalls(PartitionedBase):
                 client=client,
                 waiting=waiting,
                 release=release,
+                waiter=waiter,
             )
         if release is not None:  # its partition is not the accept's: a call of its own first
             await self.release_session(queue, *release)
@@ -58,27 +62,63 @@ class PartitionedSessionCalls(PartitionedBase):
                 tokens=stamped(tokens, part.partition or 0, 0, count),
                 client=client,
             )
-        waits = self._session_waits.setdefault(holder, set()) if wait else set()
-        for part in self._rotation(queue):
-            p = part.partition or 0
-            lock = await self.inner.accept_session(
-                part,
-                None,
-                holder,
-                wait=wait,
-                count=count,
-                mode=mode,
-                tokens=stamped(tokens, p, 0, count),
-                client=client,
-                waiting=waiting and p in waits,
-            )
-            if lock is not None:
-                waits.discard(p)  # the script took us off this partition's waiters
-                await self.stop_waiting(queue, "s", holder)
-                return lock
-            if wait:
-                waits.add(p)
-        return None
+        return await self._accept_next(
+            queue, holder, wait=wait, count=count, mode=mode, tokens=tokens, client=client
+        )
+
+    async def _accept_next(
+        self,
+        queue: QueueSpec,
+        holder: str,
+        *,
+        wait: bool,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        client: str,
+    ) -> SessionLock | None:
+        """The next available session of a partitioned queue: looked for in the partitions in
+        turn, first the one this acceptor was woken for, skipping those where this process
+        waits already; with `wait`, this process's waiter is registered in each it found empty
+        (busd/storage/partition_waits.py)."""
+        waits = self._waits.of(queue.name)
+        self._waits_specs[queue.name] = queue
+        parts = self.parts(queue)
+        first = self._waits.begin(waits, holder)
+        lock: SessionLock | None = None
+        woken_for: int | None = None
+        try:
+            while True:
+                order = self._rotation(queue)
+                if first is not None:
+                    order = [parts[first]] + [x for x in order if x is not parts[first]]
+                now = time.monotonic()
+                for part in order:
+                    p = part.partition or 0
+                    if p != first and waits.skips(p, now):
+                        continue
+                    wakes = self._waits.wakes_of(waits, p)
+                    lock = await self.inner.accept_session(
+                        part,
+                        None,
+                        holder,
+                        wait=wait,
+                        count=count,
+                        mode=mode,
+                        tokens=stamped(tokens, p, 0, count),
+                        client=client,
+                        waiting=False,
+                        waiter=self._waits.waiter_id(queue.name, p) if wait else None,
+                    )
+                    if lock is not None:
+                        woken_for = p if p == first else None
+                        return lock
+                    if wait:
+                        self._waits.registered(waits, p, wakes)
+                if not wait or (first := self._waits.next_pending(waits)) is None:
+                    return None
+        finally:
+            self._waits.end(waits, holder, found=lock is not None, woken_for=woken_for, wait=wait)
 
     async def receive_session(
         self,
@@ -217,13 +257,10 @@ class PartitionedSessionCalls(PartitionedBase):
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
         if not queue.partitions:
             return bool(await self.inner.stop_waiting(queue, waiters, waiter))
-        parts = self.parts(queue)
-        if waiters == "s":  # only where this acceptor registered
-            chosen = [parts[p] for p in sorted(self._session_waits.pop(waiter, ()))]
-        else:
-            chosen = list(parts)
+        if waiters == "s":  # this process waits for its acceptors (partition_waits.py)
+            return self._waits.leave(queue.name, waiter)
         answers = await asyncio.gather(
-            *(self.inner.stop_waiting(p, waiters, waiter) for p in chosen)
+            *(self.inner.stop_waiting(p, waiters, waiter) for p in self.parts(queue))
         )
         return any(answers)
 

@@ -37,6 +37,7 @@ class SessionCalls(RedisConnection):
         client: str = "",
         waiting: bool = True,
         release: tuple[str, str] | None = None,
+        waiter: str | None = None,
     ) -> SessionLock | None:
         check_session_ids([session_id] + ([release[0]] if release else []))
         count = max(count, 0)
@@ -48,7 +49,7 @@ class SessionCalls(RedisConnection):
             queue,
             holder,
             session_arg(session_id),
-            1 if wait else 0,
+            (waiter or 1) if wait else 0,
             1 if peek_lock else 0,
             count,
             token_string(tokens, count) if count and peek_lock else "",

@@ -29,7 +29,8 @@
     ARGV[c+1] holder
     ARGV[c+2] session id ('' next available)
     ARGV[c+3] next available: '1' to wait (register the holder as a waiter when none is
-              free), '0' not to
+              free), '0' not to, or the id to register instead of the holder's (a process
+              that waits for its acceptors, busd/storage/partition_waits.py)
     ARGV[c+4] receive mode of the first messages: '1' peek-lock, '0' receive-and-delete
     ARGV[c+5] how many messages to take once locked (0: none)
     ARGV[c+6] peek-lock: the lock tokens, 16 bytes each, one per message (at least ARGV[c+5]),
@@ -80,7 +81,12 @@ if not nextAvailable then
 else
   sid = redis.call('ZRANGE', Q.sfree, 0, 0)[1]
   if not sid then
-    if ARGV[QUEUE_ARGC + 3] == '1' then redis.call('ZADD', Q.swaiters, Q.now, holder) end
+    local wait = ARGV[QUEUE_ARGC + 3]
+    if wait == '1' then
+      redis.call('ZADD', Q.swaiters, Q.now, holder)
+    elseif wait ~= '0' then
+      redis.call('ZADD', Q.swaiters, Q.now, wait)
+    end
     return { -5 }
   end
   if ARGV[QUEUE_ARGC + 8] == '1' then redis.call('ZREM', Q.swaiters, holder) end
