@@ -1,26 +1,28 @@
-"""A process's next-available acceptors of partitioned queues, waiting as one
+"""A process's waiters of partitioned entities, waiting as one: its next-available
+acceptors of a queue, its receivers of a queue or subscription, of a dead-letter sub-queue
 (docs/design.md §3.18).
 
-An acceptor that finds no free session in any partition waits. Registered in each partition
-on its own, every waiting acceptor cost a call per partition to register and another to
-leave: 16 partitions, 32 calls for each wait, whatever the process already knew. Here the
-process waits instead, once per partition: its waiter (`<process id>:~<p>:<queue>`) is
-registered in a partition by the first accept that finds it empty, and a later accept skips
-a partition where it is registered, since a session freed there wakes that waiter (and so
-this process) first. The wake-up goes to the process's oldest waiting acceptor, with the
-partition to look in first: one call takes the session. After an acceptor takes a session
-in the partition it was woken for, the next waiting acceptor looks there too (the partition
-may have freed more than one, and woke one waiter): a chain that ends with the call that
-finds the partition empty and registers the waiter again.
+An acceptor that finds no free session in any partition waits (a receiver short of
+messages, likewise). Registered in each partition on its own, every waiting acceptor cost a
+call per partition to register and another to leave: 16 partitions, 32 calls for each wait,
+whatever the process already knew; an idle receiver's every fetch tried every partition.
+Here the process waits instead, once per partition and kind: its waiter
+(`<process id>:~<kind><p>:<entity>`, kind `s`, `q` or `d`) is registered in a partition by
+the first call that finds it empty, and a later call skips a partition where it is
+registered, since work there wakes that waiter (and so this process) first. The wake-up
+goes to the process's oldest waiter of that kind, with the partition to look in first: one
+call takes the session (or the messages). After one takes a session in the partition it was
+woken for (or as many messages as it asked for there), the next waiting one looks there
+too (the partition may have more, and woke one waiter): a chain that ends with the call
+that finds the partition empty and registers the waiter again.
 
 No wake-up is lost: one that finds no acceptor waiting here goes to an acceptor whose call
 is under way (it looks in that partition once its call is done), else back to the store,
-which passes it to another waiter where a session is free (lua/stopWaiting.lua, called for
-an id never registered, so that it cannot take off the process's waiter if an accept
-registered it again meanwhile). A
-registration is trusted for REGISTERED_S only: the store drops the waiters of a process it
-thinks gone (lua/sweepQueue.lua) without saying so, and a lost subscription (WAKE_ALL)
-forgets them all.
+which passes it to another waiter where there is work (lua/stopWaiting.lua, called for an
+id never registered, so that it cannot take off the process's waiter if a call registered
+it again meanwhile). A registration is trusted for REGISTERED_S only: the store drops the
+waiters of a process it thinks gone (lua/sweepQueue.lua) without saying so, and a lost
+subscription (WAKE_ALL) forgets them all.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ REGISTERED_S = 30.0
 
 @dataclass
 class QueueWaits:
-    """One partitioned queue's acceptors of this process."""
+    """One partitioned entity's waiters of one kind in this process: 's' next-available
+    acceptors of a queue, 'q' receivers of a queue or subscription, 'd' of its dead-letter
+    sub-queue. (An accept below is either's call.)"""
 
-    name: str
+    name: str  # the entity's path
+    kind: str = "s"
     # acceptors waiting, oldest first, with no wake-up in hand
     waiting: dict[str, None] = field(default_factory=dict)
     # acceptors woken for a partition they have not looked in yet
@@ -52,6 +57,8 @@ class QueueWaits:
     accepting: int = 0  # accept calls under way
     # partitions whose wake-up came while no acceptor waited but some were looking
     pending: list[int] = field(default_factory=list)
+    # receivers that looked here through this process's waiters (their leaving is local)
+    known: set[str] = field(default_factory=set)
 
     def skips(self, partition: int, now: float) -> bool:
         """Whether an accept need not look in `partition`: this process waits there."""
@@ -62,25 +69,25 @@ class QueueWaits:
 class PartitionWaits:
     """Every partitioned queue's acceptors of this process, and the process's waiter ids.
 
-    `wake(holder)` wakes an acceptor (the broker's wake-up for its id); `pass_on(queue name,
-    partition, waiter id)` hands a wake-up back to the store."""
+    `wake(holder)` wakes an acceptor or receiver (the broker's wake-up for its id);
+    `pass_on(waits, partition, waiter id)` hands a wake-up back to the store."""
 
     def __init__(self, process_id: str) -> None:
         self.process_id = process_id
         self.queues: dict[str, QueueWaits] = {}
         self._ids: dict[str, tuple[str, int]] = {}  # waiter id -> (queue name, partition)
         self.wake: Callable[[str], None] = lambda holder: None
-        self.pass_on: Callable[[str, int, str], None] = lambda name, p, waiter: None
+        self.pass_on: Callable[[QueueWaits, int, str], None] = lambda waits, p, waiter: None
 
-    def of(self, name: str) -> QueueWaits:
-        waits = self.queues.get(name)
+    def of(self, name: str, kind: str = "s") -> QueueWaits:
+        waits = self.queues.get(kind + name)
         if waits is None:
-            waits = self.queues[name] = QueueWaits(name)
+            waits = self.queues[kind + name] = QueueWaits(name, kind)
         return waits
 
-    def waiter_id(self, name: str, partition: int) -> str:
-        waiter = f"{self.process_id}:~{partition}:{name}"
-        self._ids[waiter] = (name, partition)
+    def waiter_id(self, waits: QueueWaits, partition: int) -> str:
+        waiter = f"{self.process_id}:~{waits.kind}{partition}:{waits.name}"
+        self._ids[waiter] = (waits.kind + waits.name, partition)
         return waiter
 
     # --- an accept ------------------------------------------------------------------------------
@@ -88,8 +95,14 @@ class PartitionWaits:
         """An accept of `holder` starts: it no longer waits; the partition it was woken for,
         to look in first (None: none)."""
         waits.waiting.pop(holder, None)
+        if waits.kind != "s":  # a receiver leaves once, when its link closes
+            waits.known.add(holder)
         waits.accepting += 1
         return waits.woken.pop(holder, None)
+
+    def unregistered(self, waits: QueueWaits, partition: int) -> None:
+        """A receive filled its count in `partition`: its call took the waiter off there."""
+        waits.registered.pop(partition, None)
 
     def registered(self, waits: QueueWaits, partition: int, wakes: int) -> None:
         """The accept found `partition` empty and registered this process's waiter there;
@@ -121,10 +134,10 @@ class PartitionWaits:
         for partition in pending:
             self._give(waits, partition)
 
-    def leave(self, name: str, holder: str) -> bool:
+    def leave(self, name: str, holder: str, kind: str = "s") -> bool:
         """`holder` stops waiting (it locked a session, its wait ran out, its link closed):
         whether it was waiting; a wake-up it had not used goes on."""
-        waits = self.queues.get(name)
+        waits = self.queues.get(kind + name)
         if waits is None:
             return False
         was = waits.waiting.pop(holder, False) is None
@@ -133,6 +146,15 @@ class PartitionWaits:
             self._give(waits, partition)
         return was
 
+    def knows(self, name: str, holder: str, kind: str) -> bool:
+        """Whether `holder`, a receiver, waited through this process's waiters (else it
+        registered itself, as a forwarder does, and leaves in the store)."""
+        waits = self.queues.get(kind + name)
+        if waits is None or holder not in waits.known:
+            return False
+        waits.known.discard(holder)
+        return True
+
     # --- wake-ups -------------------------------------------------------------------------------
     def woke(self, waiter: str) -> bool:
         """A wake-up from the store: True when it was for this process's waiter of a
@@ -140,8 +162,8 @@ class PartitionWaits:
         target = self._ids.get(waiter)
         if target is None:
             return False
-        name, partition = target
-        waits = self.of(name)
+        key, partition = target
+        waits = self.queues[key]
         waits.registered.pop(partition, None)  # the store took the waiter off
         waits.wakes[partition] = waits.wakes.get(partition, 0) + 1
         self._give(waits, partition)
@@ -168,4 +190,4 @@ class PartitionWaits:
         else:
             # As a waiter never registered: leaving, it wakes another where a session is free,
             # and cannot take off this process's waiter, registered again meanwhile.
-            self.pass_on(waits.name, partition, f"{self.process_id}:~")
+            self.pass_on(waits, partition, f"{self.process_id}:~")

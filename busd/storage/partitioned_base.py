@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from busd.storage.api import WAKE_ALL, WakeCallback
 from busd.storage.messages import NewMessage
 from busd.storage.partition_routing import message_key, partition_of_key
-from busd.storage.partition_waits import PartitionWaits
+from busd.storage.partition_waits import PartitionWaits, QueueWaits
 from busd.storage.specs import QueueSpec, TopicSpec
 
 T = TypeVar("T")
@@ -60,14 +60,15 @@ class PartitionedBase:
         waits.wake = on_wake
         await self.inner.subscribe(wake)
 
-    def _pass_on(self, name: str, partition: int, waiter: str) -> None:
-        """A wake-up of this process's waiter that no acceptor here takes goes back to the
-        store, which wakes another waiter if a session is free there (lua/stopWaiting.lua)."""
-        spec = self._waits_specs.get(name)
+    def _pass_on(self, waits: QueueWaits, partition: int, waiter: str) -> None:
+        """A wake-up of this process's waiter that no acceptor or receiver here takes goes
+        back to the store, which wakes another waiter if there is work in that partition (a
+        free session, an available message: lua/stopWaiting.lua)."""
+        spec = self._waits_specs.get(waits.kind + waits.name)
         if spec is None:
             return
         task = asyncio.get_running_loop().create_task(
-            self.inner.stop_waiting(self.parts(spec)[partition], "s", waiter)
+            self.inner.stop_waiting(self.parts(spec)[partition], waits.kind, waiter)
         )
         self._passing.add(task)
         task.add_done_callback(self._passed_on)

@@ -6,6 +6,7 @@ its token or sequence number, a peek or delete goes partition by partition
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 from busd.errors import Condition
@@ -180,6 +181,8 @@ class PartitionedMessageCalls(PartitionedBase):
     ) -> list[StoredMessage]:
         if not entity.partitions:
             return await self.inner.receive(entity, count, mode, tokens, waiter)
+        if waiter is not None:
+            return await self._receive_waiting(entity, count, mode, tokens, waiter)
         out: list[StoredMessage] = []
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         for part in self._rotation(entity):
@@ -187,8 +190,57 @@ class PartitionedMessageCalls(PartitionedBase):
             if want <= 0:
                 break
             given = stamped(tokens, part.partition or 0, len(out), want) if peek_lock else ()
-            out += await self.inner.receive(part, want, mode, given, waiter)
+            out += await self.inner.receive(part, want, mode, given)
         return out
+
+    async def _receive_waiting(
+        self,
+        entity: QueueSpec,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+        waiter: str,
+    ) -> list[StoredMessage]:
+        """A receiver's fetch: the partitions in turn, first the one it was woken for,
+        skipping those where this process waits already, until `count`; this process's waiter
+        is registered in each it found short of messages (busd/storage/partition_waits.py),
+        and the receiver waits with it when the count was not met."""
+        kind = "d" if entity.dlq else "q"
+        waits = self._waits.of(entity.name, kind)
+        self._waits_specs[kind + entity.name] = entity
+        parts = self.parts(entity)
+        peek_lock = mode == ReceiveMode.PEEK_LOCK
+        first = self._waits.begin(waits, waiter)
+        out: list[StoredMessage] = []
+        filled: int | None = None  # a partition that had as many as asked: it may have more
+        try:
+            while True:
+                order = self._rotation(entity)
+                if first is not None:
+                    order = [parts[first]] + [x for x in order if x is not parts[first]]
+                now = time.monotonic()
+                for part in order:
+                    want = count - len(out)
+                    if want <= 0:
+                        break
+                    p = part.partition or 0
+                    if p != first and waits.skips(p, now):
+                        continue
+                    given = stamped(tokens, p, len(out), want) if peek_lock else ()
+                    wakes = self._waits.wakes_of(waits, p)
+                    got = await self.inner.receive(
+                        part, want, mode, given, self._waits.waiter_id(waits, p)
+                    )
+                    out += got
+                    if len(got) < want:
+                        self._waits.registered(waits, p, wakes)
+                    else:  # the call took the waiter off there (lua/receiveMessages.lua)
+                        self._waits.unregistered(waits, p)
+                        filled = p
+                if len(out) >= count or (first := self._waits.next_pending(waits)) is None:
+                    return out
+        finally:
+            self._waits.end(waits, waiter, found=len(out) >= count, woken_for=filled, wait=True)
 
     async def settle(
         self, entity: QueueSpec, settlements: list[Settlement], holder: str | None = None

@@ -82,7 +82,7 @@ class PartitionedSessionCalls(PartitionedBase):
         waits already; with `wait`, this process's waiter is registered in each it found empty
         (busd/storage/partition_waits.py)."""
         waits = self._waits.of(queue.name)
-        self._waits_specs[queue.name] = queue
+        self._waits_specs["s" + queue.name] = queue
         parts = self.parts(queue)
         first = self._waits.begin(waits, holder)
         lock: SessionLock | None = None
@@ -108,7 +108,7 @@ class PartitionedSessionCalls(PartitionedBase):
                         tokens=stamped(tokens, p, 0, count),
                         client=client,
                         waiting=False,
-                        waiter=self._waits.waiter_id(queue.name, p) if wait else None,
+                        waiter=self._waits.waiter_id(waits, p) if wait else None,
                     )
                     if lock is not None:
                         woken_for = p if p == first else None
@@ -259,6 +259,8 @@ class PartitionedSessionCalls(PartitionedBase):
             return bool(await self.inner.stop_waiting(queue, waiters, waiter))
         if waiters == "s":  # this process waits for its acceptors (partition_waits.py)
             return self._waits.leave(queue.name, waiter)
+        if self._waits.knows(queue.name, waiter, waiters):  # and for its receivers
+            return self._waits.leave(queue.name, waiter, waiters)
         answers = await asyncio.gather(
             *(self.inner.stop_waiting(p, waiters, waiter) for p in self.parts(queue))
         )

@@ -15,7 +15,7 @@ import redis
 
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL
-from busd.storage.messages import NewMessage
+from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.partition_waits import PartitionWaits
 from busd.storage.partitions import wrap
 from busd.storage.redis_store import RedisStore
@@ -25,6 +25,7 @@ from busd.testing.broker import delete_prefix
 from .test_wakeups import Wakes
 
 PARTITIONS = 4
+PL = ReceiveMode.PEEK_LOCK
 
 
 class Process:
@@ -193,7 +194,7 @@ async def test_the_subscription_routes_the_process_waiters_and_wake_all(redis_ur
         assert await p.accept(q, "a0") is None
         waits = p.store._waits.of(q.name)
         assert sorted(waits.registered) == list(range(PARTITIONS))
-        wrapper(p.store._waits.waiter_id(q.name, 2))  # the process's waiter of partition 2
+        wrapper(p.store._waits.waiter_id(waits, 2))  # the process's waiter of partition 2
         assert await p.wakes.next() == p.acceptor("a0")  # went to its acceptor
         assert sorted(waits.registered) == [0, 1, 3]
         wrapper(WAKE_ALL)
@@ -212,20 +213,20 @@ def test_a_wake_up_that_comes_during_an_accept_is_looked_at_by_it() -> None:
     woken: list[str] = []
     passed: list[tuple[str, int, str]] = []
     waits.wake = woken.append
-    waits.pass_on = lambda name, partition, waiter: passed.append((name, partition, waiter))
+    waits.pass_on = lambda w, partition, waiter: passed.append((w.name, partition, waiter))
     q = waits.of("q")
-    waits.waiter_id("q", 3)
+    waits.waiter_id(q, 3)
     first = waits.begin(q, "p1:a")
     assert first is None
     # the store woke the process for partition 3 while a's accept looked elsewhere
-    assert waits.woke("p1:~3:q")
+    assert waits.woke("p1:~s3:q")
     assert woken == [] and passed == []
     assert waits.next_pending(q) == 3  # the accept looks there before it waits
     waits.end(q, "p1:a", found=False, woken_for=None, wait=True)
     assert q.waiting == {"p1:a": None}
     # with nobody waiting and nothing under way, a wake-up goes back to the store
     assert waits.leave("q", "p1:a")
-    assert waits.woke("p1:~3:q")
+    assert waits.woke("p1:~s3:q")
     assert passed == [("q", 3, "p1:~")]  # as a waiter never registered
     assert not waits.woke("p1:someone-else")
 
@@ -235,17 +236,17 @@ def test_a_wake_up_goes_to_a_waiting_acceptor_before_an_accept_under_way() -> No
     woken: list[str] = []
     passed: list[int] = []
     waits.wake = woken.append
-    waits.pass_on = lambda name, partition, waiter: passed.append(partition)
+    waits.pass_on = lambda w, partition, waiter: passed.append(partition)
     q = waits.of("q")
-    waits.waiter_id("q", 1)
+    waits.waiter_id(q, 1)
     waits.begin(q, "p1:b")
     waits.end(q, "p1:b", found=False, woken_for=None, wait=True)  # b waits
     waits.begin(q, "p1:a")  # a looks
-    assert waits.woke("p1:~1:q")
+    assert waits.woke("p1:~s1:q")
     assert woken == ["p1:b"] and q.woken == {"p1:b": 1} and not q.pending
     # a found a session elsewhere; a wake-up that came meanwhile and found nobody waiting
     # is handed on once a's accept is done: back to the store
-    assert waits.woke("p1:~1:q")
+    assert waits.woke("p1:~s1:q")
     assert q.pending == [1]
     waits.end(q, "p1:a", found=True, woken_for=None, wait=True)
     assert passed == [1] and not q.pending
@@ -258,13 +259,84 @@ def test_a_registration_answered_after_its_wake_up_is_not_trusted() -> None:
     waits = PartitionWaits("p1")
     woken: list[str] = []
     waits.wake = woken.append
-    waits.pass_on = lambda name, partition, waiter: None
+    waits.pass_on = lambda w, partition, waiter: None
     q = waits.of("q")
-    waits.waiter_id("q", 2)
+    waits.waiter_id(q, 2)
     waits.begin(q, "p1:a")
     seen = waits.wakes_of(q, 2)  # the accept's call goes out
-    assert waits.woke("p1:~2:q")  # the wake-up arrives before its answer
+    assert waits.woke("p1:~s2:q")  # the wake-up arrives before its answer
     waits.registered(q, 2, seen)  # the answer: registered (then taken off by the wake-up)
     assert not q.skips(2, 0.0)
     waits.end(q, "p1:a", found=False, woken_for=None, wait=True)
     assert woken == ["p1:a"] and q.woken == {"p1:a": 2}  # it looks there again
+
+
+# --- plain receivers -------------------------------------------------------------------------
+def plain_queue() -> QueueSpec:
+    return QueueSpec(name=f"pp-{uuid.uuid4().hex[:8]}", partitions=PARTITIONS)
+
+
+def key_in(q: QueueSpec, partition: int) -> str:
+    """A partition key whose messages go to `partition`."""
+    from busd.storage.partition_routing import partition_of_key
+
+    return next(
+        k for k in (f"k{i}" for i in range(1000)) if partition_of_key(k, PARTITIONS) == partition
+    )
+
+
+async def test_receivers_of_one_process_wait_as_one_and_a_message_takes_one_call(
+    processes, redis_url, store_prefix, tokens
+):
+    p, _ = processes
+    q = plain_queue()
+    calls: list[int] = []
+    receive = p.inner.receive
+
+    async def counted(queue, *args, **kwargs):
+        calls.append(queue.partition or 0)
+        return await receive(queue, *args, **kwargs)
+
+    p.inner.receive = counted  # type: ignore[method-assign]
+    receivers = [p.acceptor(f"r{i}") for i in range(5)]
+    for r in receivers:
+        assert await p.store.receive(q, 10, PL, tokens(10), r) == []
+    assert sorted(calls) == list(range(PARTITIONS))  # the first looked everywhere
+    names = [
+        keyspace.key(store_prefix, part.key_scope[0], "q.waiters") for part in q.partition_specs
+    ]
+    with redis.Redis.from_url(redis_url) as client:
+        assert [client.zcard(n) for n in names] == [1] * PARTITIONS
+    await p.store.send(q, [NewMessage(b"x", partition_key=key_in(q, 1))])
+    assert await p.wakes.next() == receivers[0]  # the oldest receiver, once
+    assert await p.wakes.none()
+    calls.clear()
+    (m,) = await p.store.receive(q, 10, PL, tokens(10), receivers[0])
+    assert m.blob == b"x" and calls == [1]  # the partition it was woken for, and only it
+    # leaving is this process's business: no store call, and the others still wait
+    assert await p.store.stop_waiting(q, "q", receivers[1])
+    calls.clear()
+    await p.store.send(q, [NewMessage(b"y", partition_key=key_in(q, 2))])
+    assert await p.wakes.next() == receivers[2]
+    (m,) = await p.store.receive(q, 10, PL, tokens(10), receivers[2])
+    assert m.blob == b"y" and calls == [2]
+    for r in receivers:
+        await p.store.stop_waiting(q, "q", r)
+
+
+async def test_a_receiver_that_filled_its_credit_hands_the_partition_on(processes, tokens):
+    """A partition that gave a receiver all it asked for may have more: the next waiting
+    receiver looks there, and a wake-up one took no message for goes on when it leaves."""
+    p, _ = processes
+    q = plain_queue()
+    a, b = p.acceptor("a"), p.acceptor("b")
+    assert await p.store.receive(q, 2, PL, tokens(2), a) == []
+    assert await p.store.receive(q, 2, PL, tokens(2), b) == []
+    key = key_in(q, 3)
+    await p.store.send(q, [NewMessage(str(i).encode(), partition_key=key) for i in range(3)])
+    assert await p.wakes.next() == a
+    assert [m.blob for m in await p.store.receive(q, 2, PL, tokens(2), a)] == [b"0", b"1"]
+    assert await p.wakes.next() == b  # partition 3 had more
+    assert [m.blob for m in await p.store.receive(q, 2, PL, tokens(2), b)] == [b"2"]
+    await p.store.stop_waiting(q, "q", a)
+    await p.store.stop_waiting(q, "q", b)
