@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -115,6 +116,23 @@ class PartitionedBase:
         parts = self.parts(spec)
         first = next(self._turn) % len(parts)
         return list(parts[first:] + parts[:first])
+
+    def _to_look(
+        self, spec: QueueSpec, waits: QueueWaits, first: int | None
+    ) -> list[tuple[QueueSpec, int]]:
+        """The partitions a waiter's call looks in, in turn, with their numbers: `first` (the
+        one it was woken for) first, then from a rotating one, less those where this process
+        waits already (busd/storage/partition_waits.py)."""
+        parts = self.parts(spec)
+        order = self._rotation(spec)
+        if first is not None:
+            order = [parts[first]] + [x for x in order if x is not parts[first]]
+        now = time.monotonic()
+        return [
+            (part, p)
+            for part in order
+            if (p := part.partition or 0) == first or not waits.skips(p, now)
+        ]
 
     async def _by_partition(
         self,

@@ -6,7 +6,6 @@ its token or sequence number, a peek or delete goes partition by partition
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 from busd.errors import Condition
@@ -208,24 +207,16 @@ class PartitionedMessageCalls(PartitionedBase):
         kind = "d" if entity.dlq else "q"
         waits = self._waits.of(entity.name, kind)
         self._waits_specs[kind + entity.name] = entity
-        parts = self.parts(entity)
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         first = self._waits.begin(waits, waiter)
         out: list[StoredMessage] = []
         filled: int | None = None  # a partition that had as many as asked: it may have more
         try:
             while True:
-                order = self._rotation(entity)
-                if first is not None:
-                    order = [parts[first]] + [x for x in order if x is not parts[first]]
-                now = time.monotonic()
-                for part in order:
+                for part, p in self._to_look(entity, waits, first):
                     want = count - len(out)
                     if want <= 0:
                         break
-                    p = part.partition or 0
-                    if p != first and waits.skips(p, now):
-                        continue
                     given = stamped(tokens, p, len(out), want) if peek_lock else ()
                     wakes = self._waits.wakes_of(waits, p)
                     got = await self.inner.receive(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable, Sequence
 
 from busd.storage.messages import ReceiveMode, StoredMessage
@@ -83,20 +82,12 @@ class PartitionedSessionCalls(PartitionedBase):
         (busd/storage/partition_waits.py)."""
         waits = self._waits.of(queue.name)
         self._waits_specs["s" + queue.name] = queue
-        parts = self.parts(queue)
         first = self._waits.begin(waits, holder)
         lock: SessionLock | None = None
         woken_for: int | None = None
         try:
             while True:
-                order = self._rotation(queue)
-                if first is not None:
-                    order = [parts[first]] + [x for x in order if x is not parts[first]]
-                now = time.monotonic()
-                for part in order:
-                    p = part.partition or 0
-                    if p != first and waits.skips(p, now):
-                        continue
+                for part, p in self._to_look(queue, waits, first):
                     wakes = self._waits.wakes_of(waits, p)
                     lock = await self.inner.accept_session(
                         part,
