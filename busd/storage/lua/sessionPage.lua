@@ -38,6 +38,7 @@
 --- @include "queueContext"
 --- @include "sessionRange"
 --- @include "memberSeq"
+--- @include "sessionMembers"
 --- @include "readMeta"
 --- @include "unlistedSession"
 
@@ -126,13 +127,14 @@ for i, sid in ipairs(sids) do
       preview = string.sub(redis.call('HGET', Q.sstate, sid), 1, previewBytes)
     end
   end
-  local all = redis.call('ZLEXCOUNT', Q.q.sall, lo, hi)
+  -- a message in flight is in sinflight, not sall (includes/lockMessage.lua)
+  local listed = redis.call('ZLEXCOUNT', Q.q.sall, lo, hi)
   local active = redis.call('ZLEXCOUNT', Q.q.sready, lo, hi)
   local inflight = redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi)
   local deferred, scheduled = 0, 0
-  local rest = all - active - inflight
+  local rest = math.max(listed - active, 0)
   local oldest = false
-  local first = redis.call('ZRANGEBYLEX', Q.q.sall, lo, hi, 'LIMIT', 0, 1)[1]
+  local first = sessionMembers(Q, sid, nil, 1)[1]
   if first then
     local m = readMeta(Q.q, memberSeq(first))
     if m then oldest = m.enq end

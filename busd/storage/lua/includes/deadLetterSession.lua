@@ -1,4 +1,4 @@
---- @include "sessionRange"
+--- @include "sessionMembers"
 --- @include "memberSeq"
 --- @include "readMeta"
 --- @include "writeMeta"
@@ -11,9 +11,8 @@
 -- `first`: a message of the session the caller has just dead-lettered itself (or nil).
 -- A lock on the session stays with its holder. Returns how many messages moved.
 local function deadLetterSession(Q, sid, reason, description, first)
-  local lo, hi = sessionRange(sid)
   local moved = 0
-  for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sall, lo, hi)) do
+  for _, member in ipairs(sessionMembers(Q, sid)) do
     local seq = memberSeq(member)
     local m = readMeta(Q.q, seq)
     if m then

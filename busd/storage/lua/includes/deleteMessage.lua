@@ -10,7 +10,7 @@ local function deleteMessage(Q, E, seq, m)
   legacyMeta(E, seq, true)
   redis.call('ZREM', E.all, seq)
   if m.sid then
-    redis.call('ZREM', E.sall, seqMember(m.sid, seq))
+    if not m.xs then redis.call('ZREM', E.sall, seqMember(m.sid, seq)) end
     if m.ss then
       local emptied = Q.emptied
       if not emptied then

@@ -17,6 +17,10 @@
 -- session filed as free once per call: a batch of n messages of one session costs one look.
 local function fileMessage(Q, E, seq, m, blob)
   local st = m.st
+  if m.xs then -- out of sall while it was in flight (includes/lockMessage.lua)
+    redis.call('ZADD', E.sall, 0, seqMember(m.sid, seq))
+    m.xs = nil
+  end
   if st == 'a' and m.due then
     redis.call('ZADD', E.backoff, m.due, seq)
     if m.ss then

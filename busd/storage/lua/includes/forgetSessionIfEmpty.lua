@@ -15,6 +15,13 @@ local function forgetSessionIfEmpty(Q, sid, known)
   if not known.empty then
     local lo, hi = sessionRange(sid)
     if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) ~= 0 then return false end
+    -- messages in flight are in sinflight only (includes/lockMessage.lua): an unheld session
+    -- has some while its lock's end returns them one by one (includes/unlockSession.lua).
+    -- The session state scripts, which pass no sinflight, act for a holder or on a session
+    -- with no holder and nothing in flight.
+    if Q.q.sinflight and redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi) ~= 0 then
+      return false
+    end
   end
   if redis.call('HEXISTS', Q.sstate, sid) == 0 then
     redis.call('ZREM', Q.sessions, sid)

@@ -6,11 +6,17 @@
 -- its session's lock, so it goes to sinflight and keeps no lock time of its own; the caller
 -- names the session's holder in m.h when it knows it (includes/checkSettlement.lua). `blob`: the
 -- body of a new message, stored with its metadata.
+-- A session message in flight is in sinflight instead of sall (m.xs says so), so that a
+-- message handed over at its send and completed costs neither index a write
+-- (docs/design.md §3.4): taken from sall here, filed back there by includes/fileMessage.lua.
 local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'
   m.tok = lockToken(token, seq)
   if m.ss then
-    redis.call('ZADD', E.sinflight, 0, seqMember(m.sid, seq))
+    local member = seqMember(m.sid, seq)
+    redis.call('ZADD', E.sinflight, 0, member)
+    if not (blob or m.xs) then redis.call('ZREM', E.sall, member) end
+    m.xs = 1
   else
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)

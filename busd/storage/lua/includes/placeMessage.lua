@@ -15,17 +15,19 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
   if extra then
     for k, v in pairs(extra) do m[k] = v end
   end
+  local h = Q.handOver
+  local handed = h and sid and sessionQueue and not (due and due > Q.now)
   if sid then
     m.sid = sid
-    redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
+    -- a message handed over is in flight at once: in sinflight, not sall (lockMessage)
+    if not handed then redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq)) end
     if sessionQueue then
       m.ss = 1
       -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once.
       -- A message handed over goes to a held session, which is there already
       -- (lua/acceptSession.lua).
       local added = Q.added
-      local h = Q.handOver
-      if not (added and added[sid]) and not (h and not (due and due > Q.now)) then
+      if not (added and added[sid]) and not handed then
         redis.call('ZADD', Q.sessions, 0, sid)
         if added then added[sid] = true end
       end
@@ -42,8 +44,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     if ttl then m.exp = Q.now + ttl end
   end
   redis.call('ZADD', Q.q.all, seq, seq)
-  local h = Q.handOver
-  if h and m.ss and m.st == 'a' then
+  if handed then
     m.h = h.holder
     lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
     h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)

@@ -6,5 +6,6 @@ local function unlistedSession(Q, sid, held)
   if not held and redis.call('HEXISTS', Q.sholder, sid) == 0 then return false end
   local lo, hi = sessionRange(sid)
   return redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0
+    and redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi) == 0
     and redis.call('HEXISTS', Q.sstate, sid) == 0
 end

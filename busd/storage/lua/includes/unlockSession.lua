@@ -20,7 +20,8 @@ local function unlockSession(Q, sid, failed)
   local lo, hi = sessionRange(sid)
   -- The usual end of a session whose last message was settled: no message to return or to
   -- be free with, so one count says it all.
-  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0 then
+  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0
+      and redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi) == 0 then
     if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
       redis.call('HSET', Q.sactive, sid, Q.now)
     end
