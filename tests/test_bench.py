@@ -163,6 +163,30 @@ def test_senders_spread_over_processes_send_every_message_once() -> None:
     assert re.search(r"2000 deliveries, 2000 completed", out), out
 
 
+def test_plain_receivers_take_the_steady_load_from_a_queue_without_sessions() -> None:
+    """--plain-receivers: busd's receivers are competing consumers of its plain queue; the
+    checks that apply (loss, delivery after a complete) pass, and the row says so."""
+    out = bench(
+        "--scenario",
+        "steady-32",
+        "--messages",
+        "1000",
+        "--client-procs",
+        "2",
+        "--plain-receivers",
+        "--no-steps",
+        "--timeout",
+        "90",
+    )
+    assert re.search(
+        r"^steady: 32 rx / 2 procs \(plain receivers\)\s+1000\s.*sent 1000 at", out, re.M
+    ), out
+    assert re.search(
+        r"^checks \(steady: .*\): 0 violations \(delivered after complete 0, lost 0,", out, re.M
+    ), out
+    assert "1000 deliveries, 1000 completed" in out, out
+
+
 def per_step(out: str, title: str) -> dict[str, tuple[float, float]]:
     """The steps that ran in the table titled `title`: calls and commands per message; each
     one plausible (a call runs its script and at least one command inside), adding up."""
