@@ -75,7 +75,7 @@ class PartitionWaits:
     def __init__(self, process_id: str) -> None:
         self.process_id = process_id
         self.queues: dict[str, QueueWaits] = {}
-        self._ids: dict[str, tuple[str, int]] = {}  # waiter id -> (queue name, partition)
+        self._ids: dict[str, tuple[str, int]] = {}  # waiter id -> (kind + name, partition)
         self.wake: Callable[[str], None] = lambda holder: None
         self.pass_on: Callable[[QueueWaits, int, str], None] = lambda waits, p, waiter: None
 
