@@ -139,14 +139,7 @@ def test_senders_spread_over_processes_send_every_message_once() -> None:
     message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks
     pass and the row says where the sends came from."""
     out = bench(
-        "--scenario",
-        "steady-32",
-        "--messages",
-        "2000",
-        "--client-procs",
-        "2",
-        "--sender-procs",
-        "2",
+        *"--scenario steady-32 --messages 2000 --client-procs 2 --sender-procs 2".split(),
         "--no-steps",
         "--timeout",
         "90",
@@ -167,12 +160,7 @@ def test_plain_receivers_take_the_steady_load_from_a_queue_without_sessions() ->
     """--plain-receivers: busd's receivers are competing consumers of its plain queue; the
     checks that apply (loss, delivery after a complete) pass, and the row says so."""
     out = bench(
-        "--scenario",
-        "steady-32",
-        "--messages",
-        "1000",
-        "--client-procs",
-        "2",
+        *"--scenario steady-32 --messages 1000 --client-procs 2".split(),
         "--plain-receivers",
         "--no-steps",
         "--timeout",
