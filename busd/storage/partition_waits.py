@@ -67,7 +67,7 @@ class QueueWaits:
 
 
 class PartitionWaits:
-    """Every partitioned queue's acceptors of this process, and the process's waiter ids.
+    """Every partitioned entity's waiters of this process, and the process's waiter ids.
 
     `wake(holder)` wakes an acceptor or receiver (the broker's wake-up for its id);
     `pass_on(waits, partition, waiter id)` hands a wake-up back to the store."""

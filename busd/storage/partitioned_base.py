@@ -32,10 +32,10 @@ class PartitionedBase:
         self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
         self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
         self._turn = itertools.count()
-        # this process's next-available acceptors of partitioned queues, waiting as one
+        # this process's acceptors and receivers of partitioned entities, waiting as one
         self._waits = PartitionWaits(self.process_id)
         self._waits.pass_on = self._pass_on
-        self._waits_specs: dict[str, QueueSpec] = {}  # each such queue's spec, by name
+        self._waits_specs: dict[str, QueueSpec] = {}  # each such entity's spec, by kind + name
         self._passing: set[asyncio.Task] = set()
 
     # --- lifecycle: the inner store's --------------------------------------------------------
