@@ -80,8 +80,9 @@ KEY_DOC: dict[str, str] = {
     "locked": "zset: seq -> ms lock ends; locked messages not filed under a session",
     "tokens": "hash: lock token -> seq, of locks taken before tokens named their message",
     "deferred": "zset: seq -> seq; deferred messages",
-    "sall": "zset (lexicographic): <sid>\\0<seq16> for every message with a session id but "
-    "those in sinflight (a session message in flight is there instead)",
+    "sall": "zset (lexicographic): <sid>\\0<seq16>; messages with a session id but those "
+    "in sready or sinflight: on a session queue the deferred and scheduled ones (a session "
+    "message is in one of the three by its state, lua/includes/fileMessage.lua)",
     "sched": "zset: seq -> ms due; scheduled messages",
     "ttl": "zset: seq -> ms expires; available messages that have a time to live",
     "sready": "zset (lexicographic): <sid>\\0<seq16>; available messages filed under a session",

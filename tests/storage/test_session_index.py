@@ -1,11 +1,13 @@
-"""A session message in flight is in the queue's in-flight index instead of its index of the
-session's messages (lua/includes/lockMessage.lua): taken out when it is locked (or never put
-there when a send hands it over), put back when it is unlocked, neither when it is completed.
-Whatever reads a session's messages reads both. On one server, whose keys the test reads."""
+"""A session message is in one of its session's indexes at a time (lua/includes/fileMessage.lua):
+available in sready, in flight in sinflight, deferred or scheduled in sall. It moves between
+them with its state, and a send that hands it over puts it in flight at once. Whatever reads a
+session's messages reads all three; a message written by a store before this layout (in sall
+too) is listed once and leaves sall cleanly. On one server, whose keys the test reads."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis
 
@@ -41,18 +43,41 @@ class Index:
     def in_flight(self, sid: str) -> list[int]:
         return self._seqs("q.sinflight", sid)
 
+    def ready(self, sid: str) -> list[int]:
+        return self._seqs("q.sready", sid)
 
-async def test_a_message_in_flight_leaves_the_session_index_and_comes_back_unlocked(
+    def as_written_before(self, sid: str, seq: int) -> None:
+        """Leave the message as a store before this layout did: in sall, its metadata
+        without the flag that says it is out of sall."""
+        body, sall = (
+            keyspace.key(self.prefix, self.q.key_scope[0], k) for k in ("q.body", "q.sall")
+        )
+        with redis.Redis.from_url(self.url) as client:
+            client.eval(
+                "local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])); m.xs = nil; "
+                "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(m)); "
+                "redis.call('ZADD', KEYS[2], 0, ARGV[2])",
+                2,
+                body,
+                sall,
+                f"m{seq}",
+                sid.encode() + b"\0" + b"%016d" % seq,
+            )
+
+
+async def test_a_session_message_moves_between_the_indexes_of_its_states(
     store, make_queue, redis_url, tokens
 ):
     q = make_queue(requires_session=True)
     index = Index(redis_url, store, q)
     seqs = await store.send(q, msgs("s1", b"a", b"b", b"c", b"d"))
+    assert index.ready("s1") == seqs and index.listed("s1") == []
     await store.accept_session(q, "s1", "h1")
     got = await store.receive_session(q, "s1", "h1", 3, PL, tokens(3))
     assert [m.seq for m in got] == seqs[:3]
-    assert index.listed("s1") == seqs[3:] and index.in_flight("s1") == seqs[:3]
-    # whatever reads the session's messages reads both indexes
+    assert index.ready("s1") == seqs[3:] and index.in_flight("s1") == seqs[:3]
+    assert index.listed("s1") == []
+    # whatever reads the session's messages reads every index
     assert [m.seq for m in await store.peek(q, 0, 10, session_id="s1")] == seqs
     (page,) = (await store.session_page(q, "id", None, 10)).sessions
     assert (page.active, page.in_flight, page.deferred) == (1, 3, 0)
@@ -66,13 +91,23 @@ async def test_a_message_in_flight_leaves_the_session_index_and_comes_back_unloc
         ],
         "h1",
     )
-    # abandoned and deferred: back in the session's index; completed: in neither
-    assert index.listed("s1") == [seqs[0], seqs[2], seqs[3]] and index.in_flight("s1") == []
+    # abandoned: available again; deferred: in sall; completed: in none
+    assert index.ready("s1") == [seqs[0], seqs[3]] and index.listed("s1") == [seqs[2]]
+    assert index.in_flight("s1") == []
     (again,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    assert again.seq == seqs[0] and index.listed("s1") == seqs[2:]
+    assert again.seq == seqs[0] and index.ready("s1") == [seqs[3]]
+    await store.receive_deferred(q, [seqs[2]], PL, tokens(1), session_id="s1", holder="h1")
+    assert index.listed("s1") == [] and index.in_flight("s1") == [seqs[0], seqs[2]]
     await store.release_session(q, "s1", "h1")  # the lock's end unlocks what is in flight
-    assert index.listed("s1") == [seqs[0], *seqs[2:]] and index.in_flight("s1") == []
+    assert index.ready("s1") == [seqs[0], seqs[3]] and index.listed("s1") == [seqs[2]]
+    assert index.in_flight("s1") == []
     assert sorted(await store.list_sessions(q, 0, 10, None)) == ["s1"]
+    (page,) = (await store.session_page(q, "id", None, 10)).sessions
+    assert (page.active, page.in_flight, page.deferred) == (2, 0, 1)
+    assert [m.seq for m in await store.peek(q, 0, 10, session_id="s1")] == [
+        seqs[0],
+        *seqs[2:],
+    ]
 
 
 async def test_a_message_handed_over_is_never_in_the_session_index(store, make_queue, redis_url):
@@ -105,19 +140,7 @@ async def test_a_message_locked_by_a_store_written_before_settles_cleanly(
     (seq,) = await store.send(q, msgs("s1", b"a"))
     await store.accept_session(q, "s1", "h1")
     (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    body = keyspace.key(store.prefix, q.key_scope[0], "q.body")
-    sall = keyspace.key(store.prefix, q.key_scope[0], "q.sall")
-    with redis.Redis.from_url(redis_url) as client:  # as the layout before left it
-        client.eval(
-            "local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])); m.xs = nil; "
-            "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(m)); "
-            "redis.call('ZADD', KEYS[2], 0, ARGV[2])",
-            2,
-            body,
-            sall,
-            f"m{seq}",
-            b"s1\0" + b"%016d" % seq,
-        )
+    index.as_written_before("s1", seq)
     assert index.listed("s1") == [seq] and index.in_flight("s1") == [seq]
     assert [p.seq for p in await store.peek(q, 0, 10, session_id="s1")] == [seq]  # listed once
     await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], "h1")
@@ -143,6 +166,56 @@ async def test_a_lock_that_ends_dead_lettering_one_message_keeps_the_session_of_
     await store.sweep(q)  # the lock ran out: a's second attempt dead-letters it, b comes back
     assert [m.seq for m in await store.peek(q.dead_letter_queue, 0, 10)] == [first]
     assert await store.list_sessions(q, 0, 10, None) == ["s1"]
-    assert Index(redis_url, store, q).listed("s1") == [second]
+    assert Index(redis_url, store, q).ready("s1") == [second]
     lock = await store.accept_session(q, None, "h2")
     assert lock is not None and lock.session_id == "s1"
+
+
+async def test_a_scheduled_message_is_in_sall_until_it_is_due(store, make_queue, redis_url):
+    q = make_queue(requires_session=True)
+    index = Index(redis_url, store, q)
+    due = int(time.time() * 1000) + 300
+    (seq,) = await store.schedule(q, [NewMessage(b"later", session_id="s1", scheduled_ms=due)])
+    assert index.listed("s1") == [seq] and index.ready("s1") == []
+    await asyncio.sleep(0.45)
+    await store.sweep(q)  # due: enqueued, available, so in sready alone
+    assert index.listed("s1") == [] and index.ready("s1") == [seq]
+    lock = await store.accept_session(q, None, "h1")
+    assert lock is not None and lock.session_id == "s1"
+
+
+async def test_clearing_the_state_of_a_session_with_only_available_messages_keeps_it(
+    store, make_queue, tokens
+):
+    """An operator's write of the state of a session nobody holds looks at every index of its
+    messages before it forgets the session: available ones keep it."""
+    q = make_queue(requires_session=True)
+    (seq,) = await store.send(q, msgs("s1", b"a"))
+    await store.set_session_state(q, "s1", "", b"state")
+    await store.set_session_state(q, "s1", "", None)
+    assert await store.list_sessions(q, 0, 10, None) == ["s1"]
+    lock = await store.accept_session(q, None, "h1")
+    assert lock is not None and lock.session_id == "s1"
+    (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    assert m.seq == seq
+
+
+async def test_an_available_message_written_before_leaves_sall_when_taken(
+    store, make_queue, redis_url, tokens
+):
+    """An available message written before this layout is in sall and sready, and its metadata
+    does not say it is out of sall: listed once, taken out of both, and completed cleanly."""
+    q = make_queue(requires_session=True)
+    index = Index(redis_url, store, q)
+    (seq,) = await store.send(q, msgs("s1", b"a"))
+    index.as_written_before("s1", seq)
+    assert index.listed("s1") == [seq] and index.ready("s1") == [seq]
+    assert [p.seq for p in await store.peek(q, 0, 10, session_id="s1")] == [seq]  # listed once
+    (page,) = (await store.session_page(q, "id", None, 10)).sessions
+    assert (page.active, page.deferred) == (1, 0)
+    await store.accept_session(q, "s1", "h1")
+    (m,) = await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
+    assert index.listed("s1") == [] and index.ready("s1") == [] and index.in_flight("s1") == [seq]
+    await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], "h1")
+    await store.release_session(q, "s1", "h1")
+    assert await store.list_sessions(q, 0, 10, None) == []

@@ -30,8 +30,7 @@
 ]]
 --- @include "queueContext"
 --- @include "housekeeping"
---- @include "seqMember"
---- @include "memberSeq"
+--- @include "sessionSeqs"
 --- @include "readMeta"
 --- @include "sessionLockedUntil"
 --- @include "deleteMessage"
@@ -65,10 +64,7 @@ while deleted < count and scanned < budget do
   if sid == '' then
     seqs = redis.call('ZRANGEBYSCORE', E.all, from, '+inf', 'LIMIT', 0, PAGE)
   else
-    seqs = {}
-    local members = redis.call('ZRANGEBYLEX', E.sall, '[' .. seqMember(sid, from),
-      '(' .. sid .. '\1', 'LIMIT', 0, PAGE)
-    for i, member in ipairs(members) do seqs[i] = memberSeq(member) end
+    seqs = sessionSeqs(E, sid, from, PAGE)
   end
   if #seqs == 0 then break end
   for _, s in ipairs(seqs) do

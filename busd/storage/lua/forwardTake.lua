@@ -51,6 +51,7 @@
 --- @include "lockMessage"
 --- @include "deliveryRow"
 --- @include "memberSeq"
+--- @include "seqMember"
 --- @include "tokenAt"
 
 local Q = queueContext(0, 0)
@@ -79,6 +80,12 @@ local function take(seq, m)
   local row
   if m.ss then
     unindexMessage(Q, E, seq, m)
+    -- under a plain lock it is listed with its session's deferred and scheduled ones (sall)
+    -- until it is a session message again (includes/fileMessage.lua)
+    if m.xs then
+      redis.call('ZADD', E.sall, 0, seqMember(m.sid, seq))
+      m.xs = nil
+    end
     m.ss, m.fl = nil, 1
     lockMessage(Q, E, seq, m, token, lockedUntil)
     row = deliveryRow(seq, redis.call('HGET', E.body, seq), m, m.tok, lockedUntil)

@@ -26,9 +26,7 @@
 ]]
 --- @include "queueContext"
 --- @include "housekeeping"
---- @include "seqMember"
---- @include "memberSeq"
---- @include "sessionMembers"
+--- @include "sessionSeqs"
 --- @include "readMeta"
 --- @include "deliveryRow"
 
@@ -44,15 +42,7 @@ local seqs
 if sid == '' then
   seqs = redis.call('ZRANGEBYSCORE', E.all, from, '+inf', 'LIMIT', 0, count)
 else
-  seqs = {}
-  local members
-  if E == Q.q then -- its messages in flight too (includes/sessionMembers.lua)
-    members = sessionMembers(Q, sid, seqMember(sid, from), count)
-  else
-    members = redis.call('ZRANGEBYLEX', E.sall, '[' .. seqMember(sid, from),
-      '(' .. sid .. '\1', 'LIMIT', 0, count)
-  end
-  for i, member in ipairs(members) do seqs[i] = memberSeq(member) end
+  seqs = sessionSeqs(E, sid, from, count)
 end
 
 local out = {}

@@ -127,14 +127,14 @@ for i, sid in ipairs(sids) do
       preview = string.sub(redis.call('HGET', Q.sstate, sid), 1, previewBytes)
     end
   end
-  -- a message in flight is in sinflight, not sall (includes/lockMessage.lua)
-  local listed = redis.call('ZLEXCOUNT', Q.q.sall, lo, hi)
+  -- available in sready, in flight in sinflight, deferred and scheduled in sall
+  -- (includes/fileMessage.lua; one written by a store before that layout is in sall too)
+  local rest = redis.call('ZLEXCOUNT', Q.q.sall, lo, hi)
   local active = redis.call('ZLEXCOUNT', Q.q.sready, lo, hi)
   local inflight = redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi)
   local deferred, scheduled = 0, 0
-  local rest = math.max(listed - active, 0)
   local oldest = false
-  local first = sessionMembers(Q, sid, nil, 1)[1]
+  local first = sessionMembers(Q.q, sid, nil, 1)[1]
   if first then
     local m = readMeta(Q.q, memberSeq(first))
     if m then oldest = m.enq end
@@ -145,7 +145,11 @@ for i, sid in ipairs(sids) do
     for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sall, lo, hi, 'LIMIT', 0,
         classifyCap)) do
       local m = readMeta(Q.q, memberSeq(member))
-      if m and m.st == 's' then scheduled = scheduled + 1 end
+      if m and m.st == 's' then
+        scheduled = scheduled + 1
+      elseif m and m.st ~= 'd' then
+        rest = rest - 1 -- written before: counted available or in flight above
+      end
     end
     deferred = rest - scheduled
   end

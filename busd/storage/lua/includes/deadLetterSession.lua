@@ -12,7 +12,7 @@
 -- A lock on the session stays with its holder. Returns how many messages moved.
 local function deadLetterSession(Q, sid, reason, description, first)
   local moved = 0
-  for _, member in ipairs(sessionMembers(Q, sid)) do
+  for _, member in ipairs(sessionMembers(Q.q, sid)) do
     local seq = memberSeq(member)
     local m = readMeta(Q.q, seq)
     if m then

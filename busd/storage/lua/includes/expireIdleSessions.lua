@@ -1,4 +1,4 @@
---- @include "sessionRange"
+--- @include "sessionHasMessages"
 --- @include "countEvent"
 -- Remove the sessions idle (no messages, no holder) for longer than `ttlMs`, state and
 -- bookkeeping, at most `limit` of them: the oldest entries of `sidle` only, so the work does
@@ -10,9 +10,7 @@ local function expireIdleSessions(Q, ttlMs, limit)
   local n = 0
   for _, sid in ipairs(sids) do
     redis.call('ZREM', Q.sidle, sid)
-    local lo, hi = sessionRange(sid)
-    if redis.call('HEXISTS', Q.sholder, sid) == 0
-        and redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0 then
+    if redis.call('HEXISTS', Q.sholder, sid) == 0 and not sessionHasMessages(Q, sid) then
       redis.call('HDEL', Q.sstate, sid)
       redis.call('HDEL', Q.sactive, sid)
       redis.call('ZREM', Q.supdated, sid)

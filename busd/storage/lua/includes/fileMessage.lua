@@ -15,9 +15,18 @@
 -- With `Q.filed` (a table, lua/sendMessages.lua: a call that only adds messages, so no holder
 -- changes and every later message has a higher seq) a session's holder is read and the
 -- session filed as free once per call: a batch of n messages of one session costs one look.
+-- A session message is in one of its session's indexes at a time (docs/design.md §3.4):
+-- sready while available, sinflight while locked (includes/lockMessage.lua), sall while
+-- deferred or scheduled. m.xs says it is out of sall; a message written by a store before
+-- this layout lacks it and is in sall too, until it is filed or deleted.
 local function fileMessage(Q, E, seq, m, blob)
   local st = m.st
-  if m.xs then -- out of sall while it was in flight (includes/lockMessage.lua)
+  if m.ss and st == 'a' then
+    if not m.xs then
+      redis.call('ZREM', E.sall, seqMember(m.sid, seq))
+      m.xs = 1
+    end
+  elseif m.xs then
     redis.call('ZADD', E.sall, 0, seqMember(m.sid, seq))
     m.xs = nil
   end

@@ -1,4 +1,4 @@
---- @include "sessionRange"
+--- @include "sessionHasMessages"
 --- @include "noteIdleSession"
 -- A session exists while it has messages or state; one left with only its state and no
 -- holder is idle from now. True when the session was forgotten (it had neither). A held
@@ -12,17 +12,9 @@ local function forgetSessionIfEmpty(Q, sid, known)
       and (Q.held == sid or redis.call('HEXISTS', Q.sholder, sid) == 1) then
     return false
   end
-  if not known.empty then
-    local lo, hi = sessionRange(sid)
-    if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) ~= 0 then return false end
-    -- messages in flight are in sinflight only (includes/lockMessage.lua): an unheld session
-    -- has some while its lock's end returns them one by one (includes/unlockSession.lua).
-    -- The session state scripts, which pass no sinflight, act for a holder or on a session
-    -- with no holder and nothing in flight.
-    if Q.q.sinflight and redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi) ~= 0 then
-      return false
-    end
-  end
+  -- (an unheld session has messages in flight while its lock's end returns them one by
+  -- one, includes/unlockSession.lua)
+  if not known.empty and sessionHasMessages(Q, sid) then return false end
   if redis.call('HEXISTS', Q.sstate, sid) == 0 then
     redis.call('ZREM', Q.sessions, sid)
     redis.call('ZREM', Q.supdated, sid)

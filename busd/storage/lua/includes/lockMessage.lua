@@ -6,9 +6,9 @@
 -- its session's lock, so it goes to sinflight and keeps no lock time of its own; the caller
 -- names the session's holder in m.h when it knows it (includes/checkSettlement.lua). `blob`: the
 -- body of a new message, stored with its metadata.
--- A session message in flight is in sinflight instead of sall (m.xs says so), so that a
--- message handed over at its send and completed costs neither index a write
--- (docs/design.md §3.4): taken from sall here, filed back there by includes/fileMessage.lua.
+-- A session message is in one of its session's indexes at a time (includes/fileMessage.lua):
+-- in flight, in sinflight (its caller took it out of sready); one taken out of the deferred
+-- state leaves sall here (m.xs says it is out of sall).
 local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'
   m.tok = lockToken(token, seq)

@@ -16,11 +16,18 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     for k, v in pairs(extra) do m[k] = v end
   end
   local h = Q.handOver
-  local handed = h and sid and sessionQueue and not (due and due > Q.now)
+  local scheduled = due and due > Q.now
+  local handed = h and sid and sessionQueue and not scheduled
   if sid then
     m.sid = sid
-    -- a message handed over is in flight at once: in sinflight, not sall (lockMessage)
-    if not handed then redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq)) end
+    -- A session message is in one of its session's indexes at a time (fileMessage): handed
+    -- over, in sinflight; available, in sready; scheduled, in sall. On a queue without
+    -- sessions, the session id's index is sall.
+    if sessionQueue and not scheduled then
+      m.xs = 1
+    else
+      redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
+    end
     if sessionQueue then
       m.ss = 1
       -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once.
@@ -33,7 +40,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
       end
     end
   end
-  if due and due > Q.now then
+  if scheduled then
     m.st = 's'
     m.sch = due
     m.enq = due

@@ -1,31 +1,31 @@
 --- @include "sessionRange"
--- The index members (includes/seqMember.lua) of session `sid`'s messages in the queue, in
--- sequence order: those in sall and those in flight, which are in sinflight instead
--- (includes/lockMessage.lua; one locked by a store written before is in both, and listed
--- once). From member `from` on (nil: the first), at most `limit` (nil: all).
-local function sessionMembers(Q, sid, from, limit)
+-- The index members (includes/seqMember.lua) of session `sid`'s messages on entity E, in
+-- sequence order. On the queue, from its three indexes: available in sready, in flight in
+-- sinflight, deferred and scheduled in sall (includes/fileMessage.lua; a message written by a
+-- store before this layout is in sall too, and listed once); in the dead-letter sub-queue,
+-- sall alone. From member `from` on (nil: the first), at most `limit` (nil: all).
+local function sessionMembers(E, sid, from, limit)
   local lo, hi = sessionRange(sid)
   if from then lo = '[' .. from end
-  local a, b
-  if limit then
-    a = redis.call('ZRANGEBYLEX', Q.q.sall, lo, hi, 'LIMIT', 0, limit)
-    b = redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi, 'LIMIT', 0, limit)
-  else
-    a = redis.call('ZRANGEBYLEX', Q.q.sall, lo, hi)
-    b = redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)
-  end
-  if #b == 0 then return a end
-  local out, i, j = {}, 1, 1
-  while (i <= #a or j <= #b) and not (limit and #out >= limit) do
-    local x, y = a[i], b[j]
-    if y == nil or (x ~= nil and x < y) then
-      out[#out + 1] = x
-      i = i + 1
-    else
-      out[#out + 1] = y
-      j = j + 1
-      if x == y then i = i + 1 end
+  local seen, out = {}, {}
+  for _, index in ipairs({ E.sall, E.sready or false, E.sinflight or false }) do
+    local list = {}
+    if index and limit then
+      list = redis.call('ZRANGEBYLEX', index, lo, hi, 'LIMIT', 0, limit)
+    elseif index then
+      list = redis.call('ZRANGEBYLEX', index, lo, hi)
     end
+    for _, member in ipairs(list) do
+      if not seen[member] then
+        seen[member] = true
+        out[#out + 1] = member
+      end
+    end
+  end
+  -- members compare in sequence order (fixed-width seqs after one session id)
+  table.sort(out)
+  if limit and #out > limit then
+    for i = #out, limit + 1, -1 do out[i] = nil end
   end
   return out
 end

@@ -5,6 +5,7 @@
 --- @include "refreshFreeSession"
 --- @include "noteIdleSession"
 --- @include "forgetSessionIfEmpty"
+--- @include "sessionHasMessages"
 -- End a session's lock. Its delivered, unsettled messages are available again: with a
 -- counted failed attempt when the lock expired (`failed`), without when the receiver closed.
 -- The holder goes first, so that the session, once it has available messages, is free and
@@ -20,8 +21,7 @@ local function unlockSession(Q, sid, failed)
   local lo, hi = sessionRange(sid)
   -- The usual end of a session whose last message was settled: no message to return or to
   -- be free with, so one count says it all.
-  if redis.call('ZLEXCOUNT', Q.q.sall, lo, hi) == 0
-      and redis.call('ZLEXCOUNT', Q.q.sinflight, lo, hi) == 0 then
+  if not sessionHasMessages(Q, sid) then
     if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
       redis.call('HSET', Q.sactive, sid, Q.now)
     end

@@ -16,10 +16,12 @@
     KEYS[3]  sstate     session id -> state
     KEYS[4]  supdated   session id -> ms its state was last set (the state's etag)
     KEYS[5]  sessions   sessions with messages or state
-    KEYS[6]  q.sall     <sid>\0<seq16> of every message of the queue with a session id
+    KEYS[6]  q.sall     <sid>\0<seq16>: the sessions' deferred and scheduled messages
     KEYS[7]  sidle      session id -> ms it was found idle (an operator's write may leave a
                         session with only its state and no holder: idle from then)
     KEYS[8]  sactive    session id -> ms of its last activity (dropped with the session)
+    KEYS[9]  q.sready   <sid>\0<seq16>: the sessions' available messages
+    KEYS[10] q.sinflight <sid>\0<seq16>: the sessions' messages in flight
     ARGV[1]  holder ('' an operator: no lock needed)
     ARGV[2]  session id
     ARGV[3]  '1' set, '0' clear
@@ -42,7 +44,8 @@
 --- @include "writeSessionState"
 
 local Q = { sholder = KEYS[1], slocks = KEYS[2], sstate = KEYS[3], supdated = KEYS[4],
-            sessions = KEYS[5], q = { sall = KEYS[6] }, sidle = KEYS[7], sactive = KEYS[8],
+            sessions = KEYS[5], q = { sall = KEYS[6], sready = KEYS[9], sinflight = KEYS[10] },
+            sidle = KEYS[7], sactive = KEYS[8],
             now = nowMs() }
 local sid = ARGV[2]
 if ARGV[1] ~= '' and not sessionLockedUntil(Q, sid, ARGV[1]) then return { -2 } end
