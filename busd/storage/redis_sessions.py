@@ -5,6 +5,7 @@ one whole (docs/design.md §3.4, §2.9)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from busd.storage.messages import ReceiveMode, StoredMessage
 from busd.storage.redis_codec import (
@@ -78,17 +79,25 @@ class SessionCalls(RedisConnection):
         peek_lock = mode == ReceiveMode.PEEK_LOCK
         if peek_lock and len(tokens) < count:
             raise ValueError("peek-lock needs one token per message")
-        reply = await self._run_queue(
-            "receiveSessionMessages",
-            queue,
+        request = [
             holder,
             session_arg(session_id),
             1 if peek_lock else 0,
             max(count, 0),
-            *((token_string(tokens, count),) if peek_lock else ()),
+            token_string(tokens, count) if peek_lock else b"",
+        ]
+        # with the receives of other links of the queue that come while one call of them is
+        # in flight (busd/storage/coalesce.py): with many sessions held, each woken for a
+        # message or two, the call's own cost is most of a receive's
+        (reply,) = await self._coalesced.call(
+            ("receive", queue), [request], lambda requests: self._receive_sessions(queue, requests)
         )
         check_status(reply[0])
         return [stored_message(r) for r in reply[1:]]
+
+    async def _receive_sessions(self, queue: QueueSpec, requests: list[list[Any]]) -> list[Any]:
+        args = [arg for request in requests for arg in request]
+        return list(await self._run_queue("receiveSessionMessages", queue, *args))
 
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         assert self._scripts is not None

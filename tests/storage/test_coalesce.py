@@ -1,6 +1,6 @@
-"""Settlements of many receivers on one entity, coalesced into fewer store calls
-(busd/storage/coalesce.py): each receiver still gets its own outcome, checked against its own
-lock, and nothing is applied twice or lost."""
+"""Settlements and session receives of many receivers on one entity, coalesced into fewer
+store calls (busd/storage/coalesce.py): each receiver still gets its own outcome or messages,
+checked against its own lock, and nothing is applied twice, taken twice or lost."""
 
 from __future__ import annotations
 
@@ -108,6 +108,47 @@ async def test_many_holders_settling_at_once_each_get_their_own_outcome(
             assert again == []
     counts = await store.counts(q)
     assert counts.active + counts.locked == len(abandoned)
+
+
+@pytest.mark.every_store
+async def test_many_holders_receiving_at_once_each_get_their_own_sessions_messages(
+    store, store_kind, make_queue, tokens, redis_url
+):
+    """64 sessions held by their own holders, each with three messages, received at once as 64
+    links woken by a send would: each receiver gets its own session's messages in order, up to
+    what it asked, a receiver naming a session it does not hold is refused alone; on one
+    server the 64 calls were made as fewer."""
+    import redis
+
+    q = make_queue(requires_session=True, lock_duration_ms=60_000)
+    sessions = [f"s{i:02d}" for i in range(64)]
+    for s in sessions:
+        await store.accept_session(q, s, f"holder-{s}")
+    await store.send(
+        q, [NewMessage(f"{s}-{n}".encode(), session_id=s) for n in range(3) for s in sessions]
+    )
+
+    def receive(s: str, holder: str, count: int):
+        return store.receive_session(q, s, holder, count, ReceiveMode.PEEK_LOCK, tokens(count))
+
+    with redis.Redis.from_url(redis_url) as client:
+        before = client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+        results = await asyncio.gather(
+            receive("s63", "holder-s00", 3),  # not its holder: refused, nothing taken
+            *(receive(s, f"holder-{s}", 1 + i % 3) for i, s in enumerate(sessions)),
+            return_exceptions=True,
+        )
+        calls = client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0) - before
+    refused, *received = results
+    assert getattr(refused, "condition", None) == Condition.SESSION_LOCK_LOST
+    for i, (s, got) in enumerate(zip(sessions, received)):
+        assert [m.blob for m in got] == [f"{s}-{n}".encode() for n in range(1 + i % 3)]
+        assert all(m.session_id == s and m.lock_token for m in got)
+    if store_kind == "server":  # the cluster's scripts run on other servers
+        assert 1 <= calls < 64
+    for i, s in enumerate(sessions):  # the rest, once each
+        rest = await receive(s, f"holder-{s}", 5)
+        assert [m.blob for m in rest] == [f"{s}-{n}".encode() for n in range(1 + i % 3, 3)]
 
 
 async def test_a_coalesced_call_carries_whole_callers_up_to_its_limit(monkeypatch):
