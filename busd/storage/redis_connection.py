@@ -25,6 +25,7 @@ from busd.storage.coalesce import Coalescer
 from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import as_text
 from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
+from busd.storage.shard_wakeups import ShardWakeups, tag_channel_prefix
 from busd.storage.specs import BACKOFF_LONGEST_MS, QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.storage")
@@ -171,6 +172,10 @@ class RedisConnection:
         self._node: redis.Redis | None = None
         self._scripts: Scripts | None = None
         self._channel = keyspace.wake_channel(prefix)  # every process's channel starts so
+        # On a Cluster: this process's wake-up subscriptions by sharded pub/sub, and each
+        # context's channel prefix by entity (busd/storage/shard_wakeups.py)
+        self._wakeups: ShardWakeups | None = None
+        self._wake_prefixes: dict[str, str] = {}
         # (script, key scope) -> KEYS
         self._keys: dict[tuple[str, tuple[str, str | None]], list[bytes]] = {}
         self._topic_key_cache: dict[tuple[str, str, tuple[str, ...]], list[bytes]] = {}
@@ -219,6 +224,8 @@ class RedisConnection:
         await self._check_server()
         self._scripts = Scripts(self._client, durability=self.durability)  # type: ignore[arg-type]
         await self._scripts.preload()
+        if isinstance(self._client, redis.RedisCluster):
+            self._wakeups = ShardWakeups(self._client, self.process_id, self._scripts.refresh_map)
 
     async def _check_server(self) -> None:
         assert self._node is not None
@@ -260,6 +267,8 @@ class RedisConnection:
             )
 
     async def close(self) -> None:
+        if self._wakeups is not None:
+            await self._wakeups.close()
         for task in self._listeners:
             task.cancel()
         for task in self._listeners:
@@ -287,8 +296,11 @@ class RedisConnection:
     async def subscribe(self, on_wake: WakeCallback) -> None:
         assert self._node is not None
         pubsub = self._node.pubsub(ignore_subscribe_messages=True)
+        # (on a Cluster too: a process of a version before sharded wake-ups publishes here)
         await pubsub.subscribe(keyspace.wake_channel(self.prefix, self.process_id))
         self._listeners.append(asyncio.create_task(self._listen(pubsub, on_wake), name="busd-wake"))
+        if self._wakeups is not None:
+            self._wakeups.listen(on_wake)
 
     async def _listen(self, pubsub: Any, on_wake: WakeCallback) -> None:
         try:
@@ -332,7 +344,7 @@ class RedisConnection:
         self, queue: QueueSpec, budget: int = HOUSEKEEPING_BUDGET, name: str | None = None
     ) -> list[Any]:
         """A queue context's parameters; `name` for a subscription in a topic context."""
-        return queue_context_args(queue, self._channel, budget, name)
+        return queue_context_args(queue, self._wake_prefix(queue.key_scope[0]), budget, name)
 
     def _topic_args(
         self,
@@ -345,9 +357,21 @@ class RedisConnection:
         of subscriptions, then each subscription's queue context under its own name (what the
         topic's `subs` holds)."""
         args: list[Any] = [topic, len(subscriptions)]
+        channel = self._wake_prefix(topic)
         for spec, name in zip(subscriptions, names):
-            args += queue_context_args(spec, self._channel, budget, name)
+            args += queue_context_args(spec, channel, budget, name)
         return args
+
+    def _wake_prefix(self, entity: str) -> str:
+        """The wake-up channel prefix of `entity`'s contexts: on a Cluster its hash tag's
+        (sharded pub/sub, lua/includes/queueContext.lua), else every process's."""
+        if self._wakeups is None:
+            return self._channel
+        prefix = self._wake_prefixes.get(entity)
+        if prefix is None:
+            prefix = tag_channel_prefix(keyspace.hash_tag(self.prefix, entity))
+            self._wake_prefixes[entity] = prefix
+        return prefix
 
     async def _run(self, script: str, queue: QueueSpec | TopicSpec, args: list[Any]) -> Any:
         scripts = self._connected()
@@ -362,6 +386,11 @@ class RedisConnection:
         """One script call in its turn (the call limiter), the store's unavailability
         raised as StoreUnavailable."""
         if not self.cross_slot_transactions:  # a Cluster: see keyspace.context_guard
+            if (wakeups := self._wakeups) is not None and keys:
+                # subscribed to this slot's wake-ups before the call can register a waiter
+                channel = wakeups.channel_of(keys[0])
+                if channel is not None and channel not in wakeups.ready:
+                    await wakeups.ensure(channel)
             keys = keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
         await self._acquire()
         try:

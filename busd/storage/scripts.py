@@ -335,6 +335,11 @@ class Scripts:
         # (script, keys) -> (number of KEYS, encoded 'FCALL <function> <numkeys> <keys...>')
         self._heads: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
 
+    async def refresh_map(self) -> None:
+        """Read a Cluster's slot map again (busd/storage/cluster.py; nothing on one server)."""
+        if self._shards is not None:
+            await self._shards.refresh()
+
     async def preload(self) -> None:
         """Load the library now (on every primary of a cluster), so that the first calls
         need no reload round trip."""

@@ -13,7 +13,10 @@ local QUEUE_KEYC = 1
 -- script takes first (ARGV[ab+1 .. ab+QUEUE_ARGC]). The offsets let one script hold several
 -- queue contexts side by side; a script with one passes 0, 0.
 --   ARGV[ab+1]  queue name
---   ARGV[ab+2]  wake-up channel prefix: a process's channel is this + its process id
+--   ARGV[ab+2]  wake-up channel prefix: a process's channel is this + its process id. On a
+--               Cluster it carries the context's hash tag (`{<tag>}:wake:`), and wake-ups go
+--               by sharded pub/sub (SPUBLISH: they stay on the shard, busd/storage/
+--               shard_wakeups.py); else by PUBLISH
 --   ARGV[ab+3]  lock duration ms
 --   ARGV[ab+4]  max delivery count
 --   ARGV[ab+5]  policy flags, a sum: 1 dead-letter expired messages (else drop them), 2 a
@@ -29,6 +32,7 @@ local function queueContext(kb, ab)
   local keys = queueKeys(KEYS[kb + 1])
   local Q = {
     queue = ARGV[ab + 1], channel = ARGV[ab + 2], lockMs = tonumber(ARGV[ab + 3]),
+    publish = string.byte(ARGV[ab + 2], 1) == 123 and 'SPUBLISH' or 'PUBLISH', -- 123: '{'
     maxDc = tonumber(ARGV[ab + 4]), dlOnExp = tonumber(ARGV[ab + 5]) % 2 == 1,
     dlSession = tonumber(ARGV[ab + 5]) >= 2,
     budget = tonumber(ARGV[ab + 6]), bo = false,

@@ -3,6 +3,6 @@
 local function wakeHolder(Q, holder)
   if holder ~= Q.caller and not Q.woken[holder] then
     Q.woken[holder] = true
-    redis.call('PUBLISH', Q.channel .. string.match(holder, '^[^:]*'), holder)
+    redis.call(Q.publish, Q.channel .. string.match(holder, '^[^:]*'), holder)
   end
 end
