@@ -176,10 +176,13 @@ def shard_count(wanted: int | None, cores: int | None = None) -> int:
 
 
 def default_partitions(shards: int) -> int:
-    """The PartitionCount of an entity created over `shards` local shards without one: the
-    least multiple of the shard count from 16 (Service Bus's), so each shard holds as many
-    partitions (16 over 2, 4, 8 or 16 shards; 18 over 3 or 6; 20 over 5)."""
-    return shards * -(-16 // shards)
+    """The PartitionCount of an entity created over `shards` local shards without one: one
+    partition per shard (docs/design.md §3.9). A send, a settlement batch and an accept are
+    a store call per partition they touch, so more partitions cost calls; sessions spread
+    over the shards as evenly either way (each hashes to one partition); and local shards
+    never grow in number (their data directory keeps it), so more partitions would buy no
+    later spread."""
+    return shards
 
 
 class EmbeddedCluster:

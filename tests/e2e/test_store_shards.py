@@ -111,7 +111,7 @@ def test_three_local_shards_from_one_command(tmp_path):
             props.max_delivery_count = 7
             admin.update_queue(props)
             assert admin.get_queue("orders").max_delivery_count == 7
-        # 18 partitions (a multiple of the shards), six on each shard
+        # 3 partitions (one per shard), one on each shard
         per_shard = Counter()
         waited = {}
         for _, port in servers:
@@ -124,7 +124,7 @@ def test_three_local_shards_from_one_command(tmp_path):
             per_shard[port] = len(tags)
         # every shard took sends, and each waited for its own append-only file
         assert all(waited.values()), waited
-        assert sorted(per_shard.values()) == [6, 6, 6], per_shard
+        assert sorted(per_shard.values()) == [1, 1, 1], per_shard
 
         # busd shows the spread: `busd shards` and /metrics
         shown = CliRunner().invoke(cli, ["shards", "orders", "--json", "--url", busd.http_url])
@@ -132,7 +132,7 @@ def test_three_local_shards_from_one_command(tmp_path):
         (entity,) = json.loads(shown.output)
         rows = {r["shard"]: r for r in entity["shards"]}
         assert {int(a.rsplit(":", 1)[1]) for a in rows} == {port for _, port in servers}
-        assert [r["partitions"] for r in rows.values()] == [6, 6, 6]
+        assert [r["partitions"] for r in rows.values()] == [1, 1, 1]
         assert sum(r["sessions"] for r in rows.values()) == SESSIONS
         assert sum(r["sent"] for r in rows.values()) == SESSIONS * PER_SESSION
         table = CliRunner().invoke(cli, ["shards", "--url", busd.http_url])
@@ -142,7 +142,7 @@ def test_three_local_shards_from_one_command(tmp_path):
         placed = re.findall(
             r'busd_entity_partitions\{entity="orders",shard="([^"]+)"\} (\S+)', metrics
         )
-        assert sorted(float(n) for _, n in placed) == [6.0, 6.0, 6.0]
+        assert sorted(float(n) for _, n in placed) == [1.0, 1.0, 1.0]
         assert {a for a, _ in placed} == set(rows)
 
         first = take_sessions(busd, SESSIONS // 2)
