@@ -20,7 +20,7 @@ local function unlockSession(Q, sid, failed)
   if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   local lo, hi = sessionRange(sid)
   -- The usual end of a session whose last message was settled: no message to return or to
-  -- be free with, so one count says it all.
+  -- be free with, which counting its indexes says (includes/sessionHasMessages.lua).
   if not sessionHasMessages(Q, sid) then
     if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
       redis.call('HSET', Q.sactive, sid, Q.now)
