@@ -23,13 +23,16 @@ SCRIPT_RUNS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
 STORES = ("cluster", "sentinel")
 
 
-def start(kind: str, directory: Path) -> Any:  # -> tests.faults.replicas.Nodes
-    """A store of `kind` (STORES) on loopback; its `url`, `pids()`, `kill(port)`, `stop()`."""
+def start(kind: str, directory: Path, durability: str | None = None) -> Any:
+    """A store of `kind` (STORES) on loopback; its `url`, `pids()`, `kill(port)`, `stop()`
+    (a tests.faults.replicas.Nodes). A Cluster for `--durability replicated` has two replicas
+    a shard: once one is promoted, busd needs the other to confirm each batch, and with none
+    left that shard refuses writes (docs/design.md §3.9)."""
     from tests.faults.replicas import Cluster, ReplicaSet
 
     directory.mkdir(parents=True, exist_ok=True)
     if kind == "cluster":
-        return Cluster(directory, primaries=3, replicas=1)
+        return Cluster(directory, primaries=3, replicas=2 if durability == "replicated" else 1)
     return ReplicaSet(directory, replicas=2, sentinels=3)
 
 
