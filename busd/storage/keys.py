@@ -292,5 +292,6 @@ def namespaces_key(prefix: str) -> str:
 def wake_channel(prefix: str, process_id: str = "") -> str:
     """The pub/sub channel of one broker process: scripts publish on it the id of a waiter or
     lock holder of that process that has work (includes/wakeWaiters.lua). Without a process id:
-    the common prefix of every process's channel."""
+    the common prefix of every process's channel. On a Cluster `prefix` is a context's hash
+    tag (`{...}`), so the channel is in the context's slot (busd/storage/shard_wakeups.py)."""
     return f"{prefix}:wake:{process_id}"

@@ -25,7 +25,7 @@ from busd.storage.coalesce import Coalescer
 from busd.storage.pipeline import DURABILITY
 from busd.storage.redis_codec import as_text
 from busd.storage.scripts import QUEUE_ARGC, ScriptError, Scripts
-from busd.storage.shard_wakeups import ShardWakeups, tag_channel_prefix
+from busd.storage.shard_wakeups import ShardWakeups
 from busd.storage.specs import BACKOFF_LONGEST_MS, QueueSpec, TopicSpec
 
 log = logging.getLogger("busd.storage")
@@ -369,7 +369,7 @@ class RedisConnection:
             return self._channel
         prefix = self._wake_prefixes.get(entity)
         if prefix is None:
-            prefix = tag_channel_prefix(keyspace.hash_tag(self.prefix, entity))
+            prefix = keyspace.wake_channel(keyspace.hash_tag(self.prefix, entity))
             self._wake_prefixes[entity] = prefix
         return prefix
 

@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
+from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, StoreUnavailable, WakeCallback
 
 log = logging.getLogger("busd.storage")
@@ -104,7 +105,7 @@ class ShardWakeups:
         refresh: Callable[[], Awaitable[None]],
     ) -> None:
         self._cluster = cluster
-        self._pid = process_id.encode()
+        self._pid = process_id
         self._refresh = refresh  # reads the cluster's slot map again
         self.ready: set[bytes] = set()  # channels subscribed, confirmed
         self._under_way: dict[bytes, asyncio.Future[None]] = {}
@@ -126,7 +127,8 @@ class ShardWakeups:
             end = key.find(b"}")
             if not key.startswith(b"{") or end < 0:
                 return None
-            channel = self._channels[key] = key[: end + 1] + b":wake:" + self._pid
+            tag = key[: end + 1].decode()
+            channel = self._channels[key] = keyspace.wake_channel(tag, self._pid).encode()
         return channel
 
     async def ensure(self, channel: bytes) -> None:
@@ -227,9 +229,3 @@ class ShardWakeups:
         self.ready.clear()
         for node in nodes:
             await node.stop()
-
-
-def tag_channel_prefix(tag: str) -> str:
-    """The wake-up channel prefix scripts are given for a context of hash tag `tag` (`{...}`)
-    on a Cluster: a process's channel is it + the process id (ShardWakeups.channel_of)."""
-    return tag + ":wake:"

@@ -8,14 +8,11 @@ local function sessionMembers(E, sid, from, limit)
   local lo, hi = sessionRange(sid)
   if from then lo = '[' .. from end
   local seen, out = {}, {}
-  for _, index in ipairs({ E.sall, E.sready or false, E.sinflight or false }) do
-    local list = {}
-    if index and limit then
-      list = redis.call('ZRANGEBYLEX', index, lo, hi, 'LIMIT', 0, limit)
-    elseif index then
-      list = redis.call('ZRANGEBYLEX', index, lo, hi)
-    end
-    for _, member in ipairs(list) do
+  local range = { lo, hi }
+  if limit then range = { lo, hi, 'LIMIT', 0, limit } end
+  -- (ipairs stops at the first index E lacks: a dead-letter sub-queue has sall alone)
+  for _, index in ipairs({ E.sall, E.sready, E.sinflight }) do
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', index, unpack(range))) do
       if not seen[member] then
         seen[member] = true
         out[#out + 1] = member
