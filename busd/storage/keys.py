@@ -75,7 +75,7 @@ KEY_DOC: dict[str, str] = {
     "body": "hash: seq -> message blob, exactly the bytes sent; 'm<seq>' -> cmsgpack map of "
     "its metadata (includes/readMeta.lua)",
     "meta": "hash: seq -> metadata of messages stored before it moved beside the body",
-    "all": "zset: seq -> seq; every message in any state (peek)",
+    "all": "zset: seq -> seq; every message but a session's in flight (in sinflight)",
     "ready": "zset: seq -> seq; available messages not filed under a session",
     "locked": "zset: seq -> ms lock ends; locked messages not filed under a session",
     "tokens": "hash: lock token -> seq, of locks taken before tokens named their message",

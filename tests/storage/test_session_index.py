@@ -46,22 +46,32 @@ class Index:
     def ready(self, sid: str) -> list[int]:
         return self._seqs("q.sready", sid)
 
+    def everything(self) -> list[int]:
+        """q.all: every message of the queue but those in flight under a session lock."""
+        with redis.Redis.from_url(self.url) as client:
+            key = keyspace.key(self.prefix, self.q.key_scope[0], "q.all")
+            return [int(s) for s in client.zrange(key, 0, -1)]
+
     def as_written_before(self, sid: str, seq: int) -> None:
-        """Leave the message as a store before this layout did: in sall, its metadata
-        without the flag that says it is out of sall."""
-        body, sall = (
-            keyspace.key(self.prefix, self.q.key_scope[0], k) for k in ("q.body", "q.sall")
+        """Leave the message as a store before this layout did: in sall and in q.all, its
+        metadata without the flags that say it is out of them."""
+        body, sall, everything = (
+            keyspace.key(self.prefix, self.q.key_scope[0], k) for k in ("q.body", "q.sall", "q.all")
         )
         with redis.Redis.from_url(self.url) as client:
             client.eval(
-                "local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])); m.xs = nil; "
+                "local m = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])); "
+                "m.xs = nil; m.xa = nil; "
                 "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(m)); "
-                "redis.call('ZADD', KEYS[2], 0, ARGV[2])",
-                2,
+                "redis.call('ZADD', KEYS[2], 0, ARGV[2]); "
+                "redis.call('ZADD', KEYS[3], ARGV[3], ARGV[3])",
+                3,
                 body,
                 sall,
+                everything,
                 f"m{seq}",
                 sid.encode() + b"\0" + b"%016d" % seq,
+                seq,
             )
 
 
@@ -143,8 +153,10 @@ async def test_a_message_locked_by_a_store_written_before_settles_cleanly(
     index.as_written_before("s1", seq)
     assert index.listed("s1") == [seq] and index.in_flight("s1") == [seq]
     assert [p.seq for p in await store.peek(q, 0, 10, session_id="s1")] == [seq]  # listed once
+    assert index.everything() == [seq] and [p.seq for p in await store.peek(q, 0, 10)] == [seq]
     await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], "h1")
     assert index.listed("s1") == [] and index.in_flight("s1") == []
+    assert index.everything() == []
     await store.release_session(q, "s1", "h1")
     assert await store.list_sessions(q, 0, 10, None) == []
 
@@ -219,3 +231,52 @@ async def test_an_available_message_written_before_leaves_sall_when_taken(
     await store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE, "s1")], "h1")
     await store.release_session(q, "s1", "h1")
     assert await store.list_sessions(q, 0, 10, None) == []
+
+
+async def test_a_message_in_flight_under_a_session_lock_is_out_of_q_all_yet_seen(
+    store, make_queue, redis_url, tokens
+):
+    """q.all leaves out a session message in flight (lua/includes/lockMessage.lua): one handed
+    over is never put there, one received leaves it, one that comes back returns, one completed
+    in flight costs it nothing. Peeking, counting, sizing and purging still see every message."""
+    from busd.storage.messages import HandOver, LockTokens
+
+    q = make_queue(requires_session=True)
+    index = Index(redis_url, store, q)
+    holder = f"{store.process_id}:1"
+    (a,) = await store.send(q, msgs("s2", b"a"))  # s2 is not held: filed
+    await store.accept_session(q, "s1", holder)
+    sent = await store.send_handing_over(
+        q, msgs("s1", b"bb"), [HandOver("s1", holder, 1, LockTokens(1))]
+    )
+    ((b,),) = sent.handed
+    (c,) = await store.send(q, msgs("s1", b"ccc"))  # no offer: filed
+    assert index.everything() == [a, c]
+    (got,) = await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
+    assert got.seq == c and index.everything() == [a] and index.in_flight("s1") == [b.seq, c]
+    # peeked in sequence order with the rest, from any point, up to any count
+    assert [m.seq for m in await store.peek(q, 0, 10)] == [a, b.seq, c]
+    assert [m.seq for m in await store.peek(q, 0, 2)] == [a, b.seq]
+    assert [m.seq for m in await store.peek(q, b.seq, 1)] == [b.seq]
+    assert [m.seq for m in await store.peek(q, c, 10)] == [c]
+    counts = await store.counts(q)
+    assert (counts.active, counts.locked, counts.oldest_enqueued_ms is not None) == (1, 2, True)
+    in_flight_size = await store.size_in_bytes(q)
+    # back from flight: in q.all again; completed in flight: in neither
+    await store.settle(q, [Settlement(got.lock_token, Outcome.ABANDON, "s1")], holder)
+    assert index.everything() == [a, c]
+    await store.settle(q, [Settlement(b.lock_token, Outcome.COMPLETE, "s1")], holder)
+    assert index.everything() == [a, c] and index.in_flight("s1") == []
+    assert [m.seq for m in await store.peek(q, 0, 10)] == [a, c]
+    (again,) = await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
+    assert again.seq == c and index.everything() == [a]
+    # c is the same size in flight as filed; b's 2 bytes are gone with it
+    await store.release_session(q, "s1", holder)
+    assert index.everything() == [a, c]
+    filed_size = await store.size_in_bytes(q)
+    assert 0 < filed_size < in_flight_size
+    await store.accept_session(q, "s1", holder)
+    await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
+    assert await store.size_in_bytes(q) == filed_size
+    assert await store.purge(q) == 2  # a, and c in flight
+    assert index.everything() == [] and await store.peek(q, 0, 10) == []

@@ -24,6 +24,7 @@
 ]]
 --- @include "queueContext"
 --- @include "readMeta"
+--- @include "messageSeqs"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -53,7 +54,7 @@ else
   }
 end
 local oldest = 0
-for _, seq in ipairs(redis.call('ZRANGE', E.all, 0, 9)) do
+for _, seq in ipairs(messageSeqs(E, 0, 10)) do
   local m = readMeta(E, seq)
   if m and m.enq <= Q.now then
     oldest = m.enq

@@ -19,9 +19,10 @@
     none (receivers still attached are detached by the broker, which deleted the record)
 ]]
 --- @include "queueContext"
+--- @include "messageCount"
 
 local Q = queueContext(0, 0)
-local n = redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
+local n = messageCount(Q.q) + messageCount(Q.d)
 for name, key in pairs(getmetatable(Q).__index) do -- its keys (includes/queueKeys.lua)
   if type(key) == 'table' then
     for sub, k in pairs(key) do

@@ -26,12 +26,13 @@
 ]]
 --- @include "topicContext"
 --- @include "queueContext"
+--- @include "messageCount"
 
 local T = topicContext()
 local n = 0
 for i = 1, T.n do
   local Q = queueContext(TOPIC_KEYC + (i - 1) * QUEUE_KEYC, TOPIC_ARGC + (i - 1) * QUEUE_ARGC)
-  n = n + redis.call('ZCARD', Q.q.all) + redis.call('ZCARD', Q.d.all)
+  n = n + messageCount(Q.q) + messageCount(Q.d)
   for name, key in pairs(getmetatable(Q).__index) do -- its keys (includes/queueKeys.lua)
     if type(key) == 'table' then
       for sub, k in pairs(key) do

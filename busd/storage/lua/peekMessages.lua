@@ -27,6 +27,7 @@
 --- @include "queueContext"
 --- @include "housekeeping"
 --- @include "sessionSeqs"
+--- @include "messageSeqs"
 --- @include "readMeta"
 --- @include "deliveryRow"
 
@@ -40,7 +41,7 @@ if count <= 0 then return {} end
 
 local seqs
 if sid == '' then
-  seqs = redis.call('ZRANGEBYSCORE', E.all, from, '+inf', 'LIMIT', 0, count)
+  seqs = messageSeqs(E, from, count)
 else
   seqs = sessionSeqs(E, sid, from, count)
 end

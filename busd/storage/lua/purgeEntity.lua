@@ -19,12 +19,13 @@
     none
 ]]
 --- @include "queueContext"
+--- @include "messageCount"
 --- @include "countEvent"
 --- @include "noteIdleSession"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
-local n = redis.call('ZCARD', E.all)
+local n = messageCount(E)
 for name, key in pairs(E) do
   if name ~= 'dlq' then redis.call('UNLINK', key) end
 end

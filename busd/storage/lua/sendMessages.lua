@@ -15,9 +15,9 @@
   session is filed available instead, none after it is handed over (docs/design.md §3.5).
 
   Invariant: with duplicate detection on, a message id accepted within the last `window` ms
-  is not accepted again; every message is in q.body (body and metadata), q.all and the
-  index of its state (a handed-over message: locked, in q.sinflight, as
-  receiveSessionMessages leaves it).
+  is not accepted again; every message is in q.body (body and metadata) and the index of
+  its state, and in q.all unless handed over (then locked, in q.sinflight and out of q.all,
+  as receiveSessionMessages leaves it: includes/lockMessage.lua).
 
   Context: queue
 

@@ -8,7 +8,11 @@ local function deleteMessage(Q, E, seq, m)
   unindexMessage(Q, E, seq, m)
   redis.call('HDEL', E.body, seq, metaField(seq))
   legacyMeta(E, seq, true)
-  redis.call('ZREM', E.all, seq)
+  if m.xa then -- it was in flight under a session lock: not in E.all (includes/lockMessage.lua)
+    m.xa = nil
+  else
+    redis.call('ZREM', E.all, seq)
+  end
   if m.sid then
     if not m.xs then redis.call('ZREM', E.sall, seqMember(m.sid, seq)) end
     if m.ss then

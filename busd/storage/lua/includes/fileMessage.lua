@@ -19,8 +19,14 @@
 -- sready while available, sinflight while locked (includes/lockMessage.lua), sall while
 -- deferred or scheduled. m.xs says it is out of sall; a message written by a store before
 -- this layout lacks it and is in sall too, until it is filed or deleted.
+-- A message coming back from flight under a session lock goes back into E.all (m.xa,
+-- includes/lockMessage.lua).
 local function fileMessage(Q, E, seq, m, blob)
   local st = m.st
+  if m.xa then
+    redis.call('ZADD', E.all, seq, seq)
+    m.xa = nil
+  end
   if m.ss and st == 'a' then
     if not m.xs then
       redis.call('ZREM', E.sall, seqMember(m.sid, seq))

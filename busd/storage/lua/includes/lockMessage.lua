@@ -9,6 +9,9 @@
 -- A session message is in one of its session's indexes at a time (includes/fileMessage.lua):
 -- in flight, in sinflight (its caller took it out of sready); one taken out of the deferred
 -- state leaves sall here (m.xs says it is out of sall).
+-- In flight under a session lock, a message is out of E.all too (m.xa says so): a message sent
+-- to its session's holder and completed by it then costs E.all nothing (docs/design.md §3.4).
+-- A new one (`blob`) was never put there; one taken leaves it here.
 local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.st = 'l'
   m.tok = lockToken(token, seq)
@@ -17,7 +20,13 @@ local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
     redis.call('ZADD', E.sinflight, 0, member)
     if not (blob or m.xs) then redis.call('ZREM', E.sall, member) end
     m.xs = 1
+    if not (blob or m.xa) then redis.call('ZREM', E.all, seq) end
+    m.xa = 1
   else
+    if m.xa then -- back in E.all: a forwarder's lock is not a session's (lua/forwardTake.lua)
+      redis.call('ZADD', E.all, seq, seq)
+      m.xa = nil
+    end
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)
   end

@@ -9,7 +9,8 @@
 -- `extra`, metadata fields to set besides (a forwarded message's: includes/readMeta.lua).
 -- With `Q.handOver` ({ token, lockedUntil, holder }, set by lua/sendMessages.lua), a session
 -- message available now is locked for its session's holder instead of filed, and its delivery
--- row left in Q.handOver.row.
+-- row left in Q.handOver.row; it is not put in Q.q.all, which leaves out messages in flight
+-- under a session lock (includes/lockMessage.lua).
 local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, extra)
   local m = { dc = 0, pp = patch }
   if extra then
@@ -50,12 +51,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     m.enq = Q.now
     if ttl then m.exp = Q.now + ttl end
   end
-  redis.call('ZADD', Q.q.all, seq, seq)
   if handed then
     m.h = h.holder
     lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
     h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else
+    redis.call('ZADD', Q.q.all, seq, seq)
     fileMessage(Q, Q.q, seq, m, blob)
   end
 end

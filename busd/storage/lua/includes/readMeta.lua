@@ -10,6 +10,8 @@
 --   not known)   wd 1 when locked out of the deferred state (it goes back there)
 --   dlr / dld dead-letter reason / description   pp properties patch (opaque)
 --   sst the state of the session dead-lettered with it (lua/deadLetterSession.lua)
+--   xs 1 when out of E.sall (includes/fileMessage.lua)   xa 1 when out of E.all: in flight
+--   under a session lock (includes/lockMessage.lua)
 --   forwarded messages (docs/design.md §3.16): fs the sequence number first given to it, at its
 --   original entity   hop how many times it was forwarded   dls the entity whose dead-letter
 --   sub-queue it was forwarded from
