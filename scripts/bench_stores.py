@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,9 @@ class NodeSample:
     # the server's own CPU seconds (INFO CPU used_cpu_sys + used_cpu_user): a shard's figure
     # wherever it runs, this machine or not; None when INFO CPU did not answer (killed)
     info_cpu_s: float | None = None
+    # µs the server spent in each command (INFO commandstats' usec): a script run's includes
+    # the commands it calls, which are counted under their own names as well
+    usec: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,16 +156,18 @@ class StoreProbe:
         return self.nodes[0].pid
 
     def sample(self) -> dict[str, NodeSample]:
-        return {
-            node.name: NodeSample(
+        samples = {}
+        for node in self.nodes:
+            calls, usec = self._commandstats(node)
+            samples[node.name] = NodeSample(
                 node_cpu(node),
-                self._calls(node),
+                calls,
                 self._keys(node),
                 self._aof(node),
                 self._info_cpu(node),
+                usec,
             )
-            for node in self.nodes
-        }
+        return samples
 
     def calls(self) -> dict[str, int]:
         """Commands by name, summed over the nodes."""
@@ -174,18 +179,25 @@ class StoreProbe:
 
     @staticmethod
     def _calls(node: Node) -> dict[str, int]:
+        return StoreProbe._commandstats(node)[0]
+
+    @staticmethod
+    def _commandstats(node: Node) -> tuple[dict[str, int], dict[str, int]]:
+        """INFO commandstats: calls and µs by command, this probe's own left out."""
         try:
             stats = node.client.info("commandstats")
         except (redis.RedisError, OSError):
-            return {}
-        calls = {
-            k[len("cmdstat_") :]: v["calls"]
-            for k, v in stats.items()
-            if k.startswith("cmdstat_") and isinstance(v, dict)
-        }
+            return {}, {}
+        calls, usec = {}, {}
+        for k, v in stats.items():
+            if k.startswith("cmdstat_") and isinstance(v, dict):
+                name = k[len("cmdstat_") :]
+                calls[name] = int(v["calls"])
+                usec[name] = int(v.get("usec", 0))
         for own in ("info", "dbsize", "config|get"):  # this probe's
             calls.pop(own, None)
-        return calls
+            usec.pop(own, None)
+        return calls, usec
 
     @staticmethod
     def _info_cpu(node: Node) -> float | None:

@@ -80,6 +80,14 @@ def test_small_churn_run_passes_its_checks_and_prints_the_costs() -> None:
     # store calls (script runs) are round trips; commands include those run inside them
     assert 0 < float(calls) < float(cmds)
     assert re.search(r"store commands per message: [\d.]+ script runs \(fcall", out), out
+    # where the store's time went: in scripts, of which in the commands they called
+    timed = re.search(
+        r"store time per message: ([\d.]+) µs in script runs, of which commands "
+        r"([\d.]+) µs; \w+ [\d.]+",
+        out,
+    )
+    assert timed is not None, out
+    assert 0 < float(timed[2]) < float(timed[1]), out
     assert "sessions accepted" in out
     # Messages sent before the receivers came: sent, taken with each accept and settled; each
     # of the 30 sessions accepted and let go.
