@@ -224,14 +224,17 @@ async def _commands_per_message(store, store_url, sq, held, one, rounds: int = 2
 # a message over leaves the session index alone (a held session is in it: lua/acceptSession.lua);
 # 21.15 since a hand-over is counted once; 19.15 since a message in flight is in sinflight
 # instead of sall (lua/includes/lockMessage.lua): handed over and completed, it never is in sall;
-# 17.15 since it is out of q.all as well while in flight: it never is in q.all either.
-COMMANDS_PER_HELD_MESSAGE = 17.2
+# 17.15 since it is out of q.all as well while in flight: it never is in q.all either; 16.15
+# since a settle writes the session's last activity once a second at most
+# (lua/includes/noteActivity.lua).
+COMMANDS_PER_HELD_MESSAGE = 16.2
 # A message of a held session that its send files (no offer: the holder had no credit then),
 # then received and settled, one message a call, with the counting's own few commands.
 # Measured 32.15 while an available session message was in sall as well as sready; 30.15 since
 # it is in sready alone (lua/includes/fileMessage.lua); still 30.15 since a message in flight is
-# out of q.all (its receive takes it out, so its completion does not).
-COMMANDS_PER_FILED_MESSAGE = 30.2
+# out of q.all (its receive takes it out, so its completion does not); 29.15 since a settle
+# writes the session's last activity once a second at most.
+COMMANDS_PER_FILED_MESSAGE = 29.2
 
 
 @pytest.mark.not_on("cluster", reason="counts one server's commands")

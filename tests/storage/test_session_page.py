@@ -1,8 +1,11 @@
 """The session inspector's pages (lua/sessionPage.lua): every session once, in each sort's
-order, with a store cost per page that does not grow with the number of sessions; and an
-operator's release of a session lock."""
+order, with a store cost per page that does not grow with the number of sessions; the last
+activity settles record; and an operator's release of a session lock."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import pytest
 import redis
@@ -123,3 +126,44 @@ async def test_a_lost_session_lock_ends_as_an_expired_one(store, make_queue, tok
     )
     assert [m.blob for m in again.messages] == [b"a"]
     assert again.messages[0].delivery_count == 1
+
+
+async def _last_activity(store, queue) -> int:
+    (row,) = (await store.session_page(queue, "id", None, 10)).sessions
+    return row.last_activity_ms
+
+
+async def _complete(store, queue, message) -> None:
+    done = Settlement(message.lock_token, Outcome.COMPLETE, session_id="s")
+    assert await store.settle(queue, [done], "h1") == [None]
+
+
+async def test_settles_record_the_last_activity_once_a_second(store, make_queue, tokens):
+    """A settle writes its session's last activity unless it wrote it less than a second ago
+    (lua/includes/noteActivity.lua): the settles in between cost no write, and the recorded
+    time lags by less than that."""
+    q = make_queue(requires_session=True, lock_duration_ms=60_000)
+    await store.send(q, [NewMessage(b"%d" % i, session_id="s") for i in range(4)])
+    # the fourth stays in flight: the inspector lists a held session that has messages
+    a, b, c, _ = (await store.accept_session(q, "s", "h1", count=4, tokens=tokens(4))).messages
+    await _complete(store, q, a)
+    first = await _last_activity(store, q)
+    await _complete(store, q, b)
+    if time.time() * 1000 - first < 900:  # (a machine slower than that: no claim)
+        assert await _last_activity(store, q) == first
+    await asyncio.sleep(1.05)
+    await _complete(store, q, c)
+    assert await _last_activity(store, q) >= first + 1000
+
+
+async def test_a_short_lock_has_its_last_activity_recorded_more_often(store, make_queue, tokens):
+    """Once a quarter of the lock duration when that is under a second: a session settling
+    more often than its lock lasts never looks stuck."""
+    q = make_queue(requires_session=True, lock_duration_ms=800)
+    await store.send(q, [NewMessage(b"%d" % i, session_id="s") for i in range(3)])
+    a, b, _ = (await store.accept_session(q, "s", "h1", count=3, tokens=tokens(3))).messages
+    await _complete(store, q, a)
+    first = await _last_activity(store, q)
+    await asyncio.sleep(0.25)
+    await _complete(store, q, b)
+    assert await _last_activity(store, q) >= first + 200

@@ -34,6 +34,7 @@
 --- @include "checkSettlement"
 --- @include "applySettlement"
 --- @include "countEvent"
+--- @include "noteActivity"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -72,7 +73,7 @@ for i = QUEUE_ARGC + 2, #ARGV, 7 do
   end
   out[#out + 1] = status
 end
-for sid in pairs(settled) do redis.call('HSET', Q.sactive, sid, Q.now) end
+for sid in pairs(settled) do noteActivity(Q, sid) end
 for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
   countEvent(Q, E, event, counts[event] or 0)
 end
