@@ -56,6 +56,7 @@
 --- @include "unlockSession"
 --- @include "releaseSessionLock"
 --- @include "takeSessionMessages"
+--- @include "noteActivity"
 
 local Q = queueContext(0, 0)
 local holder = ARGV[QUEUE_ARGC + 1]
@@ -101,7 +102,7 @@ redis.call('ZREM', Q.sfree, sid)
 -- listed (includes/unlistedSession.lua) and its lock's end forgets it. A free session has
 -- available messages, so it is there already.
 if not nextAvailable then redis.call('ZADD', Q.sessions, 0, sid) end
-redis.call('HSET', Q.sactive, sid, Q.now)
+noteActivity(Q, sid, true) -- and its settles of the next second write none
 local client = ARGV[QUEUE_ARGC + 7]
 if client and client ~= '' then redis.call('HSET', Q.sclient, sid, client) end
 local out = { 0, sid, lockedUntil }

@@ -1,17 +1,19 @@
 -- A settle records its held session's last activity (`sactive`, the inspector's
 -- `last_activity`, docs/management.md §7) at most once a second per session (once a quarter
 -- of the lock duration, when that is shorter): a held session settling every message would
--- otherwise write it per message. Accepting and unlocking write it as they did. What this
+-- otherwise write it per message. Accepting (`always`) writes it and records it, so the
+-- settles of its first second write nothing; unlocking writes it as it did. What this
 -- server last wrote is remembered in a table of the library, kept between calls and lost
 -- with the server (a restarted or promoted one writes at once), and dropped whole at 4096
 -- sessions. So the recorded time lags by less than that interval, and a session that settles
 -- more often than every three quarters of its lock duration never looks `stuck`.
 local ACTIVITY_MS = 1000
 local activityWritten, activityCount = {}, 0
-local function noteActivity(Q, sid)
+local function noteActivity(Q, sid, always)
   local key = Q.sactive .. '\0' .. sid
   local last = activityWritten[key]
-  if last and last <= Q.now and Q.now - last < math.min(ACTIVITY_MS, Q.lockMs / 4) then
+  if not always and last and last <= Q.now
+      and Q.now - last < math.min(ACTIVITY_MS, Q.lockMs / 4) then
     return
   end
   redis.call('HSET', Q.sactive, sid, Q.now)
