@@ -78,6 +78,7 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
         for port in replicas:
             cluster.resume(port)
 
+    started = time.monotonic()
     record, seconds = asyncio.run(
         load.run(
             load.plan(SESSIONS, PER_SESSION),
@@ -111,7 +112,22 @@ def test_shard_primary_killed_under_load_loses_nothing_acknowledged(cluster, sta
             on_shard,
         )
     assert busd.proc.poll() is None  # the same busd process throughout
-    assert sent_again is not None and sent_again < RESUME_WITHIN_S
-    assert received_again is not None and received_again < RESUME_WITHIN_S
+
+    def what_happened() -> str:
+        """What a failure leaves to go on (the line above is not captured under xdist)."""
+        noted = [
+            line
+            for line in busd.log_text().splitlines()
+            if " WARNING " in line or " ERROR " in line
+        ]
+        return (
+            f"killed {killed[0] - started:.1f} s into a {seconds:.1f} s run; "
+            f"{verdict.summary()}; refusals {dict(record.refusals)}; send failures "
+            f"{record.send_failures}; primaries now {primaries}; busd's last warnings: "
+            + " | ".join(noted[-8:])
+        )
+
+    assert sent_again is not None and sent_again < RESUME_WITHIN_S, what_happened()
+    assert received_again is not None and received_again < RESUME_WITHIN_S, what_happened()
     assert verdict.sent >= SESSIONS * PER_SESSION * 0.8
     assert verdict.violations == 0, verdict.summary()
