@@ -270,7 +270,7 @@ async def test_a_message_in_flight_under_a_session_lock_is_out_of_q_all_yet_seen
     assert [m.seq for m in await store.peek(q, 0, 10)] == [a, c]
     (again,) = await store.receive_session(q, "s1", holder, 1, PL, tokens(1))
     assert again.seq == c and index.everything() == [a]
-    # c is the same size in flight as filed; b's 2 bytes are gone with it
+    # b, completed, no longer counts; c counts the same filed as in flight
     await store.release_session(q, "s1", holder)
     assert index.everything() == [a, c]
     filed_size = await store.size_in_bytes(q)
