@@ -23,18 +23,19 @@
     none
 ]]
 --- @include "queueContext"
---- @include "messageCount"
 --- @include "memberSeq"
 
 local Q = queueContext(0, 0)
 local sample = tonumber(ARGV[QUEUE_ARGC + 1])
 local bytes, messages, exact = 0, 0, 1
 for _, E in ipairs({ Q.q, Q.d }) do
-  -- counted by the indexes: the body hash also holds each message's metadata (includes/metaField)
-  local n = messageCount(E)
+  -- counted by the indexes: the body hash also holds each message's metadata (includes/metaField);
+  -- those in flight under a session lock are out of E.all (includes/messageCount.lua)
+  local rest = redis.call('ZCARD', E.all)
+  local n = rest
+  if E.sinflight then n = n + redis.call('ZCARD', E.sinflight) end
   if n > 0 then
     local seqs
-    local rest = redis.call('ZCARD', E.all)
     if rest <= 2 * sample then
       seqs = redis.call('ZRANGE', E.all, 0, -1)
     else
