@@ -56,6 +56,7 @@
 --- @include "unlockSession"
 --- @include "releaseSessionLock"
 --- @include "takeSessionMessages"
+--- @include "countEvent"
 --- @include "noteActivity"
 
 local Q = queueContext(0, 0)
@@ -110,6 +111,6 @@ local count = tonumber(ARGV[QUEUE_ARGC + 5])
 if count > 0 then
   local tokens = false
   if ARGV[QUEUE_ARGC + 4] == '1' then tokens = ARGV[QUEUE_ARGC + 6] end
-  takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
+  countEvent(Q, Q.q, 'received', takeSessionMessages(Q, sid, count, tokens, lockedUntil, out))
 end
 return out

@@ -29,12 +29,14 @@
 --- @include "housekeeping"
 --- @include "sessionLockedUntil"
 --- @include "takeSessionMessages"
+--- @include "countEvent"
 
 local Q = queueContext(0, 0)
 Q.caller = ARGV[QUEUE_ARGC + 1]
 housekeeping(Q, Q.q)
 
 local answers = {}
+local received = 0
 for i = QUEUE_ARGC + 1, #ARGV, 5 do
   local holder, sid = ARGV[i], ARGV[i + 1]
   Q.caller = holder -- its own wake-ups are not sent (includes/wakeHolder.lua)
@@ -43,10 +45,12 @@ for i = QUEUE_ARGC + 1, #ARGV, 5 do
   local lockedUntil = sessionLockedUntil(Q, sid, holder)
   if lockedUntil then
     local out = { 0 }
-    takeSessionMessages(Q, sid, tonumber(ARGV[i + 3]), tokens, lockedUntil, out)
+    local count = tonumber(ARGV[i + 3])
+    received = received + takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
     answers[#answers + 1] = out
   else
     answers[#answers + 1] = { -2 }
   end
 end
+countEvent(Q, Q.q, 'received', received) -- once for the call's requests together
 return answers

@@ -107,7 +107,7 @@ if accepted > 1 then
 end
 -- This call only adds messages: a session's holder and its place in the session index are
 -- looked up once per call (includes/fileMessage.lua, includes/placeMessage.lua).
-Q.filed, Q.added = {}, {}
+Q.filed, Q.added, Q.holders = {}, {}, {}
 
 local out = {}
 for i = first, #ARGV, 5 do

@@ -4,6 +4,7 @@
 --- @include "wakeHolder"
 --- @include "wakeWaiters"
 --- @include "refreshFreeSession"
+--- @include "sessionHolder"
 -- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
 -- lockMessage's job) and save its metadata. An available message wakes exactly who can take
 -- it: its session's holder; else, for a session that just became free, one waiting
@@ -49,7 +50,7 @@ local function fileMessage(Q, E, seq, m, blob)
       local filed = Q.filed
       local holder = filed and filed[m.sid]
       if holder == nil then
-        holder = redis.call('HGET', Q.sholder, m.sid)
+        holder = sessionHolder(Q, m.sid)
         if not holder then
           -- LT: an older message (abandoned, or scheduled earlier) moves the session forward
           if Q.bo then

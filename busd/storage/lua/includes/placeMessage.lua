@@ -2,6 +2,7 @@
 --- @include "fileMessage"
 --- @include "lockMessage"
 --- @include "deliveryRow"
+--- @include "sessionHolder"
 -- Store a new message under sequence number `seq`: enqueued now, or at `due` when that is
 -- later (scheduled; its time to live then counts from its activation). On a session queue
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
@@ -33,9 +34,12 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
       m.ss = 1
       -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once.
       -- A message handed over goes to a held session, which is there already
-      -- (lua/acceptSession.lua).
+      -- (lua/acceptSession.lua); so does one filed available under a held session, where the
+      -- call reads holders once (`Q.holders`, includes/sessionHolder.lua): fileMessage reads
+      -- the holder to wake it anyway.
       local added = Q.added
-      if not (added and added[sid]) and not handed then
+      if not (added and added[sid]) and not handed
+          and not (Q.holders and not scheduled and sessionHolder(Q, sid)) then
         redis.call('ZADD', Q.sessions, 0, sid)
         if added then added[sid] = true end
       end

@@ -4,9 +4,9 @@
 --- @include "expireIfDue"
 --- @include "takeMessage"
 --- @include "tokenAt"
---- @include "countEvent"
 -- Deliver up to `count` available messages of session `sid`, which the caller holds live until
--- `lockedUntil`, in sequence order, appending their delivery rows to `out`. `tokens`: the
+-- `lockedUntil`, in sequence order, appending their delivery rows to `out`, and return how many
+-- it took (the caller counts them 'received', once per call). `tokens`: the
 -- call's lock tokens as one string (peek-lock), false for receive-and-delete. A message met
 -- past its time to live expires with its whole session instead. A message waiting out its
 -- redelivery backoff (docs/design.md §2.17) ends the call: the session's order holds, nothing
@@ -39,5 +39,5 @@ local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
     -- fewer than asked: that was all of them (another look only replaces what was skipped)
     if #members < wanted then break end
   end
-  countEvent(Q, Q.q, 'received', #out - first)
+  return #out - first
 end
