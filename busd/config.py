@@ -101,6 +101,8 @@ class Settings:
     transaction_timeout_s: float = 120.0
     # busd processes serving the same ports of this host (busd/workers.py)
     workers: int = 1
+    # whether `workers` came from `--workers auto` (said in the banner)
+    workers_auto: bool = False
     # valkey-servers the embedded store runs as one local Cluster (None: auto, from the
     # cores); above 1, entities are partitioned by default (busd/storage/embedded.py)
     store_shards: int | None = 1

@@ -16,6 +16,7 @@ from busd.serve_options import (
     SHARDS_OR_AUTO,
     _limit_options,
     _parse_sas_keys,
+    auto_workers,
 )
 
 _DEFAULTS = Settings()
@@ -174,7 +175,7 @@ _DEFAULTS = Settings()
     default=_DEFAULTS.workers,
     show_default=True,
     help="busd processes serving the same ports (auto: one per core it may use, "
-    "its container's CPU quota counted), started, "
+    "its container's CPU quota counted, less one per --store-shards shard), started, "
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
 @click.option(
@@ -262,7 +263,7 @@ def serve(
     store_connections: int,
     max_namespaces: int,
     transaction_timeout: float,
-    workers: int,
+    workers: int | None,
     store_shards: int | None,
     durability: str,
     http_connections: int,
@@ -272,6 +273,12 @@ def serve(
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
+    workers_auto = workers is None
+    if workers is None:
+        from busd.storage.embedded import shard_count
+
+        # a store of its own only without --redis-url (Settings.validate refuses shards there)
+        workers = auto_workers(1 if redis_url else shard_count(store_shards))
     try:
         settings = Settings(
             host=host,
@@ -293,6 +300,7 @@ def serve(
             max_namespaces=max_namespaces,
             transaction_timeout_s=transaction_timeout,
             workers=workers,
+            workers_auto=workers_auto,
             store_shards=store_shards,
             durability=durability.lower(),
             limits=Limits(**limits),

@@ -29,19 +29,30 @@ PORT_OR_OFF = _PortOrOff()
 
 
 def _cores() -> int:
-    """`--workers auto`: the cores this process may use, its container's CPU quota counted
-    (busd/cpu_quota.py)."""
+    """The cores this process may use, its container's CPU quota counted (busd/cpu_quota.py)."""
     return usable_cores()
 
 
+def auto_workers(local_shards: int, cores: int | None = None) -> int:
+    """`--workers auto`: one per core this process may use, less one per shard of the
+    embedded store's local Cluster (`--store-shards`), which runs beside the workers on the
+    same cores. A primary's core is busy about as long per message as a worker's, and workers
+    past the cores left carried no more on a 16-core host, each message costing busd more
+    CPU (docs/design.md §3.19)."""
+    cores = _cores() if cores is None else cores
+    return max(1, cores - local_shards) if local_shards > 1 else cores
+
+
 class _CountOrAuto(click.ParamType):
+    """A count, or None for `auto` (resolved where the store's shards are known)."""
+
     name = "count|auto"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
+        if value is None or isinstance(value, int):
             return value
         if str(value).strip().lower() == "auto":
-            return _cores()
+            return None
         try:
             return int(value)
         except ValueError:

@@ -136,6 +136,18 @@ class _Supervisor:
     def __post_init__(self) -> None:
         self._context = multiprocessing.get_context("spawn")  # no state of ours to inherit
 
+    def _auto_note(self) -> str:
+        """What `--workers auto` counted, for the banner."""
+        if not self.settings.workers_auto:
+            return ""
+        from busd.cpu_quota import usable_cores
+        from busd.storage.embedded import shard_count
+
+        shards = shard_count(self.settings.store_shards) if self.embedded else 1
+        if shards > 1:
+            return f" (auto: {usable_cores()} cores less {shards} for the store's shards)"
+        return f" (auto: {usable_cores()} cores)"
+
     def start(self, index: int, quick_deaths: int = 0) -> _Worker:
         ours, theirs = self._context.Pipe()
         # A fresh prefix per start: the locks of the worker that died are not the new one's.
@@ -169,7 +181,8 @@ class _Supervisor:
         first = self.workers[0].banner or ""
         pids = ", ".join(str(w.process.pid) for w in self.workers)
         print(
-            f"{first}\n  workers:  {self.count} processes (pids {pids}), parent {os.getpid()}"
+            f"{first}\n  workers:  {self.count} processes{self._auto_note()} (pids {pids}), "
+            f"parent {os.getpid()}"
             f"\n{READY_LINE}",  # every worker listens and has reached the store
             flush=True,
         )

@@ -89,6 +89,40 @@ def test_workers_takes_a_count_or_auto():
     assert result.output.strip() == "busd: error: workers must be 1..1024, got 0"
 
 
+def test_auto_workers_leave_a_core_to_each_local_shard(monkeypatch):
+    """`--workers auto` beside a local Cluster of the embedded store: the cores less one per
+    shard (busd.serve_options.auto_workers), said in the banner; with one Valkey, or a store
+    of its own (--redis-url), every core."""
+    import busd.cpu_quota
+    import busd.serve_options
+    import busd.server
+    import busd.workers
+    from busd.serve_options import auto_workers
+
+    assert [auto_workers(s, 16) for s in (1, 2, 8, 16)] == [16, 14, 8, 1]
+    assert auto_workers(3, 2) == 1 and auto_workers(1, 1) == 1
+
+    ran = []
+    monkeypatch.setattr(busd.serve_options, "_cores", lambda: 16)
+    monkeypatch.setattr(busd.server, "run", lambda settings: ran.append(settings) or 0)
+    monkeypatch.setattr(busd.workers, "run", lambda settings: ran.append(settings) or 0)
+    assert run("serve", "--workers", "auto", "--store-shards", "4").exit_code == 0
+    assert run("serve", "--workers", "auto").exit_code == 0
+    assert run("serve", "--workers", "auto", "--redis-url", "redis://127.0.0.1:1").exit_code == 0
+    assert run("serve", "--workers", "3", "--store-shards", "4").exit_code == 0
+    assert [(s.workers, s.workers_auto) for s in ran] == [
+        (12, True),
+        (16, True),
+        (16, True),
+        (3, False),
+    ]
+
+    supervisor = busd.workers._Supervisor(ran[0], 12, {}, {}, "", embedded=True)
+    monkeypatch.setattr(busd.cpu_quota, "usable_cores", lambda: 16)
+    assert supervisor._auto_note() == " (auto: 16 cores less 4 for the store's shards)"
+    assert busd.workers._Supervisor(ran[3], 3, {}, {}, "", embedded=True)._auto_note() == ""
+
+
 def test_durability_is_refused_where_it_cannot_be_had():
     result = run("serve", "--durability", "always")
     assert result.exit_code == 2

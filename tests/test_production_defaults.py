@@ -153,7 +153,9 @@ def test_unreadable_or_odd_files_are_no_limit(tmp_path):
 
 
 def test_workers_auto_resolves_through_the_quota():
-    """The command line's `auto` is the quota-aware count (the host's real cgroup here)."""
-    from busd.serve_options import COUNT_OR_AUTO
+    """The command line's `auto` is the quota-aware count (the host's real cgroup here), with
+    one Valkey (busd/serve_options.py auto_workers)."""
+    from busd.serve_options import COUNT_OR_AUTO, auto_workers
 
-    assert COUNT_OR_AUTO.convert("auto", None, None) == usable_cores()
+    assert COUNT_OR_AUTO.convert("auto", None, None) is None  # resolved once shards are known
+    assert auto_workers(1) == usable_cores()
