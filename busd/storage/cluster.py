@@ -115,6 +115,11 @@ class ShardPipelines:
             self._refreshed_at = loop.time()
 
     # --- calls -----------------------------------------------------------------------------
+    def owner(self, key: bytes) -> PipelinedConnection | None:
+        """The connection `call` would send a call whose first key is `key` to first (None:
+        the map does not say yet)."""
+        return self._by_slot[key_slot(key)]
+
     async def call(self, command: bytes, name: str, key: bytes) -> Any:
         """`command` (a script call whose first key is `key`) on the primary of key's slot."""
         slot = key_slot(key)

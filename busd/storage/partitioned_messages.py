@@ -59,23 +59,24 @@ class PartitionedMessageCalls(PartitionedBase):
             if p in groups:
                 offered.setdefault(p, []).append(j)
         parts = self.parts(queue)
-
-        async def send(p: int, idx: list[int]) -> Sent:
-            own = [offers[j] for j in offered.get(p, ())]
-            return await self.inner.send_handing_over(
+        # the partitions' sends together: one store call per server (docs/design.md §3.18)
+        sends = [
+            (
                 parts[p],
                 [messages[i] for i in idx],
                 [
                     HandOver(
                         o.session_id, o.holder, o.count, stamped(o.tokens, p, 0, len(o.tokens))
                     )
-                    for o in own
+                    for o in (offers[j] for j in offered.get(p, ()))
                 ],
             )
-
-        answers = await asyncio.gather(
-            *(send(p, idx) for p, idx in groups.items()), return_exceptions=True
-        )
+            for p, idx in groups.items()
+        ]
+        try:
+            answers: list[Sent | BaseException] = await self.inner.send_handing_over_many(sends)
+        except Exception as exc:  # every partition's send failed
+            answers = [exc] * len(sends)
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
         if failed is not None:
             await self._give_back_handed(queue, offers, offered, groups, answers)
@@ -239,11 +240,14 @@ class PartitionedMessageCalls(PartitionedBase):
         if not entity.partitions:
             return await self.inner.settle(entity, settlements, holder)
         count = entity.partitions
-        return await self._by_partition(
-            entity,
-            settlements,
-            lambda s: partition_of_token(s.token, count),
-            lambda part, items: self.inner.settle(part, items, holder),
+        return list(
+            await self.inner.settle_parts(
+                entity,
+                self.parts(entity),
+                settlements,
+                [partition_of_token(s.token, count) for s in settlements],
+                holder,
+            )
         )
 
     async def renew_message_locks(

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from busd.storage.messages import ReceiveMode, StoredMessage
-from busd.storage.partition_routing import stamped
+from busd.storage.partition_routing import partition_of_key, stamped
 from busd.storage.partitioned_base import PartitionedBase
 from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
 from busd.storage.specs import QueueSpec
@@ -120,10 +120,15 @@ class PartitionedSessionCalls(PartitionedBase):
         mode: ReceiveMode,
         tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
-        if queue.partitions:
-            queue = self.part_of_session(queue, session_id)
-            tokens = stamped(tokens, queue.partition or 0, 0, count)
-        return await self.inner.receive_session(queue, session_id, holder, count, mode, tokens)
+        if not queue.partitions:
+            return await self.inner.receive_session(queue, session_id, holder, count, mode, tokens)
+        p = partition_of_key(session_id, queue.partitions)
+        tokens = stamped(tokens, p, 0, count)
+        return list(
+            await self.inner.receive_session_part(
+                queue, self.parts(queue), p, session_id, holder, count, mode, tokens
+            )
+        )
 
     def _session_part(self, queue: QueueSpec, session_id: str) -> QueueSpec:
         return self.part_of_session(queue, session_id) if queue.partitions else queue

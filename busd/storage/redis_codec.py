@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from busd.errors import BusdError, Condition, refusal
-from busd.storage.messages import LockTokens, MessageState, NewMessage, Placement, StoredMessage
+from busd.storage.messages import (
+    LockTokens,
+    MessageState,
+    NewMessage,
+    Placement,
+    Settlement,
+    StoredMessage,
+)
 from busd.storage.specs import QueueSpec, TopicSpec
 
 
@@ -139,6 +146,19 @@ def refused_condition(status: int) -> Condition | None:
 def check_status(status: int) -> None:
     if status < 0:
         raise refusal(_CONDITIONS[ScriptStatus(status)])
+
+
+def settlement_fields(s: Settlement, holder: str | None) -> list[Any]:
+    """A settlement as settleMessages (and a staged one as commitTransaction) takes it."""
+    return [
+        s.token,
+        s.outcome.value,
+        session_arg(s.session_id),
+        optional_arg(s.dead_letter_reason),
+        optional_arg(s.dead_letter_description),
+        optional_arg(s.properties_patch),
+        optional_arg(holder),
+    ]
 
 
 def placement_fields(c: Placement) -> list[Any]:

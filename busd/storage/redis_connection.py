@@ -400,6 +400,32 @@ class RedisConnection:
         finally:
             self._slots.release()
 
+    async def _run_queue_many(self, calls: list[tuple[str, QueueSpec, list[Any]]]) -> list[Any]:
+        """`Context: queue` calls (script, queue, the script's own arguments) of several queues
+        at once, such as a partitioned entity's partitions: one store call per server
+        (Scripts.run_many). Each call's answer in order; a call that failed answers its
+        exception (StoreUnavailable where the store could not run it), for its caller to
+        raise: the others ran."""
+        scripts = self._connected()
+        prepared = []
+        for script, queue, args in calls:
+            keys = self._keys_for(script, queue)
+            if not self.cross_slot_transactions:  # a Cluster: as _call
+                if (wakeups := self._wakeups) is not None and keys:
+                    channel = wakeups.channel_of(keys[0])
+                    if channel is not None and channel not in wakeups.ready:
+                        await wakeups.ensure(channel)
+                keys = keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
+            prepared.append((script, keys, self._queue_args(queue) + args))
+        await self._acquire()
+        try:
+            answers = await scripts.run_many(prepared, not self.cross_slot_transactions)
+        except UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
+        finally:
+            self._slots.release()
+        return [_unavailable(a) if isinstance(a, UNAVAILABLE) else a for a in answers]
+
     async def _acquire(self) -> None:
         """Take one of the store calls this process runs at once (DEFAULT_MAX_CALLS); the
         caller releases `_slots`."""

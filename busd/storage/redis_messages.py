@@ -26,6 +26,7 @@ from busd.storage.redis_codec import (
     placement_args,
     refused_condition,
     session_arg,
+    settlement_fields,
     stored_message,
     token_string,
 )
@@ -35,6 +36,19 @@ from busd.storage.specs import QueueSpec, TopicSpec
 # What a batch delete may look at beyond the messages it deletes (locked, scheduled or newer
 # ones it passes over), so that one call stays short however the entity's messages stand.
 DELETE_SCAN_SLACK = 4000
+
+
+def _sent(reply: list[Any], count: int) -> Sent:
+    """sendMessages' answer: the messages' sequence numbers, then each offer's handed rows."""
+    return Sent(list(reply[:count]), [[stored_message(r) for r in rows] for rows in reply[count:]])
+
+
+def _settle_args(entity: QueueSpec, items: list[tuple[Settlement, str | None]]) -> list[Any]:
+    """settleMessages' own arguments (lua/settleMessages.lua)."""
+    args: list[Any] = [entity_kind(entity)]
+    for s, holder in items:
+        args += settlement_fields(s, holder)
+    return args
 
 
 class MessageCalls(RedisConnection):
@@ -51,6 +65,30 @@ class MessageCalls(RedisConnection):
     ) -> Sent:
         if not messages:
             return Sent([], [[] for _ in offers])
+        reply = await self._run_queue(
+            "sendMessages", queue, *self._send_args(queue, messages, offers)
+        )
+        return _sent(reply, len(messages))
+
+    async def send_handing_over_many(
+        self, sends: list[tuple[QueueSpec, list[NewMessage], Sequence[HandOver]]]
+    ) -> list[Sent | BaseException]:
+        """`send_handing_over` of several queues at once (a partitioned entity's partitions),
+        one store call per server: each send's Sent, or the exception that failed it."""
+        calls = [
+            ("sendMessages", queue, self._send_args(queue, messages, offers))
+            for queue, messages, offers in sends
+        ]
+        replies = await self._run_queue_many(calls)
+        return [
+            reply if isinstance(reply, BaseException) else _sent(reply, len(messages))
+            for reply, (_, messages, _) in zip(replies, sends)
+        ]
+
+    def _send_args(
+        self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
+    ) -> list[Any]:
+        """sendMessages' own arguments (lua/sendMessages.lua)."""
         if queue.dlq:
             raise ValueError("messages are sent to a queue, not to its dead-letter sub-queue")
         check_session_ids(m.session_id for m in messages)
@@ -74,10 +112,7 @@ class MessageCalls(RedisConnection):
                 optional_arg(effective_ttl(queue, m)),
                 optional_arg(m.scheduled_ms),
             ]
-        reply = await self._run_queue("sendMessages", queue, *args)
-        count = len(messages)
-        handed = [[stored_message(r) for r in rows] for rows in reply[count:]]
-        return Sent(list(reply[:count]), handed)
+        return args
 
     async def schedule(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         return await self.send(queue, messages)
@@ -159,21 +194,57 @@ class MessageCalls(RedisConnection):
     async def _settle(
         self, entity: QueueSpec, items: list[tuple[Settlement, str | None]]
     ) -> list[Condition | None]:
-        args: list[Any] = [entity_kind(entity)]
-        for s, holder in items:
-            args += [
-                s.token,
-                s.outcome.value,
-                session_arg(s.session_id),
-                optional_arg(s.dead_letter_reason),
-                optional_arg(s.dead_letter_description),
-                optional_arg(s.properties_patch),
-                optional_arg(holder),
-            ]
         return [
             refused_condition(status)
-            for status in await self._run_queue("settleMessages", entity, *args)
+            for status in await self._run_queue(
+                "settleMessages", entity, *_settle_args(entity, items)
+            )
         ]
+
+    async def settle_parts(
+        self,
+        entity: QueueSpec,
+        parts: tuple[QueueSpec, ...],
+        settlements: list[Settlement],
+        partitions: list[int],
+        holder: str | None = None,
+    ) -> list[Condition | None]:
+        """`settle` on a partitioned entity, each settlement in its partition
+        (`partitions`, of `parts`): coalesced over the entity's partitions, so that the
+        settlements of many links, in many partitions, are one store call per server."""
+        if not settlements:
+            return []
+        answers = await self._coalesced.call(
+            ("settle", entity),
+            [(s, holder, p) for s, p in zip(settlements, partitions)],
+            lambda items: self._settle_parts(parts, items),
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException):  # its partition's call failed
+                raise answer
+        return answers
+
+    async def _settle_parts(
+        self, parts: tuple[QueueSpec, ...], items: list[tuple[Settlement, str | None, int]]
+    ) -> list[Any]:
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(item[2], []).append(i)
+        replies = await self._run_queue_many(
+            [
+                ("settleMessages", parts[p], _settle_args(parts[p], [items[i][:2] for i in idx]))
+                for p, idx in groups.items()
+            ]
+        )
+        out: list[Any] = [None] * len(items)
+        for idx, reply in zip(groups.values(), replies):
+            if isinstance(reply, BaseException):
+                for i in idx:
+                    out[i] = reply
+            else:
+                for i, status in zip(idx, reply):
+                    out[i] = refused_condition(status)
+        return out
 
     async def renew_message_locks(
         self, entity: QueueSpec, tokens: list[bytes], until_ms: int | None = None

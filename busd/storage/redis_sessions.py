@@ -24,6 +24,28 @@ from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
 from busd.storage.specs import QueueSpec
 
 
+def _receive_request(
+    session_id: str, holder: str, count: int, mode: ReceiveMode, tokens: Sequence[bytes]
+) -> list[Any]:
+    """One request of receiveSessionMessages (lua/receiveSessionMessages.lua)."""
+    peek_lock = mode == ReceiveMode.PEEK_LOCK
+    if peek_lock and len(tokens) < count:
+        raise ValueError("peek-lock needs one token per message")
+    return [
+        holder,
+        session_arg(session_id),
+        1 if peek_lock else 0,
+        max(count, 0),
+        token_string(tokens, count) if peek_lock else b"",
+    ]
+
+
+def _received(reply: list[Any]) -> list[StoredMessage]:
+    """One request's answer of receiveSessionMessages: its status, then the messages."""
+    check_status(reply[0])
+    return [stored_message(r) for r in reply[1:]]
+
+
 class SessionCalls(RedisConnection):
     async def accept_session(
         self,
@@ -76,24 +98,60 @@ class SessionCalls(RedisConnection):
         mode: ReceiveMode,
         tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
-        peek_lock = mode == ReceiveMode.PEEK_LOCK
-        if peek_lock and len(tokens) < count:
-            raise ValueError("peek-lock needs one token per message")
-        request = [
-            holder,
-            session_arg(session_id),
-            1 if peek_lock else 0,
-            max(count, 0),
-            token_string(tokens, count) if peek_lock else b"",
-        ]
+        request = _receive_request(session_id, holder, count, mode, tokens)
         # with the receives of other links of the queue that come while one call of them is
         # in flight (busd/storage/coalesce.py): with many sessions held, each woken for a
         # message or two, the call's own cost is most of a receive's
         (reply,) = await self._coalesced.call(
             ("receive", queue), [request], lambda requests: self._receive_sessions(queue, requests)
         )
-        check_status(reply[0])
-        return [stored_message(r) for r in reply[1:]]
+        return _received(reply)
+
+    async def receive_session_part(
+        self,
+        queue: QueueSpec,
+        parts: tuple[QueueSpec, ...],
+        partition: int,
+        session_id: str,
+        holder: str,
+        count: int,
+        mode: ReceiveMode,
+        tokens: Sequence[bytes],
+    ) -> list[StoredMessage]:
+        """`receive_session` on a partitioned queue, the session being in `partition` (of
+        `parts`): coalesced over the queue's partitions, so that the receives of many held
+        sessions, in many partitions, are one store call per server."""
+        request = _receive_request(session_id, holder, count, mode, tokens)
+        (reply,) = await self._coalesced.call(
+            ("receive", queue),
+            [(partition, request)],
+            lambda items: self._receive_session_parts(parts, items),
+        )
+        if isinstance(reply, BaseException):  # its partition's call failed
+            raise reply
+        return _received(reply)
+
+    async def _receive_session_parts(
+        self, parts: tuple[QueueSpec, ...], items: list[tuple[int, list[Any]]]
+    ) -> list[Any]:
+        groups: dict[int, list[int]] = {}
+        for i, (p, _) in enumerate(items):
+            groups.setdefault(p, []).append(i)
+        replies = await self._run_queue_many(
+            [
+                (
+                    "receiveSessionMessages",
+                    parts[p],
+                    [arg for i in idx for arg in items[i][1]],
+                )
+                for p, idx in groups.items()
+            ]
+        )
+        out: list[Any] = [None] * len(items)
+        for idx, reply in zip(groups.values(), replies):
+            for k, i in enumerate(idx):
+                out[i] = reply if isinstance(reply, BaseException) else reply[k]
+        return out
 
     async def _receive_sessions(self, queue: QueueSpec, requests: list[list[Any]]) -> list[Any]:
         args = [arg for request in requests for arg in request]

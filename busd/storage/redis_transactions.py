@@ -16,6 +16,7 @@ from busd.storage.redis_codec import (
     optional_arg,
     placement_fields,
     session_arg,
+    settlement_fields,
 )
 from busd.storage.redis_connection import SWEEP_BUDGET, RedisConnection
 from busd.storage.specs import QueueSpec, TopicSpec
@@ -75,18 +76,11 @@ def _staged_fields(op: StagedOperation) -> list[Any]:
             fields += [op.subscriptions[c.subscription], *placement_fields(c)]
         return fields
     if isinstance(op, StagedSettlement):
-        s = op.settlement
         return [
             "x",
             op.entity.name,
             entity_kind(op.entity),
-            s.token,
-            s.outcome.value,
-            session_arg(s.session_id),
-            optional_arg(s.dead_letter_reason),
-            optional_arg(s.dead_letter_description),
-            optional_arg(s.properties_patch),
-            optional_arg(op.holder),
+            *settlement_fields(op.settlement, op.holder),
         ]
     if isinstance(op, StagedSessionState):
         return [

@@ -25,8 +25,10 @@ loudly instead of working by luck.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -269,21 +271,71 @@ def build_library(sources: dict[str, ScriptSource]) -> Library:
             else:
                 lines.append(line)
         bodies[name] = "\n".join(lines)
-    chunk = "\n".join(["local KEYS, ARGV", *prelude])
+    chunk = "\n".join(["local KEYS, ARGV", "local BODIES = {}", *prelude])
     version = hashlib.sha1(
-        "\0".join([chunk, *(f"{n}\0{b}" for n, b in bodies.items())]).encode()
+        "\0".join([chunk, *(f"{n}\0{b}" for n, b in bodies.items()), _EACH]).encode()
     ).hexdigest()[:12]
     parts = [f"#!lua name={LIBRARY_PREFIX}{version}", chunk]
     for name, body in bodies.items():
         parts.append(
-            f"redis.register_function('{name}_{version}', function(keys, argv)\n"
-            f"KEYS, ARGV = keys, argv\n{body}\nend)"
+            f"BODIES['{name}'] = function(keys, argv)\nKEYS, ARGV = keys, argv\n{body}\nend\n"
+            f"redis.register_function('{name}_{version}', BODIES['{name}'])"
         )
+    parts.append(_EACH.replace("<version>", version))
     return Library(
         text="\n".join(parts) + "\n",
         version=version,
-        function_names={name: f"{name}_{version}".encode() for name in bodies},
+        function_names={
+            **{name: f"{name}_{version}".encode() for name in bodies},
+            EACH: f"{EACH}_{version}".encode(),
+        },
     )
+
+
+# `Scripts.run_many`: several calls of the library's functions as one FCALL, so that calls
+# bound for one server (a partitioned entity's partitions) cost one call's round of the
+# server and of busd. Its KEYS are the first call's, which route it on a Cluster; each later
+# call passes its keys among the arguments, and on a Cluster (ARGV[1] '1') the server first
+# checks that it serves them and that their slot is not being migrated: the keys' EXISTS
+# fails where a call of their own would get MOVED, ASK or TRYAGAIN (a Cluster call's keys
+# include a key that is never written, keys.context_guard), and that call is not run but
+# answered ELSEWHERE, for the caller to send alone. With `allow-cross-slot-keys` the server
+# lets one call touch several slots of its own; each call still keeps to its own slot.
+# A call's error is its answer; the calls after it still run, as separate calls would.
+EACH = "each"
+ELSEWHERE = "BUSDELSEWHERE"
+_EACH = f"""redis.register_function{{function_name='{EACH}_<version>',
+flags={{'allow-cross-slot-keys'}}, callback=function(keys, argv)
+  local out, i, first, check = {{}}, 2, true, argv[1] == '1'
+  while i <= #argv do
+    local name, nk, na = argv[i], tonumber(argv[i + 1]), tonumber(argv[i + 2])
+    i = i + 3
+    local ks, as = keys, {{}}
+    if not first then
+      ks = {{}}
+      for j = 1, nk do ks[j] = argv[i + j - 1] end
+      i = i + nk
+    end
+    for j = 1, na do as[j] = argv[i + j - 1] end
+    i = i + na
+    local answer
+    if check and not first and type(redis.pcall('EXISTS', unpack(ks))) ~= 'number' then
+      answer = {{err = '{ELSEWHERE}'}}
+    else
+      local ok, value = pcall(BODIES[name], ks, as)
+      if ok then
+        answer = value == nil and false or value
+      elseif type(value) == 'table' and value.err then
+        answer = value
+      else
+        answer = {{err = tostring(value)}}
+      end
+    end
+    out[#out + 1] = answer
+    first = false
+  end
+  return out
+end}}"""
 
 
 def lost_library(exc: ResponseError) -> bool:
@@ -388,6 +440,93 @@ class Scripts:
         # unless it replicated the load).
         await shards.call(self._load, name, key)
         return await shards.call(command, name, key)
+
+    async def run_many(
+        self, calls: list[tuple[str, list[bytes], list[Any]]], checked: bool = False
+    ) -> list[Any]:
+        """Each call's answer, in order: a call's error is its answer (a ResponseError, or on a
+        Cluster whatever failed its primary's calls), not raised; an exception raised failed
+        them all. The calls bound for one server go as one FCALL of the library's `each`
+        (`_EACH` above); `checked`: on a Cluster, whose calls' keys include a context guard
+        (keys.context_guard): a call the server found it cannot run there is sent alone."""
+        if len(calls) == 1:
+            return [await self._alone(*calls[0])]
+        pipe = self._pipe
+        if pipe is not None:
+            return await self._merged(lambda command: pipe.call(command, EACH), calls, False)
+        shards = self._shards
+        assert shards is not None
+        groups: dict[int, list[int]] = {}
+        for i, (_, keys, _) in enumerate(calls):
+            groups.setdefault(id(shards.owner(encode(keys[0]))), []).append(i)
+        out: list[Any] = [None] * len(calls)
+
+        async def group(idx: list[int]) -> None:
+            own = [calls[i] for i in idx]
+            key = encode(own[0][1][0])
+            try:
+                answers = (
+                    [await self._alone(*own[0])]
+                    if len(own) == 1
+                    else await self._merged(
+                        lambda command: shards.call(command, EACH, key), own, checked
+                    )
+                )
+            except Exception as exc:  # this primary's calls failed; the others' did not
+                answers = [exc] * len(own)
+            for i, answer in zip(idx, answers):
+                out[i] = answer
+
+        if len(groups) == 1:
+            await group(next(iter(groups.values())))
+        else:
+            await asyncio.gather(*(group(idx) for idx in groups.values()))
+        return out
+
+    async def _alone(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
+        try:
+            return await self.run(name, keys, args)
+        except ResponseError as exc:
+            return exc
+
+    async def _merged(
+        self,
+        send: Callable[[bytes], Awaitable[Any]],
+        calls: list[tuple[str, list[bytes], list[Any]]],
+        checked: bool,
+    ) -> list[Any]:
+        command = self._each_command(calls, checked)
+        try:
+            answers = await send(command)
+        except ResponseError as exc:
+            if not lost_library(exc):
+                raise
+            await send(self._load)
+            answers = await send(command)
+        out = list(answers)
+        for i, answer in enumerate(out):
+            if isinstance(answer, ResponseError) and str(answer) == ELSEWHERE:
+                try:  # alone, it gets what a call of its own gets: MOVED followed, TRYAGAIN...
+                    out[i] = await self._alone(*calls[i])
+                except Exception as exc:  # ...which fails it, not the calls that ran
+                    out[i] = exc
+        return out
+
+    def _each_command(
+        self, calls: list[tuple[str, list[bytes], list[Any]]], checked: bool
+    ) -> bytes:
+        """`FCALL each <first call's keys> <checked> (<script> <nkeys> <nargs> [<keys>]
+        <args>)...`, the first call's keys being the command's KEYS (`_EACH`)."""
+        first_keys = calls[0][1]
+        parts = [b"FCALL", self.library.function_names[EACH], b"%d" % len(first_keys)]
+        parts += [encode(k) for k in first_keys]
+        parts.append(b"1" if checked else b"0")
+        for n, (name, keys, args) in enumerate(calls):
+            parts += [name.encode(), b"%d" % len(keys), b"%d" % len(args)]
+            if n:
+                parts += [encode(k) for k in keys]
+            parts += [encode(a) for a in args]
+        return b"*%d\r\n" % len(parts) + b"".join(map(bulk, parts))
 
     def _command(self, name: str, keys: list[str] | list[bytes], args: list[Any]) -> bytes:
         """The RESP encoding of `FCALL <function> <numkeys> <keys...> <args...>`."""

@@ -335,14 +335,18 @@ async def test_a_send_failing_in_one_partition_gives_back_what_another_handed_ov
     holders = {sid: f"{store.process_id}:{n}" for n, sid in enumerate((ok, broken), 1)}
     for sid, holder in holders.items():
         await store.accept_session(sq, sid, holder)
-    real = store.inner.send_handing_over
+    real = store.inner.send_handing_over_many
 
-    async def failing_in_one(queue, messages, offers):
-        if queue.partition == p1:
-            raise StoreUnavailable("the shard went away")
-        return await real(queue, messages, offers)
+    async def failing_in_one(sends):
+        # the partitions' sends go together (one store call per server): p1's fails, the
+        # others run
+        ran = iter(await real([s for s in sends if s[0].partition != p1]))
+        return [
+            StoreUnavailable("the shard went away") if s[0].partition == p1 else next(ran)
+            for s in sends
+        ]
 
-    monkeypatch.setattr(store.inner, "send_handing_over", failing_in_one)
+    monkeypatch.setattr(store.inner, "send_handing_over_many", failing_in_one)
     with pytest.raises(StoreUnavailable):
         await store.send_handing_over(
             sq,
