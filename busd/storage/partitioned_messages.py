@@ -36,10 +36,24 @@ class PartitionedMessageCalls(PartitionedBase):
     async def send(self, queue: QueueSpec, messages: list[NewMessage]) -> list[int]:
         if not queue.partitions:
             return await self.inner.send(queue, messages)
-        # A batch spanning partitions is stored per partition, each part all or none.
-        return await self._by_partition(
-            queue, messages, lambda m: self.part_of_message(queue, m), self.inner.send
+        # A batch spanning partitions is stored per partition, each part all or none, the
+        # parts together: one store call per server (docs/design.md §3.18).
+        groups: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(self.part_of_message(queue, m), []).append(i)
+        parts = self.parts(queue)
+        if len(groups) == 1:
+            return await self.inner.send(parts[next(iter(groups))], messages)
+        answers = await self.inner.send_handing_over_many(
+            [(parts[p], [messages[i] for i in idx], ()) for p, idx in groups.items()]
         )
+        seqs = [0] * len(messages)
+        for idx, answer in zip(groups.values(), answers):
+            if isinstance(answer, BaseException):  # its part failed; the others are stored
+                raise answer
+            for i, seq in zip(idx, answer.seqs):
+                seqs[i] = seq
+        return seqs
 
     async def send_handing_over(
         self, queue: QueueSpec, messages: list[NewMessage], offers: Sequence[HandOver]
