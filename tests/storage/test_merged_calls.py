@@ -139,3 +139,19 @@ async def test_a_call_whose_slot_is_being_migrated_is_not_run_inside_another(clu
         assert (await store.counts(moves)).active == 2  # b1 and b3: b2 never ran
     finally:
         await store.close()
+
+
+async def test_a_plain_send_over_every_partition_is_one_call_per_server(url, store):
+    """Messages without a session or partition key go to the partitions in turn: a batch of
+    16 touches all 16 partitions, and is still one call per server."""
+    from busd.storage.messages import NewMessage
+    from busd.storage.partitions import wrap
+
+    partitioned = wrap(store)
+    queue = QueueSpec(f"q-{uuid.uuid4().hex[:6]}", partitions=16)
+    servers = {owner(url, store, p) for p in queue.partition_specs}
+    before = fcalls(url)
+    seqs = await partitioned.send(queue, [NewMessage(b"m%d" % i) for i in range(16)])
+    assert fcalls(url) - before == len(servers)
+    assert len(seqs) == 16 and all(s > 0 for s in seqs)
+    assert [(await store.counts(p)).active for p in queue.partition_specs] == [1] * 16
