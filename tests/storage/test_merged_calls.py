@@ -22,6 +22,7 @@ from busd.storage import keys as keyspace
 from busd.storage.api import StoreUnavailable
 from busd.storage.redis_store import RedisStore
 from busd.storage.specs import QueueSpec
+from busd.testing.broker import delete_prefix
 from tests.faults.replicas import Cluster
 from tests.storage.test_cluster_routing import elsewhere, finish_migration, start_migration
 
@@ -50,6 +51,8 @@ async def store(url: str) -> AsyncIterator[RedisStore]:
         yield s
     finally:
         await s.close()
+        if "cluster" not in url:  # the suite's server; this module's Cluster goes with it
+            delete_prefix(url, s.prefix)
 
 
 def fcalls(url: str) -> int:
