@@ -385,13 +385,8 @@ class RedisConnection:
     async def _call(self, scripts: Scripts, script: str, keys: list[bytes], args: list[Any]) -> Any:
         """One script call in its turn (the call limiter), the store's unavailability
         raised as StoreUnavailable."""
-        if not self.cross_slot_transactions:  # a Cluster: see keyspace.context_guard
-            if (wakeups := self._wakeups) is not None and keys:
-                # subscribed to this slot's wake-ups before the call can register a waiter
-                channel = wakeups.channel_of(keys[0])
-                if channel is not None and channel not in wakeups.ready:
-                    await wakeups.ensure(channel)
-            keys = keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
+        if not self.cross_slot_transactions:
+            keys = await self._cluster_keys(keys)
         await self._acquire()
         try:
             return await scripts.run(script, keys, args)
@@ -399,6 +394,16 @@ class RedisConnection:
             raise _unavailable(exc) from exc
         finally:
             self._slots.release()
+
+    async def _cluster_keys(self, keys: list[bytes]) -> list[bytes]:
+        """A call's keys on a Cluster: with its contexts' guards (see keyspace.context_guard),
+        once this process is subscribed to the wake-ups of its slot (before the call can
+        register a waiter there)."""
+        if (wakeups := self._wakeups) is not None and keys:
+            channel = wakeups.channel_of(keys[0])
+            if channel is not None and channel not in wakeups.ready:
+                await wakeups.ensure(channel)
+        return keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
 
     async def _run_queue_many(self, calls: list[tuple[str, QueueSpec, list[Any]]]) -> list[Any]:
         """`Context: queue` calls (script, queue, the script's own arguments) of several queues
@@ -410,12 +415,8 @@ class RedisConnection:
         prepared = []
         for script, queue, args in calls:
             keys = self._keys_for(script, queue)
-            if not self.cross_slot_transactions:  # a Cluster: as _call
-                if (wakeups := self._wakeups) is not None and keys:
-                    channel = wakeups.channel_of(keys[0])
-                    if channel is not None and channel not in wakeups.ready:
-                        await wakeups.ensure(channel)
-                keys = keys + [keyspace.context_guard(c) for c in keys if c.endswith(b":")]
+            if not self.cross_slot_transactions:
+                keys = await self._cluster_keys(keys)
             prepared.append((script, keys, self._queue_args(queue) + args))
         await self._acquire()
         try:
