@@ -10,7 +10,7 @@ COPY busd ./busd
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-# jemalloc: the embedded Valkey runs with it when present (busd/storage/embedded.py)
+# jemalloc: the embedded Valkey runs with it when present (busd/storage/redis/embedded.py)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*

@@ -61,7 +61,7 @@ ensure_build_tools() {
     }
 }
 
-# Debian's jemalloc, which the embedded Valkey preloads when present (busd/storage/embedded.py):
+# Debian's jemalloc, which the embedded Valkey preloads when present (busd/storage/redis/embedded.py):
 # installed with apt-get as root, or with sudo when it needs no password; it is optional, so
 # anywhere else this only says how to get it.
 ensure_jemalloc() {

@@ -56,7 +56,7 @@ def on_shard(
     if hasattr(store, "current_primary") or not partitions:
         return None
     from busd.storage.keys import key, partition_scope
-    from busd.storage.partition_routing import partition_of_key
+    from busd.storage.partitioned.routing import partition_of_key
 
     return {
         sid

@@ -75,7 +75,7 @@ class Scripts:
         """busd's scripts as its loader builds them (the code under test, on PYTHONPATH);
         none when it cannot be imported: then every call is named by its hash."""
         try:
-            from busd.storage.scripts import QUEUE_ARGC, load_sources
+            from busd.storage.redis.scripts import QUEUE_ARGC, load_sources
         except Exception:
             return cls()
         found = cls()
@@ -120,7 +120,7 @@ def classify(tokens: list[bytes], scripts: Scripts) -> tuple[str, str]:
     command = tokens[0].lower()
     target = tokens[1] if len(tokens) > 1 else b""
     if command.startswith(b"fcall"):
-        # busd's functions are named <script>_<library version> (busd/storage/scripts.py)
+        # busd's functions are named <script>_<library version> (busd/storage/redis/scripts.py)
         name = re.sub(r"_[0-9a-f]{12}$", "", target.decode(errors="replace"))
     elif command.startswith(b"evalsha"):
         name = scripts.names.get(target.lower()) or f"sha {target[:8].decode(errors='replace')}"

@@ -39,7 +39,7 @@ from busd.storage.messages import (
     ReceiveMode,
     Settlement,
 )
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 
 BODY = b"x" * 256

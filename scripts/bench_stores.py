@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from busd.storage.redis_connection import parse_cluster_url, parse_sentinel_url
+from busd.storage.redis.connection import parse_cluster_url, parse_sentinel_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.faults.replicas
 

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 import redis
 
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.testing.broker import delete_prefix
 
 REDIS_IMAGE = "redis:7.4"

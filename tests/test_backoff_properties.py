@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from busd import entity_properties as ep
-from busd.config import ConfigError, load_entities
-from busd.storage.redis_connection import backoff_arg
+from busd.config.settings import ConfigError, load_entities
+from busd.entities import properties as ep
+from busd.storage.redis.connection import backoff_arg
 from busd.storage.specs import BACKOFF_LONGEST_MS
 
 

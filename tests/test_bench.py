@@ -470,7 +470,7 @@ def test_a_server_that_shows_inner_commands_first_is_read_the_other_way() -> Non
 
 
 def test_busds_scripts_are_named_by_their_hash() -> None:
-    from busd.storage.scripts import load_sources
+    from busd.storage.redis.scripts import load_sources
 
     found = steps.Scripts.of_busd()
     assert set(found.names.values()) == set(load_sources())

@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 from busd import __version__
 from busd.auth.sas import verify_sas_token
-from busd.cli import cli
-from busd.command_exits import EXIT_CONFIG
+from busd.cli.exits import EXIT_CONFIG
+from busd.cli.main import cli
 
 
 def run(*args, env=None):
@@ -59,7 +59,7 @@ def test_store_shards_are_those_of_the_embedded_store():
 
 
 def test_auto_store_shards_take_half_the_cores_and_one_partition_each():
-    from busd.storage.embedded import default_partitions, shard_count
+    from busd.storage.redis.embedded import default_partitions, shard_count
 
     assert [shard_count(None, cores) for cores in (1, 2, 3, 8, 16, 64)] == [1, 1, 1, 4, 8, 16]
     assert shard_count(3, 64) == 3
@@ -91,21 +91,21 @@ def test_workers_takes_a_count_or_auto():
 
 def test_auto_workers_leave_a_core_to_each_local_shard(monkeypatch):
     """`--workers auto` beside a local Cluster of the embedded store: the cores less one per
-    shard (busd.serve_options.auto_workers), said in the banner; with one Valkey, or a store
+    shard (busd.cli.serve_options.auto_workers), said in the banner; with one Valkey, or a store
     of its own (--redis-url), every core."""
-    import busd.cpu_quota
-    import busd.serve_options
-    import busd.server
-    import busd.workers
-    from busd.serve_options import auto_workers
+    import busd.cli.serve_options
+    import busd.server.cpu_quota
+    import busd.server.lifecycle
+    import busd.server.workers
+    from busd.cli.serve_options import auto_workers
 
     assert [auto_workers(s, 16) for s in (1, 2, 8, 16)] == [16, 14, 8, 1]
     assert auto_workers(3, 2) == 1 and auto_workers(1, 1) == 1
 
     ran = []
-    monkeypatch.setattr(busd.serve_options, "_cores", lambda: 16)
-    monkeypatch.setattr(busd.server, "run", lambda settings: ran.append(settings) or 0)
-    monkeypatch.setattr(busd.workers, "run", lambda settings: ran.append(settings) or 0)
+    monkeypatch.setattr(busd.cli.serve_options, "_cores", lambda: 16)
+    monkeypatch.setattr(busd.server.lifecycle, "run", lambda settings: ran.append(settings) or 0)
+    monkeypatch.setattr(busd.server.workers, "run", lambda settings: ran.append(settings) or 0)
     assert run("serve", "--workers", "auto", "--store-shards", "4").exit_code == 0
     assert run("serve", "--workers", "auto").exit_code == 0
     assert run("serve", "--workers", "auto", "--redis-url", "redis://127.0.0.1:1").exit_code == 0
@@ -117,10 +117,10 @@ def test_auto_workers_leave_a_core_to_each_local_shard(monkeypatch):
         (3, False),
     ]
 
-    supervisor = busd.workers._Supervisor(ran[0], 12, {}, {}, "", embedded=True)
-    monkeypatch.setattr(busd.cpu_quota, "usable_cores", lambda: 16)
+    supervisor = busd.server.workers._Supervisor(ran[0], 12, {}, {}, "", embedded=True)
+    monkeypatch.setattr(busd.server.cpu_quota, "usable_cores", lambda: 16)
     assert supervisor._auto_note() == " (auto: 16 cores less 4 for the store's shards)"
-    assert busd.workers._Supervisor(ran[3], 3, {}, {}, "", embedded=True)._auto_note() == ""
+    assert busd.server.workers._Supervisor(ran[3], 3, {}, {}, "", embedded=True)._auto_note() == ""
 
 
 def test_durability_is_refused_where_it_cannot_be_had():

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from busd.config import ConfigError, Settings, load_entities, strip_json_comments
-from busd.entities import QueueEntity as QueueSpec
-from busd.entity_values import normalize_entity_name, parse_duration_ms
+from busd.config.settings import ConfigError, Settings, load_entities, strip_json_comments
+from busd.entities.records import QueueEntity as QueueSpec
+from busd.entities.values import normalize_entity_name, parse_duration_ms
 
 SAMPLE = Path(__file__).resolve().parents[1] / "config" / "Config.json"
 

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from busd.auth.sas import generate_sas_token
-from busd.config import Settings, load_entities
-from busd.server import EMULATOR_CONFIG, connection_string, entities_file
-from busd.tls import CERT_FILE, KEY_FILE
-from busd.tls import load as load_tls
+from busd.config.settings import Settings, load_entities
+from busd.net.tls import CERT_FILE, KEY_FILE
+from busd.net.tls import load as load_tls
+from busd.server.lifecycle import EMULATOR_CONFIG, connection_string, entities_file
 from tests.e2e.conftest import BANNER, HTTP_BANNER
 
 pytestmark = pytest.mark.timeout(60)
@@ -235,7 +235,7 @@ def test_compose_command_serves_the_mounted_config_from_valkey(tmp_path, redis_u
 
 def test_without_config_busd_reads_the_emulator_file(tmp_path, monkeypatch):
     emulator_file = tmp_path / "Config.json"
-    monkeypatch.setattr("busd.server.EMULATOR_CONFIG", str(emulator_file))
+    monkeypatch.setattr("busd.server.lifecycle.EMULATOR_CONFIG", str(emulator_file))
     assert entities_file(Settings()) is None
     emulator_file.write_text("{}")
     assert entities_file(Settings()) == str(emulator_file)
@@ -332,7 +332,7 @@ def test_the_emulator_page_matches_compose():
 
 
 def test_the_tools_page_names_every_command():
-    from busd.cli import cli
+    from busd.cli.main import cli
 
     section = doc_page("tools.md")
     for command in ("queues", "peek", "sessions", "send", "purge", "dlq resubmit"):

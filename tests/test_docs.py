@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from busd.cli import cli
+from busd.cli.main import cli
 from busd.observability.metrics import Metrics
 from busd.storage.counts import EntityCounts
 

@@ -1,4 +1,4 @@
-"""The one declaration of each entity property (busd.entity_properties) and what is derived
+"""The one declaration of each entity property (busd.entities.properties) and what is derived
 from it: the records' fields, the store's handle, the entities file and the management API
 agree on names, defaults and bounds."""
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from busd import entity_properties as ep
-from busd.config import ConfigError, load_entities
-from busd.entities import QueueEntity, SubscriptionEntity, TopicEntity
+from busd.config.settings import ConfigError, load_entities
+from busd.entities import properties as ep
+from busd.entities.records import QueueEntity, SubscriptionEntity, TopicEntity
 from busd.http import atom_xml as ax
 from busd.storage.specs import QueueSpec
 
@@ -86,7 +86,7 @@ def test_a_property_kept_only_is_answered_back_from_the_file(tmp_path):
 def test_the_command_line_offers_each_declared_flag_of_the_kind(kind):
     from click.testing import CliRunner
 
-    from busd.cli import cli
+    from busd.cli.main import cli
 
     result = CliRunner().invoke(cli, [kind, "create", "--help"], prog_name="busd")
     assert result.exit_code == 0, result.output

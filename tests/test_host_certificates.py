@@ -1,6 +1,6 @@
-"""busd.host_certificates: a certificate for each namespace host a TLS client names, issued off
+"""busd.net.host_certificates: a certificate for each namespace host a TLS client names, issued off
 the event loop, kept in a bounded cache, at a bounded rate; every other name gets busd's own.
-Real TLS handshakes over TCP against busd's port listener (busd.ports) in this process."""
+Real TLS handshakes over TCP against busd's port listener (busd.net.ports) in this process."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from busd import host_certificates, ports, tls
-from busd.host_certificates import HostIssuer, server_name
+from busd.net import host_certificates, ports, tls
+from busd.net.host_certificates import HostIssuer, server_name
 from tests.test_tls import verifies
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from busd.command_exits import EXIT_STARTUP
-from busd.cpu_quota import quota_cpus, usable_cores
-from busd.exposure import default_key_warning, is_loopback
+from busd.cli.exits import EXIT_STARTUP
+from busd.server.cpu_quota import quota_cpus, usable_cores
+from busd.server.exposure import default_key_warning, is_loopback
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -154,8 +154,8 @@ def test_unreadable_or_odd_files_are_no_limit(tmp_path):
 
 def test_workers_auto_resolves_through_the_quota():
     """The command line's `auto` is the quota-aware count (the host's real cgroup here), with
-    one Valkey (busd/serve_options.py auto_workers)."""
-    from busd.serve_options import COUNT_OR_AUTO, auto_workers
+    one Valkey (busd/cli/serve_options.py auto_workers)."""
+    from busd.cli.serve_options import COUNT_OR_AUTO, auto_workers
 
     assert COUNT_OR_AUTO.convert("auto", None, None) is None  # resolved once shards are known
     assert auto_workers(1) == usable_cores()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from busd.command_exits import EXIT_STARTUP
-from busd.server import READY_LINE
+from busd.cli.exits import EXIT_STARTUP
+from busd.server.lifecycle import READY_LINE
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(90)

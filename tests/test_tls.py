@@ -1,4 +1,4 @@
-"""busd.tls: busd's own certificate authority, constrained to local names, and the server
+"""busd.net.tls: busd's own certificate authority, constrained to local names, and the server
 certificate it signs, kept across restarts; the user's own certificate."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from busd import tls
-from busd.config import ConfigError
+from busd.config.settings import ConfigError
+from busd.net import tls
 
 LOCAL_NAMES = ["localhost", "team-a.localhost", "127.0.0.1", "::1"]
 # what a certificate authority trusted system-wide must not be able to vouch for
@@ -244,9 +244,9 @@ def test_the_unconstrained_certificate_an_earlier_busd_kept_is_replaced(tmp_path
     forged = _forged_with_old_key(data)
     ok, said = openssl_verifies(data / tls.CERT_FILE, forged, tmp_path)
     assert ok, said  # what the old certificate allowed: its key vouched for any name
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         material = tls.load(None, None, data)
-    lines = [r.getMessage() for r in caplog.records if r.name == "busd.tls"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "busd.net.tls"]
     assert len(lines) == 1 and "no name constraints" in lines[0], lines
     assert str(data / tls.CA_FILE) in lines[0]
     assert (data / tls.CERT_FILE).read_bytes() != old
@@ -258,9 +258,9 @@ def test_the_unconstrained_certificate_an_earlier_busd_kept_is_replaced(tmp_path
     assert not ok, said
     assert _handshake(material, "localhost") == b"ok"
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         tls.load(None, None, data)  # the next start: nothing to migrate, nothing said
-    assert not [r for r in caplog.records if r.name == "busd.tls"]
+    assert not [r for r in caplog.records if r.name == "busd.net.tls"]
 
 
 def _forged_with_old_key(data: Path) -> bytes:
@@ -300,10 +300,10 @@ def test_rotation_by_deleting_files(tmp_path, caplog):
     assert _handshake(material, "localhost") == b"ok"
     # the authority: a new one, and a server certificate it signed
     (tmp_path / tls.CA_FILE).unlink()
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         material = tls.load(None, None, tmp_path)
     assert (tmp_path / tls.CA_FILE).read_bytes() != ca
-    assert [r.getMessage() for r in caplog.records if r.name == "busd.tls"]
+    assert [r.getMessage() for r in caplog.records if r.name == "busd.net.tls"]
     assert verifies(material.cert_path, (tmp_path / tls.CERT_FILE).read_bytes(), "localhost")
     assert _handshake(material, "localhost") == b"ok"
 
@@ -319,10 +319,10 @@ def test_the_host_busd_is_bound_to_is_permitted_too(tmp_path, caplog):
     ca = material.cert_path.read_bytes()
     tls.load(None, None, data)  # without the host: the authority still permits it, kept
     assert material.cert_path.read_bytes() == ca
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         tls.load(None, None, data, ["other.example"])  # a name it may not sign: made anew
     assert material.cert_path.read_bytes() != ca
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "busd.tls"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "busd.net.tls"]
     assert "may not sign other.example" in line
     assert verifies(material.cert_path, (data / tls.CERT_FILE).read_bytes(), "other.example")
 

@@ -135,7 +135,7 @@ def test_the_wheel_holds_every_file_of_the_package(installed):
     files = [f for f in files if (ROOT / f).is_file()]  # deleted but not yet committed: gone
     missing = sorted(f.replace(os.sep, "/") for f in files if f.replace(os.sep, "/") not in names)
     assert not missing, f"not in the wheel (pyproject.toml's package-data): {missing}"
-    assert any(n.startswith("busd/storage/lua/includes/") for n in names)
+    assert any(n.startswith("busd/storage/redis/lua/includes/") for n in names)
     assert "busd/http/dashboard.html" in names
 
 

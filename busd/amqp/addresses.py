@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from busd.entity_values import (
+from busd.entities.values import (
     ENTITY_NAME_CHARACTERS,
     ENTITY_NAME_MAX_LENGTH,
     ENTITY_NAME_SEGMENT_RE,

@@ -4,8 +4,8 @@ Bytes in go to `Transport.push`, bytes out come from `Transport.peek/pop`, timer
 `Transport.tick`. After every change to the engine (input, or a broker task that sent a
 message or settled a delivery) `kick()` dispatches the collector's events to the connection
 handler; what the engine produced is written once per event-loop turn, however many kicks
-the turn had. The handler (busd.broker.connection) owns the AMQP semantics; this module owns
-only I/O, and the connection's admission until it authenticates (busd.listener.Pending).
+the turn had. The handler (busd.broker.links.connection) owns the AMQP semantics; this module owns
+only I/O, and the connection's admission until it authenticates (busd.net.listener.Pending).
 
 Every close ends with the socket closed: proton writes an AMQP close only once the header
 exchange is done, and a peer that does not read what is left is cut off after
@@ -27,7 +27,7 @@ from proton._exceptions import TransportException
 
 from busd.amqp import engine
 from busd.amqp.frames import DeliveryIds
-from busd.listener import CLOSE_GRACE_S, Pending
+from busd.net.listener import CLOSE_GRACE_S, Pending
 
 log = logging.getLogger("busd.amqp")
 frame_log = logging.getLogger("busd.amqp.frames")
@@ -365,7 +365,7 @@ class AmqpProtocol(asyncio.Protocol):
         if engine.collector_peek(self.collector._impl) != engine.NULL:
             self.kick()  # the tick changed state (idle time-out): handle it now
 
-    # --- admission (busd.listener) -----------------------------------------------------------
+    # --- admission (busd.net.listener) -----------------------------------------------------------
     def opened(self) -> None:
         """The client's `open` was accepted: its handshake is done in time."""
         if self._pending is not None:

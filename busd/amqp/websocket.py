@@ -8,7 +8,7 @@ WebSocket protocol itself is the `websockets` library's (sans-I/O); the binary m
 the AMQP byte stream, fed to the same `AmqpProtocol` as a TCP connection's, which writes back
 through `_Frames`, a transport that wraps its bytes in binary messages.
 
-A connection's handshake deadline (busd.listener) runs from its accept through the TLS
+A connection's handshake deadline (busd.net.listener) runs from its accept through the TLS
 handshake and the upgrade to the AMQP `open` inside; past it the socket is closed.
 """
 
@@ -27,8 +27,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from busd.listener import CLOSE_GRACE_S, TLS_RECORD, Admission, Pending, SniffingListener, bind
-from busd.origins import websocket_refusal
+from busd.net.listener import CLOSE_GRACE_S, TLS_RECORD, Admission, Pending, SniffingListener, bind
+from busd.net.origins import websocket_refusal
 
 log = logging.getLogger("busd.amqp")
 
@@ -36,7 +36,7 @@ PATH = "/$servicebus/websocket"
 SUBPROTOCOL = Subprotocol("AMQPWSB10")
 MAX_MESSAGE = 1024 * 1024  # one WebSocket message; the SDKs send a frame or less per message
 _STREAM = (Opcode.BINARY, Opcode.CONT)
-# The AMQP connection inside, given its admission (busd.listener.Pending).
+# The AMQP connection inside, given its admission (busd.net.listener.Pending).
 AmqpFactory = Callable[[Pending | None], asyncio.Protocol]
 
 
@@ -70,7 +70,7 @@ class WebSocketAmqp(asyncio.Protocol):
         if path != PATH:
             response = self.ws.reject(404, f"AMQP over WebSockets is served at {PATH}\n")
         elif refusal := websocket_refusal(request.headers.get("Origin"), self.transport):
-            response = self.ws.reject(403, refusal)  # a page of another site (busd.origins)
+            response = self.ws.reject(403, refusal)  # a page of another site (busd.net.origins)
         else:
             response = self.ws.accept(request)
             if (

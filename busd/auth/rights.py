@@ -140,7 +140,7 @@ EntityKeys = Callable[[str], tuple[Mapping[str, str], ...]]
 
 
 def rule_keys(rules: Iterable[Mapping[str, Any]]) -> tuple[dict[str, SasKey], dict[str, SasKey]]:
-    """The keys of an entity's `AuthorizationRules` (busd.access_rules' dicts), as `EntityKeys`
+    """The keys of an entity's `AuthorizationRules` (entities.access_rules' dicts), as `EntityKeys`
     answers them: (primary keys by KeyName, secondary keys by KeyName), each with its rights."""
     primary: dict[str, SasKey] = {}
     secondary: dict[str, SasKey] = {}

@@ -25,9 +25,9 @@ from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.faults import Faults
 from busd.broker.forwarding import Forwarding
 from busd.broker.limits import Buffers, Limits
-from busd.broker.links import LinkEndpoint, amqp_condition
+from busd.broker.links.base import LinkEndpoint, amqp_condition
 from busd.broker.receivers import Receivers, hand_over
-from busd.entities import Entity, QueueEntity, SubscriptionEntity, TopicEntity
+from busd.entities.records import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.storage.api import Store
 from busd.storage.messages import NewMessage
@@ -140,7 +140,7 @@ class Broker:
 
     def has_entity(self, address: Address) -> bool:
         """Whether the entity `address` names exists: what a put-token for it is answered
-        (404 when not, busd.broker.cbs). Every kind of entity served must answer here."""
+        (404 when not, busd.broker.links.cbs). Every kind of entity served must answer here."""
         if address.sub == "cbs" or not address.entity:
             return False
         if address.subscription is not None:

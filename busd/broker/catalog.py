@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from busd.auth.rights import rule_keys
-from busd.entities import (
+from busd.entities.records import (
     DEFAULT_RULE_NAME,
     KINDS,
     Entity,

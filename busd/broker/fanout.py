@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from busd.broker.catalog import Catalog
-from busd.entities import Entity, RuleEntity, SubscriptionEntity, TopicEntity
+from busd.entities.records import Entity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.rules import FilterEvaluationError, MessageView, RuleError, RuleSet, rule_from_record
 from busd.storage.api import Store

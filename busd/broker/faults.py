@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from busd.broker.links import LinkEndpoint, amqp_condition
+from busd.broker.links.base import LinkEndpoint, amqp_condition
 from busd.errors import BusdError, Condition
 from busd.storage.messages import Outcome, Settlement
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout
 from busd.broker.messages import new_tokens
-from busd.entities import QueueEntity, SubscriptionEntity
+from busd.entities.records import QueueEntity, SubscriptionEntity
 from busd.rules import MessageView
 from busd.storage.api import Store
 from busd.storage.forwarding import ForwardDestination, ForwardedMessage, ForwardResult

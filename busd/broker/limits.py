@@ -13,7 +13,7 @@ answered with the AMQP condition clients expect (docs/design.md §3.12):
 - time without a valid put-token: the connection is closed with `amqp:unauthorized-access`;
 - time from the accept to the AMQP open (first byte, TLS, WebSocket upgrade, headers), and
   unauthenticated connections per process and per peer address: the socket is closed
-  (busd.listener: nothing AMQP can be said yet).
+  (busd.net.listener: nothing AMQP can be said yet).
 
 A link's own ceiling is its entity's max message size plus room for a batch envelope, lowered
 by `link_buffer` when that is set; a `$management` request's is the same, its entity's.

@@ -88,7 +88,7 @@ class Namespaces:
         max_namespaces: int = MAX_NAMESPACES,
     ) -> None:
         self.default = default
-        self._make = make  # a started Broker for a namespace name (busd.server)
+        self._make = make  # a started Broker for a namespace name (busd.server.lifecycle)
         self._made: dict[str, asyncio.Task[Broker]] = {}
         self.idle_s = idle_s
         self.max_namespaces = max_namespaces

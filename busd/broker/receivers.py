@@ -10,7 +10,7 @@ link `$management` acts on the session through.
 Hand-over (docs/design.md §3.5): at a steady rate a session's holder is usually waiting, with
 credit, when the next message of its session is sent. Filed available, that message costs a
 wake-up and a receive of the holder's own; offered, the send's store call locks it for the
-holder and returns it, and it goes out through the holder's outbox (busd.broker.outbox) as
+holder and returns it, and it goes out through the holder's outbox (busd.broker.links.outbox) as
 its own receive would have sent it. Only a receiver of this process can be offered (this
 process delivers what was handed over), and the store hands over only what is next in its
 session's order.
@@ -35,7 +35,7 @@ log = logging.getLogger("busd.broker")
 
 
 class HeldSession(Protocol):
-    """A receiver holding a session's lock (busd.broker.sessions)."""
+    """A receiver holding a session's lock (busd.broker.links.sessions)."""
 
     queue: QueueSpec
     holder: str  # its id in the store
@@ -43,7 +43,7 @@ class HeldSession(Protocol):
 
     @property
     def conn(self) -> object:
-        """Its connection (a ConnectionScope of busd.broker.links, which names this module):
+        """Its connection (a ConnectionScope of busd.broker.links.base, which names this module):
         only compared, so that `$management` acts on a session its own connection holds."""
 
     def offer(self, wanted: int) -> HandOver | None:

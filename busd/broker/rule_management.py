@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from busd import rules
 from busd.auth.rights import LISTEN
-from busd.entities import RuleEntity, rule_path
+from busd.entities.records import RuleEntity, rule_path
 from busd.errors import BusdError, Condition
 
 if TYPE_CHECKING:
-    from busd.broker.links import BrokerScope
+    from busd.broker.links.base import BrokerScope
     from busd.storage.specs import QueueSpec
 
 
 class RuleNode(Protocol):
     """What the rule operations use of the `$management` link they came on
-    (busd.broker.management.ManagementEndpoint, which imports this module)."""
+    (busd.broker.links.management.ManagementEndpoint, which imports this module)."""
 
     queue: QueueSpec
 

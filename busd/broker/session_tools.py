@@ -1,6 +1,6 @@
 """Operator tools for one session: dead-letter it whole, resubmit it, read and write its
 state on a condition (docs/design.md §2.7, §2.9). The admin API (busd.observability.admin)
-and the `$management` node (busd.broker.management) share the checks made here."""
+and the `$management` node (busd.broker.links.management) share the checks made here."""
 
 from __future__ import annotations
 

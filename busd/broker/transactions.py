@@ -4,8 +4,8 @@ transactions of one connection.
 OASIS AMQP 1.0 Part 4 [4.5] describes transactions; Service Bus uses local transactions only,
 one connection each. A transaction belongs to the connection that declared it (valid on all of
 its sessions, unknown on any other connection: its `TransactionScope` is the connection's
-`transactions`) and to the coordinator link it was declared on (busd.broker.coordinator),
-whose going rolls it back. Its operations (busd.broker.staging: sends to queues and topics,
+`transactions`) and to the coordinator link it was declared on (busd.broker.links.coordinator),
+whose going rolls it back. Its operations (busd.broker.links.staging: sends to queues and topics,
 settlements, `$management` schedule/cancel/update-disposition/set-session-state) are staged in
 the store under its via entity as they arrive, each answered once staged. The commit applies
 all of them in one store script (busd.storage's commitTransaction), so a process that dies at
@@ -25,7 +25,7 @@ from proton import Link
 from busd.amqp import engine
 from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import Store
-from busd.storage.partition_routing import operation_partition
+from busd.storage.partitioned.routing import operation_partition
 from busd.storage.specs import QueueSpec, TopicSpec
 from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
 
@@ -309,8 +309,8 @@ def _entity_of(op: StagedOperation) -> QueueSpec | TopicSpec:
 
 class TransactionBroker(Protocol):
     """What transactions use of their broker: declared here rather than imported from
-    busd.broker.links (whose ConnectionScope holds a TransactionScope), so that imports flow
-    one way; busd.broker.links.BrokerScope has all of it."""
+    busd.broker.links.base (whose ConnectionScope holds a TransactionScope), so that imports flow
+    one way; busd.broker.links.base.BrokerScope has all of it."""
 
     @property
     def store(self) -> Store: ...

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
-from busd import entity_properties as ep
 from busd.auth.rights import MANAGE, EntityKeys, Unauthorized, authorize_header
-from busd.entity_values import check_rule_name, normalize_entity_name
+from busd.entities import properties as ep
+from busd.entities.values import check_rule_name, normalize_entity_name
 from busd.errors import ConfigError
 from busd.http import atom_xml as ax
 from busd.http.entities import Entities, Entity
@@ -323,7 +323,7 @@ def _rule_name(name: str) -> str:
 
 
 def _validate(p: dict[str, Any], current: dict[str, Any] | None = None) -> None:
-    """A description's values within the management API's bounds (busd.entity_properties,
+    """A description's values within the management API's bounds (busd.entities.properties,
     docs/design.md §2.1); `current`: the entity's properties, for a change (a message size
     below Premium's, which only the entities file sets, may be kept)."""
     try:

@@ -28,13 +28,13 @@ from typing import Any
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from busd import access_rules
-from busd import entity_properties as ep
-from busd import property_types as pt
-from busd.entity_properties import INT32_MAX
-from busd.entity_values import parse_duration_ms
+from busd.entities import access_rules
+from busd.entities import properties as ep
+from busd.entities import property_types as pt
+from busd.entities.properties import INT32_MAX
+from busd.entities.property_types import format_duration
+from busd.entities.values import parse_duration_ms
 from busd.errors import ConfigError
-from busd.property_types import format_duration
 
 ATOM = "http://www.w3.org/2005/Atom"
 SB = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
@@ -61,7 +61,7 @@ class AtomError(Exception):
 
 
 # --- descriptions --------------------------------------------------------------------------------
-# Elements, values and defaults come from busd.entity_properties; a name of ATOM_ORDER that is
+# Elements, values and defaults come from busd.entities.properties; a name of ATOM_ORDER that is
 # no property is read-only, filled from the store (and ignored in requests). A forwarding
 # destination (ENTITY) is read as a name or URL, kept as the bare name and answered as the URL
 # `sb://<host>/<name>`.
@@ -162,7 +162,7 @@ def parse_description(body: bytes, kind: str) -> dict[str, Any]:
 
 
 def _access_rules(element: ET.Element) -> list[dict[str, Any]]:
-    """An `AuthorizationRules` element's rules by field name (busd.access_rules checks them):
+    """An `AuthorizationRules` element's rules by field name (entities.access_rules checks them):
     `Rights` as the list of its `AccessRights`, `i:type` as `Type`."""
     rules: list[dict[str, Any]] = []
     for rule in element:

@@ -2,7 +2,7 @@
 entity catalog (busd.broker.catalog), and the counts it answers with.
 
 Properties are carried by Service Bus element name (`LockDuration` in ms, `RequiresSession`, ...;
-busd.http.atom_xml); this module maps them to and from the catalog's entities (busd.entities):
+busd.http.atom_xml); this module maps them to and from the catalog's entities (entities.records):
 what an entity has a field for goes there, the rest into its `extra` and back unchanged.
 """
 
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from busd import entity_properties as ep
-from busd import property_types as pt
-from busd.entities import (
+from busd.entities import properties as ep
+from busd.entities import property_types as pt
+from busd.entities.records import (
     DEFAULT_RULE_NAME,
     QueueEntity,
     RuleEntity,
@@ -25,7 +25,7 @@ from busd.entities import (
     from_record,
     rule_path,
 )
-from busd.entities import Entity as CatalogEntity
+from busd.entities.records import Entity as CatalogEntity
 from busd.errors import BusdError, Condition
 from busd.http import atom_xml as ax
 from busd.rules import (
@@ -89,7 +89,7 @@ def runtime_of(counts: EntityCounts, size_in_bytes: int = 0) -> ax.Runtime:
 
 
 # --- the store's catalog ------------------------------------------------------------------------
-# Properties <-> record fields as busd.entity_properties declares them; what has no field is
+# Properties <-> record fields as busd.entities.properties declares them; what has no field is
 # kept in `extra` and answered back.
 _CLASSES = {"queue": QueueEntity, "topic": TopicEntity, "subscription": SubscriptionEntity}
 # Kept in `extra` for the answers' sake; not settable (read-only in requests).

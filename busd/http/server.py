@@ -1,4 +1,4 @@
-"""HTTP/1.1 with keep-alive, for the connections busd's ports find speaking HTTP (busd.ports):
+"""HTTP/1.1 with keep-alive, for the connections busd's ports find speaking HTTP (busd.net.ports):
 health, metrics, the admin API, the management (ATOM) API and the dashboard, over HTTP or
 HTTPS, on every port busd serves AMQP on (docs/management.md §1).
 
@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 
 import h11
 
-from busd import origins
+from busd.net import origins
 
 log = logging.getLogger("busd.http")
 
@@ -87,12 +87,12 @@ async def _any_body(request: Request) -> Response | int:
 
 
 class HttpService:
-    """HTTP/1.1 on the connections busd's ports hand over (busd.ports): `protocol()` makes the
+    """HTTP/1.1 on the connections busd's ports hand over (busd.net.ports): `protocol()` makes the
     asyncio protocol of one connection, plain or already inside TLS; `close()` ends them all.
 
     The bytes the port read to tell the protocol apart reach the stream reader first, so h11
     parses the request from its first byte. A request's head is read whole (within
-    `limits.request_timeout_s`) and checked (its Host: busd.origins; its route and key:
+    `limits.request_timeout_s`) and checked (its Host: busd.net.origins; its route and key:
     `admit`) before any of its body is read, and then only as much body as its route takes."""
 
     def __init__(

@@ -81,7 +81,7 @@ _SESSION_ROUTE = re.compile(
 
 
 # The cursor of an inspector page sorted by anything but id: `<score>:<session id>`, the score
-# as the store writes it (busd/storage/lua/sessionPage.lua).
+# as the store writes it (busd/storage/redis/lua/sessionPage.lua).
 _SCORE_CURSOR = re.compile(r"[-+]?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?:.*", re.DOTALL)
 
 

@@ -10,7 +10,7 @@ Two kinds, kept apart:
   ($management, admin API, sweep, lazy housekeeping) made it happen; they are read at scrape
   time, and every process reports the same figures: aggregate them with max(), not sum().
 
-With several workers on one host (busd/workers.py), the worker a scrape lands on adds up the
+With several workers on one host (busd/server/workers.py), the worker a scrape lands on adds up the
 process figures of every worker (`merge`) and adds the store's figures once: the scrape
 answers for the host.
 """
@@ -165,7 +165,7 @@ class Metrics:
             registry=registry,
         )
         self.links = Gauge("busd_links", "Attached links (this process).", registry=registry)
-        # Connections before their first valid put-token (busd.listener.Admission).
+        # Connections before their first valid put-token (busd.net.listener.Admission).
         self.unauthenticated = Gauge(
             "busd_unauthenticated_connections",
             "Connections not authenticated yet: in their TLS, WebSocket or AMQP handshake, or "

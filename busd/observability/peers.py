@@ -1,6 +1,6 @@
 """The other workers of this host, so that `/metrics` and `/health/detail` answer for the host.
 
-With `busd serve --workers N` (busd/workers.py) every worker serves the HTTP port, and a
+With `busd serve --workers N` (busd/server/workers.py) every worker serves the HTTP port, and a
 scrape lands on whichever one the kernel picks. Each worker therefore also listens on a Unix
 socket of its own, `<pid>.sock`, in a directory its parent made: a connection there is
 answered with one JSON document, that worker's own report (its pid, its open AMQP

@@ -16,7 +16,7 @@ Queue and topic names share one namespace (as in Service Bus), so their tags nev
 
 A partitioned entity (docs/design.md §3.18) is one such key set per partition, each under a
 tag of its own (`partition_scope`; a name has no `:`), so a cluster spreads its partitions over
-its shards. Each partition is an ordinary queue to the scripts; busd.storage.partitions routes
+its shards. Each partition is an ordinary queue to the scripts; partitioned.router routes
 calls to them. Two layouts of these tags (the entity's record says which, `partition_layout`):
 - `FIRST_LAYOUT`, entities created before the even layout: `{<prefix>:<queue>:<p>}`, whose slot
   is wherever CRC16 puts it, so 16 partitions fall unevenly on the shards (as 3/5/8 on three);
@@ -293,5 +293,5 @@ def wake_channel(prefix: str, process_id: str = "") -> str:
     """The pub/sub channel of one broker process: scripts publish on it the id of a waiter or
     lock holder of that process that has work (includes/wakeWaiters.lua). Without a process id:
     the common prefix of every process's channel. On a Cluster `prefix` is a context's hash
-    tag (`{...}`), so the channel is in the context's slot (busd/storage/shard_wakeups.py)."""
+    tag (`{...}`), so the channel is in the context's slot (busd/storage/redis/shard_wakeups.py)."""
     return f"{prefix}:wake:{process_id}"

@@ -37,7 +37,7 @@ class QueueSpec:
     # redelivery backoff (docs/design.md §2.17): None off; else an abandoned or lock-expired
     # message is available again min * factor^(delivery count - 1) ms later, at most max
     backoff_min_ms: int | None = None
-    backoff_max_ms: int | None = None  # None: the longest (busd.entity_properties)
+    backoff_max_ms: int | None = None  # None: the longest (busd.entities.properties)
     backoff_factor: float = 2.0
     duplicate_detection_window_ms: int | None = None  # None: duplicate detection off
     max_message_size: int = 1024 * 1024

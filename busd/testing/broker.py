@@ -30,7 +30,7 @@ DEFAULT_KEY = ("RootManageSharedAccessKey", "SAS_KEY_VALUE")
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
-# The start banner's lines (busd/server.py `Server.banner`): the ports bound with port 0.
+# The start banner's lines (busd/server/lifecycle.py `Server.banner`): the ports bound with port 0.
 BANNER = re.compile(r"listening on amqp://[^:]+:(\d+)")
 HTTP_BANNER = re.compile(r"http:\s+http://[^\s/]+:(\d+)/health")
 TLS_BANNER = re.compile(r"amqps:\s+amqps://[^:]+:(\d+)")

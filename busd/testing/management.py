@@ -12,16 +12,16 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from busd.entity_properties import BY_NAME
-from busd.entity_tools import (
+from busd.cli.entities import (
     CORRELATION_FIELDS,
     AtomClient,
     entity_path,
     entry_document,
     rule_document,
 )
-from busd.property_types import format_duration
-from busd.tools import EXIT_NOT_FOUND, ToolError
+from busd.cli.tools import EXIT_NOT_FOUND, ToolError
+from busd.entities.properties import BY_NAME
+from busd.entities.property_types import format_duration
 
 DEFAULT_RULE = "$Default"
 _DESCRIPTIONS = {
@@ -44,7 +44,7 @@ def element_name(name: str) -> str:
 
 def element_text(element: str, value: Any) -> str:
     """A property value as the API's XML spells it, written by the entity property table
-    (busd/entity_properties.py), as busd writes its own descriptions: a duration (a timedelta)
+    (busd/entities/properties.py), as busd writes its own descriptions: a duration (a timedelta)
     in ISO 8601, a flag true or false. A string goes as it is."""
     if isinstance(value, str):
         return value

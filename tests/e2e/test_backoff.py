@@ -18,7 +18,7 @@ from azure.servicebus.management import ServiceBusAdministrationClient
 from click.testing import CliRunner
 
 from busd.auth.sas import generate_sas_token
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.conftest import queue, subscription, topic
 
 pytestmark = pytest.mark.timeout(120)

@@ -67,7 +67,7 @@ def test_the_admin_client_without_the_certificate_fails_as_the_banner_warns(busd
 
 
 def test_banner_names_the_embedded_store_allocator(busd_factory):
-    from busd.storage.embedded import jemalloc_path
+    from busd.storage.redis.embedded import jemalloc_path
 
     busd = busd_factory([queue("orders")], embedded=True)
     text = busd.log_text()

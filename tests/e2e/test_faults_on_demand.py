@@ -18,7 +18,7 @@ from azure.servicebus.exceptions import (
 )
 from click.testing import CliRunner
 
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.conftest import queue, receive, subscription, topic
 from tests.e2e.test_admin_cli import admin_token, http
 

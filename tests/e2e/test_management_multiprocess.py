@@ -60,7 +60,7 @@ def test_created_on_one_served_by_the_other_deleted_refused_by_both(pair):
             with ServiceBusClient.from_connection_string(
                 busd.connection_string, retry_total=0
             ) as client:
-                # the put-token for it is answered 404 (busd.broker.cbs), else the attach
+                # the put-token for it is answered 404 (busd.broker.links.cbs), else the attach
                 # amqp:not-found: either way the SDK gives up on it
                 with pytest.raises((MessagingEntityNotFoundError, ServiceBusAuthenticationError)):
                     with client.get_queue_sender(name) as sender:

@@ -21,7 +21,7 @@ from proton import Message
 from proton.utils import LinkDetached
 
 from busd.auth.sas import generate_sas_token
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import queue, receive, run_node
 

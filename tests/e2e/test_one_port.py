@@ -1,5 +1,5 @@
 """One connection string for both SDK clients: every port busd serves AMQP on also answers
-HTTP and HTTPS (busd/ports.py), told apart by a connection's first bytes, and `GET /health`
+HTTP and HTTPS (busd/net/ports.py), told apart by a connection's first bytes, and `GET /health`
 answers as the Service Bus emulator's does on each of them."""
 
 from __future__ import annotations

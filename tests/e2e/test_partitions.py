@@ -22,9 +22,9 @@ from azure.servicebus.management import ServiceBusAdministrationClient
 from click.testing import CliRunner
 from proton import Message
 
-from busd.cli import cli
+from busd.cli.main import cli
 from busd.storage.keys import hash_tag, partition_scope
-from busd.storage.partition_routing import PARTITION_SHIFT, partition_of_key
+from busd.storage.partitioned.routing import PARTITION_SHIFT, partition_of_key
 from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic, write_config
 from tests.e2e.txn_client import Refused, Transactions, peek_all, send, settle, take

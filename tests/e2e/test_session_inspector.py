@@ -14,7 +14,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import SessionLockLostError
 from click.testing import CliRunner
 
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.conftest import queue, receive
 from tests.e2e.test_admin_cli import admin_token
 

@@ -14,7 +14,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from click.testing import CliRunner
 
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.amqp_client import Management, ProtonCbsClient
 from tests.e2e.conftest import queue, receive
 from tests.e2e.test_admin_cli import admin_token

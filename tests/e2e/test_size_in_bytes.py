@@ -10,7 +10,7 @@ import redis
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ServiceBusAdministrationClient
 
-from busd.storage.redis_catalog import SIZE_SAMPLE
+from busd.storage.redis.catalog import SIZE_SAMPLE
 from tests.e2e.conftest import command_calls, queue, receive
 
 pytestmark = pytest.mark.timeout(120)

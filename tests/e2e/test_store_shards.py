@@ -19,7 +19,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBu
 from azure.servicebus.management import ServiceBusAdministrationClient
 from click.testing import CliRunner
 
-from busd.cli import cli
+from busd.cli.main import cli
 from tests.e2e.conftest import launch_busd, queue, receive, write_config
 
 pytestmark = pytest.mark.timeout(180)

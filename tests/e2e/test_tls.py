@@ -20,7 +20,7 @@ from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusConnectionError
 from cryptography import x509
 
-from busd import tls
+from busd.net import tls
 from tests.e2e.conftest import amqp_header_over_tls, queue, receive
 from tests.test_tls import write_unconstrained
 

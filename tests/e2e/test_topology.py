@@ -21,8 +21,8 @@ from azure.servicebus.management import (
 )
 from click.testing import CliRunner
 
-from busd.cli import cli
-from busd.tools import EXIT_INVALID
+from busd.cli.main import cli
+from busd.cli.tools import EXIT_INVALID
 from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic
 
 pytestmark = pytest.mark.timeout(120)

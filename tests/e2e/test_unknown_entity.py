@@ -13,7 +13,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusAuthenticationError
 from proton.utils import LinkDetached
 
-from busd.broker.unknown_entities import LINES_PER_MINUTE
+from busd.broker.links.unknown_entities import LINES_PER_MINUTE
 from tests.e2e.amqp_client import ProtonCbsClient
 from tests.e2e.conftest import cbs_refusal, queue
 

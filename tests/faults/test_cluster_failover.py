@@ -22,7 +22,7 @@ import time
 import pytest
 
 from busd.storage.keys import key, partition_scope
-from busd.storage.partition_routing import partition_of_key
+from busd.storage.partitioned.routing import partition_of_key
 from tests.e2e.conftest import queue
 from tests.faults import load
 from tests.faults.replicas import Cluster

@@ -37,8 +37,8 @@ from azure.servicebus.management._utils import (
     serialize_rule_key_values,
 )
 
+from busd.entities.property_types import UNBOUNDED, format_duration
 from busd.http import atom_xml as ax
-from busd.property_types import UNBOUNDED, format_duration
 
 URL = "https://localhost:5300"
 

@@ -2,7 +2,7 @@
 broker over the session's real Redis/Valkey (tests/conftest.py), with no socket in between.
 
 The `broker` and `new_protocol` fixtures are the one place that builds the broker side, as
-busd/server.py does at start-up and for each accepted socket.
+busd/server/lifecycle.py does at start-up and for each accepted socket.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest_asyncio
 
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
-from busd.broker.connection import ConnectionHandler
-from busd.entities import QueueEntity
-from busd.storage.redis_store import RedisStore
+from busd.broker.links.connection import ConnectionHandler
+from busd.entities.records import QueueEntity
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import delete_prefix
 from tests.protocol.harness import SAS_KEYS, ProtocolClient
@@ -53,7 +53,7 @@ class _Errors(logging.Handler):
 async def broker(redis_url: str) -> AsyncIterator[object]:
     """A started broker with a key prefix of its own, stopped and wiped afterwards. It gets a
     store of its own on the session's server (not the `store` fixture's): `Broker.start`
-    connects its store, as busd/server.py has it do."""
+    connects its store, as busd/server/lifecycle.py has it do."""
     prefix = f"proto-{uuid.uuid4().hex[:12]}"
     store = RedisStore(redis_url, prefix=prefix)
     broker = Broker(store, sas_keys=dict(SAS_KEYS), sweep_interval_s=0.2)
@@ -76,7 +76,7 @@ async def broker(redis_url: str) -> AsyncIterator[object]:
 
 @pytest.fixture
 def new_protocol(broker) -> Callable[[], AmqpProtocol]:
-    """The broker side of one connection, built as busd/server.py builds it."""
+    """The broker side of one connection, built as busd/server/lifecycle.py builds it."""
     return lambda: AmqpProtocol(lambda proto: ConnectionHandler(proto, broker))
 
 

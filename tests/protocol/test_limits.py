@@ -139,7 +139,7 @@ async def test_links_per_connection_are_capped(broker, connect):
 
 async def test_authenticated_connections_per_process_are_capped(broker, connect, new_protocol):
     set_limits(broker, connections=1)
-    unauthenticated = await connect()  # not counted: they are capped apart (busd.listener)
+    unauthenticated = await connect()  # not counted: they are capped apart (busd.net.listener)
     first = await connect()
     await first.authorize("plain")
     second = ProtocolClient(new_protocol())

@@ -14,8 +14,8 @@ import pytest_asyncio
 from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
 from busd.broker.namespaces import Namespaces
-from busd.entities import QueueEntity
-from busd.storage.redis_store import RedisStore
+from busd.entities.records import QueueEntity
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import delete_prefix
 from tests.protocol.harness import SAS_KEYS

@@ -1,4 +1,4 @@
-"""A receiver link's outbox (busd/broker/outbox.py, docs/design.md §3.5), against busd's
+"""A receiver link's outbox (busd/broker/links/outbox.py, docs/design.md §3.5), against busd's
 protocol in memory: what the session accept took, the link's own fetch and what sends hand
 over go out in the session's order within the credit; what does not fit goes back first; a
 drain is answered after one more look; a link that goes while a send hands it messages sends

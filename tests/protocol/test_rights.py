@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from proton import Message
 
-from busd.entities import SubscriptionEntity, TopicEntity
+from busd.entities.records import SubscriptionEntity, TopicEntity
 from tests.protocol.harness import NEXT_AVAILABLE, ProtocolClient
 from tests.protocol.test_attach import assert_refused
 

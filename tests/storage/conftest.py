@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 
 from busd.storage import keys as keyspace
-from busd.storage.partition_routing import first_seq
-from busd.storage.partitions import wrap
-from busd.storage.redis_store import RedisStore
+from busd.storage.partitioned.router import wrap
+from busd.storage.partitioned.routing import first_seq
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from busd.testing.broker import delete_prefix
 
@@ -127,7 +127,7 @@ def spread(store_kind: str) -> dict[str, int]:
 @pytest.fixture
 def created(store_kind: str, store_url: str, store_prefix: str) -> Callable[[Any], Any]:
     """created(spec): a queue or topic as the broker creates it: a partitioned one's
-    partitions count from their own first numbers (busd.storage.partition_routing
+    partitions count from their own first numbers (busd.storage.partitioned.routing
     `first_seq`, set by the partitioned store's catalog_put when the broker creates the
     entity). Returns spec."""
 

@@ -9,15 +9,15 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from busd import access_rules
 from busd.broker.catalog import Catalog
-from busd.config import EntitiesFile
-from busd.entities import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
+from busd.config.settings import EntitiesFile
+from busd.entities import access_rules
+from busd.entities.records import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.server import seed_catalog
+from busd.server.lifecycle import seed_catalog
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.partitions import wrap
-from busd.storage.redis_store import RedisStore
+from busd.storage.partitioned.router import wrap
+from busd.storage.redis.store import RedisStore
 from tests.conftest import delete_prefix
 
 

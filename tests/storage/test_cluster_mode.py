@@ -12,7 +12,7 @@ import pytest_asyncio
 import redis
 
 from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey_cluster
 
@@ -121,7 +121,7 @@ async def test_a_cluster_url_uses_the_cluster_client_and_wakes_up(cluster_url):
 
 
 def test_cluster_urls_are_recognised():
-    from busd.storage.redis_store import parse_cluster_url
+    from busd.storage.redis.store import parse_cluster_url
 
     assert parse_cluster_url("redis://h:1/0") is None
     assert parse_cluster_url("redis+cluster://h:1") == "redis://h:1"

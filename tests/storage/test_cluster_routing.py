@@ -1,5 +1,5 @@
 """On a Cluster each script call goes on busd's own pipelined connection to the primary owning
-its queue's slot (busd/storage/cluster.py, docs/design.md §3.4): a slot moved to another
+its queue's slot (busd/storage/redis/cluster.py, docs/design.md §3.4): a slot moved to another
 primary is followed (MOVED), a slot being migrated is served from its target (ASK, then
 ASKING), a script on a slot in migration is refused until it ends (TRYAGAIN), and with
 `--durability replicated` a shard whose replica is gone refuses its writes while the other
@@ -19,10 +19,10 @@ from redis.crc import key_slot
 
 from busd.storage import keys as keyspace
 from busd.storage.api import StoreUnavailable
-from busd.storage.cluster import ShardPipelines
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.pipeline import resp_command
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.cluster import ShardPipelines
+from busd.storage.redis.pipeline import resp_command
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.faults.replicas import Cluster
 
@@ -98,7 +98,7 @@ async def test_a_moved_slot_is_followed_to_its_new_primary(cluster, tokens):
 
 
 async def test_a_migrating_slot_is_served_from_its_target_after_asking(cluster):
-    """A one-key command on busd's pipelines (busd/storage/cluster.py): the source still
+    """A one-key command on busd's pipelines (busd/storage/redis/cluster.py): the source still
     owns the slot but no longer has the key, so it answers ASK; the target runs the command
     only right after an ASKING on the same connection (without one it answers MOVED)."""
     client = RedisCluster.from_url(cluster.url.replace("redis+cluster://", "redis://"))

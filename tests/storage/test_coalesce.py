@@ -1,5 +1,5 @@
 """Settlements and session receives of many receivers on one entity, coalesced into fewer
-store calls (busd/storage/coalesce.py): each receiver still gets its own outcome or messages,
+store calls (busd/storage/redis/coalesce.py): each receiver still gets its own outcome or messages,
 checked against its own lock, and nothing is applied twice, taken twice or lost."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from busd.errors import Condition
-from busd.storage.coalesce import Coalescer
 from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
+from busd.storage.redis.coalesce import Coalescer
 
 
 class Calls:
@@ -152,7 +152,7 @@ async def test_many_holders_receiving_at_once_each_get_their_own_sessions_messag
 
 
 async def test_a_coalesced_call_carries_whole_callers_up_to_its_limit(monkeypatch):
-    from busd.storage import coalesce
+    from busd.storage.redis import coalesce
 
     monkeypatch.setattr(coalesce, "MAX_ITEMS", 4)
     coalescer: Coalescer[object, object] = Coalescer()

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from tests.conftest import start_valkey
 
 
@@ -87,7 +87,7 @@ async def test_many_concurrent_calls_wait_for_a_connection_instead_of_failing(re
 
 async def test_a_call_that_waits_too_long_for_its_turn_is_server_busy(redis_url, monkeypatch):
 
-    import busd.storage.redis_store as rs
+    import busd.storage.redis.store as rs
     from busd.errors import BusdError, Condition
     from busd.storage.specs import QueueSpec
 

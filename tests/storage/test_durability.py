@@ -13,7 +13,7 @@ import redis
 
 from busd.storage.api import StoreUnavailable
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from busd.storage.embedded import EmbeddedStoreError, EmbeddedValkey, jemalloc_path
+from busd.storage.redis.embedded import EmbeddedStoreError, EmbeddedValkey, jemalloc_path
 
 
 def test_data_survives_a_restart_on_the_same_directory(tmp_path):
@@ -80,7 +80,7 @@ def test_server_runs_with_jemalloc_when_installed(tmp_path):
 
 def test_a_data_directory_keeps_the_shard_count_it_was_made_with(tmp_path):
     """One Valkey's data is not hidden behind local shards started on it, nor the reverse."""
-    from busd.storage.embedded import EmbeddedCluster, embedded_store
+    from busd.storage.redis.embedded import EmbeddedCluster, embedded_store
 
     single = tmp_path / "single"
     with EmbeddedValkey(single) as server:

@@ -155,7 +155,7 @@ async def test_abandoned_message_past_ttl_expires(store, make_queue, tokens):
 
 
 async def test_concurrent_sweeps_expire_each_lock_once(store, make_queue, tokens, redis_url):
-    from busd.storage.redis_store import RedisStore
+    from busd.storage.redis.store import RedisStore
 
     q = make_queue(lock_duration_ms=50)
     await store.send(q, [NewMessage(b"m%d" % i) for i in range(30)])

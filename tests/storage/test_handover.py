@@ -326,7 +326,7 @@ async def test_a_send_failing_in_one_partition_gives_back_what_another_handed_ov
     caller hands nothing to the holders): the first partition's message, stored and handed
     over there, goes back available, uncounted, first in its session."""
     from busd.storage.api import StoreUnavailable
-    from busd.storage.partition_routing import partition_of_key
+    from busd.storage.partitioned.routing import partition_of_key
 
     by_part: dict[int, str] = {}
     for i in range(64):

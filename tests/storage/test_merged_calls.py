@@ -20,7 +20,7 @@ from redis.crc import key_slot
 
 from busd.storage import keys as keyspace
 from busd.storage.api import StoreUnavailable
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from busd.testing.broker import delete_prefix
 from tests.faults.replicas import Cluster
@@ -148,7 +148,7 @@ async def test_a_plain_send_over_every_partition_is_one_call_per_server(url, sto
     """Messages without a session or partition key go to the partitions in turn: a batch of
     16 touches all 16 partitions, and is still one call per server."""
     from busd.storage.messages import NewMessage
-    from busd.storage.partitions import wrap
+    from busd.storage.partitioned.router import wrap
 
     partitioned = wrap(store)
     queue = QueueSpec(f"q-{uuid.uuid4().hex[:6]}", partitions=16)

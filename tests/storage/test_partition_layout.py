@@ -13,13 +13,13 @@ import pytest
 import pytest_asyncio
 import redis
 
-from busd.entities import QueueEntity, from_record, to_record
+from busd.entities.records import QueueEntity, from_record, to_record
 from busd.storage import keys
 from busd.storage.api import Store
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.partition_routing import partition_of_key
-from busd.storage.partitions import PartitionedStore, wrap
-from busd.storage.redis_store import RedisStore
+from busd.storage.partitioned.router import PartitionedStore, wrap
+from busd.storage.partitioned.routing import partition_of_key
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey_shards
 

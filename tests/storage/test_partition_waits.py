@@ -1,6 +1,6 @@
 """A process's next-available acceptors of a partitioned queue wait as one: its waiter is
 registered once per partition, a session freed there wakes its oldest waiting acceptor with
-the partition to look in, and no wake-up is lost (busd/storage/partition_waits.py). On a real
+the partition to look in, and no wake-up is lost (busd/storage/partitioned/waits.py). On a real
 server, through the partitioned store as the broker uses it; the inner store's accept calls
 are counted, not replaced."""
 
@@ -16,9 +16,9 @@ import redis
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.partition_waits import PartitionWaits
-from busd.storage.partitions import wrap
-from busd.storage.redis_store import RedisStore
+from busd.storage.partitioned.router import wrap
+from busd.storage.partitioned.waits import PartitionWaits
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from busd.testing.broker import delete_prefix
 
@@ -278,7 +278,7 @@ def plain_queue() -> QueueSpec:
 
 def key_in(q: QueueSpec, partition: int) -> str:
     """A partition key whose messages go to `partition`."""
-    from busd.storage.partition_routing import partition_of_key
+    from busd.storage.partitioned.routing import partition_of_key
 
     return next(
         k for k in (f"k{i}" for i in range(1000)) if partition_of_key(k, PARTITIONS) == partition

@@ -13,7 +13,7 @@ from redis.exceptions import TimeoutError as StoreTimeoutError
 from busd.storage.api import StoreUnavailable
 from busd.storage.forwarding import ForwardDestination, ForwardedMessage
 from busd.storage.messages import LockTokens, NewMessage, ReceiveMode
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import start_valkey
 from tests.storage.conftest import named

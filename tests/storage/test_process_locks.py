@@ -11,7 +11,7 @@ import redis.asyncio as redis
 from busd.errors import BusdError, Condition
 from busd.storage.keys import key
 from busd.storage.messages import NewMessage, ReceiveMode, StoredMessage
-from busd.storage.partitions import wrap
+from busd.storage.partitioned.router import wrap
 
 PL = ReceiveMode.PEEK_LOCK
 

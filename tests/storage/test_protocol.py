@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from busd.storage.api import Store
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 
 METHODS = [
     name

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from busd.storage import keys as keyspace
-from busd.storage.scripts import (
+from busd.storage.redis.scripts import (
     CONTEXTS,
     INCLUDE_DIR,
     LUA_DIR,
@@ -145,7 +145,7 @@ def test_the_keys_a_script_names_from_the_context_key_are_the_stores_keys(
 
 
 def test_a_script_naming_an_unknown_context_is_refused(tmp_path):
-    from busd.storage.scripts import ScriptError
+    from busd.storage.redis.scripts import ScriptError
 
     bad = tmp_path / "doThing.lua"
     bad.write_text("--[[\n  doThing: x\n  Context: planet\n  Input:\n]]\nreturn 1\n")
@@ -167,7 +167,7 @@ def test_include_names_resolve_and_are_included_once():
 
 
 def test_a_header_that_disagrees_with_the_file_name_is_refused(tmp_path):
-    from busd.storage.scripts import ScriptError
+    from busd.storage.redis.scripts import ScriptError
 
     bad = tmp_path / "doThing-2.lua"
     bad.write_text("--[[\n  doThing: x\n  Input:\n    KEYS[1]  seq\n]]\nreturn 1\n")
@@ -184,8 +184,8 @@ def test_all_keys_of_a_queue_share_one_hash_tag():
 
 
 def test_the_queue_context_width_is_declared_once():
-    from busd.storage.redis_connection import queue_context_args
-    from busd.storage.scripts import QUEUE_ARGC, read_queue_argc
+    from busd.storage.redis.connection import queue_context_args
+    from busd.storage.redis.scripts import QUEUE_ARGC, read_queue_argc
     from busd.storage.specs import QueueSpec
 
     assert QUEUE_ARGC == read_queue_argc()
@@ -198,7 +198,7 @@ def test_the_queue_context_width_is_declared_once():
 
 
 def test_a_queue_context_whose_width_disagrees_with_what_it_reads_is_refused(tmp_path):
-    from busd.storage.scripts import ScriptError, read_queue_argc
+    from busd.storage.redis.scripts import ScriptError, read_queue_argc
 
     text = (INCLUDE_DIR / "queueContext.lua").read_text()
     bad = tmp_path / "queueContext.lua"
@@ -211,7 +211,7 @@ def test_a_queue_context_whose_width_disagrees_with_what_it_reads_is_refused(tmp
 
 
 def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tmp_path):
-    from busd.storage.scripts import QUEUE_KEYC, ScriptError, read_queue_keyc
+    from busd.storage.redis.scripts import QUEUE_KEYC, ScriptError, read_queue_keyc
 
     assert QUEUE_KEYC == 1  # the context key; includes/queueKeys.lua names the rest
     for name, src in SOURCES.items():
@@ -244,7 +244,7 @@ def test_the_queue_context_key_count_is_declared_once_and_matches_the_key_set(tm
 
 
 def test_the_topic_context_width_is_declared_once_and_matches_the_key_set(tmp_path):
-    from busd.storage.scripts import TOPIC_KEYC, ScriptError, read_topic_keyc
+    from busd.storage.redis.scripts import TOPIC_KEYC, ScriptError, read_topic_keyc
 
     assert TOPIC_KEYC == len(keyspace.TOPIC_KEYS)
     for name, src in SOURCES.items():

@@ -13,7 +13,7 @@ import pytest
 
 from busd.storage.api import StoreUnavailable
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.redis_store import RedisStore, parse_sentinel_url
+from busd.storage.redis.store import RedisStore, parse_sentinel_url
 from busd.storage.specs import QueueSpec
 from tests.faults.replicas import ReplicaSet
 

@@ -13,7 +13,7 @@ import redis
 
 from busd.storage import keys as keyspace
 from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 
 PL = ReceiveMode.PEEK_LOCK

@@ -79,8 +79,8 @@ async def test_next_available_skips_sessions_without_available_messages(store, s
 async def test_session_lock_is_exclusive_under_concurrent_acceptors(
     store, sq, store_url, store_prefix
 ):
-    from busd.storage.partitions import PartitionedStore, wrap
-    from busd.storage.redis_store import RedisStore
+    from busd.storage.partitioned.router import PartitionedStore, wrap
+    from busd.storage.redis.store import RedisStore
 
     def another() -> object:
         other = RedisStore(store_url, prefix=store_prefix)

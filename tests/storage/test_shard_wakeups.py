@@ -1,4 +1,4 @@
-"""Wake-ups on a Cluster go by sharded pub/sub (busd/storage/shard_wakeups.py, docs/design.md
+"""Wake-ups on a Cluster go by sharded pub/sub (busd/storage/redis/shard_wakeups.py, docs/design.md
 §3.9): a script's wake-up is an SPUBLISH on the shard that ran it, never a PUBLISH that crosses
 the cluster bus; a subscription lost - the primary dropped the channels of a slot it gave
 away, or the subscriber's connection broke - is made again where the slot is now, and everyone
@@ -13,7 +13,7 @@ import pytest
 
 from busd.storage.api import WAKE_ALL
 from busd.storage.messages import NewMessage, ReceiveMode
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.faults.replicas import Cluster
 from tests.storage.test_cluster_routing import (

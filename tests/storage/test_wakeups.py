@@ -12,7 +12,7 @@ import pytest_asyncio
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL
 from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 
 PL = ReceiveMode.PEEK_LOCK
@@ -278,7 +278,7 @@ async def test_a_waiter_that_leaves_while_waiting_wakes_no_one(store, make_queue
 async def test_the_sweep_drops_the_waiters_of_a_process_that_stopped(
     store, make_queue, wakes, monkeypatch
 ):
-    import busd.storage.redis_store as rs
+    import busd.storage.redis.store as rs
 
     q = make_queue()
     monkeypatch.setattr(rs, "LIVENESS_MS", 50)

@@ -162,7 +162,7 @@ def test_loading_the_plugin_imports_nothing_of_the_broker() -> None:
         "azure",
         "testcontainers",
         "docker",
-        "busd.server",
+        "busd.server.lifecycle",
         "busd.broker",
         "busd.storage",
         "busd.testing.management",

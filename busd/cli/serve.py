@@ -1,0 +1,335 @@
+"""`busd serve`: its options (each also an environment variable, `--port` is `BUSD_PORT`) and
+the run of the server, in this process or as `--workers` processes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from busd.broker.limits import Limits
+from busd.cli.exits import EXIT_CONFIG, EXIT_OK, EXIT_STARTUP, _fail
+from busd.cli.serve_options import (
+    COUNT_OR_AUTO,
+    PORT_OR_OFF,
+    SHARDS_OR_AUTO,
+    _limit_options,
+    _parse_sas_keys,
+    auto_workers,
+)
+from busd.config.settings import DURABILITIES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
+
+_DEFAULTS = Settings()
+
+
+@click.command()
+@click.option(
+    "--host",
+    envvar="BUSD_HOST",
+    default=_DEFAULTS.host,
+    show_default=True,
+    help="Address to listen on for AMQP (0.0.0.0 in a container).",
+)
+@click.option(
+    "--port",
+    envvar="BUSD_PORT",
+    type=int,
+    default=_DEFAULTS.port,
+    show_default=True,
+    help="AMQP port (HTTP and HTTPS answered on it too).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    envvar="BUSD_CONFIG",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Entities file: the Service Bus emulator's Config.json, as is.",
+)
+@click.option(
+    "--redis-url",
+    envvar="BUSD_REDIS_URL",
+    default=None,
+    help="Redis/Valkey to keep state in (redis+cluster://host:port for a Cluster, "
+    "redis+sentinel://host:port[,host:port...]/service for Sentinel); none: "
+    "start an embedded Valkey.",
+)
+@click.option(
+    "--store-wait",
+    envvar="BUSD_STORE_WAIT",
+    type=float,
+    default=_DEFAULTS.store_wait_s,
+    show_default=True,
+    help="Seconds start-up waits for --redis-url to answer, trying it every second (0: "
+    "one try); then busd stops, exit code 69.",
+)
+@click.option(
+    "--data-dir",
+    envvar="BUSD_DATA_DIR",
+    default=_DEFAULTS.data_dir,
+    show_default=True,
+    help="Where the embedded Valkey keeps its files.",
+)
+@click.option(
+    "--http-port",
+    envvar="BUSD_HTTP_PORT",
+    type=int,
+    default=_DEFAULTS.http_port,
+    show_default=True,
+    help="Port for health, metrics and admin over HTTP (0: any free port).",
+)
+@click.option(
+    "--tls-port",
+    envvar="BUSD_TLS_PORT",
+    type=PORT_OR_OFF,
+    default=_DEFAULTS.tls_port,
+    show_default=True,
+    help="Port for AMQP over TLS and HTTPS (0: any free port, off: none).",
+)
+@click.option(
+    "--ws-port",
+    envvar="BUSD_WS_PORT",
+    type=PORT_OR_OFF,
+    default=_DEFAULTS.ws_port,
+    show_default=True,
+    help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "
+    "(0: any free port, off: none).",
+)
+@click.option(
+    "--tls-cert",
+    envvar="BUSD_TLS_CERT",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="PEM certificate (chain) for TLS; none: busd's own, signed by its certificate "
+    "authority for local names, both kept in the data directory.",
+)
+@click.option(
+    "--tls-key",
+    envvar="BUSD_TLS_KEY",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="PEM private key of --tls-cert.",
+)
+@click.option(
+    "--log-level",
+    envvar="BUSD_LOG_LEVEL",
+    default=_DEFAULTS.log_level,
+    show_default=True,
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="BUSD_LOG_FORMAT",
+    default=_DEFAULTS.log_format,
+    show_default=True,
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+)
+@click.option(
+    "--sas-key",
+    "sas_keys",
+    envvar="BUSD_SAS_KEY",
+    multiple=True,
+    metavar="NAME=KEY[:RIGHTS]",
+    help="A shared access key clients may sign tokens with (repeatable; in "
+    "BUSD_SAS_KEY separated by spaces), with its rights, e.g. "
+    "reader=KEY:Listen or app=KEY:Send,Listen (none given: Send, Listen and "
+    "Manage); default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.",
+)
+@click.option(
+    "--key-prefix",
+    envvar="BUSD_KEY_PREFIX",
+    default=_DEFAULTS.key_prefix,
+    show_default=True,
+    help="Prefix of every store key: several brokers can share one Redis.",
+)
+@click.option(
+    "--sweep-interval",
+    envvar="BUSD_SWEEP_INTERVAL",
+    type=float,
+    default=_DEFAULTS.sweep_interval_s,
+    show_default=True,
+    help="Seconds between sweeps for expired locks, TTL and scheduled messages.",
+)
+@click.option(
+    "--store-connections",
+    envvar="BUSD_STORE_CONNECTIONS",
+    type=int,
+    default=_DEFAULTS.store_connections,
+    show_default=True,
+    help="Store calls in flight at once (pipelined on one connection); more wait "
+    "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.",
+)
+@click.option(
+    "--max-namespaces",
+    envvar="BUSD_MAX_NAMESPACES",
+    type=int,
+    default=_DEFAULTS.max_namespaces,
+    show_default=True,
+    help="Namespaces besides the default one served at once; past it the least recently "
+    "used idle one is let go, and when all are in use a new one is refused (403).",
+)
+@click.option(
+    "--workers",
+    envvar="BUSD_WORKERS",
+    type=COUNT_OR_AUTO,
+    default=_DEFAULTS.workers,
+    show_default=True,
+    help="busd processes serving the same ports (auto: one per core it may use, "
+    "its container's CPU quota counted, less one per --store-shards shard), started, "
+    "restarted and stopped by this one; the embedded Valkey is started once.",
+)
+@click.option(
+    "--store-shards",
+    envvar="BUSD_STORE_SHARDS",
+    type=SHARDS_OR_AUTO,
+    default=_DEFAULTS.store_shards,
+    show_default=True,
+    help="valkey-servers the embedded store runs as one local Cluster, each with its own "
+    "data under --data-dir (auto: half the cores); above 1, queues and topics are "
+    "partitioned over them unless they say otherwise.",
+)
+@click.option(
+    "--durability",
+    envvar="BUSD_DURABILITY",
+    default=_DEFAULTS.durability,
+    show_default=True,
+    type=click.Choice(DURABILITIES, case_sensitive=False),
+    help="When a send, settlement, session-state write or commit is acknowledged: "
+    "once the store ran it (local), once the primary fsynced it (fsync), or "
+    "once a replica has it too (replicated); both need appendonly yes.",
+)
+@_limit_options
+@click.option(
+    "--transaction-timeout",
+    envvar="BUSD_TRANSACTION_TIMEOUT",
+    type=float,
+    default=_DEFAULTS.transaction_timeout_s,
+    show_default=True,
+    help="Seconds after its first operation a transaction is rolled back.",
+)
+@click.option(
+    "--max-http-connections",
+    "http_connections",
+    envvar="BUSD_MAX_HTTP_CONNECTIONS",
+    type=int,
+    default=_DEFAULTS.http_connections,
+    show_default=True,
+    help="HTTP connections this process serves at once, on all ports (0: no cap); past it "
+    "an idle one is closed, or the new one answered 503.",
+)
+@click.option(
+    "--http-request-timeout",
+    envvar="BUSD_HTTP_REQUEST_TIMEOUT",
+    type=float,
+    default=_DEFAULTS.http_request_timeout_s,
+    show_default=True,
+    help="Seconds an HTTP request's head (its line and headers) may take to arrive; then "
+    "the connection is closed (408).",
+)
+@click.option(
+    "--hostname",
+    "hostnames",
+    envvar="BUSD_HOSTNAME",
+    multiple=True,
+    help="A host name clients reach busd by beyond localhost and its addresses (repeatable; "
+    "in BUSD_HOSTNAME separated by spaces), e.g. the service's name in a container network: "
+    "HTTP requests naming another host are refused (421).",
+)
+@click.option(
+    "--allowed-origin",
+    "allowed_origins",
+    envvar="BUSD_ALLOWED_ORIGIN",
+    multiple=True,
+    help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
+    "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
+)
+def serve(
+    host: str,
+    port: int,
+    config_path: str | None,
+    redis_url: str | None,
+    store_wait: float,
+    data_dir: str,
+    http_port: int,
+    tls_port: int | None,
+    ws_port: int | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    log_level: str,
+    log_format: str,
+    sas_keys: tuple[str, ...],
+    key_prefix: str,
+    sweep_interval: float,
+    store_connections: int,
+    max_namespaces: int,
+    transaction_timeout: float,
+    workers: int | None,
+    store_shards: int | None,
+    durability: str,
+    http_connections: int,
+    http_request_timeout: float,
+    hostnames: tuple[str, ...],
+    allowed_origins: tuple[str, ...],
+    **limits,
+) -> None:
+    """Run the broker until interrupted."""
+    workers_auto = workers is None
+    if workers is None:
+        from busd.storage.redis.embedded import shard_count
+
+        # a store of its own only without --redis-url (Settings.validate refuses shards there)
+        workers = auto_workers(1 if redis_url else shard_count(store_shards))
+    try:
+        settings = Settings(
+            host=host,
+            port=port,
+            redis_url=redis_url or None,
+            store_wait_s=store_wait,
+            data_dir=data_dir,
+            config_path=config_path or None,
+            http_port=http_port,
+            tls_port=tls_port,
+            ws_port=ws_port,
+            tls_cert=tls_cert or None,
+            tls_key=tls_key or None,
+            log_level=log_level,
+            log_format=log_format,
+            key_prefix=key_prefix,
+            sweep_interval_s=sweep_interval,
+            store_connections=store_connections,
+            max_namespaces=max_namespaces,
+            transaction_timeout_s=transaction_timeout,
+            workers=workers,
+            workers_auto=workers_auto,
+            store_shards=store_shards,
+            durability=durability.lower(),
+            limits=Limits(**limits),
+            http_connections=http_connections,
+            http_request_timeout_s=http_request_timeout,
+            hostnames=list(hostnames),
+            allowed_origins=list(allowed_origins),
+        )
+        keys = _parse_sas_keys(sas_keys)
+        if keys:
+            settings.sas_keys = keys
+        settings.validate()
+    except ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+
+    # late: `busd --help` need not import the whole broker
+    from busd.server.lifecycle import run
+    from busd.server.workers import run as run_workers
+    from busd.storage.redis.embedded import EmbeddedStoreError
+    from busd.storage.redis.waiting import StoreNotReady
+
+    try:
+        code = run(settings) if settings.workers == 1 else run_workers(settings)
+    except ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+    except (EmbeddedStoreError, StoreNotReady) as e:
+        _fail(str(e), EXIT_STARTUP)
+    except OSError as e:  # typically a port already in use
+        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    sys.exit(code or EXIT_OK)
