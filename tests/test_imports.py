@@ -1,6 +1,6 @@
-"""busd's modules import one way: no cycle, however indirect, and no import hidden inside a
-function to dodge one (those count too). Only `if TYPE_CHECKING:` imports are left out, since
-they never run."""
+"""busd's modules import one way: down the layers of LAYERS, with no cycle, however indirect,
+and no import hidden inside a function to dodge one (those count too). Only `if TYPE_CHECKING:`
+imports are left out, since they never run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,25 @@ from pathlib import Path
 import busd
 
 PACKAGE = Path(busd.__file__).parent
+
+# busd's packages from the top down (docs/development.md#layout). A module may import its own
+# layer and the layers below it, never one above: the command line and the test plugin drive
+# the server, which serves HTTP and AMQP; the broker's links (what a client attaches) sit on
+# the broker (what a process serves), which sits on the rules, the AMQP codec, the entity
+# model and the store. A module belongs to the longest prefix listed.
+LAYERS: list[set[str]] = [
+    {"busd.cli", "busd.testing", "busd.__main__"},
+    {"busd.client", "busd.server"},
+    {"busd.http"},
+    {"busd.config", "busd.observability"},
+    {"busd.broker.links"},
+    {"busd.broker"},
+    {"busd.rules"},
+    {"busd.amqp"},
+    {"busd.entities"},
+    {"busd.storage", "busd.net"},
+    {"busd.auth", "busd.errors", "busd.allocator", "busd"},
+]
 
 
 def _module_name(path: Path) -> str:
@@ -74,6 +93,45 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (cycle := visit(node)):
             return cycle
     return None
+
+
+def layer_of(module: str, layers: list[set[str]] = LAYERS) -> int:
+    """The index of the module's layer in `layers` (0 the top): its longest listed prefix's."""
+    best, found = "", -1
+    for index, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, found = prefix, index
+    if found < 0:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+    return found
+
+
+def upward_imports(
+    graph: dict[str, set[str]], layers: list[set[str]] = LAYERS
+) -> list[tuple[str, str]]:
+    """Every (importer, imported) pair where the imported module is in a layer above."""
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target, layers) < layer_of(module, layers)
+    )
+
+
+def test_busd_imports_run_down_the_layers():
+    upward = upward_imports(import_graph())
+    assert not upward, "imports that run up the layers:\n" + "\n".join(
+        f"  {a} -> {b}" for a, b in upward
+    )
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = [{"p.top"}, {"p.low"}]
+    assert upward_imports({"p.low.a": {"p.top.b"}, "p.top.b": set()}, layers) == [
+        ("p.low.a", "p.top.b")
+    ]
+    assert upward_imports({"p.top.b": {"p.low.a"}, "p.low.a": set()}, layers) == []
 
 
 def test_busd_imports_have_no_cycle():

@@ -20,12 +20,12 @@ import uuid
 import weakref
 
 from busd.amqp.addresses import Address, AddressError, parse_address
+from busd.broker.attached import AttachedLink
 from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.faults import Faults
 from busd.broker.forwarding import Forwarding
 from busd.broker.limits import Buffers, Limits
-from busd.broker.links.base import LinkEndpoint, amqp_condition
 from busd.broker.receivers import Receivers, hand_over
 from busd.entities.records import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
@@ -66,7 +66,7 @@ class Broker:
             forget=self.receivers.forget,
         )
         # entity path -> the links attached to it (detached when the entity is deleted)
-        self._attached: dict[str, weakref.WeakSet[LinkEndpoint]] = {}
+        self._attached: dict[str, weakref.WeakSet[AttachedLink]] = {}
         self.sas_keys = sas_keys
         self.sweep_interval_s = sweep_interval_s
         self.metrics = metrics
@@ -169,13 +169,13 @@ class Broker:
         await self.store.close()
 
     # --- entities going away ------------------------------------------------------------------
-    def track(self, path: str, endpoint: LinkEndpoint) -> None:
+    def track(self, path: str, endpoint: AttachedLink) -> None:
         """An endpoint attached to an entity (a queue, topic or subscription path; its
         dead-letter sub-queue and `$management` count as the entity): it is detached with
         `amqp:not-found` when the entity is deleted, by any process."""
         self._attached.setdefault(path, weakref.WeakSet()).add(endpoint)
 
-    def attached(self, path: str) -> list[LinkEndpoint]:
+    def attached(self, path: str) -> list[AttachedLink]:
         """The links of this process attached to an entity (as `track` has them)."""
         return list(self._attached.get(path, ()))
 
@@ -211,8 +211,7 @@ class Broker:
             if endpoint.detached:
                 continue
             try:
-                endpoint.conn.detach(endpoint, amqp_condition(error))
-                endpoint.kick()
+                endpoint.detach_with(error)
             except Exception:
                 log.exception("detaching a link of deleted entity %s failed", path)
 

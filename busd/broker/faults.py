@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from busd.broker.links.base import LinkEndpoint, amqp_condition
+from busd.broker.attached import AttachedLink
 from busd.errors import BusdError, Condition
 from busd.storage.messages import Outcome, Settlement
 
@@ -379,7 +379,7 @@ class Faults:
             self.metrics.fault_hit(fault.entity, fault.kind, operation)
 
     # --- faults applied once, in each process ------------------------------------------------
-    def _endpoints(self, fault: Fault) -> Iterable[LinkEndpoint]:
+    def _endpoints(self, fault: Fault) -> Iterable[AttachedLink]:
         for endpoint in self.broker.attached(fault.entity):
             if endpoint.detached:
                 continue
@@ -401,8 +401,7 @@ class Faults:
     def _detach(self, fault: Fault) -> None:
         error = fault.error()
         for endpoint in list(self._endpoints(fault)):
-            endpoint.conn.detach(endpoint, amqp_condition(error, triple=False))
-            endpoint.kick()
+            endpoint.detach_with(error, triple=False)
             self._hit(fault, "detach")
 
     def _close_connections(self, fault: Fault) -> None:
@@ -412,8 +411,7 @@ class Faults:
             if id(endpoint.conn) in seen:
                 continue
             seen.add(id(endpoint.conn))
-            endpoint.conn.close_connection(error)
-            endpoint.kick()
+            endpoint.close_connection_with(error)
             self._hit(fault, "close-connection")
 
     async def _lose_message_locks(self, fault: Fault) -> None:

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from busd.config.settings import ConfigError
+from busd.errors import ConfigError
 from busd.net.host_certificates import HostIssuer
 
 log = logging.getLogger("busd.net.tls")

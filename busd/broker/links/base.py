@@ -264,6 +264,16 @@ class LinkEndpoint:
     def kick(self) -> None:
         self.conn.proto.kick()
 
+    def detach_with(self, error: BusdError, *, triple: bool = True) -> None:
+        """busd.broker.attached.AttachedLink: detach on our side with `error`, now."""
+        self.conn.detach(self, amqp_condition(error, triple=triple))
+        self.kick()
+
+    def close_connection_with(self, error: BusdError) -> None:
+        """busd.broker.attached.AttachedLink: close this link's connection with `error`."""
+        self.conn.close_connection(error)
+        self.kick()
+
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         task.add_done_callback(_log_task_failure)
