@@ -1,6 +1,7 @@
 """The user and operator documents name only what exists: every `busd` command and option
 they show is one the command line has, every metric name one busd serves, every link a file
-(and heading) of the repository, every Python example valid Python."""
+(and heading) of the repository, every path of the repository they name (`busd/...`,
+`tests/...`, `scripts/...`) a file or folder that exists, every Python example valid Python."""
 
 from __future__ import annotations
 
@@ -176,6 +177,21 @@ def test_links_reach_files_and_headings(doc: Path) -> None:
         assert path.exists(), f"{doc.name}: link to {target}: no such file"
         if anchor and path.suffix == ".md":
             assert anchor in _anchors(path), f"{doc.name}: link to {target}: no such heading"
+
+
+# A path of the repository as the documents name it: not inside an absolute path (a user's
+# /home/me/busd/...), possibly a glob (`busd/config/arm*.py`).
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:busd|tests|scripts)/[\w*./-]*[\w*])")
+
+
+@pytest.mark.parametrize("doc", ALL_DOCS, ids=lambda p: p.name)
+def test_paths_named_exist(doc: Path) -> None:
+    missing = [
+        name
+        for name in sorted(set(REPO_PATH.findall(doc.read_text())))
+        if not list(ROOT.glob(name))
+    ]
+    assert not missing, f"{doc.name} names paths that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: p.name)
