@@ -109,3 +109,15 @@ def refusal(condition: Condition) -> BusdError:
 class ConfigError(Exception):
     """A setting, the entities file or an entity's property is invalid; the message says which
     and why, in one line."""
+
+
+# Every exit code busd's processes and commands end with (sysexits.h where one fits), in one
+# place: `busd serve` and its workers, and the operator tools (docs/tools.md). 2 is click's, a
+# usage error (a missing argument or an unknown option).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the server stopped on an error at run time; busd failed a tool's request
+EXIT_INVALID = 65  # EX_DATAERR: the request or input was refused as invalid
+EXIT_NOT_FOUND = 66  # EX_NOINPUT: no such entity
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: busd, its store or a port could not be had
+EXIT_EXISTS = 73  # EX_CANTCREAT: the entity exists already
+EXIT_CONFIG = 78  # EX_CONFIG: a setting or the entities file is wrong

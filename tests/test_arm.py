@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from busd.cli.main import cli
-from busd.cli.tools import EXIT_INVALID
 from busd.config.arm import convert
 from busd.config.arm_expressions import TemplateError
 from busd.config.settings import load_entities
+from busd.errors import EXIT_INVALID
 
 TEMPLATE = Path(__file__).resolve().parent / "data" / "arm" / "orders.json"
 NS = "Microsoft.ServiceBus/namespaces"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from busd.cli.exits import EXIT_STARTUP
+from busd.cli.exits import EXIT_UNAVAILABLE
 from busd.server.cpu_quota import quota_cpus, usable_cores
 from busd.server.exposure import default_key_warning, is_loopback
 
@@ -37,7 +37,7 @@ def _serve(tmp_path: Path, redis_url: str, *args: str) -> subprocess.CompletedPr
 def test_reachable_address_with_the_default_key_is_warned_about_once(tmp_path, redis_url, workers):
     run = _serve(tmp_path, redis_url, "--host", UNREACHABLE, "--workers", workers)
     output = run.stdout + run.stderr
-    assert run.returncode == EXIT_STARTUP, output  # the address is not this machine's
+    assert run.returncode == EXIT_UNAVAILABLE, output  # the address is not this machine's
     lines = [line for line in output.splitlines() if WARNING in line]
     assert len(lines) == 1, output
     assert f"listening on {UNREACHABLE}" in lines[0] and "--sas-key" in lines[0]
@@ -47,7 +47,7 @@ def test_own_key_or_loopback_is_not_warned_about(tmp_path, redis_url):
     own = _serve(
         tmp_path, redis_url, "--host", UNREACHABLE, "--sas-key", "RootManageSharedAccessKey=ours"
     )
-    assert own.returncode == EXIT_STARTUP
+    assert own.returncode == EXIT_UNAVAILABLE
     assert WARNING not in own.stdout + own.stderr
     assert default_key_warning("127.0.0.1", {"RootManageSharedAccessKey": "SAS_KEY_VALUE"}) is None
     assert default_key_warning("::1", {"RootManageSharedAccessKey": "SAS_KEY_VALUE"}) is None

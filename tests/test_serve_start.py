@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from busd.cli.exits import EXIT_STARTUP
+from busd.cli.exits import EXIT_UNAVAILABLE
 from busd.server.lifecycle import READY_LINE
 from tests.conftest import free_port
 
@@ -69,7 +69,7 @@ def test_a_store_that_stays_down_ends_the_wait_with_one_line(tmp_path):
         env={**os.environ, "BUSD_STORE_WAIT": "2"},
     )
     took = time.monotonic() - started
-    assert result.returncode == EXIT_STARTUP, result.stderr
+    assert result.returncode == EXIT_UNAVAILABLE, result.stderr
     assert 2 <= took < 15
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr and not result.stdout

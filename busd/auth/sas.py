@@ -20,6 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from urllib.parse import quote_plus, unquote_plus, urlencode
 
+# The key busd serves when given none: the emulator's, so existing connection strings work
+# (`SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE`).
+DEFAULT_SAS_KEY_NAME = "RootManageSharedAccessKey"
+DEFAULT_SAS_KEY = "SAS_KEY_VALUE"
+
 TOKEN_PREFIX = "SharedAccessSignature "
 
 

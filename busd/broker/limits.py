@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-KIB = 1024
-MIB = 1024 * KIB
+from busd.units import KIB, MIB
 
 # Room for a batch's envelope and a request's properties around the largest message.
 ENVELOPE = 64 * KIB

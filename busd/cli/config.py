@@ -49,7 +49,7 @@ def config_export(output: str, url: str, cacert: str | None) -> None:
     Config.json that `busd serve --config` serves back: queues, topics, subscriptions,
     rules and their properties."""
     from busd.cli.config_export import export_namespace
-    from busd.cli.entities import AtomClient
+    from busd.client.atom import AtomClient
 
     exported = export_namespace(AtomClient(url, cacert))
     _write_document(exported.document, output)
@@ -91,9 +91,9 @@ def config_import(
     `busd serve --config`; refuse, naming the resource and property, what busd cannot honour."""
     import json
 
-    from busd.cli.tools import EXIT_INVALID
     from busd.config.arm import convert
     from busd.config.arm_expressions import TemplateError
+    from busd.errors import EXIT_INVALID
 
     def pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
         out = {}

@@ -2,7 +2,7 @@
 Config.json) that `busd serve --config` reads back to the same entities, docs/topology.md §1.
 
 It reads what the SDKs' administration clients read, the management (ATOM) API, with the
-tools' key (busd.cli.tools.tool_key: BUSD_SAS_KEY, whose key name may name a namespace), so it
+tools' key (busd.cli.output.tool_key: BUSD_SAS_KEY, whose key name may name a namespace), so it
 sees a namespace as they do and works against busd in a container. Each entity is written
 with the properties the emulator's own Config.json gives it, and every other property that
 is not its default; a subscription's rules unless they are the lone `$Default` TrueFilter
@@ -17,10 +17,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any
 
-from busd.cli.entities import ATOM, SB, AtomClient, entity_path
-from busd.cli.tools import EXIT_INVALID, ToolError
+from busd.client.atom import ATOM, SB, AtomClient, entity_path
+from busd.client.http import ToolError
 from busd.entities import properties as ep
 from busd.entities import property_types as pt
+from busd.errors import EXIT_INVALID
 from busd.http import atom_xml as ax
 from busd.rules.model import DEFAULT_RULE_NAME
 

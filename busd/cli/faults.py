@@ -1,6 +1,6 @@
 """`busd faults add|list|remove`: faults on demand for resilience tests (docs/faults.md). Over
 the admin HTTP API, with the options, output and exit codes every tool shares
-(busd/cli/tools.py)."""
+(busd/cli/output.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 import click
 
-from busd.cli.tools import AdminClient, client_options, emit, table
+from busd.cli.output import client_options, emit, table
+from busd.client.admin import AdminClient
 
 
 @click.group()

@@ -14,6 +14,7 @@ import time
 import click
 
 from busd import __version__
+from busd.auth.sas import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
 from busd.cli.config import config_group
 from busd.cli.entities import COMMANDS as ENTITY_COMMANDS
 from busd.cli.faults import COMMANDS as FAULT_COMMANDS
@@ -36,9 +37,9 @@ def cli() -> None:
     "(or sb://localhost:5672/ for all).",
 )
 @click.option(
-    "--key-name", envvar="BUSD_SAS_KEY_NAME", default="RootManageSharedAccessKey", show_default=True
+    "--key-name", envvar="BUSD_SAS_KEY_NAME", default=DEFAULT_SAS_KEY_NAME, show_default=True
 )
-@click.option("--key", envvar="BUSD_SAS_KEY_VALUE", default="SAS_KEY_VALUE", show_default=True)
+@click.option("--key", envvar="BUSD_SAS_KEY_VALUE", default=DEFAULT_SAS_KEY, show_default=True)
 @click.option("--ttl", type=int, default=3600, show_default=True, help="Seconds of validity.")
 def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
     """Print a SharedAccessSignature token, as the Service Bus SDKs make them."""
@@ -50,7 +51,7 @@ def sas_token(audience: str, key_name: str, key: str, ttl: int) -> None:
 cli.add_command(serve)
 cli.add_command(config_group)
 
-# Operator tools over the admin HTTP API (busd.cli.tools documents their exit codes).
+# Operator tools over the admin HTTP API (busd.cli.output documents their exit codes).
 for _command in (*MESSAGE_COMMANDS, *SESSION_COMMANDS, *FAULT_COMMANDS, *ENTITY_COMMANDS):
     cli.add_command(_command)
 

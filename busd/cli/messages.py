@@ -1,6 +1,6 @@
 """Operator commands on entities' messages: `busd queues`, `topics`, `peek`, `send`, `purge`,
 `dlq resubmit`, and `shards` (where each entity is kept). Over the admin HTTP API, with the
-options, output and exit codes every tool shares (busd/cli/tools.py)."""
+options, output and exit codes every tool shares (busd/cli/output.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from busd.cli.tools import AdminClient, client_options, emit, table
+from busd.cli.output import client_options, emit, table
+from busd.client.admin import AdminClient
 
 # Dead letters resubmitted per request: the progress bar moves once per chunk.
 RESUBMIT_CHUNK = 500

@@ -8,7 +8,7 @@ import sys
 import click
 
 from busd.broker.limits import Limits
-from busd.cli.exits import EXIT_CONFIG, EXIT_OK, EXIT_STARTUP, _fail
+from busd.cli.exits import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE, _fail
 from busd.cli.serve_options import (
     COUNT_OR_AUTO,
     PORT_OR_OFF,
@@ -327,9 +327,9 @@ def serve(
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
     except (EmbeddedStoreError, StoreNotReady) as e:
-        _fail(str(e), EXIT_STARTUP)
+        _fail(str(e), EXIT_UNAVAILABLE)
     except OSError as e:  # typically a port already in use
-        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_STARTUP)
+        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_UNAVAILABLE)
     except KeyboardInterrupt:
         code = EXIT_OK
     sys.exit(code or EXIT_OK)

@@ -1,6 +1,6 @@
 """`busd sessions QUEUE` (the session inspector) and `busd sessions dead-letter|resubmit|release`
 on one session. Over the admin HTTP API, with the options, output and exit codes every tool
-shares (busd/cli/tools.py)."""
+shares (busd/cli/output.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from urllib.parse import quote, unquote
 
 import click
 
-from busd.cli.tools import AdminClient, client_options, emit, table
+from busd.cli.output import client_options, emit, table
+from busd.client.admin import AdminClient
 from busd.storage.sessions import SESSION_SORTS
 
 

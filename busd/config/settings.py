@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from busd.auth.rights import SasKey, parse_rights
+from busd.auth.sas import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
 from busd.broker.limits import Limits
 from busd.entities import access_rules
 from busd.entities import properties as ep
@@ -38,12 +39,7 @@ from busd.entities.values import (
 from busd.errors import ConfigError
 from busd.net import origins
 from busd.rules import RuleError, rule_from_config, rule_record
-
-KIB = 1024
-MIB = 1024 * KIB
-
-DEFAULT_SAS_KEY_NAME = "RootManageSharedAccessKey"
-DEFAULT_SAS_KEY = "SAS_KEY_VALUE"  # the emulator's, so existing connection strings work
+from busd.units import KIB, MIB
 
 DEFAULT_MAX_MESSAGE_SIZE = 1 * MIB
 MAX_MESSAGE_SIZE_LIMIT = ep.MAX_MESSAGE_SIZE_KB * KIB  # Service Bus premium's largest message

@@ -35,11 +35,11 @@ from busd.entities.property_types import (
 )
 from busd.errors import ConfigError
 from busd.storage.specs import BACKOFF_LONGEST_MS
+from busd.units import KIB
 
 QUEUE, TOPIC, SUBSCRIPTION = "queue", "topic", "subscription"
 KINDS = (QUEUE, TOPIC, SUBSCRIPTION)
 INT32_MAX = 2**31 - 1
-KIB = 1024
 MAX_MESSAGE_SIZE_KB = 100 * KIB  # Service Bus premium's largest message, 100 MiB
 MAX_PARTITIONS = 32
 

@@ -19,9 +19,15 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import resources
 
-from busd.auth.sas import SasError, generate_sas_token, parse_sas_token, verify_sas_token
+from busd.auth.sas import (
+    DEFAULT_SAS_KEY,
+    DEFAULT_SAS_KEY_NAME,
+    SasError,
+    generate_sas_token,
+    parse_sas_token,
+    verify_sas_token,
+)
 from busd.broker.namespaces import namespace_of_host
-from busd.config.settings import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
 from busd.http.server import Request, Response
 
 TOKEN_TTL_S = 3600

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-from busd.config.settings import DEFAULT_SAS_KEY
+from busd.auth.sas import DEFAULT_SAS_KEY
 
 
 def is_loopback(host: str) -> bool:

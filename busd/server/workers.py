@@ -42,6 +42,7 @@ from typing import Any
 
 from busd.broker.catalog import Catalog
 from busd.config.settings import ConfigError, Settings, load_entities
+from busd.errors import EXIT_UNAVAILABLE
 from busd.net.listener import bind
 from busd.server.exposure import default_key_warning
 from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted
@@ -62,7 +63,6 @@ STOP_TIMEOUT_S = GRACE_S + 10.0  # for a worker to stop after SIGTERM; then SIGK
 # (up to MAX_RESTART_PAUSE_S), so that one that cannot start does not spin.
 STEADY_S = 5.0
 MAX_RESTART_PAUSE_S = 10.0
-EXIT_STARTUP = 69  # as the command line's: a worker could not start
 # Longest the parent spends ending a dead worker's locks (a store that cannot be reached:
 # they run out by themselves instead).
 RELEASE_TIMEOUT_S = 10.0
@@ -209,12 +209,12 @@ class _Supervisor:
                         worker.index,
                         worker.process.exitcode,
                     )
-                    return EXIT_STARTUP
+                    return EXIT_UNAVAILABLE
                 elif time.monotonic() > deadline:
                     log.error(
                         "worker %d did not start within %.0f s", worker.index, START_TIMEOUT_S
                     )
-                    return EXIT_STARTUP
+                    return EXIT_UNAVAILABLE
         return 0
 
     def _watch(self, restarts: dict[int, tuple[float, int]]) -> None:

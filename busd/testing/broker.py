@@ -22,11 +22,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from busd.auth.sas import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
+
 if TYPE_CHECKING:
     from busd.testing.faults import Faults
     from busd.testing.management import Management
 
-DEFAULT_KEY = ("RootManageSharedAccessKey", "SAS_KEY_VALUE")
+DEFAULT_KEY = (DEFAULT_SAS_KEY_NAME, DEFAULT_SAS_KEY)
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 

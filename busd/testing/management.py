@@ -12,16 +12,17 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from busd.cli.entities import (
+from busd.client.atom import (
     CORRELATION_FIELDS,
     AtomClient,
     entity_path,
     entry_document,
     rule_document,
 )
-from busd.cli.tools import EXIT_NOT_FOUND, ToolError
+from busd.client.http import ToolError
 from busd.entities.properties import BY_NAME
 from busd.entities.property_types import format_duration
+from busd.errors import EXIT_NOT_FOUND
 
 DEFAULT_RULE = "$Default"
 _DESCRIPTIONS = {

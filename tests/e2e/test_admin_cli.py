@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from busd.amqp import codec
 from busd.auth.sas import generate_sas_token
 from busd.cli.main import cli
-from busd.cli.tools import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
+from busd.errors import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 from busd.storage.messages import NewMessage, Outcome, ReceiveMode, Settlement
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec

@@ -10,9 +10,8 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ServiceBusAdministrationClient
 from click.testing import CliRunner
 
-from busd.cli.entities import EXIT_EXISTS
 from busd.cli.main import cli
-from busd.cli.tools import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
+from busd.errors import EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 from tests.e2e.conftest import queue, receive
 
 pytestmark = pytest.mark.timeout(60)

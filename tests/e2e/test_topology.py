@@ -22,7 +22,7 @@ from azure.servicebus.management import (
 from click.testing import CliRunner
 
 from busd.cli.main import cli
-from busd.cli.tools import EXIT_INVALID
+from busd.errors import EXIT_INVALID
 from tests.e2e.conftest import launch_busd, queue, receive, subscription, topic
 
 pytestmark = pytest.mark.timeout(120)
