@@ -29,20 +29,9 @@ PAGE = 1000  # entries per request: the management API's largest $top
 # What the emulator's own Config.json sets for each kind: written always, so the file reads
 # as the emulator's does.
 EMULATOR_PROPERTIES = {
-    ep.QUEUE: frozenset(
-        ("DeadLetteringOnMessageExpiration", "DefaultMessageTimeToLive",
-         "DuplicateDetectionHistoryTimeWindow", "ForwardDeadLetteredMessagesTo", "ForwardTo",
-         "LockDuration", "MaxDeliveryCount", "RequiresDuplicateDetection", "RequiresSession")
-    ),
-    ep.TOPIC: frozenset(
-        ("DefaultMessageTimeToLive", "DuplicateDetectionHistoryTimeWindow",
-         "RequiresDuplicateDetection")
-    ),
-    ep.SUBSCRIPTION: frozenset(
-        ("DeadLetteringOnMessageExpiration", "DefaultMessageTimeToLive", "LockDuration",
-         "MaxDeliveryCount", "ForwardDeadLetteredMessagesTo", "ForwardTo", "RequiresSession")
-    ),
-}  # fmt: skip
+    kind: frozenset(p.name for p in ep.PROPERTIES if kind in p.kinds and kind[0] in p.emulator)
+    for kind in ep.KINDS
+}
 
 
 @dataclass

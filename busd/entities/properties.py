@@ -62,6 +62,7 @@ PROPERTIES: tuple[Property, ...] = (
         immutable=True,
         flag="requires-session",
         help="Sessions.",
+        emulator="qs",
     ),
     _p(
         "LockDuration",
@@ -76,6 +77,7 @@ PROPERTIES: tuple[Property, ...] = (
         store=True,
         flag="lock-duration",
         help="e.g. PT30S (1 s to 5 min).",
+        emulator="qs",
     ),
     _p(
         "MaxDeliveryCount",
@@ -89,6 +91,7 @@ PROPERTIES: tuple[Property, ...] = (
         store=True,
         flag="max-delivery-count",
         help="Deliveries before dead-lettering.",
+        emulator="qs",
     ),
     _p(
         "DefaultMessageTimeToLive",
@@ -101,6 +104,7 @@ PROPERTIES: tuple[Property, ...] = (
         store=True,
         flag="default-ttl",
         help="Default time to live, e.g. P14D.",
+        emulator="qts",
     ),
     _p(
         "DeadLetteringOnMessageExpiration",
@@ -111,6 +115,7 @@ PROPERTIES: tuple[Property, ...] = (
         store=True,
         flag="dead-letter-on-expiration",
         help="Dead-letter expired messages.",
+        emulator="qs",
     ),
     _p(
         "DeadLetteringOnFilterEvaluationExceptions",
@@ -196,6 +201,7 @@ PROPERTIES: tuple[Property, ...] = (
         False,
         flag="duplicate-detection",
         help="Drop messages whose id was seen within the window.",
+        emulator="qt",
     ),
     _p(
         "DuplicateDetectionHistoryTimeWindow",
@@ -211,6 +217,7 @@ PROPERTIES: tuple[Property, ...] = (
         store=True,
         flag="duplicate-window",
         help="e.g. PT10M.",
+        emulator="qt",
     ),
     _p(
         "MaxMessageSizeInKilobytes",
@@ -234,6 +241,7 @@ PROPERTIES: tuple[Property, ...] = (
         attr="forward_to",
         flag="forward-to",
         help="Queue or topic to move every message to.",
+        emulator="qs",
     ),
     _p(
         "ForwardDeadLetteredMessagesTo",
@@ -242,6 +250,7 @@ PROPERTIES: tuple[Property, ...] = (
         attr="forward_dead_lettered_to",
         flag="forward-dead-lettered-to",
         help="Queue or topic to move dead letters to.",
+        emulator="qs",
     ),
     # Partitioned entities (docs/design.md §3.18): PartitionCount is busd's own (Service Bus
     # Standard always has 16). At most 32: a sequence number carries its partition in its top

@@ -54,6 +54,9 @@ class Property:
     # busd's own, not Service Bus's: the management API writes it only when it is not the
     # default, so that a description stays the service's for entities that do not use it
     own: bool = False
+    # the kinds (q, t, s) whose entries in the emulator's own Config.json set it: `busd config
+    # export` writes it for them always, so the file reads as the emulator's does
+    emulator: str = ""
 
     @property
     def field_default(self) -> Any:

@@ -66,7 +66,7 @@ class MessageState(enum.IntEnum):
 
 class Outcome(enum.Enum):
     COMPLETE = "complete"  # delete
-    ABANDON = "abandon"  # unlock, delivery count + 1 (DLQ at MaxDeliveryCount)
+    ABANDON = "abandon"  # unlock, delivery count + 1 (dead-lettered past its delivery limit)
     DEFER = "defer"  # unlock, hide until fetched by sequence number
     DEAD_LETTER = "dead-letter"  # move to the DLQ with reason and description
     RELEASE = "release"  # unlock, delivery count unchanged (AMQP `released`)

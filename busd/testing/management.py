@@ -2,7 +2,7 @@
 administration clients and `busd queue|topic|subscription|rule` call (docs/management.md §3).
 
 Properties are given as the SDKs name them (`requires_session=True`, `lock_duration=
-timedelta(seconds=5)`, `max_delivery_count=3`) or as the API's elements (`RequiresSession`);
+timedelta(seconds=5)`) or as the API's elements (`RequiresSession`);
 any the API takes is accepted, and one it refuses raises ManagementError with busd's reason.
 """
 
