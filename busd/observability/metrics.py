@@ -172,11 +172,11 @@ class Metrics:
             "without a valid put-token (this process; capped apart from busd_connections).",
             registry=registry,
         )
-        self.unauthenticated_refusals = Counter(
-            "busd_unauthenticated_refused",
-            "Connections closed as they were accepted: as many unauthenticated connections "
-            "were open in the process (limit=process) or from the peer's address (limit=address) "
-            "as allowed.",
+        self.unauthenticated_evictions = Counter(
+            "busd_unauthenticated_evicted",
+            "Unauthenticated connections closed to make room for a newer one: as many were open "
+            "in the process (limit=process) or from the new one's address (limit=address) as "
+            "allowed; the oldest (of that address, or of the address holding the most) went.",
             ["limit"],
             registry=registry,
         )
@@ -284,8 +284,8 @@ class Metrics:
     def connection_closed(self) -> None:
         self.connections.dec()
 
-    def unauthenticated_refused(self, limit: str) -> None:
-        self.unauthenticated_refusals.labels(limit).inc()
+    def unauthenticated_evicted(self, limit: str) -> None:
+        self.unauthenticated_evictions.labels(limit).inc()
 
     def handshake_timed_out(self, stage: str) -> None:
         self.handshake_timeouts.labels(stage).inc()
