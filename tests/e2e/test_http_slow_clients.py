@@ -132,11 +132,15 @@ def probe_during(port: int, seconds: float) -> list[tuple[str, int, float]]:
 
 
 def report(results: list[tuple[str, int, float]], flood: Flood) -> str:
-    took = [t for _, _, t in results]
-    return (
-        f"{len(results)} probes, median {statistics.median(took) * 1000:.0f} ms, "
-        f"max {max(took) * 1000:.0f} ms; the flood reconnected {flood.reconnects} times"
-    )
+    """The probes' latencies per source, for the log (-s)."""
+    lines = []
+    for source in (BYSTANDER, FLOODER):
+        took = [t * 1000 for s, _, t in results if s == source]
+        lines.append(
+            f"{source}: {len(took)} probes, median {statistics.median(took):.0f} ms, "
+            f"max {max(took):.0f} ms"
+        )
+    return "; ".join(lines) + f"; the flood reconnected {flood.reconnects} times"
 
 
 @pytest.fixture(scope="module")
