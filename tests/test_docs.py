@@ -66,6 +66,7 @@ def _served_metric_names() -> set[str]:
     metrics = Metrics()
     metrics.sweep_seconds.observe(0.01)
     metrics.unauthenticated_evicted("address")
+    metrics.http_evicted("address")
     metrics.handshake_timed_out("token")
     metrics.settlement_refused("q", "lock-lost")
     metrics.messages_sent("q", 1)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs
 
 import h11
@@ -117,11 +118,16 @@ class HttpService:
     BODY_TIMEOUT_S once its key was checked."""
 
     def __init__(
-        self, handler: Handler, admit: Admit = _any_body, limits: HttpLimits = HttpLimits()
+        self,
+        handler: Handler,
+        admit: Admit = _any_body,
+        limits: HttpLimits = HttpLimits(),
+        metrics: Any = None,  # busd.observability.metrics.Metrics, or None
     ) -> None:
         self.handler = handler
         self.admit = admit
         self.limits = limits
+        self.metrics = metrics
         # open connections, oldest first, all and by peer address: a new one past a cap takes
         # the place of an unauthenticated one
         self._open: dict[_Connection, None] = {}
@@ -135,12 +141,12 @@ class HttpService:
         limits = self.limits
         mine = self._by_address.get(address, {})
         if limits.per_address and len(mine) >= limits.per_address:
-            if not self._evict([mine]):
+            if not self._evict([mine], "address"):
                 return self._busy(f"{limits.per_address} HTTP connections open from {address}")
         elif limits.connections and len(self._open) >= limits.connections:
             # of the address holding the most first: one client's flood evicts its own
             crowded = sorted(self._by_address.values(), key=len, reverse=True)
-            if not self._evict(crowded):
+            if not self._evict(crowded, "process"):
                 return self._busy(f"{limits.connections} HTTP connections open")
         connection = _Connection(address)
         self._open[connection] = None
@@ -150,7 +156,7 @@ class HttpService:
             lambda reader, writer: self._connection(connection, reader, writer),
         )
 
-    def _evict(self, groups: list[dict[_Connection, None]]) -> bool:
+    def _evict(self, groups: list[dict[_Connection, None]], limit: str) -> bool:
         """Close the oldest connection of the first group that has one not inside an
         authenticated request (idle, reading a head, or an open route's request)."""
         for group in groups:
@@ -158,6 +164,8 @@ class HttpService:
                 if connection.evictable():
                     self._forget(connection)
                     connection.close()
+                    if self.metrics is not None:
+                        self.metrics.http_evicted(limit)
                     return True
         return False
 
@@ -170,6 +178,8 @@ class HttpService:
                 del self._by_address[connection.address]
 
     def _busy(self, why: str) -> asyncio.Protocol:
+        if self.metrics is not None:
+            self.metrics.http_refused_busy()
         now = time.monotonic()
         if now - self._warned_at >= CAP_WARNING_S:
             self._warned_at = now

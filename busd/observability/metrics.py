@@ -180,6 +180,21 @@ class Metrics:
             ["limit"],
             registry=registry,
         )
+        # HTTP connections past --max-http-connections[-per-address] (busd.http.server)
+        self.http_evictions = Counter(
+            "busd_http_evicted",
+            "HTTP connections not inside an authenticated request closed to make room for a "
+            "newer one: as many were open in the process (limit=process) or from the new "
+            "one's address (limit=address) as allowed.",
+            ["limit"],
+            registry=registry,
+        )
+        self.http_busy = Counter(
+            "busd_http_busy",
+            "HTTP connections answered 503 at a cap: every open one was inside an "
+            "authenticated request.",
+            registry=registry,
+        )
         self.handshake_timeouts = Counter(
             "busd_handshake_timeouts",
             "Connections closed at a deadline before authenticating: no AMQP open by the "
@@ -286,6 +301,12 @@ class Metrics:
 
     def unauthenticated_evicted(self, limit: str) -> None:
         self.unauthenticated_evictions.labels(limit).inc()
+
+    def http_evicted(self, limit: str) -> None:
+        self.http_evictions.labels(limit).inc()
+
+    def http_refused_busy(self) -> None:
+        self.http_busy.inc()
 
     def handshake_timed_out(self, stage: str) -> None:
         self.handshake_timeouts.labels(stage).inc()

@@ -254,6 +254,7 @@ class Server:
                 settings.http_request_timeout_s,
                 settings.http_connections_per_address,
             ),
+            metrics,
         )
         # every port's unauthenticated connections, counted and timed together
         limits = settings.limits

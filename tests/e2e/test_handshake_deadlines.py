@@ -237,3 +237,26 @@ def test_unauthenticated_connections_of_the_process_are_capped(capped):
         sdk_gets_in(capped, "in at the process cap")
     finally:
         released(capped, hostile)
+
+
+def test_eviction_closes_a_connection_at_every_stage(capped):
+    """At the address cap the oldest goes whatever stage it stopped in: before its first byte,
+    inside its TLS handshake, after its TLS, inside a WebSocket upgrade, after its open."""
+    kinds = ["amqp:silent", "tls:hello", "tls:silent", "ws:upgrade", "ws:sasl-header", "amqp:open"]
+    oldest = [open_partial(kind, ports(capped), source="127.0.0.2") for kind in kinds * 10]
+    newest: list[socket.socket] = []
+    try:
+        wait_until(
+            lambda: metric(capped, "busd_unauthenticated_connections") == 60,
+            "busd does not count the 60 of one address",
+        )
+        newest = hold(capped, "amqp:A", 60, source="127.0.0.2")
+        wait_until(
+            lambda: not any(still_open(s) for s in oldest),
+            "an evicted connection is still open",
+        )
+        assert all(still_open(s) for s in newest)
+    finally:
+        close_all(oldest)
+        released(capped, newest)
+    assert "Traceback" not in capped.log_text()

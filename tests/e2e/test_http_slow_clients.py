@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import queue
+from tests.e2e.test_handshake_deadlines import metric
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -160,6 +161,7 @@ def test_forty_slow_requests_of_one_address_do_not_take_health_from_another(capp
     print(report(results, flood))
     assert [(s, code) for s, code, _ in results if code != 200] == []
     assert flood.reconnects > 0  # busd closed slow requests rather than keeping new ones out
+    assert metric(capped, "busd_http_evicted_total", '{limit="process"}') > 0
 
 
 def test_256_slow_requests_against_the_default_caps(default):
@@ -191,6 +193,7 @@ def test_one_address_holds_no_more_than_its_cap(per_address):
         open_now = [_still_held(raw) for raw in held]
         assert open_now == [False] * 20 + [True] * 10, open_now
         assert probe(port, BYSTANDER)[0] == 200
+        assert metric(per_address, "busd_http_evicted_total", '{limit="address"}') == 20
     finally:
         for raw in held:
             raw.close()
