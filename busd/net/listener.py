@@ -43,8 +43,8 @@ TIMER_SLACK_S = 0.05
 # A socket being closed whose peer does not read what is left to write (a close frame) is cut
 # off after this long, so that a closing connection cannot be held open either.
 CLOSE_GRACE_S = 2.0
-# Caps refused at accept are logged at most this often (each refusal is counted on /metrics).
-REFUSAL_LOG_INTERVAL_S = 10.0
+# Evictions at a cap are logged at most this often (each is counted on /metrics).
+EVICTION_LOG_INTERVAL_S = 10.0
 
 log = logging.getLogger("busd.amqp")
 
@@ -67,7 +67,7 @@ class Admission:
         # the connections of each address, oldest first: whom a cap evicts
         self.by_address: dict[str, dict[Pending, None]] = {}
         self.pending = 0
-        self._logged_at = -REFUSAL_LOG_INTERVAL_S
+        self._logged_at = -EVICTION_LOG_INTERVAL_S
 
     def admit(self, address: str) -> Pending:
         """A connection just accepted from `address`: its admission. At a cap, the oldest
@@ -91,7 +91,7 @@ class Admission:
         if self.metrics is not None:
             self.metrics.unauthenticated_evicted(limit)
         now = time.monotonic()
-        if now - self._logged_at >= REFUSAL_LOG_INTERVAL_S:
+        if now - self._logged_at >= EVICTION_LOG_INTERVAL_S:
             self._logged_at = now
             log.warning(
                 "closing the oldest unauthenticated connections: %d open (%d from %s, the "
