@@ -39,7 +39,7 @@ PROBE_WAIT_S = 10.0  # generous: a probe answered later than this is a failure
 
 class Flood:
     """`count` clients of `source` trickling their requests (one byte each per pass), each
-    reconnecting (on the next pass) once busd closes or answers it, until `stop()`."""
+    reconnecting (on the next pass) once busd closes or answers it, until the `with` ends."""
 
     def __init__(self, port: int, source: str, count: int, pass_s: float = 0.5) -> None:
         self.port = port
