@@ -65,7 +65,8 @@ def _served_metric_names() -> set[str]:
     """Every sample and family name of /metrics, the store's per-entity figures included."""
     metrics = Metrics()
     metrics.sweep_seconds.observe(0.01)
-    metrics.unauthenticated_refused("address")
+    metrics.unauthenticated_evicted("address")
+    metrics.http_evicted("address")
     metrics.handshake_timed_out("token")
     metrics.settlement_refused("q", "lock-lost")
     metrics.messages_sent("q", 1)

@@ -11,9 +11,10 @@ answered with the AMQP condition clients expect (docs/design.md §3.12):
 - authenticated connections per process: the connection is closed with
   `amqp:resource-limit-exceeded`;
 - time without a valid put-token: the connection is closed with `amqp:unauthorized-access`;
-- time from the accept to the AMQP open (first byte, TLS, WebSocket upgrade, headers), and
-  unauthenticated connections per process and per peer address: the socket is closed
-  (busd.net.listener: nothing AMQP can be said yet).
+- time from the accept to the AMQP open (first byte, TLS, WebSocket upgrade, headers): the
+  socket is closed (busd.net.listener: nothing AMQP can be said yet);
+- unauthenticated connections per process and per peer address: the oldest one's socket is
+  closed to make room for the new one (busd.net.listener).
 
 A link's own ceiling is its entity's max message size plus room for a batch envelope, lowered
 by `link_buffer` when that is set; a `$management` request's is the same, its entity's.

@@ -215,7 +215,19 @@ _DEFAULTS = Settings()
     default=_DEFAULTS.http_connections,
     show_default=True,
     help="HTTP connections this process serves at once, on all ports (0: no cap); past it "
-    "an idle one is closed, or the new one answered 503.",
+    "the oldest one not inside an authenticated request is closed, or the new one answered "
+    "503.",
+)
+@click.option(
+    "--max-http-connections-per-address",
+    "http_connections_per_address",
+    envvar="BUSD_MAX_HTTP_CONNECTIONS_PER_ADDRESS",
+    type=int,
+    default=_DEFAULTS.http_connections_per_address,
+    show_default=True,
+    help="HTTP connections this process serves at once from one peer address (0: no cap); "
+    "past it that address's oldest one not inside an authenticated request is closed, or "
+    "the new one answered 503.",
 )
 @click.option(
     "--http-request-timeout",
@@ -223,8 +235,9 @@ _DEFAULTS = Settings()
     type=float,
     default=_DEFAULTS.http_request_timeout_s,
     show_default=True,
-    help="Seconds an HTTP request's head (its line and headers) may take to arrive; then "
-    "the connection is closed (408).",
+    help="Seconds an HTTP request's head (its line and headers), and the body of one sent "
+    "without a key (health, the dashboard), may take to arrive; then the connection is "
+    "closed (408).",
 )
 @click.option(
     "--hostname",
@@ -267,6 +280,7 @@ def serve(
     store_shards: int | None,
     durability: str,
     http_connections: int,
+    http_connections_per_address: int,
     http_request_timeout: float,
     hostnames: tuple[str, ...],
     allowed_origins: tuple[str, ...],
@@ -305,6 +319,7 @@ def serve(
             durability=durability.lower(),
             limits=Limits(**limits),
             http_connections=http_connections,
+            http_connections_per_address=http_connections_per_address,
             http_request_timeout_s=http_request_timeout,
             hostnames=list(hostnames),
             allowed_origins=list(allowed_origins),

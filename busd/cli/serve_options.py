@@ -157,15 +157,16 @@ _LIMIT_OPTIONS = [
         "--max-unauthenticated-connections",
         "unauthenticated",
         int,
-        "Connections without a valid put-token yet, per process (0: no cap); more are closed "
-        "as they are accepted. Not counted in --max-connections.",
+        "Connections without a valid put-token yet, per process (0: no cap); past it a new "
+        "one takes the place of the oldest of the address holding the most. Not counted in "
+        "--max-connections.",
     ),
     (
         "--max-unauthenticated-per-address",
         "unauthenticated_per_address",
         int,
-        "Connections without a valid put-token yet from one peer address (0: no cap); more "
-        "from it are closed as they are accepted.",
+        "Connections without a valid put-token yet from one peer address (0: no cap); past "
+        "it a new one from it takes the place of that address's oldest.",
     ),
 ]
 

@@ -109,10 +109,11 @@ class Settings:
     durability: str = "local"
     # namespaces other than the default one a process serves at once (docs/design.md §3.17)
     max_namespaces: int = 100
-    # HTTP (busd/http/server.py): connections open at once (0: no cap), and how long a
-    # request's head may take to arrive
+    # HTTP (busd/http/server.py): connections open at once (0: no cap), and from one peer
+    # address; how long a request's head (an unauthenticated one's head and body) may take
     http_connections: int = 256
-    http_request_timeout_s: float = 10.0
+    http_connections_per_address: int = 64
+    http_request_timeout_s: float = 5.0
     # the host names clients reach busd by beyond localhost and its addresses, and the web
     # origins that may open WebSockets beyond those hosts' (busd/net/origins.py)
     hostnames: list[str] = field(default_factory=list)
@@ -180,6 +181,11 @@ class Settings:
             )
         if self.http_connections < 0:
             raise ConfigError(f"max HTTP connections must be 0 or more: {self.http_connections}")
+        if self.http_connections_per_address < 0:
+            raise ConfigError(
+                "max HTTP connections per address must be 0 or more: "
+                f"{self.http_connections_per_address}"
+            )
         if not self.http_request_timeout_s > 0:
             raise ConfigError(
                 f"HTTP request timeout must be positive, got {self.http_request_timeout_s}"

@@ -19,7 +19,7 @@ from busd.broker.namespaces import NamespaceLimit
 from busd.http import atom_xml, dashboard
 from busd.http.atom import AtomApi, error_response, is_atom
 from busd.http.entities import CatalogEntities
-from busd.http.server import BODY_LIMIT, Admit, Handler, Request, Response
+from busd.http.server import BODY_LIMIT, Admit, Handler, Open, Request, Response
 from busd.observability.admin import admin_body_limit
 from busd.observability.http import admin_refusal, admin_request, route
 
@@ -68,14 +68,18 @@ def handler(server) -> Front:
             )
         return known[1]
 
-    async def admit(request: Request) -> Response | int:
+    async def admit(request: Request) -> Response | int | Open:
         """A request's head, before any of its body is read: refused when its route or its
-        key fails, else the most body its route takes (docs/management.md §1)."""
+        key fails, else the most body its route takes (docs/management.md §1). Health,
+        metrics and the dashboard take no key: only the dashboard's login and renewal (POST)
+        take a body, the rest none."""
         kind = _route(request)
         if kind is None:
             return Response(404, body=b"not found\n")
+        if kind == "dashboard" and request.method == "POST":
+            return Open(BODY_LIMIT)
         if kind in ("health", "dashboard"):
-            return BODY_LIMIT
+            return Open(0)
         served = await served_namespace(request, kind)
         if isinstance(served, Response):
             return served

@@ -3,8 +3,14 @@ health, metrics, the admin API, the management (ATOM) API and the dashboard, ove
 HTTPS, on every port busd serves AMQP on (docs/management.md §1).
 
 Requests go to `handler(request) -> Response`, once `admit(request)` has seen their head and
-said how much body their route takes (or refused them unread); this module knows nothing of the
-routes.
+said how much body their route takes, and whether its key was checked (or refused them unread);
+this module knows nothing of the routes.
+
+A connection costs whoever opens it more than busd: they are capped per process and per peer
+address, and a connection not inside an authenticated request (idle between requests, reading
+a head, or a request of a route open without a key, such as /health) is closed to make room for
+a new one at a cap, the oldest first, so slow clients cannot keep a liveness probe out. Such a
+request has one deadline for its head and body together.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs
 
 import h11
@@ -27,7 +34,7 @@ log = logging.getLogger("busd.http")
 MAX_HEAD = 64 * 1024  # a request's line and headers (431)
 BODY_LIMIT = 64 * 1024  # a request's body, unless its route takes more (413)
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
-BODY_TIMEOUT_S = 60.0  # a request's whole body; and writing one response
+BODY_TIMEOUT_S = 60.0  # an authenticated request's whole body; and writing one response
 READ_SIZE = 64 * 1024
 # A request refused before its body is read: what the client still sends is taken and dropped
 # for this long (or this much), so that closing does not reset the connection before the
@@ -42,7 +49,10 @@ class HttpLimits:
     """What the clients of one process's HTTP connections may hold (docs/management.md §1)."""
 
     connections: int = 256  # open at once; 0: no cap
-    request_timeout_s: float = 10.0  # from a request's first byte to the end of its head
+    # from a request's first byte to the end of its head; of an unauthenticated request (a
+    # route open without a key), to the end of its body
+    request_timeout_s: float = 5.0
+    per_address: int = 64  # open at once from one peer address; 0: no cap
 
 
 @dataclass
@@ -76,14 +86,24 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Open:
+    """A request admitted without a key (its route takes none: health, metrics, the
+    dashboard's pages and login): it must arrive whole, body included, within the request
+    timeout, and its connection stays one a cap may close for a newer one."""
+
+    body_limit: int  # 0: the route takes no body, and one announced is refused unread
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 # What a request may send, decided from its head alone (its route and its key, before any of
-# its body is read): the most bytes of body its route takes, or the answer that refuses it.
-Admit = Callable[[Request], Awaitable[Response | int]]
+# its body is read): the most bytes of body its route takes once its key was checked, the same
+# for a route open without a key (`Open`), or the answer that refuses it.
+Admit = Callable[[Request], Awaitable[Response | int | Open]]
 
 
-async def _any_body(request: Request) -> Response | int:
-    return BODY_LIMIT
+async def _any_body(request: Request) -> Response | int | Open:
+    return Open(BODY_LIMIT)
 
 
 class HttpService:
@@ -93,42 +113,78 @@ class HttpService:
     The bytes the port read to tell the protocol apart reach the stream reader first, so h11
     parses the request from its first byte. A request's head is read whole (within
     `limits.request_timeout_s`) and checked (its Host: busd.net.origins; its route and key:
-    `admit`) before any of its body is read, and then only as much body as its route takes."""
+    `admit`) before any of its body is read, and then only as much body as its route takes:
+    within what is left of that same time for a route open without a key (`Open`), within
+    BODY_TIMEOUT_S once its key was checked."""
 
     def __init__(
-        self, handler: Handler, admit: Admit = _any_body, limits: HttpLimits = HttpLimits()
+        self,
+        handler: Handler,
+        admit: Admit = _any_body,
+        limits: HttpLimits = HttpLimits(),
+        metrics: Any = None,  # busd.observability.metrics.Metrics, or None
     ) -> None:
         self.handler = handler
         self.admit = admit
         self.limits = limits
-        # open connections, oldest first: a new one past the cap takes an idle one's place
+        self.metrics = metrics
+        # open connections, oldest first, all and by peer address: a new one past a cap takes
+        # the place of an unauthenticated one
         self._open: dict[_Connection, None] = {}
+        self._by_address: dict[str, dict[_Connection, None]] = {}
         self._warned_at = -CAP_WARNING_S
 
-    def protocol(self) -> asyncio.Protocol:
-        cap = self.limits.connections
-        if cap and len(self._open) >= cap and not self._evict_idle():
-            now = time.monotonic()
-            if now - self._warned_at >= CAP_WARNING_S:
-                self._warned_at = now
-                log.warning("%d HTTP connections open, the cap: new ones are answered 503", cap)
-            return _Busy()
-        connection = _Connection()
+    def protocol(self, address: str = "") -> asyncio.Protocol:
+        """The protocol of a new connection from the peer `address`: served, or answered 503
+        when a cap is reached and every connection it could close is inside an authenticated
+        request."""
+        limits = self.limits
+        mine = self._by_address.get(address, {})
+        if limits.per_address and len(mine) >= limits.per_address:
+            if not self._evict([mine], "address"):
+                return self._busy(f"{limits.per_address} HTTP connections open from {address}")
+        elif limits.connections and len(self._open) >= limits.connections:
+            # of the address holding the most first: one client's flood evicts its own
+            crowded = sorted(self._by_address.values(), key=len, reverse=True)
+            if not self._evict(crowded, "process"):
+                return self._busy(f"{limits.connections} HTTP connections open")
+        connection = _Connection(address)
         self._open[connection] = None
+        self._by_address.setdefault(address, {})[connection] = None
         return asyncio.StreamReaderProtocol(
             asyncio.StreamReader(limit=MAX_HEAD),
             lambda reader, writer: self._connection(connection, reader, writer),
         )
 
-    def _evict_idle(self) -> bool:
-        """Close the oldest connection waiting for its next request, if any: a client's
-        kept-alive connection yields to a new client at the cap."""
-        for connection in self._open:
-            if connection.idle():
-                del self._open[connection]
-                connection.close()
-                return True
+    def _evict(self, groups: list[dict[_Connection, None]], limit: str) -> bool:
+        """Close the oldest connection of the first group that has one not inside an
+        authenticated request (idle, reading a head, or an open route's request)."""
+        for group in groups:
+            for connection in group:
+                if connection.evictable():
+                    self._forget(connection)
+                    connection.close()
+                    if self.metrics is not None:
+                        self.metrics.http_evicted(limit)
+                    return True
         return False
+
+    def _forget(self, connection: _Connection) -> None:
+        self._open.pop(connection, None)
+        mine = self._by_address.get(connection.address)
+        if mine is not None:
+            mine.pop(connection, None)
+            if not mine:
+                del self._by_address[connection.address]
+
+    def _busy(self, why: str) -> asyncio.Protocol:
+        if self.metrics is not None:
+            self.metrics.http_refused_busy()
+        now = time.monotonic()
+        if now - self._warned_at >= CAP_WARNING_S:
+            self._warned_at = now
+            log.warning("%s, the cap, all busy: new ones are answered 503", why)
+        return _Busy()
 
     async def close(self) -> None:
         tasks = [c.task for c in self._open if c.task is not None]
@@ -147,7 +203,7 @@ class HttpService:
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             pass  # the client went away or stalled: nothing to answer
         finally:
-            self._open.pop(connection, None)
+            self._forget(connection)
             writer.close()
 
     async def _serve(self, exchange: _Exchange, scheme: str) -> None:
@@ -157,10 +213,19 @@ class HttpService:
                 if request is None:
                     return
                 decision = await self._admit(request)
+                if isinstance(decision, Open) and exchange.body_expected(request):
+                    if not decision.body_limit:  # a GET-only route: refused from the head
+                        raise _BadRequest(413, "this route takes no request body")
                 if isinstance(decision, Response) and exchange.body_expected(request):
                     await exchange.refuse(decision)  # its body is never read
                     return
-                await exchange.read_body(request, decision if isinstance(decision, int) else 0)
+                if isinstance(decision, int):
+                    exchange.authenticated = True  # not closed for a newer connection
+                    await exchange.read_body(request, decision, BODY_TIMEOUT_S)
+                elif isinstance(decision, Open):
+                    await exchange.read_body(request, decision.body_limit, exchange.time_left())
+                else:
+                    await exchange.read_body(request, 0, exchange.time_left())
             except _BadRequest as exc:
                 await exchange.refuse(Response(exc.status, body=f"{exc}\n".encode()))
                 return
@@ -176,7 +241,7 @@ class HttpService:
             if not exchange.next_request():
                 return
 
-    async def _admit(self, request: Request) -> Response | int:
+    async def _admit(self, request: Request) -> Response | int | Open:
         refusal = origins.policy().host_refusal(request.headers.get("host"))
         if refusal is not None:
             return Response(421, body=refusal.encode())
@@ -188,14 +253,17 @@ class HttpService:
 
 
 class _Connection:
-    """One HTTP connection of an HttpService, for its cap."""
+    """One HTTP connection of an HttpService, for its caps."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str) -> None:
+        self.address = address
         self.task: asyncio.Task | None = None
         self.exchange: _Exchange | None = None
 
-    def idle(self) -> bool:
-        return self.exchange is not None and self.exchange.idle
+    def evictable(self) -> bool:
+        """Whether a cap may close it for a newer connection: not inside an authenticated
+        request (a client whose key was checked keeps its connection to the end of it)."""
+        return self.exchange is not None and not self.exchange.authenticated
 
     def close(self) -> None:
         if self.exchange is not None:
@@ -214,6 +282,9 @@ class _Busy(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(self.ANSWER)  # type: ignore[attr-defined]
         transport.close()
+
+
+_TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 class _BadRequest(Exception):
@@ -236,24 +307,20 @@ class _Exchange:
         self._writer = writer
         self._limits = limits
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-        self.idle = False  # waiting for the first byte of the next request
+        self.authenticated = False  # inside a request whose key was checked
+        self._deadline = 0.0  # the current request's, from its first byte (request timeout)
 
     async def read_head(self, scheme: str) -> Request | None:
         """The next request, its head only (body empty); None when the client closed between
         requests."""
-        self.idle = True
+        async with asyncio.timeout(IDLE_TIMEOUT_S):
+            await self._some_bytes()
+        self._deadline = time.monotonic() + self._limits.request_timeout_s
         try:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                await self._some_bytes()
-        finally:
-            self.idle = False
-        try:
-            async with asyncio.timeout(self._limits.request_timeout_s):
+            async with asyncio.timeout(self.time_left()):
                 head = await self._next_event()
         except TimeoutError:  # slow headers hold a connection: no more than this
-            self._writer.write(
-                b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-            )
+            self._writer.write(_TIMED_OUT)
             raise
         if isinstance(head, h11.ConnectionClosed):
             return None
@@ -267,14 +334,18 @@ class _Exchange:
         method = head.method.decode("latin-1").upper()
         return Request(method, target, path, query, headers, b"", scheme)
 
+    def time_left(self) -> float:
+        """Seconds left of the current request's deadline."""
+        return max(0.0, self._deadline - time.monotonic())
+
     def body_expected(self, request: Request) -> bool:
         """Whether the request's head announces a body (h11 checked its framing headers)."""
         length = request.headers.get("content-length")
         return "transfer-encoding" in request.headers or bool(length and int(length))
 
-    async def read_body(self, request: Request, limit: int) -> None:
+    async def read_body(self, request: Request, limit: int, timeout: float) -> None:
         """Read the request's body into it: at most `limit` bytes, else 413 (a length said up
-        front is refused before any of the body is read)."""
+        front is refused before any of the body is read), within `timeout` seconds."""
         if int(request.headers.get("content-length") or 0) > limit:  # h11 checked the number
             raise _BadRequest(413, f"request body too large: this route takes {limit} bytes")
         if self._h11.client_is_waiting_for_100_continue:
@@ -282,17 +353,21 @@ class _Exchange:
             self._writer.write(self._h11.send(proceed) or b"")
         parts: list[bytes] = []
         total = 0
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            while not isinstance(event := await self._next_event(), h11.EndOfMessage):
-                if isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionResetError("closed inside a request")
-                if isinstance(event, h11.Data):
-                    total += len(event.data)
-                    if total > limit:  # chunked: no length said up front
-                        raise _BadRequest(
-                            413, f"request body too large: this route takes {limit} bytes"
-                        )
-                    parts.append(bytes(event.data))
+        try:
+            async with asyncio.timeout(timeout):
+                while not isinstance(event := await self._next_event(), h11.EndOfMessage):
+                    if isinstance(event, h11.ConnectionClosed):
+                        raise ConnectionResetError("closed inside a request")
+                    if isinstance(event, h11.Data):
+                        total += len(event.data)
+                        if total > limit:  # chunked: no length said up front
+                            raise _BadRequest(
+                                413, f"request body too large: this route takes {limit} bytes"
+                            )
+                        parts.append(bytes(event.data))
+        except TimeoutError:  # a trickled body holds a connection: no more than this
+            self._writer.write(_TIMED_OUT)
+            raise
         request.body = b"".join(parts)
 
     async def refuse(self, response: Response) -> None:
@@ -359,6 +434,7 @@ class _Exchange:
 
     def next_request(self) -> bool:
         """Whether the connection goes on to another request (h11 says when it may not)."""
+        self.authenticated = False
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
             return True

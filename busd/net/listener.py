@@ -11,8 +11,11 @@ given its first byte.
 A connection is unauthenticated from its accept until its first valid put-token (an HTTP
 connection: until its first byte says it is HTTP, whose requests carry their own keys). Such
 connections are capped per process and per peer address, apart from the authenticated ones
-(docs/design.md §3.12): past a cap a new connection is closed as it is accepted, so hostile
-half-open connections never take the place of clients that authenticate. Each one must reach
+(docs/design.md §3.12), so hostile half-open connections never take the place of clients that
+authenticate. At a cap the new connection takes the place of the oldest unauthenticated one (of
+its own address at the address cap; of the address holding the most at the process cap):
+whoever opens half-open connections in a loop evicts its own, and a client of the same
+address, which authenticates within milliseconds, still gets in. Each one must reach
 its AMQP `open` within the handshake deadline, counted from its accept across every stage
 (first byte, TLS handshake, WebSocket upgrade, SASL and AMQP headers); past it the socket is
 closed, since proton writes no AMQP close before the header exchange is done.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -39,8 +43,8 @@ TIMER_SLACK_S = 0.05
 # A socket being closed whose peer does not read what is left to write (a close frame) is cut
 # off after this long, so that a closing connection cannot be held open either.
 CLOSE_GRACE_S = 2.0
-# Caps refused at accept are logged at most this often (each refusal is counted on /metrics).
-REFUSAL_LOG_INTERVAL_S = 10.0
+# Evictions at a cap are logged at most this often (each is counted on /metrics).
+EVICTION_LOG_INTERVAL_S = 10.0
 
 log = logging.getLogger("busd.amqp")
 
@@ -60,47 +64,53 @@ class Admission:
         self.max_pending = max_pending  # 0: no cap
         self.max_per_address = max_per_address  # 0: no cap
         self.metrics = metrics
+        # the connections of each address, oldest first: whom a cap evicts
+        self.by_address: dict[str, dict[Pending, None]] = {}
         self.pending = 0
-        self.by_address: dict[str, int] = {}
-        self._logged_at = -REFUSAL_LOG_INTERVAL_S
+        self._logged_at = -EVICTION_LOG_INTERVAL_S
 
-    def admit(self, address: str) -> Pending | None:
-        """A connection just accepted from `address`: its admission, or None when a cap is
-        reached (the caller closes it)."""
-        limit = None
-        if self.max_pending and self.pending >= self.max_pending:
-            limit = "process"
-        elif self.max_per_address and self.by_address.get(address, 0) >= self.max_per_address:
-            limit = "address"
-        if limit is not None:
-            if self.metrics is not None:
-                self.metrics.unauthenticated_refused(limit)
-            now = time.monotonic()
-            if now - self._logged_at >= REFUSAL_LOG_INTERVAL_S:
-                self._logged_at = now
-                log.warning(
-                    "refusing connections: %d unauthenticated open (%d from %s); the caps are "
-                    "%d per process, %d per address",
-                    self.pending,
-                    self.by_address.get(address, 0),
-                    address,
-                    self.max_pending,
-                    self.max_per_address,
-                )
-            return None
+    def admit(self, address: str) -> Pending:
+        """A connection just accepted from `address`: its admission. At a cap, the oldest
+        unauthenticated connection of its address (the address cap) or of the address holding
+        the most (the process cap) is closed to make room."""
+        mine = self.by_address.get(address)
+        if self.max_per_address and mine is not None and len(mine) >= self.max_per_address:
+            self._evict(mine, "address", address)
+        elif self.max_pending and self.pending >= self.max_pending:
+            crowded = max(self.by_address.values(), key=len)
+            self._evict(crowded, "process", address)
         self.pending += 1
-        self.by_address[address] = self.by_address.get(address, 0) + 1
+        pending = Pending(self, address)
+        self.by_address.setdefault(address, {})[pending] = None
         if self.metrics is not None:
             self.metrics.unauthenticated.inc()
-        return Pending(self, address)
+        return pending
 
-    def _release(self, address: str) -> None:
+    def _evict(self, connections: dict[Pending, None], limit: str, address: str) -> None:
+        oldest = next(iter(connections))
+        if self.metrics is not None:
+            self.metrics.unauthenticated_evicted(limit)
+        now = time.monotonic()
+        if now - self._logged_at >= EVICTION_LOG_INTERVAL_S:
+            self._logged_at = now
+            log.warning(
+                "closing the oldest unauthenticated connections: %d open (%d from %s, the "
+                "newest from %s); the caps are %d per process, %d per address",
+                self.pending,
+                len(connections),
+                oldest.address,
+                address,
+                self.max_pending,
+                self.max_per_address,
+            )
+        oldest.evict()
+
+    def _release(self, pending: Pending) -> None:
         self.pending -= 1
-        left = self.by_address[address] - 1
-        if left:
-            self.by_address[address] = left
-        else:
-            del self.by_address[address]
+        mine = self.by_address[pending.address]
+        del mine[pending]
+        if not mine:
+            del self.by_address[pending.address]
         if self.metrics is not None:
             self.metrics.unauthenticated.dec()
 
@@ -118,6 +128,7 @@ class Pending:
         self.expired = False
         self._released = False
         self._transport: asyncio.BaseTransport | None = None
+        self._task: asyncio.Task | None = None  # the listener's, until the transport is made
         self._timer: asyncio.TimerHandle | None = None
         if timeout:
             self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
@@ -133,6 +144,12 @@ class Pending:
         if self.expired:
             _cut_off(transport)
 
+    def watch(self, task: asyncio.Task) -> None:
+        """The listener's task reading the connection's first byte and doing its TLS
+        handshake: what an eviction cancels before the transport is made."""
+        if not self._released:
+            self._task = task
+
     def opened(self) -> None:
         """The AMQP `open` came: the handshake is done (the put-token has its own time-out,
         busd.broker.links.connection)."""
@@ -142,9 +159,20 @@ class Pending:
         """No longer an unauthenticated connection: authenticated, HTTP, or gone."""
         self._stop_timer()
         self._transport = None
+        self._task = None
         if not self._released:
             self._released = True
-            self._admission._release(self.address)
+            self._admission._release(self)
+
+    def evict(self) -> None:
+        """Close the connection to make room for a newer one (a cap of its `Admission`): its
+        count is freed now, its socket dropped at once, as at its deadline."""
+        transport, task = self._transport, self._task
+        self.release()
+        if transport is not None:
+            _cut_off(transport)
+        elif task is not None:
+            task.cancel()  # still in the listener's hands: first byte or TLS handshake
 
     def timed_out(self) -> None:
         """The listener dropped the connection at the deadline (no first byte, TLS
@@ -280,11 +308,10 @@ class SniffingListener(abc.ABC):
                 await asyncio.sleep(0.1)
                 continue
             pending = self.admission.admit(peer[0] if isinstance(peer, tuple) else str(peer))
-            if pending is None:  # too many unauthenticated connections: not read at all
-                conn.close()
-                continue
             conn.setblocking(False)
             task = asyncio.create_task(self._connection(conn, pending))
+            pending.watch(task)
+            task.add_done_callback(functools.partial(_close_if_cancelled, conn))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
 
@@ -308,6 +335,12 @@ class SniffingListener(abc.ABC):
             pending.release()
             return
         await self.serve(conn, first[0], pending)
+
+
+def _close_if_cancelled(conn: socket.socket, task: asyncio.Task) -> None:
+    """A connection's task cancelled (evicted) before it ran never reaches its own close."""
+    if task.cancelled():
+        conn.close()
 
 
 async def _peek(

@@ -36,7 +36,8 @@ AMQP_HEADER = ord("A")  # b"AMQP" then the protocol id (0: AMQP, 3: SASL)
 HTTP_METHOD_START = frozenset(
     b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 )
-ProtocolFactory = Callable[[], asyncio.Protocol]
+# An HTTP connection's protocol, given its peer's address (busd.http.server caps them by it).
+ProtocolFactory = Callable[[str], asyncio.Protocol]
 # An AMQP connection's protocol, given its admission (busd.net.listener.Pending) to release once
 # it authenticates or goes, and to tell when its `open` came.
 AmqpFactory = Callable[[Pending | None], asyncio.Protocol]
@@ -56,7 +57,7 @@ class Services:
         if first == AMQP_HEADER or first not in HTTP_METHOD_START:
             return self.amqp(pending)
         pending.release()
-        return self.http()
+        return self.http(pending.address)
 
 
 class ServicePort(SniffingListener):

@@ -172,12 +172,27 @@ class Metrics:
             "without a valid put-token (this process; capped apart from busd_connections).",
             registry=registry,
         )
-        self.unauthenticated_refusals = Counter(
-            "busd_unauthenticated_refused",
-            "Connections closed as they were accepted: as many unauthenticated connections "
-            "were open in the process (limit=process) or from the peer's address (limit=address) "
-            "as allowed.",
+        self.unauthenticated_evictions = Counter(
+            "busd_unauthenticated_evicted",
+            "Unauthenticated connections closed to make room for a newer one: as many were open "
+            "in the process (limit=process) or from the new one's address (limit=address) as "
+            "allowed; the oldest (of that address, or of the address holding the most) went.",
             ["limit"],
+            registry=registry,
+        )
+        # HTTP connections past --max-http-connections[-per-address] (busd.http.server)
+        self.http_evictions = Counter(
+            "busd_http_evicted",
+            "HTTP connections not inside an authenticated request closed to make room for a "
+            "newer one: as many were open in the process (limit=process) or from the new "
+            "one's address (limit=address) as allowed.",
+            ["limit"],
+            registry=registry,
+        )
+        self.http_busy = Counter(
+            "busd_http_busy",
+            "HTTP connections answered 503 at a cap: every open one was inside an "
+            "authenticated request.",
             registry=registry,
         )
         self.handshake_timeouts = Counter(
@@ -284,8 +299,14 @@ class Metrics:
     def connection_closed(self) -> None:
         self.connections.dec()
 
-    def unauthenticated_refused(self, limit: str) -> None:
-        self.unauthenticated_refusals.labels(limit).inc()
+    def unauthenticated_evicted(self, limit: str) -> None:
+        self.unauthenticated_evictions.labels(limit).inc()
+
+    def http_evicted(self, limit: str) -> None:
+        self.http_evictions.labels(limit).inc()
+
+    def http_refused_busy(self) -> None:
+        self.http_busy.inc()
 
     def handshake_timed_out(self, stage: str) -> None:
         self.handshake_timeouts.labels(stage).inc()

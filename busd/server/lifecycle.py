@@ -249,7 +249,12 @@ class Server:
         self.http_service = HttpService(
             routes.handle,
             routes.admit,
-            HttpLimits(settings.http_connections, settings.http_request_timeout_s),
+            HttpLimits(
+                settings.http_connections,
+                settings.http_request_timeout_s,
+                settings.http_connections_per_address,
+            ),
+            metrics,
         )
         # every port's unauthenticated connections, counted and timed together
         limits = settings.limits

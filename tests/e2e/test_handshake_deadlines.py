@@ -6,8 +6,9 @@ or right after each stage before authentication (one byte `A`, `AMQ`, the SASL h
 header and init, the AMQP header without an open, a whole open without a put-token), on the
 AMQP port, inside TLS on the TLS port, and inside and after the upgrade on the WebSocket port.
 busd closes every one of them by its deadline, counted from the accept. Unauthenticated
-connections are capped apart from authenticated ones, per process and per peer address: a
-real client still gets in while hostile half-open connections sit there. An open whose
+connections are capped apart from authenticated ones, per process and per peer address, and
+at a cap a newcomer takes the place of the oldest: a real client still gets in while hostile
+half-open connections sit there, from another address or from its own. An open whose
 hostname is not UTF-8 is closed cleanly, and the process serves on.
 """
 
@@ -192,26 +193,70 @@ def test_hostile_half_open_connections_do_not_lock_out_a_real_client(capped):
 
 
 def test_unauthenticated_connections_from_one_address_are_capped(capped):
-    refused_before = metric(capped, "busd_unauthenticated_refused_total", '{limit="address"}')
+    evicted_before = metric(capped, "busd_unauthenticated_evicted_total", '{limit="address"}')
     hostile = hold(capped, "amqp:A", 70, source="127.0.0.2")
     try:
-        wait_until(lambda: sum(still_open(s) for s in hostile) == 60, "the cap of 60 is not kept")
-        refused = metric(capped, "busd_unauthenticated_refused_total", '{limit="address"}')
-        assert refused - refused_before == 10
+        # the cap of 60 is kept by closing the oldest: the newest 60 are open
+        wait_until(
+            lambda: [still_open(s) for s in hostile] == [False] * 10 + [True] * 60,
+            "the cap of 60 is not kept by closing the oldest",
+        )
+        evicted = metric(capped, "busd_unauthenticated_evicted_total", '{limit="address"}')
+        assert evicted - evicted_before == 10
         sdk_gets_in(capped, "in from another address")  # 127.0.0.1
     finally:
         released(capped, hostile)
 
 
+def test_half_open_connections_do_not_lock_their_own_address_out(capped):
+    """A wave of half-open connections from 127.0.0.1, past the address cap: a real client
+    and `/health` of that same address still get in, each in the place of the oldest."""
+    hostile = hold(capped, "amqp:A", 100)
+    try:
+        wait_until(lambda: sum(still_open(s) for s in hostile) == 60, "the cap is not kept")
+        sdk_gets_in(capped, "in beside 100 half-open connections of its own address")
+        with urllib.request.urlopen(capped.http_url + "/health", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        released(capped, hostile)
+
+
 def test_unauthenticated_connections_of_the_process_are_capped(capped):
-    refused_before = metric(capped, "busd_unauthenticated_refused_total", '{limit="process"}')
+    evicted_before = metric(capped, "busd_unauthenticated_evicted_total", '{limit="process"}')
     hostile = hold(capped, "amqp:A", 55, source="127.0.0.2")
     hostile += hold(capped, "amqp:A", 55, source="127.0.0.3")
     try:
-        # (at the cap a scrape of /metrics is refused too: it is read once they are gone)
         wait_until(lambda: sum(still_open(s) for s in hostile) == 100, "the cap of 100 is not kept")
+        # each newcomer took the place of the oldest of the address holding the most: the
+        # two addresses end with half each
+        first, second = (sum(still_open(s) for s in part) for part in (hostile[:55], hostile[55:]))
+        assert abs(first - second) <= 2, (first, second)
+        # (at the cap this scrape of /metrics, too, takes the place of one)
+        evicted = metric(capped, "busd_unauthenticated_evicted_total", '{limit="process"}')
+        assert evicted - evicted_before == 10 + 1
+        sdk_gets_in(capped, "in at the process cap")
     finally:
         released(capped, hostile)
-    refused = metric(capped, "busd_unauthenticated_refused_total", '{limit="process"}')
-    assert refused - refused_before == 10
-    sdk_gets_in(capped, "in once they are gone")
+
+
+def test_eviction_closes_a_connection_at_every_stage(capped):
+    """At the address cap the oldest goes whatever stage it stopped in: before its first byte,
+    inside its TLS handshake, after its TLS, inside a WebSocket upgrade, after its open."""
+    kinds = ["amqp:silent", "tls:hello", "tls:silent", "ws:upgrade", "ws:sasl-header", "amqp:open"]
+    oldest = [open_partial(kind, ports(capped), source="127.0.0.2") for kind in kinds * 10]
+    newest: list[socket.socket] = []
+    try:
+        wait_until(
+            lambda: metric(capped, "busd_unauthenticated_connections") == 60,
+            "busd does not count the 60 of one address",
+        )
+        newest = hold(capped, "amqp:A", 60, source="127.0.0.2")
+        wait_until(
+            lambda: not any(still_open(s) for s in oldest),
+            "an evicted connection is still open",
+        )
+        assert all(still_open(s) for s in newest)
+    finally:
+        close_all(oldest)
+        released(capped, newest)
+    assert "Traceback" not in capped.log_text()

@@ -319,13 +319,28 @@ def _closed_by_busd(raw: socket.socket) -> bool:
         return True
 
 
-def test_the_connection_cap_holds_and_slow_heads_are_closed(capped):
-    """Eight half-sent heads fill the cap of 8: a ninth connection is answered 503. busd
-    closes them after the request timeout (2 s), and a real request is served again."""
+def _authenticated_bodies(port: int, count: int) -> list[socket.socket]:
+    """Connections inside an authenticated request: a send whose key was checked and whose
+    body has not arrived yet."""
+    held = []
+    for _ in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        raw.sendall(
+            head("POST", "/admin/queues/q/messages", Authorization=token(), Content_Length=100)
+        )
+        held.append(raw)
+    time.sleep(0.3)  # each is admitted, its body awaited
+    return held
+
+
+def test_slow_heads_yield_to_a_new_client_and_are_closed(capped):
+    """Eight half-sent heads fill the cap of 8: a ninth connection takes the place of the
+    oldest. busd closes the rest after the request timeout (2 s)."""
     port = capped.http_port
     held = _half_heads(port, 8)
     try:
-        assert status_of(exchange(port, head("GET", "/health", Connection="close"))) == 503
+        assert status_of(exchange(port, head("GET", "/health", Connection="close"))) == 200
+        assert [_closed_by_busd(raw) for raw in held] == [True] + [False] * 7
         time.sleep(3)
         assert [_closed_by_busd(raw) for raw in held] == [True] * 8
     finally:
@@ -334,9 +349,10 @@ def test_the_connection_cap_holds_and_slow_heads_are_closed(capped):
     assert status_of(exchange(port, head("GET", "/health", Connection="close"))) == 200
 
 
-def test_the_cap_frees_when_hostile_sockets_close_and_idle_ones_yield(capped):
+def test_the_cap_holds_against_authenticated_requests_and_idle_ones_yield(capped):
     port = capped.http_port
-    held = _half_heads(port, 8)
+    # eight connections inside authenticated requests: none is closed for a newcomer
+    held = _authenticated_bodies(port, 8)
     assert status_of(exchange(port, head("GET", "/health", Connection="close"))) == 503
     for raw in held:
         raw.close()
