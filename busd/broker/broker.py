@@ -25,8 +25,9 @@ from busd.broker.catalog import Catalog
 from busd.broker.fanout import Fanout, topic_spec
 from busd.broker.faults import Faults
 from busd.broker.forwarding import Forwarding
-from busd.broker.limits import Buffers, Limits
+from busd.broker.limits import Buffers
 from busd.broker.receivers import Receivers, hand_over
+from busd.broker.settings import BrokerSettings
 from busd.entities.records import Entity, QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
 from busd.storage.api import Store
@@ -46,10 +47,8 @@ class Broker:
         store: Store,
         *,
         sas_keys: dict[str, str],
-        sweep_interval_s: float = 1.0,
+        settings: BrokerSettings | None = None,
         metrics=None,
-        limits: Limits | None = None,
-        transaction_timeout_s: float = 120.0,
     ) -> None:
         self.store = store
         self.catalog = Catalog(store)
@@ -68,14 +67,12 @@ class Broker:
         # entity path -> the links attached to it (detached when the entity is deleted)
         self._attached: dict[str, weakref.WeakSet[AttachedLink]] = {}
         self.sas_keys = sas_keys
-        self.sweep_interval_s = sweep_interval_s
+        self.settings = settings or BrokerSettings()
         self.metrics = metrics
-        self._base_limits = limits or Limits()
-        self.limits = self._base_limits.effective(0)
+        self.limits = self.settings.limits.effective(0)
         # bytes of unfinished transfers held by every connection of this process
         self.buffers = Buffers(self.limits.process_buffer)
         self.authenticated_connections = 0  # those with a valid put-token (--max-connections)
-        self.transaction_timeout_s = transaction_timeout_s
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
         self._ids = itertools.count(1)
         # faults on demand set on this namespace (docs/faults.md): the hot path checks
@@ -184,7 +181,7 @@ class Broker:
         sizes = [q.max_message_size for q in self.catalog.queues()]
         sizes += [t.max_message_size for t in self.catalog.topics()]
         largest = max(sizes, default=0)
-        self.limits = self._base_limits.effective(largest)
+        self.limits = self.settings.limits.effective(largest)
         self.buffers.limit = self.limits.process_buffer
 
     def _entity_changed(self, old: Entity | None, new: Entity | None) -> None:
@@ -224,7 +221,7 @@ class Broker:
     # --- sweep ------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:
         for rounds in itertools.count():
-            await asyncio.sleep(self.sweep_interval_s)
+            await asyncio.sleep(self.settings.sweep_interval_s)
             await self.faults.sweep()
             # Staged transactions past their time are only garbage (a commit refuses them):
             # they are dropped every tenth round.

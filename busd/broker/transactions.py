@@ -31,13 +31,13 @@ from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
 
 if TYPE_CHECKING:
     from busd.broker.fanout import Fanout
+    from busd.broker.settings import BrokerSettings
 
 log = logging.getLogger("busd.broker")
 
 # Service Bus limits (docs/wire.md §10.5): operations per transaction; the time from its first
-# operation after which it is rolled back (Broker.transaction_timeout_s, default 120 s).
+# operation after which it is rolled back (BrokerSettings.transaction_timeout_s).
 MAX_OPERATIONS = 100
-DEFAULT_TIMEOUT_S = 120.0
 # Operations staged by one store call.
 MAX_STAGE_BATCH = 100
 
@@ -318,6 +318,9 @@ class TransactionBroker(Protocol):
     @property
     def fanout(self) -> Fanout: ...
 
+    @property
+    def settings(self) -> BrokerSettings: ...
+
 
 class TransactionScope:
     """A connection's transactions (they are unknown to its other connections), and which
@@ -334,7 +337,7 @@ class TransactionScope:
 
     @property
     def timeout_s(self) -> float:
-        return getattr(self.broker, "transaction_timeout_s", DEFAULT_TIMEOUT_S)
+        return self.broker.settings.transaction_timeout_s
 
     def declare(self, txn_id: bytes) -> Transaction:
         txn = self.transactions[txn_id] = Transaction(self, txn_id)

@@ -21,6 +21,7 @@ from typing import Any
 from busd.auth.rights import SasKey, parse_rights
 from busd.auth.sas import DEFAULT_SAS_KEY, DEFAULT_SAS_KEY_NAME
 from busd.broker.limits import Limits
+from busd.broker.settings import BrokerSettings
 from busd.entities import access_rules
 from busd.entities import properties as ep
 from busd.entities import property_types as pt
@@ -86,7 +87,7 @@ class Settings:
     sas_keys: dict[str, str] = field(
         default_factory=lambda: {DEFAULT_SAS_KEY_NAME: DEFAULT_SAS_KEY}
     )
-    sweep_interval_s: float = 1.0  # how often each process runs the lock/TTL/schedule sweep
+    sweep_interval_s: float = BrokerSettings.sweep_interval_s  # each process's sweep
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # default for queues that set none
     key_prefix: str = "busd"  # every store key starts with it, so one Redis can host several
     # store calls one process has in flight at once (pipelined on one connection); more wait
@@ -94,8 +95,7 @@ class Settings:
     store_connections: int = 64
     # what one client may make the process hold (busd/broker/limits.py)
     limits: Limits = field(default_factory=Limits)
-    # a transaction is rolled back this long after its first operation (Service Bus: 2 min)
-    transaction_timeout_s: float = 120.0
+    transaction_timeout_s: float = BrokerSettings.transaction_timeout_s
     # busd processes serving the same ports of this host (busd/server/workers.py)
     workers: int = 1
     # whether `workers` came from `--workers auto` (said in the banner)
@@ -118,6 +118,14 @@ class Settings:
     # origins that may open WebSockets beyond those hosts' (busd/net/origins.py)
     hostnames: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+
+    def broker_settings(self) -> BrokerSettings:
+        """What every broker of this server takes from these settings (one for all)."""
+        return BrokerSettings(
+            sweep_interval_s=self.sweep_interval_s,
+            limits=self.limits,
+            transaction_timeout_s=self.transaction_timeout_s,
+        )
 
     def validate(self) -> None:
         """Raise ConfigError on the first invalid value; normalises log level and format case."""

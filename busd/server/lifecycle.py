@@ -158,15 +158,22 @@ class Server:
             """A worker's start with the prefix its parent chose (busd/server/worker_role.py)."""
             return self.role.new_process_id() if self.role is not None else None
 
-        store = wrap(
-            RedisStore(
-                url,
-                prefix=settings.key_prefix,
-                max_calls=settings.store_connections,
-                durability=settings.durability,
-                process_id=process_id(),
+        broker_settings = settings.broker_settings()
+
+        def make_broker(prefix: str, sas_keys: dict[str, str], metrics=None) -> Broker:
+            """A broker over its own key prefix of the store (the default namespace's, or
+            another's: docs/design.md §3.17), with the server's broker settings."""
+            store = wrap(
+                RedisStore(
+                    url,
+                    prefix=prefix,
+                    max_calls=settings.store_connections,
+                    durability=settings.durability,
+                    process_id=process_id(),
+                )
             )
-        )
+            return Broker(store, sas_keys=sas_keys, settings=broker_settings, metrics=metrics)
+
         metrics = None
         try:
             from busd.observability.metrics import Metrics
@@ -175,14 +182,7 @@ class Server:
             metrics.set_census(lambda: len(LIVE_CONNECTIONS), kept_endpoints)
         except ImportError:
             pass
-        self.broker = Broker(
-            store,
-            sas_keys=settings.sas_keys,
-            sweep_interval_s=settings.sweep_interval_s,
-            metrics=metrics,
-            limits=settings.limits,
-            transaction_timeout_s=settings.transaction_timeout_s,
-        )
+        self.broker = make_broker(settings.key_prefix, settings.sas_keys, metrics)
         if metrics is not None:  # every connection's buffers count in the default broker's
             buffers = self.broker.buffers
             metrics.set_buffers(lambda: buffers.held)
@@ -193,21 +193,7 @@ class Server:
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
             prefix = f"{settings.key_prefix}:ns:{name}"
-            broker = Broker(
-                wrap(
-                    RedisStore(
-                        url,
-                        prefix=prefix,
-                        max_calls=settings.store_connections,
-                        durability=settings.durability,
-                        process_id=process_id(),
-                    )
-                ),
-                sas_keys=dict(self.namespaces.keys(name)),
-                sweep_interval_s=settings.sweep_interval_s,
-                limits=settings.limits,
-                transaction_timeout_s=settings.transaction_timeout_s,
-            )
+            broker = make_broker(prefix, dict(self.namespaces.keys(name)))
             if self.role is not None:
                 self.role.serving(prefix)
             await broker.start()

@@ -18,6 +18,7 @@ import pytest_asyncio
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.links.connection import ConnectionHandler
+from busd.broker.settings import BrokerSettings
 from busd.entities.records import QueueEntity
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
@@ -56,7 +57,7 @@ async def broker(redis_url: str) -> AsyncIterator[object]:
     connects its store, as busd/server/lifecycle.py has it do."""
     prefix = f"proto-{uuid.uuid4().hex[:12]}"
     store = RedisStore(redis_url, prefix=prefix)
-    broker = Broker(store, sas_keys=dict(SAS_KEYS), sweep_interval_s=0.2)
+    broker = Broker(store, sas_keys=dict(SAS_KEYS), settings=BrokerSettings(sweep_interval_s=0.2))
     errors = _Errors()
     busd_log = logging.getLogger("busd")
     busd_log.addHandler(errors)

@@ -14,6 +14,7 @@ import pytest_asyncio
 from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
 from busd.broker.namespaces import Namespaces
+from busd.broker.settings import BrokerSettings
 from busd.entities.records import QueueEntity
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
@@ -32,7 +33,7 @@ async def namespaces(redis_url):
         broker = Broker(
             RedisStore(redis_url, prefix=f"{prefix}:ns:{name}"),
             sas_keys=dict(made.keys(name)),
-            sweep_interval_s=0.2,
+            settings=BrokerSettings(sweep_interval_s=0.2),
         )
         await broker.start()
         return broker

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from busd.broker.lease import SessionLease
     from busd.broker.limits import Buffers, Limits
     from busd.broker.receivers import Receivers
+    from busd.broker.settings import BrokerSettings
     from busd.broker.transactions import TransactionScope
     from busd.storage.api import Store
     from busd.storage.messages import NewMessage
@@ -111,6 +112,7 @@ class BrokerScope(Protocol):
     fanout: Fanout
     metrics: Any  # busd.observability.metrics.Metrics, or None
     limits: Limits
+    settings: BrokerSettings
     sas_keys: dict[str, str]
     authenticated_connections: int
     container_id: str
