@@ -42,7 +42,7 @@ from typing import Any
 
 from busd.broker.catalog import Catalog
 from busd.config.settings import ConfigError, Settings, load_entities
-from busd.errors import EXIT_UNAVAILABLE
+from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
 from busd.server.exposure import default_key_warning
 from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted
@@ -90,7 +90,12 @@ def name_process(name: str) -> bool:
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     name_process(f"busd-worker-{role.index}")
-    sys.exit(run_server(settings, role))
+    try:
+        code = run_server(settings, role)
+    except ConfigError as exc:  # the entities file against the store (busd/server/seeding.py)
+        print(f"busd: error: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_CONFIG
+    sys.exit(code)
 
 
 @dataclass
@@ -209,7 +214,8 @@ class _Supervisor:
                         worker.index,
                         worker.process.exitcode,
                     )
-                    return EXIT_UNAVAILABLE
+                    code = worker.process.exitcode
+                    return EXIT_CONFIG if code == EXIT_CONFIG else EXIT_UNAVAILABLE
                 elif time.monotonic() > deadline:
                     log.error(
                         "worker %d did not start within %.0f s", worker.index, START_TIMEOUT_S
