@@ -49,13 +49,12 @@ async def seed_catalog(catalog: Catalog, entities: EntitiesFile) -> None:
 
 async def check_against_store(catalog: Catalog, entities: EntitiesFile) -> None:
     """ConfigError naming the first entity of the file that the store's cannot become."""
-    for entity in (*entities.queues, *entities.topics):
+    declared: list[QueueEntity | TopicEntity] = [*entities.queues, *entities.topics]
+    for entity in declared:
         other = "topic" if isinstance(entity, QueueEntity) else "queue"
         name = entity.name.lower()
-        stored = catalog.topic(name) if other == "topic" else catalog.queue(name)
-        if stored is None:
-            stored = await catalog.stored(other, name)
-        if stored is not None:
+        # the view was read whole at start: no store call per entity of the file
+        if (catalog.topic(name) if other == "topic" else catalog.queue(name)) is not None:
             raise ConfigError(
                 f"entities file: {entity.kind} '{entity.name}' is a {other} in the store: an "
                 f"entity's kind is fixed when it is created (delete the {other} first to "
