@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,14 @@ from busd.storage.partitioned.router import wrap
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
 from tests.conftest import delete_prefix
-from tests.e2e.conftest import launch_busd, queue, subscription, topic, write_config
+from tests.e2e.conftest import (
+    launch_busd,
+    queue,
+    serve_command,
+    subscription,
+    topic,
+    write_config,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,29 +37,7 @@ def serve_failing(
 ) -> tuple[int, str]:
     """`busd serve` that is expected to stop at start: its exit code and output."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "busd",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-            "--tls-port",
-            "0",
-            "--ws-port",
-            "0",
-            "--redis-url",
-            redis_url,
-            "--key-prefix",
-            prefix,
-            "--config",
-            str(config),
-            *more,
-        ],
+        serve_command(config, "--redis-url", redis_url, "--key-prefix", prefix, *more),
         capture_output=True,
         text=True,
         timeout=60,
