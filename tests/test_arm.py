@@ -4,7 +4,9 @@ property, with nothing written. (tests/e2e/test_topology.py serves what it conve
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -411,3 +413,154 @@ def test_symbolic_resources_and_other_providers_children():
     converted = convert(document)
     assert [q["Name"] for q in entities(converted.document)["Queues"]] == ["q"]
     assert len([n for n in converted.notes if n.startswith("left out Microsoft.")]) == 2
+
+
+# --- hostile and malformed templates: exit 65, one line, bounded work ---------------------------
+
+
+def deep(levels: int) -> str:
+    """An expression of `levels` nested calls."""
+    return "[" + "concat(" * levels + "'a'" + ")" * levels + "]"
+
+
+def rule_with(**properties) -> dict:
+    return namespace(
+        "ns",
+        child(
+            "topics",
+            "t",
+            child("subscriptions", "s", child("rules", "r", **properties)),
+        ),
+    )
+
+
+def copies(count) -> dict:
+    return {
+        **child("queues", "[concat('q', copyIndex())]"),
+        "copy": {"name": "qs", "count": count},
+    }
+
+
+GROW = "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (template(namespace("ns", copies(801))), "copy count 801 is more than Azure's 800"),
+        (template(namespace("ns", copies(10**9))), "copy count 1000000000"),
+        (
+            template(namespace("ns", child("queues", "q", userMetadata="x" * 1025))),
+            "UserMetadata must be at most 1024 characters, got 1025",
+        ),
+        (template(namespace("ns", child("queues", deep(5000)))), "nests"),
+        (
+            template(namespace("ns", child("queues", "q", userMetadata=[[[[]]]] * 2 + [1]))),
+            "UserMetadata must be a string",
+        ),
+        (
+            template(
+                namespace("ns", child("queues", "[variables('v0')]")),
+                variables={
+                    **{f"v{i}": f"[variables('v{i + 1}')]" for i in range(5000)},
+                    "v5000": "q",
+                },
+            ),
+            "too deeply",
+        ),
+        (
+            # each replace() multiplies the text by 64: the fourth would make gigabytes
+            template(
+                namespace(
+                    "ns",
+                    child(
+                        "queues",
+                        f"[replace(replace(replace(replace({GROW}, 'a', {GROW}), 'a', {GROW}),"
+                        f" 'a', {GROW}), 'a', {GROW})]",
+                    ),
+                )
+            ),
+            "more than 65536 characters",
+        ),
+        (
+            template(
+                namespace("ns", child("queues", "[format('" + "{0}" * 20 + "', variables('v'))]")),
+                variables={"v": f"[replace({GROW}, 'a', {GROW})]"},  # 4,096 characters
+            ),
+            "format() makes a text of more than 65536 characters",
+        ),
+        (
+            template(rule_with(sqlFilter={"sqlExpression": "1=1"}, action={"sqlExpression": 5})),
+            "'action.sqlExpression' must be a string",
+        ),
+        (template(namespace("ns", child("queues", "q", lockDuration=[1]))), "LockDuration"),
+        (template(namespace("ns", {**child("queues", "q"), "copy": [1]})), "copy needs"),
+        (template(namespace("ns", child("queues", "[concat(]"))), "expression"),
+        (template(namespace("ns", child("queues", "[parameters(1)]"))), "parameters("),
+    ],
+)
+def test_hostile_templates_are_refused_in_one_line(tmp_path, document, message):
+    result, out = run_import(tmp_path, document)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == EXIT_INVALID, (result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("busd: error:"), result.output
+    if message is not None:
+        assert message in lines[0]
+    assert not out.exists()
+
+
+def test_a_template_nested_too_deeply_to_read_is_refused_in_one_line(tmp_path):
+    source = tmp_path / "template.json"
+    source.write_text("[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(cli, ["config", "import", str(source)], prog_name="busd")
+    assert result.exit_code == EXIT_INVALID, (result.output, result.exception)
+    assert result.output.strip().count("\n") == 0 and "too deeply" in result.output
+
+
+def test_a_copy_loop_of_800_is_azure_s_most_and_converts(tmp_path):
+    result, out = run_import(tmp_path, template(namespace("ns", copies(800))))
+    assert result.exit_code == 0, result.output
+    assert len(entities(json.loads(out.read_text()))["Queues"]) == 800
+
+
+def test_mutated_templates_are_converted_or_refused_by_name():
+    """A seeded fuzz of the sample template: wrong types, missing members, broken
+    expressions put anywhere; each converts or is refused with a TemplateError, nothing else."""
+    values = [None, 0, -1, 2**70, 1.5, True, "", "[", "[concat(", "[parameters(1)]",
+              "[variables('nope')]", "[copyIndex('x')]", "[int('x')]", "[length(1)]",
+              "[format('{9}', 1)]", "[if(true)]", "[createArray(1)[7]]", "[toLower(1)]",
+              "[replace('a')]", "['a'.b]", "[empty(1)]", [], {}, [[1]], {"count": 900},
+              {"name": "l", "count": "[int('x')]"}, "PT-1S", "x" * 2000]  # fmt: skip
+    rng = random.Random(46)
+    base = json.loads(TEMPLATE.read_text())
+
+    def mutate(node) -> None:
+        if isinstance(node, dict) and node:
+            key = rng.choice(list(node))
+            roll = rng.random()
+            if roll < 0.3:
+                node[key] = rng.choice(values)
+            elif roll < 0.4:
+                del node[key]
+            elif roll < 0.5:
+                extra = rng.choice(["copy", "condition", "properties", "resources", "type", "x"])
+                node[extra] = rng.choice(values)
+            else:
+                mutate(node[key])
+        elif isinstance(node, list) and node:
+            index = rng.randrange(len(node))
+            if rng.random() < 0.3:
+                node[index] = rng.choice(values)
+            else:
+                mutate(node[index])
+
+    refused = 0
+    for _ in range(400):
+        document = copy.deepcopy(base)
+        for _ in range(rng.randint(1, 3)):
+            mutate(document)
+        try:
+            convert(document, {}, {"sender": "a2V5"})
+        except TemplateError:
+            refused += 1
+    assert 0 < refused < 400

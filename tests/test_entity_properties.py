@@ -71,6 +71,23 @@ def test_max_delivery_count_has_service_bus_bounds_in_the_file_and_the_api(tmp_p
         ep.check(props)
 
 
+@pytest.mark.parametrize(("length", "ok"), [(1024, True), (1025, False)])
+def test_user_metadata_has_service_bus_s_1024_characters_in_the_file_and_the_api(
+    tmp_path, length, ok
+):
+    text = "m" * length
+    props = ax.parse_description(_atom(f"<UserMetadata>{text}</UserMetadata>"), "queue")
+    if ok:
+        assert _config(tmp_path, {"UserMetadata": text}).queues[0].extra["UserMetadata"] == text
+        ep.check(props)
+        return
+    message = "UserMetadata must be at most 1024 characters, got 1025"
+    with pytest.raises(ConfigError, match=f"queue 'q': {message}"):
+        _config(tmp_path, {"UserMetadata": text})
+    with pytest.raises(ConfigError, match=message):
+        ep.check(props)
+
+
 def test_a_property_kept_only_is_answered_back_from_the_file(tmp_path):
     found = _config(tmp_path, {"UserMetadata": "owned by billing", "AutoDeleteOnIdle": "PT1H"})
     queue = found.queues[0]

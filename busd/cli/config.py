@@ -114,10 +114,15 @@ def config_import(
             }
     except (ValueError, AttributeError) as exc:
         _fail(f"not a JSON template or parameters file: {exc}", EXIT_INVALID)
+    except RecursionError:
+        _fail("the template or parameters file nests too deeply to be read", EXIT_INVALID)
     given.update(pairs(parameters, "--parameter"))
     try:
         converted = convert(document, given, pairs(keys, "--key"))
     except TemplateError as exc:
         _fail(f"{template.name}: {exc}", EXIT_INVALID)
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        # a shape no check above foresaw: still one line and the data error's exit code
+        _fail(f"{template.name}: a malformed template ({type(exc).__name__}: {exc})", EXIT_INVALID)
     _write_document(converted.document, output)
     _notes(converted.notes)

@@ -69,6 +69,8 @@ CORRELATION_FIELDS = {
     "contentType": "ContentType",
 }
 ROOT_KEY = "RootManageSharedAccessKey"
+# Azure's limit on the copies of one copy loop
+MAX_COPIES = 800
 
 
 @dataclass
@@ -121,9 +123,12 @@ def convert(
         if not any(name.lower() == k.lower() for k in declared):
             raise TemplateError(f"--parameter {name}: the template declares no such parameter")
     reader = _Reader(Scope(declared, given, template.get("variables") or {}), dict(keys or {}))
-    for raw in resources:
-        reader.resource(raw, None)
-    reader.finish()
+    try:
+        for raw in resources:
+            reader.resource(raw, None)
+        reader.finish()
+    except RecursionError:  # values, expressions or variables nested thousands deep
+        raise TemplateError("the template nests values or expressions too deeply") from None
     document = {
         "UserConfig": {
             "Namespaces": [ns.document() for ns in reader.namespaces.values()],
@@ -180,6 +185,11 @@ class _Reader:
         count = self.scope.evaluate(copy["count"], f"resource {raw.get('name')!r}: copy count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise TemplateError(f"resource {raw.get('name')!r}: copy count {count!r} is no count")
+        if count > MAX_COPIES:
+            raise TemplateError(
+                f"resource {raw.get('name')!r}: copy count {count} is more than Azure's "
+                f"{MAX_COPIES} copies of one loop"
+            )
         loop = str(copy.get("name", "")).lower()
         for index in range(count):
             self.scope.copy_index.update({loop: index, "": index})
@@ -478,8 +488,11 @@ def _rule(res: _Resource) -> dict[str, Any]:
         _only(
             res, "action", action, {"sqlExpression", "compatibilityLevel", "requiresPreprocessing"}
         )
-        if (action.get("sqlExpression") or "").strip():
-            out["Action"] = {"SqlExpression": action["sqlExpression"]}
+        expression = action.get("sqlExpression")
+        if expression is not None and not isinstance(expression, str):
+            raise TemplateError(f"{res.label}: property 'action.sqlExpression' must be a string")
+        if (expression or "").strip():
+            out["Action"] = {"SqlExpression": expression}
     return {"Name": res.names[3], "Properties": out}
 
 

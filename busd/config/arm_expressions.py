@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,34 @@ from typing import Any
 
 class TemplateError(ValueError):
     """What cannot be read or evaluated, as one line naming where."""
+
+
+# The longest text and array an expression may make: far above any name or property busd
+# keeps (UserMetadata, the longest, is 1,024 characters), and low enough that a hostile
+# template (nested replace() or format() calls) cannot make one that fills the memory.
+MAX_TEXT = 64 * 1024
+MAX_ITEMS = 10_000
+
+
+def _bounded(value: Any, what: str) -> Any:
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        raise TemplateError(f"{what} makes a text of more than {MAX_TEXT} characters")
+    if isinstance(value, list) and len(value) > MAX_ITEMS:
+        raise TemplateError(f"{what} makes an array of more than {MAX_ITEMS} items")
+    return value
+
+
+def _size(value: Any, budget: int) -> int:
+    """The characters of the strings in `value`, counted up to a little over `budget`."""
+    if isinstance(value, str):
+        return len(value)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    total = 0
+    for item in items:
+        total += _size(item, budget - total) + 1
+        if total > budget:
+            break
+    return total
 
 
 # --- tokens and syntax -------------------------------------------------------------------------
@@ -239,9 +268,11 @@ class Scope:
             return self._eval(node.args[1] if condition else node.args[2])
         args = [self._eval(arg) for arg in node.args]
         try:
-            return function(self, *args)
+            result = function(self, *args)
         except TypeError:
-            raise TemplateError(f"{node.name}() cannot take the arguments {args!r}") from None
+            shown = reprlib.repr(args)  # shortened: an argument may be long
+            raise TemplateError(f"{node.name}() cannot take the arguments {shown}") from None
+        return _bounded(result, f"{node.name}()")
 
 
 def _find(mapping: Mapping[str, Any], name: Any) -> str | None:
@@ -316,6 +347,8 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, (dict, list)):
+        if _size(value, MAX_TEXT) > MAX_TEXT:
+            raise TemplateError(f"string(): the value is longer than {MAX_TEXT} characters")
         return json.dumps(value, separators=(",", ":"))
     if value is None:
         return ""
@@ -324,8 +357,16 @@ def _text(value: Any) -> str:
 
 def _concat(_: Scope, *args: Any) -> Any:
     if args and all(isinstance(a, list) for a in args):
+        if sum(len(a) for a in args) > MAX_ITEMS:
+            raise TemplateError(f"concat() makes an array of more than {MAX_ITEMS} items")
         return [item for a in args for item in a]
-    return "".join(_text(a) for a in args)
+    parts, total = [], 0
+    for a in args:
+        parts.append(_text(a))
+        total += len(parts[-1])
+        if total > MAX_TEXT:
+            raise TemplateError(f"concat() makes a text of more than {MAX_TEXT} characters")
+    return "".join(parts)
 
 
 _FORMAT_ITEM = re.compile(r"\{\{|\}\}|\{(\d+)(?::[^}]*)?\}")
@@ -335,7 +376,12 @@ def _format(_: Scope, template: Any, *args: Any) -> str:
     if not isinstance(template, str):
         raise TemplateError("format() takes a format string first")
 
+    made = [0]  # characters so far: many `{0}` of a long argument would fill the memory
+
     def item(match: re.Match[str]) -> str:
+        made[0] += len(match.group(0))
+        if made[0] > MAX_TEXT:
+            raise TemplateError(f"format() makes a text of more than {MAX_TEXT} characters")
         if match.group(0) in ("{{", "}}"):
             return match.group(0)[0]
         if ":" in match.group(0):
@@ -345,7 +391,9 @@ def _format(_: Scope, template: Any, *args: Any) -> str:
         index = int(match.group(1))
         if index >= len(args):
             raise TemplateError(f"format(): {{{index}}} has no argument")
-        return _text(args[index])
+        text = _text(args[index])
+        made[0] += len(text)
+        return text
 
     return _FORMAT_ITEM.sub(item, template)
 
@@ -404,6 +452,14 @@ def _copy_index(scope: Scope, *args: Any) -> int:
     return scope.copy_index[loop] + offset
 
 
+def _replace(text: str, old: Any, new: Any) -> str:
+    if not isinstance(old, str) or not isinstance(new, str) or not old:
+        raise TemplateError("replace() takes a text, a non-empty text to find and its replacement")
+    if len(text) + text.count(old) * (len(new) - len(old)) > MAX_TEXT:
+        raise TemplateError(f"replace() makes a text of more than {MAX_TEXT} characters")
+    return text.replace(old, new)
+
+
 def _string_function(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
     def call(_: Scope, value: Any, *more: Any) -> Any:
         if not isinstance(value, str):
@@ -421,7 +477,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "tolower": _string_function("toLower", str.lower),
     "toupper": _string_function("toUpper", str.upper),
     "trim": _string_function("trim", str.strip),
-    "replace": _string_function("replace", lambda s, old, new: s.replace(old, new)),
+    "replace": _string_function("replace", lambda s, old, new: _replace(s, old, new)),
     "string": lambda _, value: _text(value),
     "int": _to_int,
     "bool": _to_bool,

@@ -287,7 +287,7 @@ PROPERTIES: tuple[Property, ...] = (
     _p("EnableBatchedOperations", BOOL, "qts", True),
     _p("IsAnonymousAccessible", BOOL, "qt", False),
     _p("Status", STATUS, "qts", "Active"),
-    _p("UserMetadata", TEXT, "qts"),
+    _p("UserMetadata", TEXT, "qts", maximum=1024, bounds="at most 1024 characters"),
     _p("SupportOrdering", BOOL, "qt", True),
     _p("AutoDeleteOnIdle", DURATION, "qts", None, minimum=300_000, bounds="at least 5 minutes"),
     _p("EnableExpress", BOOL, "qt", False),

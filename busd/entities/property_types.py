@@ -143,6 +143,10 @@ class Property:
             if self.type == DURATION and not self.unbounded:
                 raise ConfigError(f"{self.name} must be {self.bounds}, got an unbounded duration")
             return
+        if self.type == TEXT:  # bounded in characters (UserMetadata: Service Bus's 1024)
+            if self.maximum is not None and len(value) > self.maximum:
+                raise ConfigError(f"{self.name} must be {self.bounds}, got {len(value)}")
+            return
         minimum, bounds = self.minimum, self.bounds
         if api and self.api_minimum is not None:
             minimum, bounds = self.api_minimum, f"{self.api_minimum}..{self.maximum}"

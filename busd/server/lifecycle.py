@@ -9,25 +9,24 @@ import os
 import signal
 import ssl
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from proton import Condition, symbol
 
-from busd import __version__, errors
+from busd import __version__
 from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.links.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.broker.namespaces import Namespaces
 from busd.config.settings import EntitiesFile, Settings, load_entities
-from busd.entities import access_rules
 from busd.net import origins, ports
 from busd.net.listener import Admission, Pending
 from busd.net.ports import ServicePort, Services
 from busd.net.tls import Tls
 from busd.net.tls import load as load_tls
 from busd.server.exposure import default_key_warning
+from busd.server.seeding import seed_catalog
 from busd.storage.redis.waiting import wait_for_store
 
 uvloop: Any
@@ -408,45 +407,6 @@ def entities_file(settings: Settings) -> str | None:
     if settings.config_path:
         return settings.config_path
     return EMULATOR_CONFIG if os.path.exists(EMULATOR_CONFIG) else None
-
-
-async def seed_catalog(catalog, entities: EntitiesFile) -> None:
-    """Write the entities file into the store's catalog (docs/design.md §2.1): the file wins
-    for the entities it names (their properties, and a subscription's rules, become the
-    file's); entities created at run time and absent from the file are left alone. Keys and
-    times of shared access rules the file leaves out are the stored ones (entities.access_rules)."""
-    for queue in entities.queues:
-        await _put_keeping_keys(catalog, queue, catalog.queue(queue.name))
-    for topic in entities.topics:
-        await _put_keeping_keys(catalog, topic, catalog.topic(topic.name))
-    for sub in entities.subscriptions:
-        await catalog.put(sub, rules=entities.rules_of(sub))
-
-
-async def _put_keeping_keys(catalog, entity, current) -> None:
-    """Seed a queue or topic, its shared access rules keeping the stored keys. Where this
-    process has not seen the entity, another one starting at the same time may be making it
-    with keys of its own: only a create (which fails when the entity exists) may write new
-    keys; otherwise the keys are those stored."""
-    if current is None and entity.extra.get("AuthorizationRules"):
-        try:
-            await catalog.create(_kept_keys(entity, None), check=False)
-            return
-        except errors.BusdError as exc:
-            if exc.condition != errors.Condition.ENTITY_ALREADY_EXISTS:
-                raise
-        current = await catalog.stored(entity.kind, entity.name)
-    await catalog.put(_kept_keys(entity, current))
-
-
-def _kept_keys(entity, stored):
-    rules = entity.extra.get("AuthorizationRules")
-    if not rules:
-        return entity
-    before = None if stored is None else stored.extra.get("AuthorizationRules")
-    return replace(
-        entity, extra={**entity.extra, "AuthorizationRules": access_rules.kept(rules, before)}
-    )
 
 
 def _cores() -> int:

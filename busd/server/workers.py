@@ -6,11 +6,12 @@ and on SIGTERM or SIGINT stops them all gracefully (each one as a single busd st
 docs/design.md §3.11). Every worker is a whole busd over the same store: any worker serves
 any client, since sessions, locks and timers are in the store (docs/design.md §3.10).
 
-A worker that dies without letting go (SIGKILL, a crash) leaves its session locks in the
-store. Its parent gave it the prefix of all its ids, so it ends them at once, as if they had
+A worker that dies without letting go (SIGKILL, a crash) leaves its session and message
+locks in the store. Its parent gave it the prefix of all its ids, and so the tag its lock
+tokens carry (busd.storage.messages.token_tag), so it ends them at once, as if they had
 expired, in every namespace the worker said it served, before starting it again: the
-sessions are free for other receivers within the time it takes to notice the death, not
-after LockDuration.
+sessions and messages are free for other receivers within the time it takes to notice the
+death, not after LockDuration.
 
 Ports: on Linux every worker listens on its own socket with SO_REUSEPORT and the kernel
 spreads new connections over them; the parent binds each port first without listening, which
@@ -42,12 +43,13 @@ from typing import Any
 
 from busd.broker.catalog import Catalog
 from busd.config.settings import ConfigError, Settings, load_entities
-from busd.errors import EXIT_UNAVAILABLE
+from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
 from busd.server.exposure import default_key_warning
 from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted
 from busd.server.lifecycle import run as run_server
 from busd.server.worker_role import KEY_PREFIX, WorkerRole
+from busd.storage.messages import tag_lock_tokens, token_tag
 from busd.storage.partitioned.router import wrap
 from busd.storage.redis.store import RedisStore
 from busd.storage.redis.waiting import wait_for_store
@@ -90,7 +92,13 @@ def name_process(name: str) -> bool:
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     name_process(f"busd-worker-{role.index}")
-    sys.exit(run_server(settings, role))
+    tag_lock_tokens(token_tag(role.id_prefix))  # so its parent finds its message locks
+    try:
+        code = run_server(settings, role)
+    except ConfigError as exc:  # the entities file against the store (busd/server/seeding.py)
+        print(f"busd: error: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_CONFIG
+    sys.exit(code)
 
 
 @dataclass
@@ -209,7 +217,8 @@ class _Supervisor:
                         worker.index,
                         worker.process.exitcode,
                     )
-                    return EXIT_UNAVAILABLE
+                    code = worker.process.exitcode
+                    return EXIT_CONFIG if code == EXIT_CONFIG else EXIT_UNAVAILABLE
                 elif time.monotonic() > deadline:
                     log.error(
                         "worker %d did not start within %.0f s", worker.index, START_TIMEOUT_S
@@ -262,7 +271,7 @@ class _Supervisor:
             return
         started = time.monotonic()
         try:
-            released = asyncio.run(
+            sessions, messages = asyncio.run(
                 asyncio.wait_for(
                     release_process_locks(url, sorted(worker.key_prefixes), worker.id_prefix),
                     RELEASE_TIMEOUT_S,
@@ -270,16 +279,17 @@ class _Supervisor:
             )
         except Exception as exc:
             log.warning(
-                "could not end the session locks of worker %d (pid %s): %s; they run out by "
-                "themselves",
+                "could not end the session and message locks of worker %d (pid %s): %s; they "
+                "run out by themselves",
                 worker.index,
                 worker.process.pid,
                 exc or type(exc).__name__,
             )
             return
         log.warning(
-            "ended the %d session locks of worker %d (pid %s) in %.3f s",
-            released,
+            "ended the %d session locks and %d message locks of worker %d (pid %s) in %.3f s",
+            sessions,
+            messages,
             worker.index,
             worker.process.pid,
             time.monotonic() - started,
@@ -308,11 +318,15 @@ class _Supervisor:
             worker.pipe.close()
 
 
-async def release_process_locks(url: str, key_prefixes: list[str], id_prefix: str) -> int:
-    """End every session lock whose holder id starts with `id_prefix` on every queue and
-    subscription under each key prefix (a namespace each), as if it had expired; the
-    number ended."""
-    released = 0
+async def release_process_locks(
+    url: str, key_prefixes: list[str], id_prefix: str
+) -> tuple[int, int]:
+    """End every session lock whose holder id starts with `id_prefix`, and every message lock
+    whose token carries the worker's tag (busd.storage.messages.token_tag), on every queue and
+    subscription under each key prefix (a namespace each), as if it had expired; the numbers
+    of session and message locks ended."""
+    tag = token_tag(id_prefix)
+    sessions = messages = 0
     for key_prefix in key_prefixes:
         store = wrap(RedisStore(url, prefix=key_prefix, max_calls=RELEASE_CALLS))
         try:
@@ -321,16 +335,16 @@ async def release_process_locks(url: str, key_prefixes: list[str], id_prefix: st
             await catalog.reload()
             specs = catalog.specs()
             for start in range(0, len(specs), RELEASE_CALLS):
+                batch = specs[start : start + RELEASE_CALLS]
                 counts = await asyncio.gather(
-                    *(
-                        store.release_process_locks(spec, id_prefix)
-                        for spec in specs[start : start + RELEASE_CALLS]
-                    )
+                    *(store.release_process_locks(spec, id_prefix) for spec in batch),
+                    *(store.release_process_message_locks(spec, tag) for spec in batch),
                 )
-                released += sum(counts)
+                sessions += sum(counts[: len(batch)])
+                messages += sum(counts[len(batch) :])
         finally:
             await store.close()
-    return released
+    return sessions, messages
 
 
 def _reserve(host: str, port: int) -> socket.socket:

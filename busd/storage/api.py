@@ -230,6 +230,11 @@ class Store(Protocol):
         expired one does (unsettled messages available again, count + 1), and its waiters are
         dropped. The number of locks ended."""
 
+    async def release_process_message_locks(self, queue: QueueSpec, tag: bytes) -> int:
+        """A worker is gone: every message lock on the queue and its dead-letter sub-queue
+        whose token carries the worker's `tag` (busd.storage.messages.token_tag) ends now as
+        an expired one does (available again, count + 1). The number of locks ended."""
+
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None: ...

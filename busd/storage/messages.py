@@ -5,21 +5,51 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# Bytes 9 to 12 of every lock token a worker of `busd serve --workers` hands out: its parent's
+# mark of the worker (`token_tag`), by which the parent finds the message locks of a worker
+# that died and ends them at once (lua/releaseProcessMessageLocks.lua) instead of when they
+# run out. The first 8 bytes are the message's sequence number (lua/includes/lockToken.lua),
+# the last one a partitioned entity's partition; None (a single busd): all random.
+_token_tag: bytes | None = None
+TAG_AT = 8  # where the tag starts in a token
+TAG_BYTES = 4
+
+
+def token_tag(id_prefix: str) -> bytes:
+    """The tag of the lock tokens of the worker whose process ids start with `id_prefix`."""
+    return hashlib.blake2b(id_prefix.encode(), digest_size=TAG_BYTES).digest()
+
+
+def tag_lock_tokens(tag: bytes | None) -> None:
+    """Mark every lock token this process hands out from now with `tag` (None: no mark)."""
+    global _token_tag
+    assert tag is None or len(tag) == TAG_BYTES
+    _token_tag = tag
 
 
 class LockTokens(Sequence[bytes]):
     """`count` random lock tokens from one read of the system's random source, kept as the one
     string of 16 bytes each that the store sends: a receive asks for as many as its credit
-    (often far more than it takes), so neither a list nor its join is built per call."""
+    (often far more than it takes), so neither a list nor its join is built per call. A
+    worker's tokens carry its tag (`tag_lock_tokens`), written into every token by one
+    slice assignment per call."""
 
     __slots__ = ("packed",)
 
     def __init__(self, count: int) -> None:
-        self.packed = os.urandom(16 * count)
+        if _token_tag is None:
+            self.packed = os.urandom(16 * count)
+            return
+        packed = bytearray(os.urandom(16 * count))
+        memoryview(packed).cast("I")[TAG_AT // 4 :: 4] = array("I", _token_tag) * count
+        self.packed = bytes(packed)
 
     def __len__(self) -> int:
         return len(self.packed) // 16

@@ -131,6 +131,29 @@ def write_config(path: Path, queues: list[dict], topics: list[dict] | None = Non
     return path
 
 
+def serve_command(config: Path, *more: str) -> list[str]:
+    """`busd serve` on 127.0.0.1, every port chosen by the system, with `config`."""
+    return [
+        sys.executable,
+        "-m",
+        "busd",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls-port",
+        "0",
+        "--ws-port",
+        "0",
+        "--config",
+        str(config),
+        *more,
+    ]
+
+
 def launch_busd(
     redis_url: str | None,
     config: Path,
@@ -153,26 +176,7 @@ def launch_busd(
         }
     )
     env.update(extra_env or {})
-    cmd = [
-        sys.executable,
-        "-m",
-        "busd",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--http-port",
-        "0",
-        "--tls-port",
-        "0",
-        "--ws-port",
-        "0",
-        "--config",
-        str(config),
-        "--log-level",
-        log_level,
-    ]
+    cmd = serve_command(config, "--log-level", log_level)
     if redis_url is not None:
         cmd += ["--redis-url", redis_url]
     else:

@@ -14,7 +14,7 @@ from busd.config.settings import EntitiesFile
 from busd.entities import access_rules
 from busd.entities.records import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition
-from busd.server.lifecycle import seed_catalog
+from busd.server.seeding import seed_catalog
 from busd.storage.messages import NewMessage, ReceiveMode
 from busd.storage.partitioned.router import wrap
 from busd.storage.redis.store import RedisStore

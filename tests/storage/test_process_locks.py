@@ -10,7 +10,16 @@ import redis.asyncio as redis
 
 from busd.errors import BusdError, Condition
 from busd.storage.keys import key
-from busd.storage.messages import NewMessage, ReceiveMode, StoredMessage
+from busd.storage.messages import (
+    LockTokens,
+    NewMessage,
+    Outcome,
+    ReceiveMode,
+    Settlement,
+    StoredMessage,
+    tag_lock_tokens,
+    token_tag,
+)
 from busd.storage.partitioned.router import wrap
 
 PL = ReceiveMode.PEEK_LOCK
@@ -156,3 +165,83 @@ async def test_an_empty_prefix_is_refused(store, sq):
         await store.release_process_locks(sq, "")
     with pytest.raises(BusdError):
         await store.accept_session(sq, "a", "pB:1")
+
+
+# --- message locks: a worker's lock tokens carry its tag ---------------------------------------
+
+
+def tagged(tag: bytes, n: int) -> list[bytes]:
+    """n lock tokens of the worker whose tag is `tag`, as busd.storage.messages makes them."""
+    tag_lock_tokens(tag)
+    try:
+        return list(LockTokens(n))
+    finally:
+        tag_lock_tokens(None)
+
+
+async def test_the_dead_worker_s_message_locks_end_with_a_counted_attempt(
+    store, make_queue, tokens
+):
+    q = make_queue(lock_duration_ms=60_000, max_delivery_count=5)
+    dead, live = token_tag("w0.dead-"), token_tag("w1.live-")
+    await store.send(q, [NewMessage(b) for b in (b"a", b"b", b"c", b"d", b"e")])
+    held = await store.receive(q, 2, PL, tagged(dead, 2))
+    kept = await store.receive(q, 1, PL, tagged(live, 1))
+    untagged = await store.receive(q, 1, PL, tokens(1))  # a single busd's: all random
+    assert [m.blob for m in held + kept + untagged] == [b"a", b"b", b"c", b"d"]
+
+    assert await store.release_process_message_locks(q, dead) == 2
+
+    again = await store.receive(q, 5, PL, tokens(5))
+    # the dead worker's two again, their attempt counted as on expiry; then the one never taken
+    assert seen(again) == [(b"a", 1), (b"b", 1), (b"e", 0)]
+    # the live ones keep their locks: they settle
+    settled = await store.settle(
+        q, [Settlement(m.lock_token, Outcome.COMPLETE) for m in kept + untagged]
+    )
+    assert settled == [None, None]
+    assert (await store.counts(q)).totals.get("lockexpired") == 2
+    assert await store.release_process_message_locks(q, dead) == 0
+
+
+async def test_a_dead_worker_s_dead_letter_locks_end_too(store, make_queue, tokens):
+    q = make_queue(lock_duration_ms=60_000, max_delivery_count=1)
+    dead = token_tag("w0.dead-")
+    await store.send(q, [NewMessage(b"poison")])
+    # at MaxDeliveryCount the released lock dead-letters it, as an expired one does
+    await store.receive(q, 1, PL, tagged(dead, 1))
+    assert await store.release_process_message_locks(q, dead) == 1
+    assert (await store.counts(q)).dead_letter == 1
+    dlq = q.dead_letter_queue
+    (letter,) = await store.receive(dlq, 1, PL, tagged(dead, 1))
+    assert await store.release_process_message_locks(q, dead) == 1
+    (again,) = await store.receive(dlq, 1, PL, tokens(1))
+    assert again.blob == letter.blob == b"poison"
+
+
+async def test_many_message_locks_are_released_in_bounded_steps(store, make_queue):
+    q = make_queue(lock_duration_ms=60_000)
+    dead = token_tag("w0.dead-")
+    count = 2500  # more than one step (SWEEP_BUDGET)
+    for _ in range(count // 500):
+        await store.send(q, [NewMessage(b"m")] * 500)
+        await store.receive(q, 500, PL, tagged(dead, 500))
+    assert await store.release_process_message_locks(q, dead) == count
+    assert (await store.counts(q)).locked == 0
+
+
+async def test_a_partitioned_queue_s_message_locks_are_released_in_every_partition(
+    store, make_queue, tokens
+):
+    partitioned = wrap(store)
+    q = make_queue(lock_duration_ms=60_000, partitions=4)
+    dead = token_tag("w0.dead-")
+    await partitioned.send(q, [NewMessage(f"m{i}".encode()) for i in range(12)])
+    got = []
+    while len(got) < 12:
+        got += await partitioned.receive(q, 12, PL, tagged(dead, 12))
+    assert await partitioned.release_process_message_locks(q, dead) == 12
+    again = []
+    while len(again) < 12:
+        again += await partitioned.receive(q, 12, PL, tokens(12))
+    assert sorted(seen(again)) == sorted((f"m{i}".encode(), 1) for i in range(12))

@@ -152,6 +152,14 @@ class PartitionedSessionCalls(PartitionedBase):
         )
         return sum(counts)
 
+    async def release_process_message_locks(self, queue: QueueSpec, tag: bytes) -> int:
+        if not queue.partitions:
+            return int(await self.inner.release_process_message_locks(queue, tag))
+        counts = await asyncio.gather(
+            *(self.inner.release_process_message_locks(p, tag) for p in self.parts(queue))
+        )
+        return sum(counts)
+
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:

@@ -182,6 +182,21 @@ class SessionCalls(RedisConnection):
             if cursor in (b"0", "0", 0):
                 return released
 
+    async def release_process_message_locks(self, queue: QueueSpec, tag: bytes) -> int:
+        if len(tag) != 4:
+            raise ValueError("a worker's lock token tag is 4 bytes")
+        released = 0
+        for entity in ("q", "d"):  # the queue and its dead-letter sub-queue
+            cursor: Any = b"0"
+            while True:  # in steps of SWEEP_BUDGET locks, as release_process_locks
+                cursor, count = await self._run_queue(
+                    "releaseProcessMessageLocks", queue, entity, tag, cursor, budget=SWEEP_BUDGET
+                )
+                released += int(count)
+                if cursor in (b"0", "0", 0):
+                    break
+        return released
+
     async def get_session_state(
         self, queue: QueueSpec, session_id: str, holder: str
     ) -> bytes | None:

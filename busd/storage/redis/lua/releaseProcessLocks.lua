@@ -10,9 +10,9 @@
   delivered, unsettled messages are available again with a counted failed attempt
   (dead-lettered at MaxDeliveryCount), first in the session's order, and the session is free
   for the next acceptor. The process's waiters are dropped, as the sweep drops those of a
-  process whose liveness ran out, and its liveness entry with them. Plain message locks are
-  not the holder's: they carry no holder and keep running out on their own (docs/design.md
-  §2.4).
+  process whose liveness ran out, and its liveness entry with them. Plain message locks carry
+  no holder: a worker's are found by the tag of their tokens
+  (lua/releaseProcessMessageLocks.lua).
 
   The sessions are walked with HSCAN over sholder, at most `budget` entries a call: the
   caller repeats with the returned cursor until it is '0'. Locks taken after the walk began
