@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from busd.cli.main import cli
 from busd.config.arm import convert
 from busd.config.arm_expressions import TemplateError
-from busd.config.settings import load_entities
+from busd.config.entities_file import load_entities
 from busd.errors import EXIT_INVALID
 
 TEMPLATE = Path(__file__).resolve().parent / "data" / "arm" / "orders.json"

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from busd.config.settings import ConfigError, load_entities
+from busd.config.entities_file import load_entities
+from busd.config.settings import ConfigError
 from busd.entities import properties as ep
 from busd.storage.redis.connection import backoff_arg
 from busd.storage.specs import BACKOFF_LONGEST_MS

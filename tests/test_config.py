@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from busd.config.settings import ConfigError, Settings, load_entities, strip_json_comments
+from busd.config.entities_file import load_entities, strip_json_comments
+from busd.config.settings import ConfigError, Settings
 from busd.entities.records import QueueEntity as QueueSpec
 from busd.entities.values import normalize_entity_name, parse_duration_ms
 

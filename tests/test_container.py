@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from busd.auth.sas import generate_sas_token
-from busd.config.settings import Settings, load_entities
+from busd.config.entities_file import load_entities
+from busd.config.settings import Settings
 from busd.net.tls import CERT_FILE, KEY_FILE
 from busd.net.tls import load as load_tls
 from busd.server.lifecycle import EMULATOR_CONFIG, connection_string, entities_file

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from busd.config.settings import ConfigError, load_entities
+from busd.config.entities_file import load_entities
+from busd.config.settings import ConfigError
 from busd.entities import properties as ep
 from busd.entities.records import QueueEntity, SubscriptionEntity, TopicEntity
 from busd.http import atom_xml as ax

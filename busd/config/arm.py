@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from busd.config.arm_expressions import Scope, TemplateError
-from busd.config.settings import DEFAULT_MAX_MESSAGE_SIZE, parse_document
+from busd.config.entities_file import parse_document
+from busd.config.settings import DEFAULT_MAX_MESSAGE_SIZE
 from busd.entities import access_rules
 from busd.entities import properties as ep
 from busd.entities import property_types as pt

@@ -19,7 +19,8 @@ from busd.amqp.protocol import AmqpProtocol
 from busd.broker.broker import Broker
 from busd.broker.links.connection import LIVE_CONNECTIONS, ConnectionHandler, kept_endpoints
 from busd.broker.namespaces import Namespaces
-from busd.config.settings import EntitiesFile, Settings, load_entities
+from busd.config.entities_file import EntitiesFile, load_entities
+from busd.config.settings import Settings
 from busd.net import origins, ports
 from busd.net.listener import Admission, Pending
 from busd.net.ports import ServicePort, Services

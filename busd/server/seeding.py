@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from busd.broker.catalog import Catalog
-from busd.config.settings import EntitiesFile
+from busd.config.entities_file import EntitiesFile
 from busd.entities import access_rules
 from busd.entities.records import QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition, ConfigError

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from busd.broker.catalog import Catalog
-from busd.config.settings import ConfigError, Settings, load_entities
+from busd.config.entities_file import load_entities
+from busd.config.settings import ConfigError, Settings
 from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
 from busd.server.exposure import default_key_warning

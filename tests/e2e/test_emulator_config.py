@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from busd.config.settings import load_entities
+from busd.config.entities_file import load_entities
 from tests.e2e.conftest import launch_busd, receive
 
 pytestmark = pytest.mark.timeout(120)

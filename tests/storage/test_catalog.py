@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from busd.broker.catalog import Catalog
-from busd.config.settings import EntitiesFile
+from busd.config.entities_file import EntitiesFile
 from busd.entities import access_rules
 from busd.entities.records import QueueEntity, RuleEntity, SubscriptionEntity, TopicEntity
 from busd.errors import BusdError, Condition

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from busd.broker.catalog import Catalog
-from busd.config.settings import EntitiesFile
+from busd.config.entities_file import EntitiesFile
 from busd.entities.records import QueueEntity, SubscriptionEntity, TopicEntity
 from busd.errors import ConfigError
 from busd.server.seeding import seed_catalog
