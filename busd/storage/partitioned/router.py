@@ -97,7 +97,6 @@ class PartitionedStore(PartitionedMessageCalls, PartitionedSessionCalls):
     cancel_scheduled = by_sequence(Store.cancel_scheduled, at_once=True)
     cancel_topic_scheduled = by_sequence(Store.cancel_topic_scheduled, fan_out=True)
     receive_deferred = by_sequence(Store.receive_deferred, joined=True)
-    schedule = PartitionedMessageCalls.send
 
     # --- the whole entity: every partition, answers together --------------------------------
     sweep = over_all(Store.sweep, _together)
@@ -119,6 +118,8 @@ class PartitionedStore(PartitionedMessageCalls, PartitionedSessionCalls):
     # each partition under its own forwarding lease, from a rotating one so that a busy one
     # does not keep the others waiting; not to a partitioned entity (busd.broker.catalog)
     take_forwarding = in_turn(Store.take_forwarding, "count", rotate=True)
+
+    schedule = PartitionedMessageCalls.send  # a send whose messages carry their time
 
     # --- the catalog -------------------------------------------------------------------------
     async def catalog_put(

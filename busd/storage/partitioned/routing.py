@@ -1,6 +1,6 @@
 """Which partition of a partitioned entity a message, a sequence number or a lock token
-belongs to, and the stamping of a partition into the lock tokens it
-hands out (docs/design.md §3.18). The same in every process: nothing here is stored."""
+belongs to, and the stamping of a partition into the lock tokens it hands out
+(docs/design.md §3.18). The same in every process: nothing here is stored."""
 
 from __future__ import annotations
 
