@@ -25,9 +25,8 @@ from proton import Link
 from busd.amqp import engine
 from busd.errors import BusdError, Condition, store_unavailable
 from busd.storage.api import Store
-from busd.storage.partitioned.routing import operation_partition
 from busd.storage.specs import QueueSpec, TopicSpec
-from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement
+from busd.storage.staged import StagedOperation, StagedPublish, StagedSettlement, placed
 
 if TYPE_CHECKING:
     from busd.broker.fanout import Fanout
@@ -116,7 +115,7 @@ class Transaction:
             )
         entity = _entity_of(op)
         if entity.partitions:
-            entity = self.partition_of(entity, op)
+            entity = placed(op, entity, self.via)
             _set_entity(op, entity)
         if self.via is None:
             self.via = entity
@@ -136,20 +135,6 @@ class Transaction:
         elif not (isinstance(self.via, QueueSpec) and entity.name == self.via.name):
             self.others.setdefault(entity.name, entity)
         return None
-
-    def partition_of(self, entity: Spec, op: StagedOperation) -> Spec:
-        """The partition of a partitioned queue or topic `op` works in: a send without a
-        key goes to the one the transaction already works in."""
-        assert entity.partitions
-        via = self.via
-        current = None
-        if (
-            via is not None
-            and via.partition is not None
-            and via.key_scope[0] == entity.partition_spec(via.partition).key_scope[0]
-        ):
-            current = via.partition
-        return entity.partition_spec(operation_partition(op, entity.partitions, current))
 
     async def _stage_pending(self) -> None:
         try:

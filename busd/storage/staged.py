@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from busd.storage.messages import NewMessage, Placement, Settlement
+from busd.storage.partitioned.routing import partition_of_key, partition_of_seq, partition_of_token
 from busd.storage.specs import QueueSpec, TopicSpec
 
 
@@ -63,3 +64,37 @@ class StagedCancel:
 
 
 StagedOperation = StagedSend | StagedPublish | StagedSettlement | StagedSessionState | StagedCancel
+Spec = QueueSpec | TopicSpec
+
+
+def placed(op: StagedOperation, entity: Spec, via: Spec | None) -> Spec:
+    """The partition of the partitioned queue or topic `entity` that a transaction's operation
+    works in, found as the partitioned store finds a call's (docs/design.md §3.18): by its lock
+    token, session id or sequence number, else its message's partition key. A send without
+    either goes to the transaction's partition (`via`'s, once it works in this entity), else
+    to its message id's, as in Service Bus: a transaction stays in one partition."""
+    count = entity.partitions
+    assert count
+    current = None
+    if via is not None and via.partition is not None:  # in this entity's partition?
+        if via.key_scope[0] == entity.partition_spec(via.partition).key_scope[0]:
+            current = via.partition
+    return entity.partition_spec(_partition(op, count, current))
+
+
+def _partition(op: StagedOperation, count: int, current: int | None) -> int:
+    if isinstance(op, StagedSettlement):
+        return partition_of_token(op.settlement.token, count)
+    if isinstance(op, StagedSessionState):
+        return partition_of_key(op.session_id, count)
+    if isinstance(op, (StagedCancel, StagedSend, StagedPublish)) and op.seq is not None:
+        return partition_of_seq(op.seq, count)
+    if isinstance(op, (StagedSend, StagedPublish)):
+        m = op.message
+        key = m.session_id if m.session_id is not None else m.partition_key
+        if key is not None:
+            return partition_of_key(key, count)
+        if current is not None:
+            return current
+        return partition_of_key(m.message_id, count) if m.message_id is not None else 0
+    return current or 0

@@ -30,6 +30,7 @@ from busd.storage.staged import (
     StagedPublish,
     StagedSend,
     StagedSettlement,
+    placed,
 )
 
 log = logging.getLogger("busd.broker")
@@ -188,11 +189,12 @@ async def stage_scheduled(
     if target.partitions:
         # numbered by the partition the messages go to: one, as the transaction's
         parts = {
-            txn.partition_of(
-                target,
+            placed(
                 StagedSend(target, m)
                 if isinstance(target, QueueSpec)
                 else StagedPublish(target, m, [], []),
+                target,
+                txn.via,
             )
             for m in new
         }

@@ -1,5 +1,6 @@
 """The base of the partitioned store's calls: the inner store it wraps, the handles of an
-entity's partitions and how a call is spread over them (docs/design.md §3.18)."""
+entity's partitions, the order a call looks in them, and this process's waiters of partitions
+(docs/design.md §3.18)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from busd.storage.api import WAKE_ALL, WakeCallback
@@ -16,6 +17,7 @@ from busd.storage.partitioned.routing import message_key, partition_of_key
 from busd.storage.partitioned.waits import PartitionWaits, QueueWaits
 from busd.storage.specs import QueueSpec, TopicSpec
 
+Spec = QueueSpec | TopicSpec
 T = TypeVar("T")
 
 log = logging.getLogger("busd.storage")
@@ -29,8 +31,7 @@ class PartitionedBase:
         # fixed when the inner store is made (its URL and its process's id)
         self.process_id: str = inner.process_id
         self.cross_slot_transactions: bool = inner.cross_slot_transactions
-        self._parts: dict[QueueSpec, tuple[QueueSpec, ...]] = {}
-        self._topic_parts: dict[TopicSpec, tuple[TopicSpec, ...]] = {}
+        self._parts: dict[Spec, tuple[Any, ...]] = {}
         self._turn = itertools.count()
         # this process's acceptors and receivers of partitioned entities, waiting as one
         self._waits = PartitionWaits(self.process_id)
@@ -38,16 +39,7 @@ class PartitionedBase:
         self._waits_specs: dict[str, QueueSpec] = {}  # each such entity's spec, by kind + name
         self._passing: set[asyncio.Task] = set()
 
-    # --- lifecycle: the inner store's --------------------------------------------------------
-    async def connect(self) -> None:
-        await self.inner.connect()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def ping(self) -> bool:
-        return bool(await self.inner.ping())
-
+    # --- wake-ups: this process's waiters of partitions take theirs first --------------------
     async def subscribe(self, on_wake: WakeCallback) -> None:
         waits = self._waits
 
@@ -80,12 +72,8 @@ class PartitionedBase:
             # the sweep wakes a waiter where a session is free (lua/sweepQueue.lua)
             log.debug("passing a wake-up on failed: %s", task.exception())
 
-    async def shards(self, entities: Sequence[QueueSpec | TopicSpec]) -> list[list[str]]:
-        # the inner store places each partition of a partitioned handle itself
-        return [list(where) for where in await self.inner.shards(entities)]
-
     # --- partitions ---------------------------------------------------------------------------
-    def parts(self, spec: QueueSpec) -> tuple[QueueSpec, ...]:
+    def parts(self, spec: Spec) -> tuple[Any, ...]:
         parts = self._parts.get(spec)
         if parts is None:
             if len(self._parts) > 10_000:  # entities changed a lot: start over
@@ -93,26 +81,21 @@ class PartitionedBase:
             parts = self._parts[spec] = spec.partition_specs
         return parts
 
-    def topic_parts(self, topic: TopicSpec) -> tuple[TopicSpec, ...]:
-        parts = self._topic_parts.get(topic)
-        if parts is None:
-            if len(self._topic_parts) > 10_000:
-                self._topic_parts.clear()
-            parts = self._topic_parts[topic] = topic.partition_specs
-        return parts
-
     def part_of_session(self, spec: QueueSpec, session_id: str) -> QueueSpec:
         parts = self.parts(spec)
         return parts[partition_of_key(session_id, len(parts))]
 
-    def part_of_message(self, spec: QueueSpec | TopicSpec, message: NewMessage) -> int:
-        assert spec.partitions
-        key = message_key(message)
-        if key is None:
-            return next(self._turn) % spec.partitions
-        return partition_of_key(key, spec.partitions)
+    def by_message(self, spec: Spec, messages: list[NewMessage]) -> dict[int, list[int]]:
+        """The indexes of the messages in each partition they go to."""
+        groups: dict[int, list[int]] = {}
+        count = spec.partitions or 1
+        for i, m in enumerate(messages):
+            key = message_key(m)
+            p = next(self._turn) if key is None else partition_of_key(key, count)
+            groups.setdefault(p % count, []).append(i)
+        return groups
 
-    def _rotation(self, spec: QueueSpec) -> list[QueueSpec]:
+    def rotation(self, spec: QueueSpec) -> list[QueueSpec]:
         parts = self.parts(spec)
         first = next(self._turn) % len(parts)
         return list(parts[first:] + parts[:first])
@@ -124,7 +107,7 @@ class PartitionedBase:
         one it was woken for) first, then from a rotating one, less those where this process
         waits already (busd/storage/partitioned/waits.py)."""
         parts = self.parts(spec)
-        order = self._rotation(spec)
+        order = self.rotation(spec)
         if first is not None:
             order = [parts[first]] + [x for x in order if x is not parts[first]]
         now = time.monotonic()
@@ -134,27 +117,12 @@ class PartitionedBase:
             if (p := part.partition or 0) == first or not waits.skips(p, now)
         ]
 
-    async def _by_partition(
-        self,
-        spec: QueueSpec,
-        items: Sequence[T],
-        partition_of: Callable[[T], int],
-        call: Callable[[QueueSpec, list[T]], Awaitable[list[Any]]],
-    ) -> list[Any]:
-        """call(partition, its items) for each partition the items fall in, at once; the
-        answers, one per item, in the items' order."""
-        groups: dict[int, list[int]] = {}
-        for i, item in enumerate(items):
-            groups.setdefault(partition_of(item), []).append(i)
-        parts = self.parts(spec)
-        if len(groups) == 1:
-            ((p, _),) = groups.items()
-            return await call(parts[p], list(items))
-        answers = await asyncio.gather(
-            *(call(parts[p], [items[i] for i in idx]) for p, idx in groups.items())
-        )
-        out: list[Any] = [None] * len(items)
-        for idx, answer in zip(groups.values(), answers):
-            for i, value in zip(idx, answer):
-                out[i] = value
-        return out
+
+def in_order(groups: dict[int, list[int]], answers: Iterable[Sequence[T]], size: int) -> list[T]:
+    """The answers of the calls of each partition's items (`groups`: their indexes), one per
+    item, in the items' order."""
+    out: list[Any] = [None] * size
+    for idx, answer in zip(groups.values(), answers):
+        for i, value in zip(idx, answer, strict=True):
+            out[i] = value
+    return out

@@ -1,6 +1,6 @@
-"""Which partition of a partitioned entity a message, a sequence number, a lock token or a
-transaction's operation belongs to, and the stamping of a partition into the lock tokens it
-hands out (docs/design.md §3.18). The same in every process: nothing here is stored."""
+"""Which partition of a partitioned entity a message, a sequence number or a lock token
+belongs to, and the stamping of a partition into the lock tokens it hands out
+(docs/design.md §3.18). The same in every process: nothing here is stored."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import zlib
 from collections.abc import Sequence
 
 from busd.storage.messages import LockTokens, NewMessage
-from busd.storage.staged import (
-    StagedCancel,
-    StagedOperation,
-    StagedPublish,
-    StagedSend,
-    StagedSessionState,
-    StagedSettlement,
-)
 
 PARTITION_SHIFT = 48  # a sequence number's partition: its top 16 bits (of 64)
 
@@ -43,29 +35,6 @@ def message_key(message: NewMessage) -> str | None:
     if message.session_id is not None:
         return message.session_id
     return message.partition_key if message.partition_key is not None else message.message_id
-
-
-def operation_partition(op: StagedOperation, partitions: int, current: int | None) -> int:
-    """The partition a transaction's operation on a partitioned queue works in. A send
-    without session id or partition key goes to the transaction's partition (`current`, once
-    it has one), as in Service Bus: a transaction stays in one partition."""
-    if isinstance(op, StagedSettlement):
-        return partition_of_token(op.settlement.token, partitions)
-    if isinstance(op, StagedSessionState):
-        return partition_of_key(op.session_id, partitions)
-    if isinstance(op, (StagedCancel, StagedSend)) and op.seq is not None:
-        return partition_of_seq(op.seq, partitions)
-    if isinstance(op, StagedPublish) and op.seq is not None:
-        return partition_of_seq(op.seq, partitions)
-    if isinstance(op, (StagedSend, StagedPublish)):
-        m = op.message
-        key = m.session_id if m.session_id is not None else m.partition_key
-        if key is not None:
-            return partition_of_key(key, partitions)
-        if current is not None:
-            return current
-        return partition_of_key(m.message_id, partitions) if m.message_id is not None else 0
-    return current or 0
 
 
 def stamped(tokens: Sequence[bytes], partition: int, start: int, count: int) -> LockTokens:

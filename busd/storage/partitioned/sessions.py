@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from busd.storage.messages import ReceiveMode, StoredMessage
 from busd.storage.partitioned.base import PartitionedBase
+from busd.storage.partitioned.routes import partitioned
 from busd.storage.partitioned.routing import partition_of_key, stamped
 from busd.storage.sessions import SessionDetail, SessionLock, SessionPage
 from busd.storage.specs import QueueSpec
@@ -19,6 +20,7 @@ from busd.storage.specs import QueueSpec
 
 class PartitionedSessionCalls(PartitionedBase):
     # --- sessions ----------------------------------------------------------------------------
+    @partitioned
     async def accept_session(
         self,
         queue: QueueSpec,
@@ -34,52 +36,17 @@ class PartitionedSessionCalls(PartitionedBase):
         release: tuple[str, str] | None = None,
         waiter: str | None = None,
     ) -> SessionLock | None:
-        if not queue.partitions:
-            return await self.inner.accept_session(
-                queue,
-                session_id,
-                holder,
-                wait=wait,
-                count=count,
-                mode=mode,
-                tokens=tokens,
-                client=client,
-                waiting=waiting,
-                release=release,
-                waiter=waiter,
-            )
+        """A named session is in the partition of its id; the next available one is looked
+        for in the partitions in turn, first the one this acceptor was woken for, skipping
+        those where this process waits already; with `wait`, this process's waiter is
+        registered in each it found empty (busd/storage/partitioned/waits.py)."""
         if release is not None:  # its partition is not the accept's: a call of its own first
-            await self.release_session(queue, *release)
+            await self.inner.release_session(self.part_of_session(queue, release[0]), *release)
+        asked = dict(count=count, mode=mode, client=client)
         if session_id is not None:
             part = self.part_of_session(queue, session_id)
-            return await self.inner.accept_session(
-                part,
-                session_id,
-                holder,
-                count=count,
-                mode=mode,
-                tokens=stamped(tokens, part.partition or 0, 0, count),
-                client=client,
-            )
-        return await self._accept_next(
-            queue, holder, wait=wait, count=count, mode=mode, tokens=tokens, client=client
-        )
-
-    async def _accept_next(
-        self,
-        queue: QueueSpec,
-        holder: str,
-        *,
-        wait: bool,
-        count: int,
-        mode: ReceiveMode,
-        tokens: Sequence[bytes],
-        client: str,
-    ) -> SessionLock | None:
-        """The next available session of a partitioned queue: looked for in the partitions in
-        turn, first the one this acceptor was woken for, skipping those where this process
-        waits already; with `wait`, this process's waiter is registered in each it found empty
-        (busd/storage/partitioned/waits.py)."""
+            given = stamped(tokens, part.partition or 0, 0, count)
+            return await self.inner.accept_session(part, session_id, holder, **asked, tokens=given)
         waits = self._waits.of(queue.name)
         self._waits_specs["s" + queue.name] = queue
         first = self._waits.begin(waits, holder)
@@ -93,11 +60,9 @@ class PartitionedSessionCalls(PartitionedBase):
                         part,
                         None,
                         holder,
+                        **asked,
                         wait=wait,
-                        count=count,
-                        mode=mode,
                         tokens=stamped(tokens, p, 0, count),
-                        client=client,
                         waiting=False,
                         waiter=self._waits.waiter_id(waits, p) if wait else None,
                     )
@@ -111,6 +76,7 @@ class PartitionedSessionCalls(PartitionedBase):
         finally:
             self._waits.end(waits, holder, found=lock is not None, woken_for=woken_for, wait=wait)
 
+    @partitioned
     async def receive_session(
         self,
         queue: QueueSpec,
@@ -120,100 +86,19 @@ class PartitionedSessionCalls(PartitionedBase):
         mode: ReceiveMode,
         tokens: Sequence[bytes],
     ) -> list[StoredMessage]:
-        if not queue.partitions:
-            return await self.inner.receive_session(queue, session_id, holder, count, mode, tokens)
-        p = partition_of_key(session_id, queue.partitions)
+        parts = self.parts(queue)
+        p = partition_of_key(session_id, len(parts))
         tokens = stamped(tokens, p, 0, count)
         return list(
             await self.inner.receive_session_part(
-                queue, self.parts(queue), p, session_id, holder, count, mode, tokens
+                queue, parts, p, session_id, holder, count, mode, tokens
             )
         )
 
-    def _session_part(self, queue: QueueSpec, session_id: str) -> QueueSpec:
-        return self.part_of_session(queue, session_id) if queue.partitions else queue
-
-    async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
-        return int(
-            await self.inner.renew_session_lock(
-                self._session_part(queue, session_id), session_id, holder
-            )
-        )
-
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self.inner.release_session(self._session_part(queue, session_id), session_id, holder)
-
-    async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
-        if not queue.partitions:
-            return int(await self.inner.release_process_locks(queue, id_prefix))
-        parts = self.parts(queue)
-        counts = await asyncio.gather(
-            *(self.inner.release_process_locks(p, id_prefix) for p in parts)
-        )
-        return sum(counts)
-
-    async def release_process_message_locks(self, queue: QueueSpec, tag: bytes) -> int:
-        if not queue.partitions:
-            return int(await self.inner.release_process_message_locks(queue, tag))
-        counts = await asyncio.gather(
-            *(self.inner.release_process_message_locks(p, tag) for p in self.parts(queue))
-        )
-        return sum(counts)
-
-    async def get_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str
-    ) -> bytes | None:
-        return await self.inner.get_session_state(
-            self._session_part(queue, session_id), session_id, holder
-        )
-
-    async def read_session_state(
-        self, queue: QueueSpec, session_id: str, holder: str
-    ) -> tuple[bytes | None, str | None]:
-        state, etag = await self.inner.read_session_state(
-            self._session_part(queue, session_id), session_id, holder
-        )
-        return state, etag
-
-    async def set_session_state(
-        self,
-        queue: QueueSpec,
-        session_id: str,
-        holder: str,
-        state: bytes | None,
-        *,
-        if_match: str | None = None,
-        if_absent: bool = False,
-    ) -> str | None:
-        return await self.inner.set_session_state(
-            self._session_part(queue, session_id),
-            session_id,
-            holder,
-            state,
-            if_match=if_match,
-            if_absent=if_absent,
-        )
-
-    async def dead_letter_session(
-        self, queue: QueueSpec, session_id: str, reason: str, description: str | None
-    ) -> int:
-        return int(
-            await self.inner.dead_letter_session(
-                self._session_part(queue, session_id), session_id, reason, description
-            )
-        )
-
-    async def resubmit_session(self, queue: QueueSpec, session_id: str) -> tuple[int, int]:
-        moved, left = await self.inner.resubmit_session(
-            self._session_part(queue, session_id), session_id
-        )
-        return moved, left
-
+    @partitioned
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
     ) -> list[str]:
-        if not queue.partitions:
-            return list(await self.inner.list_sessions(queue, skip, top, updated_after_ms))
         # Each partition's first skip + top, merged in id order: a stable order for paging.
         pages = await asyncio.gather(
             *(
@@ -223,6 +108,7 @@ class PartitionedSessionCalls(PartitionedBase):
         )
         return sorted(itertools.chain.from_iterable(pages))[skip : skip + top]
 
+    @partitioned
     async def session_page(
         self,
         queue: QueueSpec,
@@ -233,8 +119,6 @@ class PartitionedSessionCalls(PartitionedBase):
     ) -> SessionPage:
         """A partitioned entity's page merges its partitions' pages after the same cursor, in
         the sort's order (the cursor carries the last session's id, or its score and id)."""
-        if not queue.partitions:
-            return await self.inner.session_page(queue, sort, after, top, preview)
         pages = await asyncio.gather(
             *(self.inner.session_page(p, sort, after, top, preview) for p in self.parts(queue))
         )
@@ -247,20 +131,9 @@ class PartitionedSessionCalls(PartitionedBase):
             sum(page.total for page in pages),
         )
 
-    async def drop_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
-        return bool(
-            await self.inner.drop_session_lock(self._session_part(queue, session_id), session_id)
-        )
-
-    async def lose_session_lock(self, queue: QueueSpec, session_id: str) -> bool:
-        return bool(
-            await self.inner.lose_session_lock(self._session_part(queue, session_id), session_id)
-        )
-
     # --- waiters -----------------------------------------------------------------------------
+    @partitioned
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
-        if not queue.partitions:
-            return bool(await self.inner.stop_waiting(queue, waiters, waiter))
         if waiters == "s":  # this process waits for its acceptors (partition_waits.py)
             return self._waits.leave(queue.name, waiter)
         if self._waits.knows(queue.name, waiter, waiters):  # and for its receivers
