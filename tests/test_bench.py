@@ -142,6 +142,25 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     assert abs(sum(cmds for _, cmds in ran.values()) / float(whole.group(2)) - 1) < 0.35, out
 
 
+def test_store_rtt_puts_a_delaying_proxy_between_busd_and_its_store() -> None:
+    """--store-rtt 5: busd's store calls go through a proxy adding 5 ms to each round trip;
+    the churn still passes every check, and the round trip is measured and printed."""
+    out = bench(
+        "--mode", "churn", "--messages", "60", "--sessions", "6", "--receivers", "3",
+        "--client-procs", "1", "--store-rtt", "5", "--no-steps", "--timeout", "90",
+    )  # fmt: skip
+    rtt = re.search(
+        r"store RTT ([\d.]+) ms \(PING p50 through a proxy adding 5 ms; ([\d.]+) ms without\); "
+        r"it carried (\d+) connections, ([\d.]+) MB",
+        out,
+    )
+    assert rtt and float(rtt.group(1)) >= 5.0 > float(rtt.group(2)), out
+    # busd's own connections (not only the PING's) went through it, with its calls' bytes
+    assert int(rtt.group(3)) >= 2 and float(rtt.group(4)) >= 0.1, out
+    assert re.search(r"^checks \(churn: .*\): 0 violations \(order 0,", out, re.M), out
+    assert re.search(r"^churn: .* accept p50 [\d.]+ ms, p99 [\d.]+ ms", out, re.M), out
+
+
 def test_senders_spread_over_processes_send_every_message_once() -> None:
     """--sender-procs 2: the steady load's 4 sender connections run in 2 child processes; every
     message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks
