@@ -161,6 +161,34 @@ def test_store_rtt_puts_a_delaying_proxy_between_busd_and_its_store() -> None:
     assert re.search(r"^churn: .* accept p50 [\d.]+ ms, p99 [\d.]+ ms", out, re.M), out
 
 
+@pytest.mark.skipif(
+    shutil.which("go") is None and not (SCRIPTS / "loadgen" / "loadgen").exists(),
+    reason="Go is not installed, so scripts/loadgen cannot be built for --client go",
+)
+def test_go_clients_take_the_churn_and_pass_its_checks() -> None:
+    """--client go: the receivers are scripts/loadgen's Go processes (built when missing),
+    speaking bench_churn.py's worker protocol: the same checks, their own CPU reported."""
+    out = bench(
+        "--mode", "churn", "--messages", "300", "--sessions", "30", "--per-session", "5-15",
+        "--receivers", "6", "--client-procs", "2", "--senders", "2", "--client", "go",
+        "--no-steps", "--timeout", "90",
+    )  # fmt: skip
+    plan = churn.make_plan(30, 300, "5-15", 1)
+    row = re.search(
+        r"^churn: 6 rx / 2 procs \(go\)\s+(\d+)\s.*accept p50 [\d.]+ ms.*"
+        r"Go receivers ([\d.]+) µs/msg \(getrusage\)",
+        out,
+        re.M,
+    )
+    assert row and int(row.group(1)) == sum(plan.values()) and float(row.group(2)) > 0, out
+    assert re.search(
+        r"^checks \(churn: .*\(go\)\): 0 violations \(order 0, delivered after complete "
+        rf"0, lost 0, two holders 0, wrong session 0\); {sum(plan.values())} deliveries",
+        out,
+        re.M,
+    ), out
+
+
 def test_senders_spread_over_processes_send_every_message_once() -> None:
     """--sender-procs 2: the steady load's 4 sender connections run in 2 child processes; every
     message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks
