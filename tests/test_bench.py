@@ -189,6 +189,33 @@ def test_go_clients_take_the_churn_and_pass_its_checks() -> None:
     ), out
 
 
+@pytest.mark.skipif(
+    shutil.which("go") is None, reason="Go is not installed, so scripts/loadgen cannot be built"
+)
+def test_loadgen_runs_a_whole_churn_on_its_own(busd_test_broker, busd_queue_factory) -> None:
+    """`loadgen run`: its Go senders and session receivers against a busd, its own checks."""
+    build = subprocess.run([str(SCRIPTS / "loadgen" / "build")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    queue = busd_queue_factory(requires_session=True)
+    run = subprocess.run(
+        [str(SCRIPTS / "loadgen" / "loadgen"), "run", "-port", str(busd_test_broker.port),
+         "-entity", queue, "-sessions", "12", "-per-session", "1-15", "-receivers", "4",
+         "-senders", "2", "-idle-ms", "100", "-timeout", "60s"],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = re.search(
+        r"^churn: 4 rx, (\d+) completed .* client CPU ([\d.]+) µs/msg$", run.stdout, re.M
+    )
+    assert done and int(done.group(1)) > 0 and float(done.group(2)) > 0, run.stdout
+    assert re.search(
+        r"^checks: 0 violations \(order 0, delivered after complete 0, lost 0, two holders 0, "
+        rf"wrong session 0\); (\d+) deliveries, {done.group(1)} completed, 0 errors$",
+        run.stdout,
+        re.M,
+    ), run.stdout
+
+
 def test_senders_spread_over_processes_send_every_message_once() -> None:
     """--sender-procs 2: the steady load's 4 sender connections run in 2 child processes; every
     message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks
