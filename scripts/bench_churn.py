@@ -505,8 +505,12 @@ class Clients:
         plan: dict[str, int],
         deadline: float,
         sessions: bool = True,
+        command: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
+        # what runs a worker: this script's, or another client speaking its protocol (the Go
+        # load generator, scripts/loadgen)
+        self.command = command or [sys.executable, str(Path(__file__).resolve()), "worker"]
         self.name = name
         self.target = target
         self.entity = entity
@@ -531,7 +535,6 @@ class Clients:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        script = str(Path(__file__).resolve())
         for i, share in enumerate(self.shares):
             out = self.workdir / f"{self.name}-worker{i}.json"
             cfg = dict(
@@ -549,7 +552,7 @@ class Clients:
             )
             with open(self.workdir / f"{self.name}-worker{i}.log", "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, script, "worker"],
+                    self.command,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,

@@ -142,6 +142,80 @@ def test_small_steady_run_reports_latency_and_passes_its_checks() -> None:
     assert abs(sum(cmds for _, cmds in ran.values()) / float(whole.group(2)) - 1) < 0.35, out
 
 
+def test_store_rtt_puts_a_delaying_proxy_between_busd_and_its_store() -> None:
+    """--store-rtt 5: busd's store calls go through a proxy adding 5 ms to each round trip;
+    the churn still passes every check, and the round trip is measured and printed."""
+    out = bench(
+        "--mode", "churn", "--messages", "60", "--sessions", "6", "--receivers", "3",
+        "--client-procs", "1", "--store-rtt", "5", "--no-steps", "--timeout", "90",
+    )  # fmt: skip
+    rtt = re.search(
+        r"store RTT ([\d.]+) ms \(PING p50 through a proxy adding 5 ms; ([\d.]+) ms without\); "
+        r"it carried (\d+) connections, ([\d.]+) MB",
+        out,
+    )
+    assert rtt and float(rtt.group(1)) >= 5.0 > float(rtt.group(2)), out
+    # busd's own connections (not only the PING's) went through it, with its calls' bytes
+    assert int(rtt.group(3)) >= 2 and float(rtt.group(4)) >= 0.1, out
+    assert re.search(r"^checks \(churn: .*\): 0 violations \(order 0,", out, re.M), out
+    assert re.search(r"^churn: .* accept p50 [\d.]+ ms, p99 [\d.]+ ms", out, re.M), out
+
+
+@pytest.mark.skipif(
+    shutil.which("go") is None and not (SCRIPTS / "loadgen" / "loadgen").exists(),
+    reason="Go is not installed, so scripts/loadgen cannot be built for --client go",
+)
+def test_go_clients_take_the_churn_and_pass_its_checks() -> None:
+    """--client go: the receivers are scripts/loadgen's Go processes (built when missing),
+    speaking bench_churn.py's worker protocol: the same checks, their own CPU reported."""
+    out = bench(
+        "--mode", "churn", "--messages", "300", "--sessions", "30", "--per-session", "5-15",
+        "--receivers", "6", "--client-procs", "2", "--senders", "2", "--client", "go",
+        "--no-steps", "--timeout", "90",
+    )  # fmt: skip
+    plan = churn.make_plan(30, 300, "5-15", 1)
+    row = re.search(
+        r"^churn: 6 rx / 2 procs \(go\)\s+(\d+)\s.*accept p50 [\d.]+ ms.*"
+        r"Go receivers ([\d.]+) µs/msg \(getrusage\)",
+        out,
+        re.M,
+    )
+    assert row and int(row.group(1)) == sum(plan.values()) and float(row.group(2)) > 0, out
+    assert re.search(
+        r"^checks \(churn: .*\(go\)\): 0 violations \(order 0, delivered after complete "
+        rf"0, lost 0, two holders 0, wrong session 0\); {sum(plan.values())} deliveries",
+        out,
+        re.M,
+    ), out
+
+
+@pytest.mark.skipif(
+    shutil.which("go") is None, reason="Go is not installed, so scripts/loadgen cannot be built"
+)
+def test_loadgen_runs_a_whole_churn_on_its_own(busd_test_broker, busd_queue_factory) -> None:
+    """`loadgen run`: its Go senders and session receivers against a busd, its own checks."""
+    build = subprocess.run([str(SCRIPTS / "loadgen" / "build")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    queue = busd_queue_factory(requires_session=True)
+    run = subprocess.run(
+        [str(SCRIPTS / "loadgen" / "loadgen"), "run", "-port", str(busd_test_broker.port),
+         "-entity", queue, "-sessions", "12", "-per-session", "1-15", "-receivers", "4",
+         "-senders", "2", "-idle-ms", "100", "-timeout", "60s"],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = re.search(
+        r"^churn: 4 rx, (\d+) completed .* client CPU ([\d.]+) µs/msg$", run.stdout, re.M
+    )
+    assert done and int(done.group(1)) > 0 and float(done.group(2)) > 0, run.stdout
+    assert re.search(
+        r"^checks: 0 violations \(order 0, delivered after complete 0, lost 0, two holders 0, "
+        rf"wrong session 0\); (\d+) deliveries, {done.group(1)} completed, 0 errors$",
+        run.stdout,
+        re.M,
+    ), run.stdout
+
+
 def test_senders_spread_over_processes_send_every_message_once() -> None:
     """--sender-procs 2: the steady load's 4 sender connections run in 2 child processes; every
     message is sent once, the acks they saw come back (ack-to-delivery is a figure), the checks

@@ -178,11 +178,17 @@ def _put_symbol(data, name: bytes) -> None:
 
 
 def open_session_link(
-    link, filter_key: bytes, session_id: str, property_key: bytes, locked_until: int
+    link,
+    filter_key: bytes,
+    session_id: str,
+    property_key: bytes,
+    locked_until: int,
+    descriptor: int | str | None = None,
 ) -> None:
     """Answer a session receiver's attach (docs/wire.md §4.2): the client's termini with the
-    source filter `{filter_key: session_id}` and the properties `{property_key: locked_until}`
-    (a long), written straight into the engine's data rather than through proton's `Data`
+    source filter `{filter_key: session_id}` (the id described by `descriptor` when the
+    client's filter was described) and the properties `{property_key: locked_until}` (a
+    long), written straight into the engine's data rather than through proton's `Data`
     objects, as the session churn pays this once per session."""
     echo_termini(link)
     data = lib.pn_terminus_filter(lib.pn_link_source(link))
@@ -190,8 +196,17 @@ def open_session_link(
     lib.pn_data_put_map(data)
     lib.pn_data_enter(data)
     _put_symbol(data, filter_key)
+    if descriptor is not None:
+        lib.pn_data_put_described(data)
+        lib.pn_data_enter(data)
+        if isinstance(descriptor, int):
+            lib.pn_data_put_ulong(data, descriptor)
+        else:
+            _put_symbol(data, str(descriptor).encode())
     text = session_id.encode()
     lib.pn_data_put_string(data, (len(text), ffi.from_buffer(text)))
+    if descriptor is not None:
+        lib.pn_data_exit(data)
     lib.pn_data_exit(data)
     data = lib.pn_link_properties(link)
     lib.pn_data_clear(data)

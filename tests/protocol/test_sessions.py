@@ -8,7 +8,7 @@ import asyncio
 import time
 
 import pytest
-from proton import Delivery, Described, Message, symbol, uint
+from proton import Delivery, Described, Message, symbol, uint, ulong
 
 from tests.protocol.harness import (
     LOCKED_UNTIL,
@@ -90,9 +90,21 @@ async def test_described_and_binary_filter_values_name_a_session(client):
     described = await client.attach_receiver(
         "sessions", filter={SESSION_FILTER: Described(symbol("x"), "a")}
     )
-    assert described.remote_filter == {SESSION_FILTER: "a"}
+    # described in, described back (go-amqp reads no other kind), with the client's descriptor
+    assert described.remote_filter == {SESSION_FILTER: Described(symbol("x"), "a")}
     binary = await client.attach_receiver("sessions", filter={SESSION_FILTER: b"b"})
     assert binary.remote_filter == {SESSION_FILTER: "b"}
+
+
+async def test_a_described_next_available_filter_is_answered_described(client):
+    """As go-amqp (so Go's SDK) asks: the filter described by its numeric code, value null;
+    the answer names the session in a value described by the same code."""
+    await fill(client)
+    code = ulong(0x0000013700000C)
+    receiver = await client.attach_receiver(
+        "sessions", filter={SESSION_FILTER: Described(code, None)}
+    )
+    assert receiver.remote_filter == {SESSION_FILTER: Described(code, "a")}
 
 
 async def test_next_available_with_no_session_is_refused_after_its_timeout(client):

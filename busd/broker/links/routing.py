@@ -120,7 +120,7 @@ def _receiver(
 ) -> LinkEndpoint:
     if dlq:
         return receiving.QueueReceiverEndpoint(conn, link, queue.dead_letter_queue)
-    has_filter, session_id = _session_filter(attach.source_filter)
+    has_filter, session_id, descriptor = _session_filter(attach.source_filter)
     if queue.requires_session and not has_filter:
         raise BusdError(
             Condition.NOT_ALLOWED,
@@ -133,23 +133,27 @@ def _receiver(
         )
     if has_filter:
         timeout_ms = attach.properties.get(sessions.TIMEOUT_PROPERTY)
-        return sessions.SessionReceiverEndpoint(conn, link, queue, session_id, timeout_ms)
+        return sessions.SessionReceiverEndpoint(
+            conn, link, queue, session_id, timeout_ms, filter_descriptor=descriptor
+        )
     return receiving.QueueReceiverEndpoint(conn, link, queue)
 
 
-def _session_filter(filters: dict[Any, Any] | None) -> tuple[bool, str | None]:
-    """Whether the source's filter map asks for a session (docs/wire.md §6.5), and which (None:
-    the next available); BusdError when the id is not a string."""
+def _session_filter(filters: dict[Any, Any] | None) -> tuple[bool, str | None, Any]:
+    """Whether the source's filter map asks for a session (docs/wire.md §6.5), which (None:
+    the next available), and the descriptor of a described filter (None: a plain value), which
+    the answer's filter carries back; BusdError when the id is not a string."""
     if not isinstance(filters, dict) or sessions.SESSION_FILTER not in filters:
-        return False, None
+        return False, None, None
     value = filters[sessions.SESSION_FILTER]
+    descriptor = None
     if hasattr(value, "value"):  # a described filter wrapping the id
-        value = value.value
+        descriptor, value = getattr(value, "descriptor", None), value.value
     if value is None or isinstance(value, str):
-        return True, (str(value) if value is not None else None)
+        return True, (str(value) if value is not None else None), descriptor
     if isinstance(value, (bytes, memoryview)):
         try:
-            return True, bytes(value).decode("utf-8")
+            return True, bytes(value).decode("utf-8"), descriptor
         except UnicodeDecodeError:
             pass
     # A session id is a string: an int (the Python SDK sends session_id=1 as int32) is not

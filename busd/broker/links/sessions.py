@@ -58,9 +58,13 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         queue: QueueSpec,
         session_id: str | None,
         timeout_ms: int | None,
+        filter_descriptor: int | str | None = None,
     ) -> None:
         super().__init__(conn, link, queue)
         self.requested_session = session_id
+        # a described session filter's descriptor: the answer's filter is described alike, as
+        # clients that only read described filters (go-amqp, so Go's SDK) need
+        self.filter_descriptor = filter_descriptor
         self.timeout_ms = int(timeout_ms) if timeout_ms is not None else DEFAULT_ACCEPT_TIMEOUT_MS
         # the session's lock, once the store granted it to this link
         self.lease: SessionLease | None = None
@@ -199,6 +203,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self.locked_session,
             LOCKED_UNTIL_NAME,
             unix_ms_to_ticks(lease.locked_until_ms),
+            self.filter_descriptor,
         )
         self._accepted = True
         lease.start(self.broker.receivers.lease_timer, self._expired)
