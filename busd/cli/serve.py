@@ -4,6 +4,8 @@ the run of the server, in this process or as `--workers` processes."""
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
+from typing import Any
 
 import click
 
@@ -20,6 +22,7 @@ from busd.cli.serve_options import (
 from busd.config.settings import DURABILITIES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
 
 _DEFAULTS = Settings()
+_FIELDS = {f.name: f for f in fields(Settings)}
 
 
 @click.command()
@@ -56,6 +59,7 @@ _DEFAULTS = Settings()
 )
 @click.option(
     "--store-wait",
+    "store_wait_s",
     envvar="BUSD_STORE_WAIT",
     type=float,
     default=_DEFAULTS.store_wait_s,
@@ -144,6 +148,7 @@ _DEFAULTS = Settings()
 )
 @click.option(
     "--sweep-interval",
+    "sweep_interval_s",
     envvar="BUSD_SWEEP_INTERVAL",
     type=float,
     default=_DEFAULTS.sweep_interval_s,
@@ -201,6 +206,7 @@ _DEFAULTS = Settings()
 @_limit_options
 @click.option(
     "--transaction-timeout",
+    "transaction_timeout_s",
     envvar="BUSD_TRANSACTION_TIMEOUT",
     type=float,
     default=_DEFAULTS.transaction_timeout_s,
@@ -231,6 +237,7 @@ _DEFAULTS = Settings()
 )
 @click.option(
     "--http-request-timeout",
+    "http_request_timeout_s",
     envvar="BUSD_HTTP_REQUEST_TIMEOUT",
     type=float,
     default=_DEFAULTS.http_request_timeout_s,
@@ -256,78 +263,10 @@ _DEFAULTS = Settings()
     help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
     "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
 )
-def serve(
-    host: str,
-    port: int,
-    config_path: str | None,
-    redis_url: str | None,
-    store_wait: float,
-    data_dir: str,
-    http_port: int,
-    tls_port: int | None,
-    ws_port: int | None,
-    tls_cert: str | None,
-    tls_key: str | None,
-    log_level: str,
-    log_format: str,
-    sas_keys: tuple[str, ...],
-    key_prefix: str,
-    sweep_interval: float,
-    store_connections: int,
-    max_namespaces: int,
-    transaction_timeout: float,
-    workers: int | None,
-    store_shards: int | None,
-    durability: str,
-    http_connections: int,
-    http_connections_per_address: int,
-    http_request_timeout: float,
-    hostnames: tuple[str, ...],
-    allowed_origins: tuple[str, ...],
-    **limits,
-) -> None:
+def serve(**options: Any) -> None:
     """Run the broker until interrupted."""
-    workers_auto = workers is None
-    if workers is None:
-        from busd.storage.redis.embedded import shard_count
-
-        # a store of its own only without --redis-url (Settings.validate refuses shards there)
-        workers = auto_workers(1 if redis_url else shard_count(store_shards))
     try:
-        settings = Settings(
-            host=host,
-            port=port,
-            redis_url=redis_url or None,
-            store_wait_s=store_wait,
-            data_dir=data_dir,
-            config_path=config_path or None,
-            http_port=http_port,
-            tls_port=tls_port,
-            ws_port=ws_port,
-            tls_cert=tls_cert or None,
-            tls_key=tls_key or None,
-            log_level=log_level,
-            log_format=log_format,
-            key_prefix=key_prefix,
-            sweep_interval_s=sweep_interval,
-            store_connections=store_connections,
-            max_namespaces=max_namespaces,
-            transaction_timeout_s=transaction_timeout,
-            workers=workers,
-            workers_auto=workers_auto,
-            store_shards=store_shards,
-            durability=durability.lower(),
-            limits=Limits(**limits),
-            http_connections=http_connections,
-            http_connections_per_address=http_connections_per_address,
-            http_request_timeout_s=http_request_timeout,
-            hostnames=list(hostnames),
-            allowed_origins=list(allowed_origins),
-        )
-        keys = _parse_sas_keys(sas_keys)
-        if keys:
-            settings.sas_keys = keys
-        settings.validate()
+        settings = settings_from_options(options)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
 
@@ -348,3 +287,31 @@ def serve(
     except KeyboardInterrupt:
         code = EXIT_OK
     sys.exit(code or EXIT_OK)
+
+
+def settings_from_options(options: dict[str, Any]) -> Settings:
+    """`busd serve`'s options as Settings, checked: each option is named after its field (a
+    client limit after its field of `Limits`), so a new setting needs its field, its option
+    and the code that uses it, nothing here."""
+    limits = Limits(**{f.name: options.pop(f.name) for f in fields(Limits)})
+    sas_keys = _parse_sas_keys(options.pop("sas_keys"))
+    values: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, tuple):  # a repeatable option
+            value = list(value)
+        elif value == "" and _FIELDS[name].default is None:  # BUSD_REDIS_URL= and the like
+            value = None
+        values[name] = value
+    values["durability"] = values["durability"].lower()
+    values["workers_auto"] = values["workers"] is None
+    if values["workers"] is None:
+        from busd.storage.redis.embedded import shard_count
+
+        # a store of its own only without --redis-url (Settings.validate refuses shards there)
+        stores = 1 if values["redis_url"] else shard_count(values["store_shards"])
+        values["workers"] = auto_workers(stores)
+    settings = Settings(**values, limits=limits)
+    if sas_keys:
+        settings.sas_keys = sas_keys
+    settings.validate()
+    return settings
