@@ -163,8 +163,11 @@ def launch_busd(
     extra_env: dict | None = None,
     log_level: str = "info",
     data_dir: Path | None = None,
+    command_prefix: list[str] | None = None,
 ) -> BusdProcess:
-    """Start busd; with redis_url None it runs its embedded Valkey in `data_dir`."""
+    """Start busd; with redis_url None it runs its embedded Valkey in `data_dir`.
+    `command_prefix` runs it through another command that executes it in place (its PID is
+    busd's), e.g. `ip netns exec NAME`."""
     prefix = prefix or f"e2e-{uuid.uuid4().hex[:10]}"
     log_path = workdir / f"busd-{uuid.uuid4().hex[:6]}.log"
     env = dict(os.environ)
@@ -176,7 +179,7 @@ def launch_busd(
         }
     )
     env.update(extra_env or {})
-    cmd = serve_command(config, "--log-level", log_level)
+    cmd = [*(command_prefix or []), *serve_command(config, "--log-level", log_level)]
     if redis_url is not None:
         cmd += ["--redis-url", redis_url]
     else:

@@ -12,6 +12,8 @@ whose connection drops connects again (to the next port in turn) and carries on.
   delivered;
 - stuck: a message still in the store when the run ends (nobody could take it);
 - duplicated after complete: a delivery of a message after busd had confirmed its complete;
+- completed but back: a message whose complete busd confirmed, still in the store when the
+  run ends (a store that lost the complete: it would be delivered again);
 - order: within a session, a message first delivered before one sent ahead of it, or a link
   delivering a session's messages out of order;
 - overlap: two consumers holding one session at the same time.
@@ -212,6 +214,7 @@ class Verdict:
     lost: int = 0
     stuck: int = 0
     duplicated_after_complete: int = 0
+    completed_but_back: int = 0
     order: int = 0
     overlap: int = 0
     deliveries: int = 0
@@ -219,14 +222,22 @@ class Verdict:
 
     @property
     def violations(self) -> int:
-        return self.lost + self.stuck + self.duplicated_after_complete + self.order + self.overlap
+        return (
+            self.lost
+            + self.stuck
+            + self.duplicated_after_complete
+            + self.completed_but_back
+            + self.order
+            + self.overlap
+        )
 
     def summary(self) -> str:
         return (
             f"sent {self.sent}, completed {self.completed} (+{self.completed_unconfirmed} "
             f"unconfirmed), deliveries {self.deliveries}; lost {self.lost}, stuck "
             f"{self.stuck}, duplicated after complete "
-            f"{self.duplicated_after_complete}, order {self.order}, overlap {self.overlap}"
+            f"{self.duplicated_after_complete}, completed but back {self.completed_but_back}, "
+            f"order {self.order}, overlap {self.overlap}"
         )
 
 
@@ -280,6 +291,10 @@ def check(record: Record, left: set[tuple[str, int]]) -> Verdict:
         v.examples.append(f"stuck e.g. {stuck[:3]}")
     if lost:
         v.examples.append(f"lost e.g. {lost[:3]}")
+    back = sorted(set(record.completed) & left)
+    v.completed_but_back = len(back)
+    if back:
+        v.examples.append(f"completed but back e.g. {back[:3]}")
     first: dict[tuple[str, int], float] = {}
     for t, _link, sid, index in sorted(record.deliveries):
         done = record.completed.get((sid, index))
@@ -367,10 +382,14 @@ async def run(
     deadline_s: float,
     chaos=None,
     rate_per_s: float = 400,
+    quiet_s: float | None = None,
 ) -> tuple[Record, float]:
     """Send `plan_` and consume it while `chaos()` (a coroutine, cancelled at the end) does
     its worst; stop once every acknowledged send is completed and the producer is done, or
-    at the deadline. Returns what was seen and how long it took."""
+    at the deadline, or (`quiet_s`) once the producer and the chaos are done and nothing was
+    delivered or confirmed for `quiet_s` (a complete that ran although busd refused it is
+    never confirmed: the check counts it apart). Returns what was seen and how long it
+    took."""
     record = Record()
     stop = asyncio.Event()
     started = time.monotonic()
@@ -379,10 +398,16 @@ async def run(
         asyncio.ensure_future(consume(consumer_ports, record, stop)) for _ in range(consumers)
     ]
     chaos_task = asyncio.ensure_future(chaos()) if chaos is not None else None
+    progress, moved_at = (0, 0), time.monotonic()
     while time.monotonic() - started < deadline_s:
         await asyncio.sleep(0.2)
-        if producer.done() and record.sent <= set(record.completed):
-            if chaos_task is None or chaos_task.done():
+        now = (len(record.deliveries), len(record.completed))
+        if now != progress:
+            progress, moved_at = now, time.monotonic()
+        if producer.done() and (chaos_task is None or chaos_task.done()):
+            if record.sent <= set(record.completed):
+                break
+            if quiet_s is not None and time.monotonic() - moved_at > quiet_s:
                 break
     stop.set()
     if chaos_task is not None:
