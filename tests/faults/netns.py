@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -65,10 +66,23 @@ def unavailable() -> str | None:
     return None
 
 
+def _forget_dead_runs() -> None:
+    """Delete the namespace names left by a run whose process is gone (killed before it could
+    close its network): names only, so that they do not pile up."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20)
+    for line in listing.stdout.splitlines():
+        name = line.split(" ", 1)[0]
+        match = re.match(rf"{PREFIX}(\d+)x", name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                _ip("netns", "del", name)
+
+
 class Network:
     """Hosts by name, each a namespace with one address on the run's bridge."""
 
     def __init__(self, hosts: list[str]) -> None:
+        _forget_dead_runs()
         self.run = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
         self.switch = f"{self.run}-sw"
         self.namespaces: list[str] = []

@@ -30,9 +30,10 @@ def wait_until(condition, what: str, timeout: float = 20) -> None:
 class Stores:
     """Nodes of one network, by host."""
 
-    def __init__(self, net: Network, directory: Path) -> None:
+    def __init__(self, net: Network, directory: Path, config: list[str] | None = None) -> None:
         self.net = net
         self.directory = directory
+        self.config = config or []  # every node's, beside NODE_CONFIG
 
     def node(self, host: str, extra: list[str] | None = None) -> None:
         data = self.directory / host
@@ -50,6 +51,7 @@ class Stores:
                 "--dir",
                 str(data),
                 *NODE_CONFIG,
+                *self.config,
                 *(extra or []),
             ],
             self.directory / f"{host}.log",
@@ -87,8 +89,10 @@ class ReplicaSet(Stores):
     """A primary on `hosts[0]`, replicas on the others, and a Sentinel on each (quorum: a
     majority)."""
 
-    def __init__(self, net: Network, directory: Path, hosts: list[str]) -> None:
-        super().__init__(net, directory)
+    def __init__(
+        self, net: Network, directory: Path, hosts: list[str], config: list[str] | None = None
+    ) -> None:
+        super().__init__(net, directory, config)
         self.hosts = hosts
         self.first_primary = hosts[0]
         primary = net.address(hosts[0])
@@ -152,8 +156,15 @@ class Cluster(Stores):
     """A Valkey Cluster on `hosts`: the first `primaries` own an even share of the slots each,
     the others replicate them in turn."""
 
-    def __init__(self, net: Network, directory: Path, hosts: list[str], primaries: int) -> None:
-        super().__init__(net, directory)
+    def __init__(
+        self,
+        net: Network,
+        directory: Path,
+        hosts: list[str],
+        primaries: int,
+        config: list[str] | None = None,
+    ) -> None:
+        super().__init__(net, directory, config)
         self.hosts = hosts
         config = [
             "--cluster-enabled",

@@ -10,13 +10,16 @@ that cut a link in both directions or one, or drop a share of its packets.
   and the old primary rejoins as a replica. With `--durability replicated` the old primary
   cannot confirm any write meanwhile (no replica answers its WAIT), so nothing acknowledged
   is lost. With `--durability local` it acknowledges writes that the promotion then discards:
-  that loss is measured here, not asserted away (docs/operating.md, "Partitions").
-- a flapping link between busd and the primary: a share of its packets dropped at random.
+  that loss is measured here, not asserted away (docs/operating.md, "Partitions"), and so is
+  how far `min-replicas-to-write` on the nodes narrows it.
+- a flapping link between busd and the primary: down, then half its packets dropped at
+  random, in turn.
 
 Every scenario is checked with tests/faults/load.py's checker: acknowledged but lost, stuck,
 delivered after its complete was confirmed, order per session, two holders at once. Each
-prints one row of the partition table. The suite runs a short version; scripts/faults runs
-every scenario (BUSD_FAULTS_PARTITIONS=all) with more messages.
+prints one row of the partition table. The suite runs a short version (the primary's answers
+cut, both failovers with `replicated`, the flapping link); scripts/faults runs every scenario
+(BUSD_FAULTS_PARTITIONS=all) with more messages.
 
 Skipped, with the reason, where network namespaces cannot be made (not root, `ip netns add`
 refused, nftables missing).
@@ -40,7 +43,7 @@ from tests.faults.partitioned import Cluster, ReplicaSet, Stores, wait_until
 pytestmark = pytest.mark.timeout(240)
 
 SESSIONS = int(os.environ.get("BUSD_FAULTS_SESSIONS", "8"))
-PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "25"))
+PER_SESSION = int(os.environ.get("BUSD_FAULTS_PER_SESSION", "20"))
 EVERY = os.environ.get("BUSD_FAULTS_PARTITIONS") == "all"
 # The sends span the cut, the failover and the heal (about ten seconds).
 RATE_PER_S = max(20, SESSIONS * PER_SESSION // 10)
@@ -48,11 +51,22 @@ CUT_AFTER_S = 1.0
 CUT_S = 6.0  # longer than a store call may take (5 s), shorter than the session locks
 LOCK = "PT10S"
 AFTER_FAILOVER_S = 1.0  # the old primary, still reached by busd, goes on alone this long
-FLAP_S = 4.0
-LOSS_PERCENT = 30
+FLAP_S = 6.0
+FLAP_PERIOD_S = 1.0  # a flapping link is down this long, then lossy this long, in turn
+LOSS_PERCENT = 50
 PARTITIONS = 6
 QUIET_S = 12.0  # a run ends once nothing moved this long (more than a lock's duration)
 RESUME_WITHIN_S = 15.0
+
+
+# What narrows local's loss in a failover: a primary that heard from no replica for
+# `min-replicas-max-lag` seconds refuses writes.
+MIN_REPLICAS = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"]
+LEVELS = {  # what a test's level names: busd's --durability, and every node's settings
+    "replicated": ("replicated", []),
+    "local": ("local", []),
+    "local, min-replicas-to-write 1": ("local", MIN_REPLICAS),
+}
 
 
 def long_only(*values):
@@ -118,11 +132,16 @@ def report(
     record: load.Record,
     verdict: load.Verdict,
     cut_off: tuple[float, float] | None = None,
+    sessions: set[str] | None = None,
 ) -> None:
     """One row of the partition table; `cut_off`: while the old primary was cut off from its
-    replicas, how many sends busd acknowledged."""
+    replicas, how many sends (to one of `sessions`, when given) busd acknowledged."""
     if cut_off is not None:
-        alone = sum(1 for t in record.acked_at.values() if cut_off[0] < t < cut_off[1])
+        alone = sum(
+            1
+            for (sid, _), t in record.acked_at.items()
+            if cut_off[0] < t < cut_off[1] and (sessions is None or sid in sessions)
+        )
         scenario += f", {alone} sends acknowledged while it was cut off"
     print(
         f"\npartition | {scenario} | {durability} | sent {len(record.sent) + record.send_failures}"
@@ -139,7 +158,7 @@ def sessions_queue(**props) -> dict:
 
 @pytest.mark.parametrize(
     "direction",
-    ["both", "answers", long_only("requests")],
+    [long_only("both"), "answers", long_only("requests")],
 )
 def test_busd_cut_from_primary(network, tmp_path, capsys, direction):
     """busd loses its primary (both ways, or one way) for CUT_S under load: nothing
@@ -177,14 +196,17 @@ def test_busd_cut_from_primary(network, tmp_path, capsys, direction):
     assert verdict.violations == 0, verdict.summary()
 
 
-@pytest.mark.parametrize("durability", ["replicated", long_only("local")])
-def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, durability):
+@pytest.mark.parametrize(
+    "level", ["replicated", long_only("local"), long_only("local, min-replicas-to-write 1")]
+)
+def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, level):
     """The primary is cut from its replicas and their Sentinels, busd still reaching it, until
     the Sentinels promote a replica; then the link heals and the old primary becomes a
     replica of the new one, dropping what it took alone. `replicated`: nothing acknowledged
     is lost. `local`: what the old primary acknowledged alone is lost (measured)."""
     net = network(["busd", "n0", "n1", "n2"])
-    nodes = ReplicaSet(net, tmp_path, ["n0", "n1", "n2"])
+    durability, config = LEVELS[level]
+    nodes = ReplicaSet(net, tmp_path, ["n0", "n1", "n2"], config)
     busd = start_busd(net, tmp_path, nodes.url, durability, [sessions_queue()])
     cut: list[float] = []
 
@@ -202,7 +224,7 @@ def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, durabilit
         await asyncio.to_thread(net.heal)
         cut.append(time.monotonic())
 
-    record, seconds = run_load(net, busd, chaos, deadline_s=60 if durability == "local" else 90)
+    record, seconds = run_load(net, busd, chaos, deadline_s=90)
     primary = nodes.primary_named_by("n1")
     assert primary in ("n1", "n2") and len(cut) == 3
     wait_until(  # the old primary rejoined as a replica (what it took alone is gone)
@@ -214,7 +236,7 @@ def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, durabilit
     with capsys.disabled():
         report(
             f"primary cut from replicas, Sentinel failover ({cut[1] - cut[0]:.1f} s)",
-            durability,
+            level,
             record,
             verdict,
             (cut[0], cut[2]),
@@ -226,8 +248,10 @@ def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, durabilit
         assert verdict.violations == 0, verdict.summary()
 
 
-@pytest.mark.parametrize("durability", ["replicated", long_only("local")])
-def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, durability):
+@pytest.mark.parametrize(
+    "level", ["replicated", long_only("local"), long_only("local, min-replicas-to-write 1")]
+)
+def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, level):
     """A Cluster shard's primary is cut from its replicas and the other primaries, busd still
     reaching it, until a replica takes its slots over; then the link heals and it rejoins as
     a replica. `replicated`: nothing acknowledged is lost. `local`: the old primary takes
@@ -235,7 +259,8 @@ def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, durability):
     primaries, replicas = 3, 2
     hosts = [f"c{i}" for i in range(primaries * (1 + replicas))]
     net = network(["busd", *hosts])
-    cluster = Cluster(net, tmp_path, hosts, primaries)
+    durability, config = LEVELS[level]
+    cluster = Cluster(net, tmp_path, hosts, primaries, config)
     sessions = sessions_queue(EnablePartitioning=True, PartitionCount=PARTITIONS)
     busd = start_busd(net, tmp_path, cluster.url, durability, [sessions])
     owners = [
@@ -264,7 +289,7 @@ def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, durability):
         await asyncio.to_thread(net.heal)
         cut.append(time.monotonic())
 
-    record, seconds = run_load(net, busd, chaos, deadline_s=60 if durability == "local" else 90)
+    record, seconds = run_load(net, busd, chaos, deadline_s=90)
     assert len(cut) == 3
     wait_until(
         lambda: nodes_role(cluster, old) == "slave", "the old primary did not become a replica"
@@ -283,10 +308,11 @@ def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, durability):
     with capsys.disabled():
         report(
             f"shard primary cut from the Cluster ({cut[1] - cut[0]:.1f} s to take over)",
-            durability,
+            level,
             record,
             verdict,
             (cut[0], cut[2]),
+            on_shard,
         )
         sent_again, _ = load.recovered(
             "cluster partition", record, verdict, cut[2], seconds, on_shard
@@ -302,9 +328,10 @@ def nodes_role(cluster: Cluster, host: str) -> str | None:
 
 
 def test_flapping_link(network, tmp_path, capsys):
-    """LOSS_PERCENT of the packets between busd and its primary dropped at random, both
-    ways, for FLAP_S: calls are slow or refused, none acknowledged is lost, and no invariant
-    of the sessions breaks."""
+    """The link between busd and its primary flaps for FLAP_S: down for FLAP_PERIOD_S (every
+    packet dropped, both ways), then LOSS_PERCENT of the packets dropped at random, in turn.
+    Calls are slow or refused, none acknowledged is lost, and no invariant of the sessions
+    breaks."""
     net = network(["busd", "n0"])
     store = Stores(net, tmp_path)
     store.node("n0")
@@ -313,8 +340,11 @@ def test_flapping_link(network, tmp_path, capsys):
 
     async def chaos() -> None:
         await asyncio.sleep(CUT_AFTER_S)
-        await asyncio.to_thread(net.cut, "busd", "n0", loss_percent=LOSS_PERCENT)
-        await asyncio.sleep(FLAP_S)
+        for turn in range(int(FLAP_S / FLAP_PERIOD_S)):
+            await asyncio.to_thread(net.heal)
+            loss = 100 if turn % 2 == 0 else LOSS_PERCENT
+            await asyncio.to_thread(net.cut, "busd", "n0", loss_percent=loss)
+            await asyncio.sleep(FLAP_PERIOD_S)
         await asyncio.to_thread(net.heal)
         healed.append(time.monotonic())
 
@@ -322,7 +352,13 @@ def test_flapping_link(network, tmp_path, capsys):
     left = net.inside("busd", lambda: load.stored(store.url("n0"), busd.prefix))
     verdict = load.check(record, left)
     with capsys.disabled():
-        report(f"flapping link busd-primary ({LOSS_PERCENT} % loss)", "local", record, verdict)
+        report(
+            f"flapping link busd-primary (down, then {LOSS_PERCENT} % loss, each "
+            f"{FLAP_PERIOD_S:.0f} s, for {FLAP_S:.0f} s)",
+            "local",
+            record,
+            verdict,
+        )
         sent_again, _ = load.recovered("flapping", record, verdict, healed[0], seconds)
     assert busd.proc.poll() is None
     assert sent_again is not None and sent_again < RESUME_WITHIN_S
