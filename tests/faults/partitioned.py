@@ -6,25 +6,25 @@ ports in its own host; what it is told of the others are their hosts' addresses.
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 
 import redis
 
 from tests.faults.netns import Network
-from tests.faults.replicas import DOWN_AFTER_MS, NODE_CONFIG, SERVICE, SLOTS, valkey_server
+from tests.faults.replicas import (
+    DOWN_AFTER_MS,
+    NODE_CONFIG,
+    SERVICE,
+    SLOTS,
+    cluster_config,
+    replicas_online,
+    valkey_server,
+    wait_until,
+)
 
 PORT = 6379
 SENTINEL_PORT = 26379
 BUS_PORT = 16379
-
-
-def wait_until(condition, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(what)
-        time.sleep(0.05)
 
 
 class Stores:
@@ -72,14 +72,7 @@ class Stores:
         return self.net.inside(host, call)
 
     def replicas_online(self, host: str) -> int:
-        info = self.ask(host, lambda c: c.info("replication"), {})
-        return sum(
-            1
-            for key, value in info.items()
-            if key.startswith("slave")
-            and isinstance(value, dict)
-            and value.get("state") == "online"
-        )
+        return replicas_online(self.ask(host, lambda c: c.info("replication"), {}))
 
     def url(self, host: str) -> str:
         return f"redis://{self.net.address(host)}:{PORT}"
@@ -166,18 +159,8 @@ class Cluster(Stores):
     ) -> None:
         super().__init__(net, directory, config)
         self.hosts = hosts
-        config = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            str(DOWN_AFTER_MS),
-            "--cluster-port",
-            str(BUS_PORT),
-        ]
         for host in hosts:
-            self.node(host, config)
+            self.node(host, [*cluster_config(), "--cluster-port", str(BUS_PORT)])
         for host in hosts[1:]:
             self.ask(
                 hosts[0],

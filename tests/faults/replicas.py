@@ -41,6 +41,36 @@ def valkey_server() -> str:
     return str(get_binary_path())
 
 
+def wait_until(condition, what: str, timeout: float = 20) -> None:
+    """Until `condition()`; AssertionError(`what`) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(what)
+        time.sleep(0.05)
+
+
+def replicas_online(info: dict) -> int:
+    """How many replicas a primary's INFO replication shows online."""
+    return sum(
+        1
+        for key, value in info.items()
+        if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+    )
+
+
+def cluster_config(node_timeout_ms: int = DOWN_AFTER_MS) -> list[str]:
+    """A Cluster node's settings (beside NODE_CONFIG)."""
+    return [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        str(node_timeout_ms),
+    ]
+
+
 class Nodes:
     """Valkey processes of ours, by port: started, paused, killed, stopped."""
 
@@ -112,22 +142,9 @@ class Nodes:
 
     def _replicas_online(self, port: int) -> int:
         with self.client(port) as client:
-            info = client.info("replication")
-        return sum(
-            1
-            for key, value in info.items()
-            if key.startswith("slave")
-            and isinstance(value, dict)
-            and value.get("state") == "online"
-        )
+            return replicas_online(client.info("replication"))
 
-    @staticmethod
-    def _wait_until(condition, what: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(what)
-            time.sleep(0.05)
+    _wait_until = staticmethod(wait_until)
 
 
 class ReplicaSet(Nodes):
@@ -221,14 +238,7 @@ class Cluster(Nodes):
         node_timeout_ms: int = DOWN_AFTER_MS,
     ) -> None:
         super().__init__(directory)
-        config = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            str(node_timeout_ms),
-        ]
+        config = cluster_config(node_timeout_ms)
         try:
             # Each bus port is a free one of its own (by default the port + 10000, which a
             # port the kernel handed out may exceed).

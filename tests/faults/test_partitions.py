@@ -38,7 +38,8 @@ from busd.storage.keys import key, partition_scope
 from busd.storage.partitioned.routing import partition_of_key
 from tests.e2e.conftest import launch_busd, queue, write_config
 from tests.faults import load, netns
-from tests.faults.partitioned import Cluster, ReplicaSet, Stores, wait_until
+from tests.faults.partitioned import Cluster, ReplicaSet, Stores
+from tests.faults.replicas import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -164,36 +165,50 @@ def test_busd_cut_from_primary(network, tmp_path, capsys, direction):
     """busd loses its primary (both ways, or one way) for CUT_S under load: nothing
     acknowledged is lost, nothing is delivered after its complete, order and single holders
     hold, and busd serves again by itself once the link heals."""
+
+    def cut(net: netns.Network) -> None:
+        if direction == "answers":  # busd's calls run; their answers never come back
+            net.cut("n0", "busd", both=False)
+        elif direction == "requests":
+            net.cut("busd", "n0", both=False)
+        else:
+            net.cut("busd", "n0")
+
+    async def chaos(net: netns.Network) -> None:
+        await asyncio.to_thread(cut, net)
+        await asyncio.sleep(CUT_S)
+
+    record, verdict, since, seconds = lone_primary(network, tmp_path, chaos)
+    with capsys.disabled():
+        report(f"busd cut from the primary ({direction})", "local", record, verdict)
+        sent_again, received_again = load.recovered(
+            f"cut ({direction})", record, verdict, since, seconds
+        )
+    assert sent_again is not None and sent_again < RESUME_WITHIN_S
+    assert received_again is not None and received_again < RESUME_WITHIN_S
+    assert verdict.violations == 0, verdict.summary()
+
+
+def lone_primary(network, tmp_path, chaos):
+    """busd and a lone primary, each on its host, and the session load, with `chaos(net)`
+    done CUT_AFTER_S into it and the network healed after it. Returns what the load saw,
+    its verdict, when the network healed and how long the load ran."""
     net = network(["busd", "n0"])
     store = Stores(net, tmp_path)
     store.node("n0")
     busd = start_busd(net, tmp_path, store.url("n0"), "local", [sessions_queue()])
     healed: list[float] = []
 
-    async def chaos() -> None:
+    async def then_heal() -> None:
         await asyncio.sleep(CUT_AFTER_S)
-        if direction == "answers":  # busd's calls run; their answers never come back
-            await asyncio.to_thread(net.cut, "n0", "busd", both=False)
-        elif direction == "requests":
-            await asyncio.to_thread(net.cut, "busd", "n0", both=False)
-        else:
-            await asyncio.to_thread(net.cut, "busd", "n0")
-        await asyncio.sleep(CUT_S)
+        await chaos(net)
         await asyncio.to_thread(net.heal)
         healed.append(time.monotonic())
 
-    record, seconds = run_load(net, busd, chaos, deadline_s=60)
+    record, seconds = run_load(net, busd, then_heal, deadline_s=60)
     left = net.inside("busd", lambda: load.stored(store.url("n0"), busd.prefix))
-    verdict = load.check(record, left)
-    with capsys.disabled():
-        report(f"busd cut from the primary ({direction})", "local", record, verdict)
-        sent_again, received_again = load.recovered(
-            f"cut ({direction})", record, verdict, healed[0], seconds
-        )
     assert busd.proc.poll() is None  # the same busd process throughout
-    assert sent_again is not None and sent_again < RESUME_WITHIN_S
-    assert received_again is not None and received_again < RESUME_WITHIN_S
-    assert verdict.violations == 0, verdict.summary()
+    return record, load.check(record, left), healed[0], seconds
 
 
 @pytest.mark.parametrize(
@@ -209,21 +224,9 @@ def test_primary_cut_from_replicas_sentinel(network, tmp_path, capsys, level):
     nodes = ReplicaSet(net, tmp_path, ["n0", "n1", "n2"], config)
     busd = start_busd(net, tmp_path, nodes.url, durability, [sessions_queue()])
     cut: list[float] = []
-
-    async def chaos() -> None:
-        await asyncio.sleep(CUT_AFTER_S)
-        await asyncio.to_thread(net.isolate, "n0", ["n1", "n2"])
-        cut.append(time.monotonic())
-        await asyncio.to_thread(
-            wait_until,
-            lambda: nodes.primary_named_by("n1") in ("n1", "n2"),
-            "the Sentinels did not promote a replica",
-        )
-        cut.append(time.monotonic())
-        await asyncio.sleep(AFTER_FAILOVER_S)
-        await asyncio.to_thread(net.heal)
-        cut.append(time.monotonic())
-
+    chaos = cut_until_promoted(
+        net, "n0", ["n1", "n2"], lambda: nodes.primary_named_by("n1") in ("n1", "n2"), cut
+    )
     record, seconds = run_load(net, busd, chaos, deadline_s=90)
     primary = nodes.primary_named_by("n1")
     assert primary in ("n1", "n2") and len(cut) == 3
@@ -272,23 +275,11 @@ def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, level):
     watcher = next(h for h in cluster.primaries if h != old)
     cut: list[float] = []
 
-    async def chaos() -> None:
-        await asyncio.sleep(CUT_AFTER_S)
-        await asyncio.to_thread(net.isolate, old, others)
-        cut.append(time.monotonic())
-        await asyncio.to_thread(
-            wait_until,
-            lambda: (
-                old not in cluster.serving_primaries(watcher)
-                and len(cluster.serving_primaries(watcher)) == primaries
-            ),
-            "no replica took the shard over",
-        )
-        cut.append(time.monotonic())
-        await asyncio.sleep(AFTER_FAILOVER_S)
-        await asyncio.to_thread(net.heal)
-        cut.append(time.monotonic())
+    def taken_over() -> bool:
+        serving = cluster.serving_primaries(watcher)
+        return old not in serving and len(serving) == primaries
 
+    chaos = cut_until_promoted(net, old, others, taken_over, cut)
     record, seconds = run_load(net, busd, chaos, deadline_s=90)
     assert len(cut) == 3
     wait_until(
@@ -323,6 +314,24 @@ def test_shard_primary_cut_from_cluster(network, tmp_path, capsys, level):
         assert verdict.violations == 0, verdict.summary()
 
 
+def cut_until_promoted(net: netns.Network, old: str, others: list[str], promoted, cut: list):
+    """The chaos of a failover: CUT_AFTER_S into the load `old` is cut from `others` (busd
+    still reaches it) until `promoted()`, and AFTER_FAILOVER_S longer; then the network heals.
+    `cut` gets the times of the cut, of the promotion and of the heal."""
+
+    async def chaos() -> None:
+        await asyncio.sleep(CUT_AFTER_S)
+        await asyncio.to_thread(net.isolate, old, others)
+        cut.append(time.monotonic())
+        await asyncio.to_thread(wait_until, promoted, f"no replica of {old} was promoted")
+        cut.append(time.monotonic())
+        await asyncio.sleep(AFTER_FAILOVER_S)
+        await asyncio.to_thread(net.heal)
+        cut.append(time.monotonic())
+
+    return chaos
+
+
 def nodes_role(cluster: Cluster, host: str) -> str | None:
     return cluster.ask(host, lambda c: c.info("replication")["role"])
 
@@ -332,25 +341,15 @@ def test_flapping_link(network, tmp_path, capsys):
     packet dropped, both ways), then LOSS_PERCENT of the packets dropped at random, in turn.
     Calls are slow or refused, none acknowledged is lost, and no invariant of the sessions
     breaks."""
-    net = network(["busd", "n0"])
-    store = Stores(net, tmp_path)
-    store.node("n0")
-    busd = start_busd(net, tmp_path, store.url("n0"), "local", [sessions_queue()])
-    healed: list[float] = []
 
-    async def chaos() -> None:
-        await asyncio.sleep(CUT_AFTER_S)
+    async def flap(net: netns.Network) -> None:
         for turn in range(int(FLAP_S / FLAP_PERIOD_S)):
             await asyncio.to_thread(net.heal)
             loss = 100 if turn % 2 == 0 else LOSS_PERCENT
             await asyncio.to_thread(net.cut, "busd", "n0", loss_percent=loss)
             await asyncio.sleep(FLAP_PERIOD_S)
-        await asyncio.to_thread(net.heal)
-        healed.append(time.monotonic())
 
-    record, seconds = run_load(net, busd, chaos, deadline_s=60)
-    left = net.inside("busd", lambda: load.stored(store.url("n0"), busd.prefix))
-    verdict = load.check(record, left)
+    record, verdict, since, seconds = lone_primary(network, tmp_path, flap)
     with capsys.disabled():
         report(
             f"flapping link busd-primary (down, then {LOSS_PERCENT} % loss, each "
@@ -359,7 +358,6 @@ def test_flapping_link(network, tmp_path, capsys):
             record,
             verdict,
         )
-        sent_again, _ = load.recovered("flapping", record, verdict, healed[0], seconds)
-    assert busd.proc.poll() is None
+        sent_again, _ = load.recovered("flapping", record, verdict, since, seconds)
     assert sent_again is not None and sent_again < RESUME_WITHIN_S
     assert verdict.violations == 0, verdict.summary()
