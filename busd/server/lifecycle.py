@@ -379,7 +379,13 @@ class Server:
         )
         for proto in list(self.protocols):
             proto.shutdown(closing)
-        # Let the connections' clean-up (session releases) reach the store before it closes.
+        # Let the connections' clean-up (session releases) reach the store before it closes:
+        # a connection starts it once its socket is closed (a turn of the event loop later,
+        # or when a peer that does not read is cut off), so first wait for every socket.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GRACE_S
+        while self.protocols and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         current = asyncio.current_task()
         pending = [
             t
@@ -387,7 +393,7 @@ class Server:
             if t is not current and not t.done() and not (t.get_name() or "").startswith("busd-")
         ]
         if pending:
-            await asyncio.wait(pending, timeout=GRACE_S)
+            await asyncio.wait(pending, timeout=max(0.1, deadline - loop.time()))
         if self.peers is not None:
             await self.peers.close()
         if self.namespaces is not None:
