@@ -151,7 +151,9 @@ class Server:
             from busd.storage.redis.embedded import embedded_store, shard_count
 
             self.embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
-            await asyncio.to_thread(self.embedded.start)
+            # On this thread, not a worker thread: its servers end when the thread that
+            # started them does (busd/server/child_processes.py). Nothing is served yet to wait.
+            self.embedded.start()
             url = self.embedded.url
 
         def process_id() -> str | None:

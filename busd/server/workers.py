@@ -46,6 +46,7 @@ from busd.config.entities_file import load_entities
 from busd.config.settings import ConfigError, Settings
 from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
+from busd.server.child_processes import end_with_parent
 from busd.server.exposure import default_key_warning
 from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted
 from busd.server.lifecycle import run as run_server
@@ -92,6 +93,7 @@ def name_process(name: str) -> bool:
 
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    end_with_parent(role.parent_pid)  # and the pipe besides: see WorkerRole.on_parent_gone
     name_process(f"busd-worker-{role.index}")
     tag_lock_tokens(token_tag(role.id_prefix))  # so its parent finds its message locks
     try:
@@ -162,7 +164,14 @@ class _Supervisor:
         # A fresh prefix per start: the locks of the worker that died are not the new one's.
         id_prefix = f"w{index}.{uuid.uuid4().hex[:8]}-"
         role = WorkerRole(
-            index, self.ports, self.inherited, self.peer_dir, self.embedded, theirs, id_prefix
+            index,
+            self.ports,
+            self.inherited,
+            self.peer_dir,
+            self.embedded,
+            theirs,
+            id_prefix,
+            os.getpid(),
         )
         process = self._context.Process(
             target=_worker_main, args=(self.settings, role), name=f"busd-worker-{index}"
