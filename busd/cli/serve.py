@@ -331,6 +331,18 @@ def serve(
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
 
+    try:
+        code = _run(settings)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C before the server runs (SIGTERM: busd/server/stop_request.py)
+        code = EXIT_OK
+    sys.exit(code or EXIT_OK)
+
+
+def _run(settings: Settings) -> int:
+    """Run the server (one process or workers) until stopped; its exit code, or a failure to
+    start as one line and its code."""
     # late: `busd --help` need not import the whole broker
     from busd.server.lifecycle import run
     from busd.server.workers import run as run_workers
@@ -338,13 +350,11 @@ def serve(
     from busd.storage.redis.waiting import StoreNotReady
 
     try:
-        code = run(settings) if settings.workers == 1 else run_workers(settings)
+        return run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
     except (EmbeddedStoreError, StoreNotReady) as e:
         _fail(str(e), EXIT_UNAVAILABLE)
     except OSError as e:  # typically a port already in use
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_UNAVAILABLE)
-    except KeyboardInterrupt:
-        code = EXIT_OK
-    sys.exit(code or EXIT_OK)
+    return EXIT_OK  # not reached: _fail exits

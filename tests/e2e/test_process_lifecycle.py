@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
-from tests.e2e.conftest import queue, receive
+from tests.e2e.conftest import queue, receive, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,3 +65,111 @@ def test_trace_level_logs_every_frame(busd_factory):
     text = busd.log_text()
     for frame in ("@sasl-init", "@open", "@begin", "@attach", "@transfer", "@disposition"):
         assert frame in text, frame
+
+
+def warnings_in(busd, allowed: tuple[str, ...] = ()) -> list[str]:
+    """The WARNING (and worse) lines busd logged, but for those containing an `allowed` text."""
+    return [
+        line
+        for line in busd.log_text().splitlines()
+        if any(level in line for level in ("WARNING", "ERROR", "CRITICAL", "Traceback"))
+        and not any(text in line for text in allowed)
+    ]
+
+
+def test_a_graceful_stop_releases_sessions_before_the_store_closes(busd_factory, tmp_path):
+    """With the embedded store and a session receiver attached, SIGTERM lets go of the
+    session while the store still runs: no warning that releasing it failed."""
+    data_dir = tmp_path / "data"
+    first = busd_factory(QUEUES, embedded=True, data_dir=data_dir, prefix="release")
+    with ServiceBusClient.from_connection_string(first.connection_string, retry_total=0) as client:
+        with client.get_queue_sender("sessions") as sender:
+            sender.send_messages(ServiceBusMessage("held", session_id="s4"))
+        receiver = client.get_queue_receiver("sessions", session_id="s4")
+        receiver.__enter__()
+        assert [str(m) for m in receiver.receive_messages(max_wait_time=3)] == ["held"]
+        first.stop(signal.SIGTERM)
+    assert first.proc.returncode == 0, first.log_text()
+    assert warnings_in(first) == [], first.log_text()
+    second = busd_factory(QUEUES, embedded=True, data_dir=data_dir, prefix="release")
+    with ServiceBusClient.from_connection_string(second.connection_string, retry_total=0) as client:
+        with client.get_queue_receiver("sessions", session_id="s4") as again:
+            (message,) = again.receive_messages(max_wait_time=3)
+            assert str(message) == "held" and message.delivery_count == 0
+            again.complete_message(message)
+
+
+def sigterm_answered(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (/proc's SigCgt mask)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def start_then_sigterm(cmd: list[str], log_path, after: float, ready: str | None = None) -> int:
+    """Start `cmd`, send SIGTERM `after` s past the moment it answers SIGTERM (or once its log
+    shows `ready`), and return its exit code (a stop must take less than 10 s)."""
+    out = open(log_path, "wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not sigterm_answered(proc.pid) or (ready and ready not in log_path.read_text()):
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.01)
+        time.sleep(after)
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+def serve_command(tmp_path, *args: str) -> list[str]:
+    config = write_config(tmp_path / "config.json", QUEUES)
+    return [
+        sys.executable, "-m", "busd", "serve", "--host", "127.0.0.1", "--port", "0",
+        "--http-port", "0", "--tls-port", "off", "--ws-port", "off", "--config", str(config),
+        "--data-dir", str(tmp_path / "data"), *args,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_while_waiting_for_the_store_exits_0(tmp_path, workers):
+    """Nothing listens at --redis-url: busd waits for it, and SIGTERM ends the wait at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        unused = sock.getsockname()[1]
+    cmd = serve_command(
+        tmp_path,
+        *("--redis-url", f"redis://127.0.0.1:{unused}", "--store-wait", "60"),
+        *("--workers", workers),
+    )
+    log_path = tmp_path / "busd.log"
+    code = start_then_sigterm(cmd, log_path, 0.1, ready="waiting for the store")
+    text = log_path.read_text()
+    assert code == 0, text
+    assert [line for line in text.splitlines() if "waiting for the store" not in line
+            and ("WARNING" in line or "Traceback" in line)] == [], text  # fmt: skip
+
+
+@pytest.mark.parametrize("after", [0.0, 0.3, 0.8, 2.0])
+@pytest.mark.parametrize("layout", ["single", "workers"])
+def test_sigterm_at_any_moment_of_start_up_exits_0(tmp_path, after, layout):
+    """From the moment busd answers SIGTERM (its first lines of Python) to serving, with the
+    embedded store (one server, or 3 shards under 2 workers): exit 0, nothing left running on
+    the data directory, no warning."""
+    log_path = tmp_path / "busd.log"
+    args = ("--workers", "2", "--store-shards", "3") if layout == "workers" else ()
+    code = start_then_sigterm(serve_command(tmp_path, *args), log_path, after)
+    text = log_path.read_text()
+    assert code == 0, text
+    assert [line for line in text.splitlines() if "WARNING" in line or "Traceback" in line] == [], (
+        text
+    )
+    assert not list((tmp_path / "data").glob("**/valkey.pid")), text  # the store stopped
