@@ -331,11 +331,10 @@ def serve(
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
 
+    # Ctrl-C before the server runs (SIGTERM then is only noted: busd/server/stop_request.py)
     try:
         code = _run(settings)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C before the server runs (SIGTERM: busd/server/stop_request.py)
+    except KeyboardInterrupt:
         code = EXIT_OK
     sys.exit(code or EXIT_OK)
 
