@@ -36,6 +36,12 @@ logging.addLevelName(TRACE, "TRACE")
 
 # Our frames: large enough that most messages fit in one, small enough to keep memory flat.
 MAX_FRAME_SIZE = 256 * 1024
+# The shortest idle-time-out a client's `open` gets: one asking for less (1 ms) is served as
+# if it had asked for this, with empty frames every half of it, instead of one per turn of the
+# event loop. No SDK asks for less than 1 s (docs/wire.md §1.3).
+IDLE_TIME_OUT_FLOOR_S = 1.0
+# so proton's timers are run at most this often
+MIN_TICK_S = IDLE_TIME_OUT_FLOOR_S / 2
 # the events handled raw (_dispatch_events), whatever the handler's methods
 RAW_EVENTS = frozenset(
     {
@@ -360,7 +366,7 @@ class AmqpProtocol(asyncio.Protocol):
             self._tick_handle.cancel()
             self._tick_handle = None
         if deadline:
-            delay = max(0.0, deadline - time.monotonic())
+            delay = max(MIN_TICK_S, deadline - time.monotonic())
             self._tick_handle = asyncio.get_running_loop().call_later(delay, self._on_timer)
         if engine.collector_peek(self.collector._impl) != engine.NULL:
             self.kick()  # the tick changed state (idle time-out): handle it now

@@ -270,6 +270,17 @@ def serve(**options: Any) -> None:
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
 
+    # Ctrl-C before the server runs (SIGTERM then is only noted: busd/server/stop_request.py)
+    try:
+        code = _run(settings)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    sys.exit(code or EXIT_OK)
+
+
+def _run(settings: Settings) -> int:
+    """Run the server (one process or workers) until stopped; its exit code, or a failure to
+    start as one line and its code."""
     # late: `busd --help` need not import the whole broker
     from busd.server.lifecycle import run
     from busd.server.workers import run as run_workers
@@ -277,16 +288,14 @@ def serve(**options: Any) -> None:
     from busd.storage.redis.waiting import StoreNotReady
 
     try:
-        code = run(settings) if settings.workers == 1 else run_workers(settings)
+        return run(settings) if settings.workers == 1 else run_workers(settings)
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
     except (EmbeddedStoreError, StoreNotReady) as e:
         _fail(str(e), EXIT_UNAVAILABLE)
     except OSError as e:  # typically a port already in use
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), EXIT_UNAVAILABLE)
-    except KeyboardInterrupt:
-        code = EXIT_OK
-    sys.exit(code or EXIT_OK)
+    return EXIT_OK  # not reached: _fail exits
 
 
 def settings_from_options(options: dict[str, Any]) -> Settings:

@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,6 +27,7 @@ from busd.net.listener import Admission, Pending
 from busd.net.ports import ServicePort, Services
 from busd.net.tls import Tls
 from busd.net.tls import load as load_tls
+from busd.server import stop_request
 from busd.server.exposure import default_key_warning
 from busd.server.seeding import seed_catalog
 from busd.storage.redis.waiting import wait_for_store
@@ -151,7 +153,9 @@ class Server:
             from busd.storage.redis.embedded import embedded_store, shard_count
 
             self.embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
-            await asyncio.to_thread(self.embedded.start)
+            # On this thread, not a worker thread: its servers end when the thread that
+            # started them does (busd/child_processes.py). Nothing is served yet to wait.
+            self.embedded.start()
             url = self.embedded.url
 
         def process_id() -> str | None:
@@ -379,7 +383,13 @@ class Server:
         )
         for proto in list(self.protocols):
             proto.shutdown(closing)
-        # Let the connections' clean-up (session releases) reach the store before it closes.
+        # Let the connections' clean-up (session releases) reach the store before it closes:
+        # a connection starts it once its socket is closed (a turn of the event loop later,
+        # or when a peer that does not read is cut off), so first wait for every socket.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GRACE_S
+        while self.protocols and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         current = asyncio.current_task()
         pending = [
             t
@@ -387,7 +397,7 @@ class Server:
             if t is not current and not t.done() and not (t.get_name() or "").startswith("busd-")
         ]
         if pending:
-            await asyncio.wait(pending, timeout=GRACE_S)
+            await asyncio.wait(pending, timeout=max(0.1, deadline - loop.time()))
         if self.peers is not None:
             await self.peers.close()
         if self.namespaces is not None:
@@ -432,19 +442,20 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     exposed = default_key_warning(settings.host, settings.sas_keys)
     if exposed and role is None:  # a worker's parent warned once for all (busd/server/workers.py)
         log.warning("%s", exposed)
-    if (
-        settings.redis_url and role is None
-    ):  # a worker's parent waited for it (busd/server/workers.py)
-        await wait_for_store(
-            settings.redis_url, settings.store_wait_s, redacted(settings.redis_url), log.warning
-        )
-    server = Server(settings, entities, role)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if role is not None:
         role.on_parent_gone(loop, stop.set)
+    if stop_request.asked():  # before the loop took the signal over
+        return 0
+    if settings.redis_url and role is None:  # its parent waited (busd/server/workers.py)
+        shown = redacted(settings.redis_url)
+        waiting = wait_for_store(settings.redis_url, settings.store_wait_s, shown, log.warning)
+        if not await unless_stopped(waiting, stop):
+            return 0
+    server = Server(settings, entities, role)
     try:
         await server.startup()
     except BaseException:
@@ -461,6 +472,20 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> int:
     log.info("shutting down")
     await server.shutdown()
     return 0
+
+
+async def unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` is set first (then cancel it): whether it ran to its end."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()  # its exception, if it failed
+    return True
 
 
 def partition_by_default(settings: Settings) -> None:

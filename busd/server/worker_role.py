@@ -38,6 +38,7 @@ class WorkerRole:
     # and so every waiter and lock holder id of it (`<process id>:<n>`): chosen by the
     # parent, which knows whose locks to end when this worker dies.
     id_prefix: str
+    parent_pid: int  # the parent's: a worker asks for SIGTERM when it dies
 
     def socket(self, name: str, host: str) -> socket.socket:
         """The listening socket of listener `name`."""

@@ -42,12 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from busd.broker.catalog import Catalog
+from busd.child_processes import end_with_parent
 from busd.config.entities_file import load_entities
 from busd.config.settings import ConfigError, Settings
 from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
+from busd.server import stop_request
 from busd.server.exposure import default_key_warning
-from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted
+from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted, unless_stopped
 from busd.server.lifecycle import run as run_server
 from busd.server.worker_role import KEY_PREFIX, WorkerRole
 from busd.storage.messages import tag_lock_tokens, token_tag
@@ -92,6 +94,8 @@ def name_process(name: str) -> bool:
 
 def _worker_main(settings: Settings, role: WorkerRole) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    stop_request.note_early()  # as busd/__main__.py: serve() acts on it
+    end_with_parent(role.parent_pid)  # and the pipe besides: see WorkerRole.on_parent_gone
     name_process(f"busd-worker-{role.index}")
     tag_lock_tokens(token_tag(role.id_prefix))  # so its parent finds its message locks
     try:
@@ -162,7 +166,14 @@ class _Supervisor:
         # A fresh prefix per start: the locks of the worker that died are not the new one's.
         id_prefix = f"w{index}.{uuid.uuid4().hex[:8]}-"
         role = WorkerRole(
-            index, self.ports, self.inherited, self.peer_dir, self.embedded, theirs, id_prefix
+            index,
+            self.ports,
+            self.inherited,
+            self.peer_dir,
+            self.embedded,
+            theirs,
+            id_prefix,
+            os.getpid(),
         )
         process = self._context.Process(
             target=_worker_main, args=(self.settings, role), name=f"busd-worker-{index}"
@@ -182,6 +193,8 @@ class _Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._stop)
+        if stop_request.asked():  # while the store was started, before these handlers
+            return 0
         self.workers = [self.start(i) for i in range(self.count)]
         code = self._await_banners()
         if code:
@@ -348,6 +361,27 @@ async def release_process_locks(
     return sessions, messages
 
 
+async def _wait_for_store(settings: Settings) -> bool:
+    """Wait for --redis-url as a single busd does (busd.server.serve), SIGTERM and SIGINT
+    ending the wait; whether the store answered."""
+    assert settings.redis_url
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if stop_request.asked():
+            return False
+        shown = redacted(settings.redis_url)
+        waiting = wait_for_store(settings.redis_url, settings.store_wait_s, shown, log.warning)
+        return await unless_stopped(waiting, stop)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)  # which leaves SIGTERM's default: noted again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop_request.note_early()
+
+
 def _reserve(host: str, port: int) -> socket.socket:
     """Bind host:port for the workers' SO_REUSEPORT sockets without listening: it settles a
     port 0, and no other program takes the port while workers restart."""
@@ -388,8 +422,8 @@ def run(settings: Settings) -> int:
     if exposed:
         log.warning("%s", exposed)
     if settings.redis_url:  # once, here, before any worker starts
-        shown = redacted(settings.redis_url)
-        asyncio.run(wait_for_store(settings.redis_url, settings.store_wait_s, shown, log.warning))
+        if not asyncio.run(_wait_for_store(settings)):
+            return 0  # stopped while waiting
     sockets: list[socket.socket] = []
     embedded = None
     try:

