@@ -28,6 +28,7 @@ from busd.net.tls import Tls
 from busd.net.tls import load as load_tls
 from busd.server.exposure import default_key_warning
 from busd.server.seeding import seed_catalog
+from busd.storage import keys as keyspace
 from busd.storage.redis.waiting import wait_for_store
 
 uvloop: Any
@@ -192,7 +193,7 @@ class Server:
             """A namespace other than the default: a broker of its own over its own key
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
-            prefix = f"{settings.key_prefix}:ns:{name}"
+            prefix = keyspace.namespace_prefix(settings.key_prefix, name)
             broker = make_broker(prefix, dict(self.namespaces.keys(name)))
             if self.role is not None:
                 self.role.serving(prefix)
