@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from busd.auth import rights, sas
-from busd.entities.records import from_record
+from busd.entities.records import QueueEntity, TopicEntity, from_record
 
 if TYPE_CHECKING:
     from busd.broker.broker import Broker
@@ -96,6 +96,7 @@ class Namespaces:
         self._holders: dict[object, int] = {}  # connections bound to a namespace's broker
         self._used: dict[str, float] = {}  # name -> when a request last used it (monotonic)
         self._reaper: asyncio.Task | None = None
+        self._known: set[str] = set()  # names `known` found to exist
 
     def choose(self, host_namespace: str | None, key_name: str) -> str | None:
         """The namespace of a request whose host chose `host_namespace` and whose token names
@@ -212,6 +213,17 @@ class Namespaces:
         """Whether this process serves the namespace, or is making it."""
         made = self._made.get(name)
         return made is not None and not (made.done() and self._failed(made))
+
+    async def known(self, name: str) -> bool:
+        """Whether the namespace `name` exists: served here, or made by a Manage key in any
+        process. What keeps its host's certificate apart from other names'
+        (busd.host_certificates)."""
+        if name in self._known:
+            return True
+        if self._serves(name) or await self.default.store.namespace_known(name):
+            self._known.add(name)  # a namespace is never unmade
+            return True
+        return False
 
     def serving(self) -> set[str]:
         """The names of the namespaces this process serves (or is making), the default aside."""
@@ -336,8 +348,9 @@ class Namespaces:
         rules: list = []
         for kind in ("queue", "topic"):
             record = await self.default.store.namespace_record(name, kind, entity)
-            if record is not None:
-                rules = from_record(kind, record).extra.get("AuthorizationRules") or []
+            stored = None if record is None else from_record(kind, record)
+            if isinstance(stored, QueueEntity | TopicEntity):
+                rules = stored.extra.get("AuthorizationRules") or []
                 break
         found = _prefixed(name, rights.rule_keys(rules))
         return lambda path: found if path == entity else ()

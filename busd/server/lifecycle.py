@@ -22,6 +22,7 @@ from busd.broker.namespaces import Namespaces
 from busd.config.entities_file import EntitiesFile, load_entities
 from busd.config.settings import Settings
 from busd.net import origins, ports
+from busd.net.host_certificates import HostIssuer
 from busd.net.listener import Admission, Pending
 from busd.net.ports import ServicePort, Services
 from busd.net.tls import Tls
@@ -210,6 +211,8 @@ class Server:
             [settings.host, *settings.hostnames],
         )
         self.tls_context = self.tls.context
+        if isinstance(self.tls_context.sni_callback, HostIssuer):
+            self.tls_context.sni_callback.known = self.namespaces.known
         await seed_catalog(self.broker.catalog, self.entities)
         if self.role is not None:
             await self._join_peers(self.role.peer_dir, metrics)
