@@ -256,6 +256,14 @@ _DEFAULTS = Settings()
     help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
     "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
 )
+@click.option(
+    "--faults",
+    envvar="BUSD_FAULTS",
+    is_flag=True,
+    default=_DEFAULTS.faults,
+    help="Accept faults on demand over the admin API (docs/faults.md): for resilience tests, "
+    "never in production.",
+)
 def serve(
     host: str,
     port: int,
@@ -284,6 +292,7 @@ def serve(
     http_request_timeout: float,
     hostnames: tuple[str, ...],
     allowed_origins: tuple[str, ...],
+    faults: bool,
     **limits,
 ) -> None:
     """Run the broker until interrupted."""
@@ -323,6 +332,7 @@ def serve(
             http_request_timeout_s=http_request_timeout,
             hostnames=list(hostnames),
             allowed_origins=list(allowed_origins),
+            faults=faults,
         )
         keys = _parse_sas_keys(sas_keys)
         if keys:

@@ -355,6 +355,8 @@ class Server:
             )
         if self.http is not None:
             lines.append(f"  dashboard: http://{client_host(settings)}:{self.http.port}/")
+        if settings.faults:
+            lines.append("  faults:   on demand, over /admin/faults (--faults: for tests only)")
         if self.tls is not None:
             made = " (busd's CA, for local names only)" if self.tls.generated else ""
             lines.append(f"  certificate: {os.path.abspath(self.tls.cert_path)}{made}")
