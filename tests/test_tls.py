@@ -72,13 +72,21 @@ def _subject(name: str) -> x509.GeneralName:
 def _signed_with_busds_key(data_dir: Path, name: str) -> bytes:
     """A well-formed server certificate for `name`, signed with the key of busd's authority:
     what anyone who copies that key (or busd itself) could make."""
+    # OpenSSL checks a common name that looks like a host name against the DNS constraints
+    # when there is no DNS name in the SAN: an address goes in the SAN alone
+    common = name if isinstance(_subject(name), x509.DNSName) else "a server"
+    return _leaf(data_dir, common, [_subject(name)], ExtendedKeyUsageOID.SERVER_AUTH)
+
+
+def _leaf(
+    data_dir: Path, common: str, names: list[x509.GeneralName], usage: x509.ObjectIdentifier
+) -> bytes:
+    """A certificate (PEM) for `names` and one extended key usage, signed with the key of
+    busd's authority in `data_dir`."""
     ca = x509.load_pem_x509_certificate((data_dir / tls.CA_FILE).read_bytes())
     ca_key = serialization.load_pem_private_key((data_dir / tls.CA_KEY_FILE).read_bytes(), None)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    # OpenSSL checks a common name that looks like a host name against the DNS constraints
-    # when there is no DNS name in the SAN: an address goes in the SAN alone
-    common = name if isinstance(_subject(name), x509.DNSName) else "a server"
     certificate = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]))
@@ -88,8 +96,8 @@ def _signed_with_busds_key(data_dir: Path, name: str) -> bytes:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([_subject(name)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
             critical=False,
@@ -239,10 +247,6 @@ def test_a_certificate_for_a_local_name_signed_with_busds_key_verifies(tmp_path,
 def _for_another_use(data_dir: Path, use: str) -> bytes:
     """A certificate for a use other than a TLS server's, signed with the key of busd's
     authority: an e-mail (S/MIME) one, one naming a URI, a TLS client's, a code signer's."""
-    ca = x509.load_pem_x509_certificate((data_dir / tls.CA_FILE).read_bytes())
-    ca_key = serialization.load_pem_private_key((data_dir / tls.CA_KEY_FILE).read_bytes(), None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     names: list[x509.GeneralName] = [x509.DNSName("localhost")]  # a name busd may sign
     usage = {
         "e-mail": ExtendedKeyUsageOID.EMAIL_PROTECTION,
@@ -254,20 +258,7 @@ def _for_another_use(data_dir: Path, use: str) -> bytes:
         names = [x509.RFC822Name("someone@example.com")]
     elif use == "uri":
         names.append(x509.UniformResourceIdentifier("https://login.example.com/callback"))
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"a {use} holder")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM)
+    return _leaf(data_dir, f"a {use} holder", names, usage)
 
 
 def _chain_allows(ca_file: Path, cert_pem: bytes, usage: x509.ObjectIdentifier) -> bool:
