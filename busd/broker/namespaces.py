@@ -217,7 +217,7 @@ class Namespaces:
     async def known(self, name: str) -> bool:
         """Whether the namespace `name` exists: served here, or made by a Manage key in any
         process. What keeps its host's certificate apart from other names'
-        (busd.host_certificates)."""
+        (busd.net.host_certificates)."""
         if name in self._known:
             return True
         if self._serves(name) or await self.default.store.namespace_known(name):

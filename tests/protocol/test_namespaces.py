@@ -146,7 +146,7 @@ async def test_a_token_signed_with_an_entitys_key_is_checked_before_its_namespac
 
 
 async def test_a_namespace_is_known_once_a_manage_key_made_it(namespaces):
-    """What keeps the certificate of a namespace's host apart (busd.host_certificates)."""
+    """What keeps the certificate of a namespace's host apart (busd.net.host_certificates)."""
     name, never = (f"{n}-{uuid.uuid4().hex[:6]}" for n in ("known", "never"))
     assert not await namespaces.known(name) and not await namespaces.known(never)
     await namespaces.authenticate(token("", f"{name}/manager", "manage-key"), None)
