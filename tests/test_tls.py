@@ -334,18 +334,18 @@ def test_the_authority_constrained_by_names_alone_is_replaced(tmp_path, caplog, 
     client = _for_another_use(data, "client")
     ok, said = openssl_verifies(data / tls.CA_FILE, client, tmp_path, purpose="sslclient")
     assert ok, said
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         material = tls.load(None, None, data)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "busd.tls"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "busd.net.tls"]
     assert "e-mail and URI names" in line, line
     assert material.cert_path.read_bytes() != old_ca
     ok, said = openssl_verifies(material.cert_path, client, tmp_path, purpose="sslclient")
     assert not ok, said  # its key is gone: nothing it signed is trusted any more
     assert _handshake(material, "localhost") == b"ok"
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="busd.tls"):
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
         tls.load(None, None, data)  # the next start: kept, nothing said
-    assert not [r for r in caplog.records if r.name == "busd.tls"]
+    assert not [r for r in caplog.records if r.name == "busd.net.tls"]
 
 
 def _strip_extended_key_usage(data: Path) -> None:

@@ -13,7 +13,7 @@ import pytest_asyncio
 from busd.broker import faults
 from busd.broker.broker import Broker
 from busd.broker.settings import BrokerSettings
-from busd.storage.redis_store import RedisStore
+from busd.storage.redis.store import RedisStore
 from tests.conftest import delete_prefix
 from tests.protocol.harness import SAS_KEYS
 

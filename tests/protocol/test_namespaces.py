@@ -11,11 +11,11 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from busd import access_rules
 from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
 from busd.broker.namespaces import Namespaces
 from busd.broker.settings import BrokerSettings
+from busd.entities import access_rules
 from busd.entities.records import QueueEntity
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
