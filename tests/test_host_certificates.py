@@ -203,6 +203,84 @@ def test_new_hosts_past_the_rate_get_busds_own_certificate(tmp_path, monkeypatch
     assert issuer.issued == 3 and len(issuer) == 3 and issuer.refused >= 3
 
 
+async def _namespaces_named_ns(name: str) -> bool:
+    """What the server's namespaces answer (busd.broker.namespaces.Namespaces.known): here,
+    the namespaces whose names begin with `ns`."""
+    return name.startswith("ns")
+
+
+def test_unknown_names_do_not_evict_known_namespaces_hosts(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_certificates, "MAX_HOSTS", 4)
+    material = tls.load(None, None, tmp_path)
+    issuer = issuer_of(material)
+    issuer.known = _namespaces_named_ns
+    known = [f"ns{i}.localhost" for i in range(3)]
+
+    async def main() -> list[list[str]]:
+        async with listening(material) as port:
+            for host in known:
+                await asyncio.to_thread(handshake, port, material.cert_path, host)
+            for i in range(12):  # a client naming one made-up host after another
+                await asyncio.to_thread(handshake, port, material.cert_path, f"x{i}.localhost")
+            return [
+                dns_names(await asyncio.to_thread(handshake, port, material.cert_path, host))
+                for host in known
+            ]
+
+    assert asyncio.run(main()) == [[host] for host in known]
+    assert all(issuer.kept_known(host) for host in known)
+    assert {h for h in (f"x{i}.localhost" for i in range(12)) if issuer.cached(h)} == {
+        f"x{i}.localhost" for i in range(8, 12)
+    }
+    assert issuer.issued == 15  # each once: the known ones were never issued again
+
+
+def test_unknown_names_do_not_spend_the_issuing_known_hosts_need(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_certificates, "ISSUE_BURST", 3)
+    monkeypatch.setattr(host_certificates, "ISSUE_RATE_PER_S", 0.001)
+    material = tls.load(None, None, tmp_path)
+    issuer = issuer_of(material)
+    issuer.known = _namespaces_named_ns
+
+    async def main() -> list[list[str]]:
+        async with listening(material) as port:
+            for i in range(6):  # the rate of other names spent
+                await asyncio.to_thread(
+                    handshake, port, material.cert_path, f"x{i}.localhost", check=False
+                )
+            return [
+                dns_names(await asyncio.to_thread(handshake, port, material.cert_path, host))
+                for host in ("ns-a.localhost", "ns-b.localhost")
+            ]
+
+    assert asyncio.run(main()) == [["ns-a.localhost"], ["ns-b.localhost"]]
+    assert issuer.refused >= 3
+
+
+def test_a_host_kept_before_its_namespace_was_known_is_kept_apart_once_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_certificates, "MAX_HOSTS", 2)
+    material = tls.load(None, None, tmp_path)
+    issuer = issuer_of(material)
+    made: set[str] = set()
+
+    async def known(name: str) -> bool:
+        return name in made
+
+    issuer.known = known
+
+    async def main() -> None:
+        async with listening(material) as port:
+            await asyncio.to_thread(handshake, port, material.cert_path, "team.localhost")
+            assert issuer.cached("team.localhost") and not issuer.kept_known("team.localhost")
+            made.add("team")  # a Manage key made it
+            await asyncio.to_thread(handshake, port, material.cert_path, "team.localhost")
+            for i in range(4):
+                await asyncio.to_thread(handshake, port, material.cert_path, f"x{i}.localhost")
+
+    asyncio.run(main())
+    assert issuer.kept_known("team.localhost") and issuer.issued == 5
+
+
 def client_hello(host: str | None) -> bytes:
     """The first flight of a real TLS client naming `host` (SNI)."""
     context = ssl.create_default_context()

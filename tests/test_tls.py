@@ -72,13 +72,21 @@ def _subject(name: str) -> x509.GeneralName:
 def _signed_with_busds_key(data_dir: Path, name: str) -> bytes:
     """A well-formed server certificate for `name`, signed with the key of busd's authority:
     what anyone who copies that key (or busd itself) could make."""
+    # OpenSSL checks a common name that looks like a host name against the DNS constraints
+    # when there is no DNS name in the SAN: an address goes in the SAN alone
+    common = name if isinstance(_subject(name), x509.DNSName) else "a server"
+    return _leaf(data_dir, common, [_subject(name)], ExtendedKeyUsageOID.SERVER_AUTH)
+
+
+def _leaf(
+    data_dir: Path, common: str, names: list[x509.GeneralName], usage: x509.ObjectIdentifier
+) -> bytes:
+    """A certificate (PEM) for `names` and one extended key usage, signed with the key of
+    busd's authority in `data_dir`."""
     ca = x509.load_pem_x509_certificate((data_dir / tls.CA_FILE).read_bytes())
     ca_key = serialization.load_pem_private_key((data_dir / tls.CA_KEY_FILE).read_bytes(), None)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    # OpenSSL checks a common name that looks like a host name against the DNS constraints
-    # when there is no DNS name in the SAN: an address goes in the SAN alone
-    common = name if isinstance(_subject(name), x509.DNSName) else "a server"
     certificate = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]))
@@ -88,8 +96,8 @@ def _signed_with_busds_key(data_dir: Path, name: str) -> bytes:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([_subject(name)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
             critical=False,
@@ -116,15 +124,19 @@ def verifies(ca_file: Path, chain_pem: bytes, name: str) -> bool:
     return True
 
 
-def openssl_verifies(ca_file: Path, cert_pem: bytes, tmp_path: Path) -> tuple[bool, str]:
+def openssl_verifies(
+    ca_file: Path, cert_pem: bytes, tmp_path: Path, purpose: str | None = None
+) -> tuple[bool, str]:
     """`openssl verify -CAfile` of a certificate (no host name: the chain and its
-    constraints)."""
+    constraints; with `purpose`, its use too)."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     cert = tmp_path / "checked.pem"
     cert.write_bytes(cert_pem)
     done = subprocess.run(
-        ["openssl", "verify", "-CAfile", str(ca_file), str(cert)],
+        ["openssl", "verify", "-CAfile", str(ca_file)]
+        + (["-purpose", purpose] if purpose else [])
+        + [str(cert)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -183,7 +195,11 @@ def test_an_authority_for_local_names_and_a_server_certificate_it_signed(tmp_pat
         x509.DNSName("localhost"),  # itself and every name under it (RFC 5280 §4.2.1.10)
         x509.IPAddress(ipaddress.ip_network("127.0.0.1/32")),
         x509.IPAddress(ipaddress.ip_network("::1/128")),
+        x509.RFC822Name("invalid"),  # e-mail and URI names: none but a reserved one
+        x509.UniformResourceIdentifier("invalid"),
     }
+    eku = ca.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
     leaf, issuer = x509.load_pem_x509_certificates((tmp_path / tls.CERT_FILE).read_bytes())
     assert issuer == ca  # the chain the server presents: its leaf, then the authority
     assert leaf.issuer == ca.subject and leaf.subject != ca.subject
@@ -226,6 +242,131 @@ def test_a_certificate_for_a_local_name_signed_with_busds_key_verifies(tmp_path,
     assert verifies(material.cert_path, made, name)
     ok, said = openssl_verifies(material.cert_path, made, tmp_path)
     assert ok, said
+
+
+def _for_another_use(data_dir: Path, use: str) -> bytes:
+    """A certificate for a use other than a TLS server's, signed with the key of busd's
+    authority: an e-mail (S/MIME) one, one naming a URI, a TLS client's, a code signer's."""
+    names: list[x509.GeneralName] = [x509.DNSName("localhost")]  # a name busd may sign
+    usage = {
+        "e-mail": ExtendedKeyUsageOID.EMAIL_PROTECTION,
+        "uri": ExtendedKeyUsageOID.SERVER_AUTH,
+        "client": ExtendedKeyUsageOID.CLIENT_AUTH,
+        "code": ExtendedKeyUsageOID.CODE_SIGNING,
+    }[use]
+    if use == "e-mail":
+        names = [x509.RFC822Name("someone@example.com")]
+    elif use == "uri":
+        names.append(x509.UniformResourceIdentifier("https://login.example.com/callback"))
+    return _leaf(data_dir, f"a {use} holder", names, usage)
+
+
+def _chain_allows(ca_file: Path, cert_pem: bytes, usage: x509.ObjectIdentifier) -> bool:
+    """Whether every certificate of the chain that states an extended key usage states
+    `usage`: how verifiers without a purpose of their own for it (code signing with
+    CryptoAPI, Go's crypto/x509) carry an issuer's extended key usage down the chain."""
+    for pem in (cert_pem, ca_file.read_bytes()):
+        certificate = x509.load_pem_x509_certificate(pem)
+        try:
+            stated = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+        except x509.ExtensionNotFound:
+            continue
+        if usage not in stated.value and ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE not in (
+            stated.value
+        ):
+            return False
+    return True
+
+
+def test_certificates_for_other_uses_signed_with_busds_key_fail(tmp_path):
+    data = tmp_path / "data"
+    material = tls.load(None, None, data)
+    ca = material.cert_path
+    # e-mail: no mailbox is permitted, and S/MIME signing is no use the authority has
+    mail = _for_another_use(data, "e-mail")
+    ok, said = openssl_verifies(ca, mail, tmp_path)
+    assert not ok and "permitted subtree violation" in said, said
+    ok, said = openssl_verifies(ca, mail, tmp_path, purpose="smimesign")
+    assert not ok, said
+    # a URI beside a local DNS name: no URI is permitted
+    ok, said = openssl_verifies(ca, _for_another_use(data, "uri"), tmp_path)
+    assert not ok and "permitted subtree violation" in said, said
+    # a TLS client's certificate for localhost: the authority vouches for servers alone
+    client = _for_another_use(data, "client")
+    ok, said = openssl_verifies(ca, client, tmp_path, purpose="sslclient")
+    assert not ok and "unsuitable certificate purpose" in said, said
+    store = Store(x509.load_pem_x509_certificates(ca.read_bytes()))
+    with pytest.raises(VerificationError):
+        PolicyBuilder().store(store).build_client_verifier().verify(
+            x509.load_pem_x509_certificate(client), []
+        )
+    # code signing (OpenSSL before 3.4 has no purpose for it): the chain does not allow it
+    code = _for_another_use(data, "code")
+    assert not _chain_allows(ca, code, ExtendedKeyUsageOID.CODE_SIGNING)
+    # what stays allowed: busd's own server certificate, for a TLS server
+    chain = (data / tls.CERT_FILE).read_bytes()
+    ok, said = openssl_verifies(ca, chain, tmp_path, purpose="sslserver")
+    assert ok, said
+    assert _chain_allows(ca, chain, ExtendedKeyUsageOID.SERVER_AUTH)
+
+
+def test_the_authority_constrained_by_names_alone_is_replaced(tmp_path, caplog, monkeypatch):
+    """What busd made before it had an extended key usage and e-mail and URI constraints:
+    made anew at start, its key forgotten."""
+    data = tmp_path / "data"
+    data.mkdir()
+    constraints = tls.Names.constraints
+
+    def dns_and_ip_only(self: tls.Names) -> x509.NameConstraints:
+        subtrees = [
+            n
+            for n in constraints(self).permitted_subtrees or []
+            if isinstance(n, x509.DNSName | x509.IPAddress)
+        ]
+        return x509.NameConstraints(permitted_subtrees=subtrees, excluded_subtrees=None)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tls.Names, "constraints", dns_and_ip_only)
+        tls._generate_authority(data / tls.CA_FILE, data / tls.CA_KEY_FILE, tls.Names.serving())
+    old_ca = (data / tls.CA_FILE).read_bytes()
+    # that authority, without its extended key usage, vouched for a client
+    _strip_extended_key_usage(data)
+    client = _for_another_use(data, "client")
+    ok, said = openssl_verifies(data / tls.CA_FILE, client, tmp_path, purpose="sslclient")
+    assert ok, said
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
+        material = tls.load(None, None, data)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "busd.net.tls"]
+    assert "e-mail and URI names" in line, line
+    assert material.cert_path.read_bytes() != old_ca
+    ok, said = openssl_verifies(material.cert_path, client, tmp_path, purpose="sslclient")
+    assert not ok, said  # its key is gone: nothing it signed is trusted any more
+    assert _handshake(material, "localhost") == b"ok"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="busd.net.tls"):
+        tls.load(None, None, data)  # the next start: kept, nothing said
+    assert not [r for r in caplog.records if r.name == "busd.net.tls"]
+
+
+def _strip_extended_key_usage(data: Path) -> None:
+    """Sign the authority in `data` anew without its extended key usage (and with DNS and IP
+    constraints alone): the authority an earlier busd made."""
+    ca = x509.load_pem_x509_certificate((data / tls.CA_FILE).read_bytes())
+    key = serialization.load_pem_private_key((data / tls.CA_KEY_FILE).read_bytes(), None)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(ca.subject)
+        .issuer_name(ca.issuer)
+        .public_key(ca.public_key())
+        .serial_number(ca.serial_number)
+        .not_valid_before(ca.not_valid_before_utc)
+        .not_valid_after(ca.not_valid_after_utc)
+    )
+    for extension in ca.extensions:
+        if not isinstance(extension.value, x509.ExtendedKeyUsage):
+            builder = builder.add_extension(extension.value, extension.critical)
+    signed = builder.sign(key, hashes.SHA256())  # type: ignore[arg-type]
+    (data / tls.CA_FILE).write_bytes(signed.public_bytes(serialization.Encoding.PEM))
 
 
 def test_busds_own_server_certificate_verifies_for_each_local_name(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from busd.amqp import codec
+from busd.amqp.addresses import AddressError, parse_address
 from busd.broker import faults, messages, session_tools
 from busd.errors import BusdError
 from busd.rules import RuleError, rule_from_record, rule_to_dict
@@ -40,6 +41,14 @@ class AdminError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def _names_a_dead_letter_queue(name: str) -> bool:
+    """Whether `name` is a dead-letter (or transfer dead-letter) queue's address."""
+    try:
+        return parse_address(name).dlq
+    except AddressError:
+        return False  # not an address: the look-up answers 404
 
 
 def iso(ms: int | None) -> str | None:
@@ -453,6 +462,13 @@ class Admin:
         name = document.get("entity")
         if not isinstance(name, str) or not name:
             raise AdminError(400, "entity must name a queue, topic or subscription")
+        if _names_a_dead_letter_queue(name):
+            # what receivable() resolves to its parent: a fault would land there
+            raise AdminError(
+                400,
+                f"{name!r} is a dead-letter queue: faults on demand are set on a queue, topic "
+                "or subscription, never on its dead-letter queue",
+            )
         spec: QueueSpec | TopicSpec | None = self.broker.receivable(name)
         if spec is None:
             spec = self.broker.topic(name)
@@ -468,7 +484,10 @@ class Admin:
             raise AdminError(400, f"{fault.kind}: a topic holds no locks; name a subscription")
         if fault.kind == "session-lock-lost" and not spec.requires_session:  # type: ignore[union-attr]
             raise AdminError(400, f"{spec.name!r} does not require sessions")
-        return await self.broker.faults.add(fault)
+        try:
+            return await self.broker.faults.add(fault)
+        except faults.FaultRefused as exc:
+            raise AdminError(403, str(exc)) from None
 
     async def faults(self) -> list[dict[str, Any]]:
         return await self.broker.faults.listed()

@@ -75,9 +75,9 @@ class Broker:
         self.authenticated_connections = 0  # those with a valid put-token (--max-connections)
         self.container_id = f"busd-{uuid.uuid4().hex[:12]}"
         self._ids = itertools.count(1)
-        # faults on demand set on this namespace (docs/faults.md): the hot path checks
-        # `faults.active` only
-        self.faults = Faults(store, self, metrics)
+        # faults on demand set on this namespace (docs/faults.md), when on (`--faults`): the
+        # hot path checks `faults.active` only
+        self.faults = Faults(store, self, metrics, enabled=self.settings.faults)
         self._tasks: list[asyncio.Task] = []
 
     def queue(self, name: str) -> QueueSpec | None:

@@ -1,10 +1,13 @@
 """Faults on demand: what a user's resilience test asks busd to get wrong (docs/faults.md).
 
-A fault is scoped to one entity (a queue, topic or subscription; optionally one of its
-sessions) and lasts a count of hits or a time window. Its record is a catalog record of kind
-`fault` (which the catalog reads for this module, busd.broker.catalog.RecordFollower): written
-by the process that served the admin request, announced over the catalog's channel to every
-process, which keeps its own copy here.
+Off unless busd was started with `--faults` (BUSD_FAULTS; the testing plugin's brokers turn
+them on): then no fault can be set, and none left in the store acts. A fault is scoped to
+one entity (a queue, topic or subscription, never a dead-letter queue; optionally one of its
+sessions), at most MAX_PER_ENTITY at once, and lasts a count of hits or a time window, and
+never longer than its window: DEFAULT_WINDOW_MS when none is given. Its record is a catalog
+record of kind `fault` (which the catalog reads for this module,
+busd.broker.catalog.RecordFollower): written by the process that served the admin request,
+announced over the catalog's channel to every process, which keeps its own copy here.
 A fault with a count counts its hits in the store (`Store.fault_hit`), so the count holds for
 all workers together; the process that makes the last hit deletes the record.
 
@@ -66,12 +69,22 @@ KINDS = (*DEFAULT_OPERATIONS, *ONCE)
 # of it, which each does once.
 ONCE_WINDOW_MS = 10_000
 MAX_DURATION_MS = 24 * 3600 * 1000
+# The window of a fault given none (a count, or the next operation): a fault whose count is
+# never spent ends all the same, in the store too.
+DEFAULT_WINDOW_MS = 3600 * 1000
+# Faults set on one entity at once: each is looked at by every matching operation.
+MAX_PER_ENTITY = 100
 MAX_DELAY_MS = 10 * 60 * 1000
 RECORD_KIND = "fault"
 
 
 class FaultError(ValueError):
     """A fault the request describes wrongly (the admin API answers 400)."""
+
+
+class FaultRefused(Exception):
+    """A fault busd will not set now: faults are off, or its entity has as many as it may
+    (the admin API answers 403)."""
 
 
 @dataclass
@@ -83,14 +96,19 @@ class Fault:
     operations: list[str] = field(default_factory=list)
     count: int | None = None  # hits, for every process together
     fraction: float = 1.0  # of the matching operations, while the window lasts
-    until_ms: int | None = None  # the window's end (epoch ms)
+    until_ms: int | None = None  # the window's end (epoch ms); None only in older records
     delay_ms: int = 0
     condition: str | None = None  # detach, close-connection: the AMQP condition
     description: str | None = None
     created_ms: int = 0
 
     def live(self, now_ms: int) -> bool:
-        return self.until_ms is None or now_ms < self.until_ms
+        return now_ms < self.ends_ms()
+
+    def ends_ms(self) -> int:
+        """The end of its window: a record written before every fault had one ends
+        DEFAULT_WINDOW_MS after it was set."""
+        return self.created_ms + DEFAULT_WINDOW_MS if self.until_ms is None else self.until_ms
 
     def error(self) -> BusdError:
         condition = ANSWERS.get(self.kind)
@@ -102,6 +120,7 @@ class Fault:
 
     def view(self, hits: int | None = None) -> dict[str, Any]:
         out = asdict(self)
+        out["until_ms"] = self.ends_ms()
         if hits is not None:
             out["hits"] = hits
         return out
@@ -173,6 +192,8 @@ def parse(document: dict[str, Any], entity: str, now_ms: int) -> Fault:
         duration_ms = ONCE_WINDOW_MS
     elif count is None and duration_ms is None:
         count = 1  # "the next operation"
+    if duration_ms is None:
+        duration_ms = DEFAULT_WINDOW_MS  # a count not spent within it ends all the same
     condition = document.get("condition")
     if condition is not None:
         if kind not in ("detach", "close-connection"):
@@ -194,7 +215,7 @@ def parse(document: dict[str, Any], entity: str, now_ms: int) -> Fault:
         operations=list(operations or []),
         count=count,
         fraction=1.0 if fraction is None else fraction,
-        until_ms=None if duration_ms is None else now_ms + duration_ms,
+        until_ms=now_ms + duration_ms,
         delay_ms=delay_ms or 0,
         condition=condition,
         description=description,
@@ -216,20 +237,26 @@ def _now_ms() -> int:
 class Faults:
     """This process's copy of the faults set on its namespace, and what they do here."""
 
-    def __init__(self, store: Store, broker: Any, metrics: Any = None) -> None:
+    def __init__(
+        self, store: Store, broker: Any, metrics: Any = None, *, enabled: bool = False
+    ) -> None:
         self.store = store
         self.broker = broker  # busd.broker.broker.Broker: its links by entity
         self.metrics = metrics
+        self.enabled = enabled  # --faults: else none is set, and none in the store acts
         self._faults: dict[str, Fault] = {}
         self._by_entity: dict[str, list[Fault]] = {}
         # faults applied once here already, until their window ends: never applied again
         self._applied: set[str] = set()
+        self._stale: set[str] = set()  # records past their window never added here
         self.active = False  # the hot path's one check
 
     # --- following the store ----------------------------------------------------------------
     # The faults are catalog records of their own kind: the catalog reads each change of one
     # and hands it here (busd.broker.catalog.RecordFollower).
     async def start(self) -> None:
+        if not self.enabled:
+            return  # records left in the store by a busd that had them on stay inert
         self.broker.catalog.follow_records(RECORD_KIND, self)
         await self.reload()
 
@@ -257,8 +284,11 @@ class Faults:
             self._add(fault)
 
     def _add(self, fault: Fault) -> None:
-        if fault.id in self._faults or not fault.live(_now_ms()):
-            return  # (a record past its window is only left for the sweep to delete)
+        if not fault.live(_now_ms()):
+            self._stale.add(fault.id)  # past its window: for the sweep to delete
+            return
+        if fault.id in self._faults:
+            return
         self._faults[fault.id] = fault
         self._index()
         if fault.kind in ONCE and fault.id not in self._applied:
@@ -279,7 +309,21 @@ class Faults:
 
     # --- the admin API's operations ---------------------------------------------------------
     async def add(self, fault: Fault) -> dict[str, Any]:
-        """Set a fault (parsed, its entity resolved): every process hears of it."""
+        """Set a fault (parsed, its entity resolved): every process hears of it. Raises
+        FaultRefused when faults are off or the entity has MAX_PER_ENTITY already."""
+        if not self.enabled:
+            raise FaultRefused(
+                "faults on demand are off: start busd with --faults (BUSD_FAULTS=1), "
+                "for tests only (docs/faults.md)"
+            )
+        await self.reload()  # those other processes set too
+        now = _now_ms()
+        set_now = sum(1 for f in self._faults.values() if f.entity == fault.entity and f.live(now))
+        if set_now >= MAX_PER_ENTITY:
+            raise FaultRefused(
+                f"{fault.entity!r} has {set_now} faults set, the most one entity may have "
+                f"({MAX_PER_ENTITY}): remove one, or wait for one to end"
+            )
         applied: dict[str, Any] = {}
         if fault.kind == "session-lock-lost":
             spec = self.broker.receivable(fault.entity)
@@ -300,6 +344,8 @@ class Faults:
         return {**fault.view(), **applied}
 
     async def listed(self) -> list[dict[str, Any]]:
+        if not self.enabled:
+            return []
         await self.reload()
         now = _now_ms()
         return [f.view() for f in self._faults.values() if f.live(now)]
@@ -315,6 +361,13 @@ class Faults:
     async def sweep(self) -> None:
         """The broker's sweep tick: drop faults past their window (any process may)."""
         now = _now_ms()
+        stale, self._stale = self._stale, set()
+        for fault_id in stale:
+            try:
+                await self.store.catalog_delete([(RECORD_KIND, fault_id)])
+                await self.store.fault_forget(fault_id)
+            except Exception as exc:
+                log.debug("dropping fault %s failed: %s", fault_id, exc)
         for fault in [f for f in self._faults.values() if not f.live(now)]:
             self._remove(fault.id)
             self._applied.discard(fault.id)  # past its window: never added again (_add)
@@ -439,8 +492,8 @@ def _scope_text(fault: Fault) -> str:
         parts.append(f"count {fault.count}")
     if fault.fraction < 1.0:
         parts.append(f"fraction {fault.fraction:g}")
-    if fault.until_ms is not None and fault.kind not in ONCE:
-        parts.append(f"for {(fault.until_ms - fault.created_ms) / 1000:g} s")
+    if fault.kind not in ONCE:
+        parts.append(f"for {(fault.ends_ms() - fault.created_ms) / 1000:g} s")
     if fault.delay_ms:
         parts.append(f"delay {fault.delay_ms} ms")
     return ", ".join(parts)

@@ -31,11 +31,12 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from busd.auth import rights, sas
+from busd.entities.records import QueueEntity, TopicEntity, from_record
 
 if TYPE_CHECKING:
     from busd.broker.broker import Broker
@@ -95,6 +96,7 @@ class Namespaces:
         self._holders: dict[object, int] = {}  # connections bound to a namespace's broker
         self._used: dict[str, float] = {}  # name -> when a request last used it (monotonic)
         self._reaper: asyncio.Task | None = None
+        self._known: set[str] = set()  # names `known` found to exist
 
     def choose(self, host_namespace: str | None, key_name: str) -> str | None:
         """The namespace of a request whose host chose `host_namespace` and whose token names
@@ -212,6 +214,17 @@ class Namespaces:
         made = self._made.get(name)
         return made is not None and not (made.done() and self._failed(made))
 
+    async def known(self, name: str) -> bool:
+        """Whether the namespace `name` exists: served here, or made by a Manage key in any
+        process. What keeps its host's certificate apart from other names'
+        (busd.net.host_certificates)."""
+        if name in self._known:
+            return True
+        if self._serves(name) or await self.default.store.namespace_known(name):
+            self._known.add(name)  # a namespace is never unmade
+            return True
+        return False
+
     def serving(self) -> set[str]:
         """The names of the namespaces this process serves (or is making), the default aside."""
         return set(self._made)
@@ -292,21 +305,25 @@ class Namespaces:
         for any other of its keys (Send, Listen, an entity's) only when the store knows it was
         made (`namespace_known`): Service Bus's namespace, once it exists, takes every key of
         its own, whichever process serves it now. The namespace's keys are checked first,
-        without a store call; a token they refuse costs one only when it may be an entity's
-        key (its audience names an entity, it has not expired), whose rules only the
-        namespace's catalog holds: that namespace is then made (idle, as no use counts until
-        the token verifies) before the token is checked with them."""
+        without a store call; a token they refuse costs store calls only when it may be an
+        entity's key (its audience names an entity, it has not expired), whose rules only the
+        namespace's catalog holds: in a namespace not served here, that entity's record is
+        read from the store and the token checked with its keys before anything is made, so
+        that a bogus token costs a refusal, not the start of a namespace."""
         if name is None:
             return rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
         try:
             grant = rights.grant_of(token, self.keys(name))
         except sas.SasError:
-            if not self._serves(name):
-                if not self._may_be_entity_key(token):
-                    raise
-                await self._check_known(name)
-            await self.broker(name, use=False)  # (made and) its catalog read
-            return rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+            if self._serves(name):
+                await self.broker(name, use=False)  # made: its catalog read
+                return rights.grant_of(token, self.keys(name), entity_keys=self.entity_keys(name))
+            if not self._may_be_entity_key(token):
+                raise
+            await self._check_known(name)
+            return rights.grant_of(
+                token, self.keys(name), entity_keys=await self._stored_entity_keys(name, token)
+            )
         if self._serves(name):
             return grant
         if rights.allows(grant.claims, rights.MANAGE):
@@ -322,6 +339,21 @@ class Namespaces:
                 f"the namespace {name!r} does not exist: only a key of the namespace holding "
                 "Manage makes it (Send and Listen keys then reach it)"
             )
+
+    async def _stored_entity_keys(self, name: str, token: str) -> rights.EntityKeys:
+        """The own keys of the queue or topic a token's audience names, in the namespace
+        `name` this process does not serve: from its record in the store, as `entity_keys`
+        answers them once the namespace is served."""
+        entity = rights.audience_entity(token)
+        rules: list = []
+        for kind in ("queue", "topic"):
+            record = await self.default.store.namespace_record(name, kind, entity)
+            stored = None if record is None else from_record(kind, record)
+            if isinstance(stored, QueueEntity | TopicEntity):
+                rules = stored.extra.get("AuthorizationRules") or []
+                break
+        found = _prefixed(name, rights.rule_keys(rules))
+        return lambda path: found if path == entity else ()
 
     @staticmethod
     def _may_be_entity_key(token: str) -> bool:
@@ -345,13 +377,7 @@ class Namespaces:
         if name is None:
             return access_keys
 
-        def prefixed(entity: str) -> tuple[Mapping[str, str], ...]:
-            return tuple(
-                {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
-                for keys in access_keys(entity)
-            )
-
-        return prefixed
+        return lambda entity: _prefixed(name, access_keys(entity))
 
     async def stop(self) -> None:
         if self._reaper is not None:
@@ -365,3 +391,12 @@ class Namespaces:
             if not isinstance(broker, BaseException):
                 await broker.stop()
         self._made.clear()
+
+
+def _prefixed(name: str, entity_keys: Iterable[Mapping[str, str]]) -> tuple[Mapping[str, str], ...]:
+    """An entity's keys in the namespace `name`: under their names and as `<name>/<key name>`,
+    as the namespace's own keys are."""
+    return tuple(
+        {**keys, **{f"{name}/{key_name}": key for key_name, key in keys.items()}}
+        for keys in entity_keys
+    )

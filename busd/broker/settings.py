@@ -19,3 +19,5 @@ class BrokerSettings:
     limits: Limits = field(default_factory=Limits)
     # a transaction is rolled back this long after its first operation (Service Bus: 2 min)
     transaction_timeout_s: float = 120.0
+    # faults on demand over the admin API (docs/faults.md): for tests, off unless asked for
+    faults: bool = False

@@ -263,6 +263,14 @@ _FIELDS = {f.name: f for f in fields(Settings)}
     help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
     "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
 )
+@click.option(
+    "--faults",
+    envvar="BUSD_FAULTS",
+    is_flag=True,
+    default=_DEFAULTS.faults,
+    help="Accept faults on demand over the admin API (docs/faults.md): for resilience tests, "
+    "never in production.",
+)
 def serve(**options: Any) -> None:
     """Run the broker until interrupted."""
     try:

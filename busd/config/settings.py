@@ -94,6 +94,7 @@ class Settings:
     # origins that may open WebSockets beyond those hosts' (busd/net/origins.py)
     hostnames: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+    faults: bool = BrokerSettings.faults  # faults on demand (docs/faults.md): for tests
 
     def broker_settings(self) -> BrokerSettings:
         """What every broker of this server takes from these settings (one for all)."""
@@ -101,6 +102,7 @@ class Settings:
             sweep_interval_s=self.sweep_interval_s,
             limits=self.limits,
             transaction_timeout_s=self.transaction_timeout_s,
+            faults=self.faults,
         )
 
     def validate(self) -> None:

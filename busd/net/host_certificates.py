@@ -19,7 +19,11 @@ host before it authenticates, so:
 - at most MAX_HOSTS are kept (the least recently used dropped), and new hosts are issued at
   ISSUE_RATE_PER_S per process with bursts of ISSUE_BURST. A host refused by the rate, and any
   name that is not `<label>.localhost`, gets busd's own certificate (localhost and the
-  loopback addresses), which a client that asked for another name refuses.
+  loopback addresses), which a client that asked for another name refuses;
+- the hosts of namespaces that exist (`known`: made by a Manage key, busd.broker.namespaces)
+  are kept apart: in a cache of their own (MAX_KNOWN_HOSTS, never evicted by other names)
+  and issued at a rate of their own, so that a client naming one made-up host after another
+  before it authenticates neither drops their certificates nor spends the issuing they need.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,9 @@ VALID_DAYS = 30  # issued anew by each process that serves the host
 MAX_HOSTS = 256  # contexts kept per process (about 26 KB each); past that the least recent goes
 ISSUE_RATE_PER_S = 20.0  # new hosts issued per second and process, once the burst is spent
 ISSUE_BURST = 64
+# Known namespaces' hosts: as many as a busd serves namespaces several times over, each kept
+# until MAX_KNOWN_HOSTS others are (namespaces are made by Manage keys only).
+MAX_KNOWN_HOSTS = 1024
 HELLO_WAIT_S = 2.0  # for the rest of a ClientHello that arrives in pieces
 ISSUE_WAIT_S = 2.0  # for a certificate being issued; then the handshake goes on without it
 RECORD_HEADER = 5  # a TLS record: type, version (2), length (2)
@@ -68,9 +76,42 @@ def host_of(server_name: str | None) -> str | None:
     return host if HOST.fullmatch(host) else None
 
 
+class _Cache:
+    """Issued contexts, the least recently used dropped past `size()`, and the issuing rate
+    of new ones (a token bucket)."""
+
+    def __init__(self, size: Callable[[], int]) -> None:
+        self.size = size  # read when one is added: the module's constants, as tests set them
+        self.contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self.tokens = float(ISSUE_BURST)
+        self.refilled = time.monotonic()
+
+    def get(self, host: str) -> ssl.SSLContext | None:
+        context = self.contexts.get(host)
+        if context is not None:
+            self.contexts.move_to_end(host)
+        return context
+
+    def put(self, host: str, context: ssl.SSLContext) -> None:
+        self.contexts[host] = context
+        self.contexts.move_to_end(host)
+        while len(self.contexts) > self.size():
+            self.contexts.popitem(last=False)
+
+    def take_token(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(ISSUE_BURST, self.tokens + (now - self.refilled) * ISSUE_RATE_PER_S)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 class HostIssuer:
     """The SNI callback of busd's TLS context: a context for each namespace host asked for,
-    issued ahead of the handshake (`prepare`) and kept in a bounded cache."""
+    issued ahead of the handshake (`prepare`) and kept in bounded caches: one for the hosts
+    of known namespaces, one for every other."""
 
     def __init__(self, ca_cert: Path, ca_key: Path) -> None:
         self._issuer_pem = ca_cert.read_bytes()
@@ -78,11 +119,13 @@ class HostIssuer:
         self._key = serialization.load_pem_private_key(ca_key.read_bytes(), None)
         # the SNI callback runs in whichever thread does the handshake; issuing, in its own
         self._lock = threading.Lock()
-        self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._known = _Cache(lambda: MAX_KNOWN_HOSTS)
+        self._others = _Cache(lambda: MAX_HOSTS)
         self._issuing: dict[str, Future[ssl.SSLContext]] = {}
-        self._tokens = float(ISSUE_BURST)
-        self._refilled = time.monotonic()
         self._executor: ThreadPoolExecutor | None = None  # made at the first host, after a fork
+        # Whether a namespace exists (busd.broker.namespaces.Namespaces.known), set once the
+        # server has its namespaces; None: every host is another.
+        self.known: Callable[[str], Awaitable[bool]] | None = None
         self.issued = 0
         self.refused = 0  # new hosts the rate turned away
 
@@ -100,57 +143,63 @@ class HostIssuer:
 
     def cached(self, host: str) -> ssl.SSLContext | None:
         with self._lock:
-            context = self._contexts.get(host)
-            if context is not None:
-                self._contexts.move_to_end(host)
-            return context
+            return self._known.get(host) or self._others.get(host)
+
+    def kept_known(self, host: str) -> bool:
+        """Whether `host` is kept as a known namespace's."""
+        with self._lock:
+            return self._known.get(host) is not None
+
+    async def is_known(self, host: str) -> bool:
+        """Whether `host` is a namespace's that exists (False when that cannot be told now)."""
+        if self.known is None:
+            return False
+        try:
+            return await self.known(host.partition(".")[0])
+        except Exception as exc:  # the store, most likely: the host is served as another
+            log.debug("whether %s is a namespace's is unknown: %s", host, exc)
+            return False
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._contexts)
+            return len(self._known.contexts) + len(self._others.contexts)
 
-    def issue(self, host: str) -> Future[ssl.SSLContext] | None:
+    def issue(self, host: str, known: bool = False) -> Future[ssl.SSLContext] | None:
         """The context of `host`, being issued in the issuer's thread (already done when kept,
-        shared when under way); None when the rate refuses a new host now."""
+        shared when under way); None when the rate refuses a new host now. `known`: the host
+        of a namespace that exists, kept and rated apart from every other."""
+        cache = self._known if known else self._others
         with self._lock:
-            context = self._contexts.get(host)
+            context = self._known.get(host) or self._others.get(host)
             if context is not None:
+                if known and host not in self._known.contexts:
+                    self._others.contexts.pop(host, None)  # its namespace is known now
+                    self._known.put(host, context)
                 done: Future[ssl.SSLContext] = Future()
                 done.set_result(context)
                 return done
             pending = self._issuing.get(host)
             if pending is not None:
                 return pending
-            if not self._take_token():
+            if not cache.take_token():
                 self.refused += 1
                 return None
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="busd-host-certificates")
             future = self._executor.submit(self._context_for, host)
             self._issuing[host] = future
-        future.add_done_callback(functools.partial(self._issued, host))
+        future.add_done_callback(functools.partial(self._issued, host, cache))
         return future
 
-    def _take_token(self) -> bool:
-        now = time.monotonic()
-        self._tokens = min(ISSUE_BURST, self._tokens + (now - self._refilled) * ISSUE_RATE_PER_S)
-        self._refilled = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-    def _issued(self, host: str, future: Future[ssl.SSLContext]) -> None:
+    def _issued(self, host: str, cache: _Cache, future: Future[ssl.SSLContext]) -> None:
         with self._lock:
             self._issuing.pop(host, None)
             if future.cancelled():
                 return
             error = future.exception()
             if error is None:
-                self._contexts[host] = future.result()
+                cache.put(host, future.result())
                 self.issued += 1
-                while len(self._contexts) > MAX_HOSTS:
-                    self._contexts.popitem(last=False)
         if error is not None:
             log.warning("no certificate for %s: %s", host, error)
 
@@ -205,9 +254,12 @@ async def prepare(conn: socket.socket, context: ssl.SSLContext) -> None:
         return  # the user's own certificate
     try:
         host = host_of(server_name(await _client_hello(conn)))
-        if host is None or issuer.cached(host) is not None:
+        if host is None or issuer.kept_known(host):
             return
-        future = issuer.issue(host)
+        known = await issuer.is_known(host)
+        if not known and issuer.cached(host) is not None:
+            return
+        future = issuer.issue(host, known=known)  # (a known one kept among the others moves)
         if future is not None:
             # asyncio.wait, not wait_for: a timeout must not cancel an issue others may await
             await asyncio.wait([asyncio.wrap_future(future)], timeout=ISSUE_WAIT_S)

@@ -14,12 +14,16 @@ keeps trusting it across restarts and renewals of the server certificate:
 
 The authority may sign only local names: its X.509 name constraints (critical) permit the DNS
 name `localhost` and every name under it, 127.0.0.1, ::1, the address or name busd is bound
-to (`--host`) when that is neither a loopback nor a wildcard, and each `--hostname`; its
-path length is 0 and its key usage certificate and CRL signing. So trusting it system-wide,
-as .NET needs, trusts nothing but busd on this machine: a certificate it signed for any
-other name fails verification. An authority without those constraints (what busd made
-before, a self-signed certificate that was its own issuer) is made anew at start, with one
-line in the log.
+to (`--host`) when that is neither a loopback nor a wildcard, and each `--hostname`; as
+e-mail and URI names, only the reserved name `invalid` (RFC 2606), so that no certificate
+naming a mailbox or a URI verifies. Its extended key usage is server authentication alone
+(verifiers carry an issuer's extended key usage down the chain), its path length 0 and its
+key usage certificate and CRL signing. So trusting it system-wide, as .NET needs, trusts
+nothing but busd's TLS servers on this machine: a certificate it signed for any other name,
+or for a client, e-mail or code signing, fails verification. An authority without all of
+that (what busd made before: a self-signed certificate that was its own issuer, then one
+constrained by DNS and IP names alone, without extended key usage) is made anew at start,
+with one line in the log.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ RENEW_BEFORE_DAYS = 30  # a kept certificate closer than this to its end is made
 HOST_NAMES = ("localhost",)  # a DNS constraint permits the name and every name under it
 HOST_ADDRESSES = ("127.0.0.1", "::1")
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+# Permitting e-mail and URI names under a reserved name only forbids every other one (RFC
+# 5280 §4.2.1.10: a type of name with no permitted subtree would be unconstrained).
+NO_NAME = "invalid"
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -100,7 +107,11 @@ class Names:
     def constraints(self) -> x509.NameConstraints:
         subtrees: list[x509.GeneralName] = [x509.DNSName(n) for n in self.dns]
         subtrees += [x509.IPAddress(ipaddress.ip_network(a)) for a in self.addresses]
+        subtrees += [x509.RFC822Name(NO_NAME), x509.UniformResourceIdentifier(NO_NAME)]
         return x509.NameConstraints(permitted_subtrees=subtrees, excluded_subtrees=None)
+
+
+SERVER_ONLY = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
 
 
 def load(
@@ -212,6 +223,17 @@ def _usable_authority(ca: Path, ca_key: Path, names: Names) -> x509.Certificate 
     ]
     if not constraints.critical or constraints.value.excluded_subtrees:
         return "its name constraints were not busd's"
+    others = {
+        n for n in permitted if isinstance(n, x509.RFC822Name | x509.UniformResourceIdentifier)
+    }
+    if others != {x509.RFC822Name(NO_NAME), x509.UniformResourceIdentifier(NO_NAME)}:
+        return "its name constraints left e-mail and URI names free"
+    try:
+        usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return "it had no extended key usage: it could sign certificates for any use"
+    if usage != SERVER_ONLY:
+        return "its extended key usage was not server authentication alone"
     for name in names.dns:
         if not _within(name, domains):
             return f"it may not sign {name}"
@@ -283,6 +305,7 @@ def _generate_authority(ca: Path, ca_key: Path, names: Names) -> x509.Certificat
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(cert_sign=True), critical=True)
         .add_extension(names.constraints(), critical=True)
+        .add_extension(SERVER_ONLY, critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(private_key, hashes.SHA256())
     )
@@ -311,7 +334,7 @@ def _generate_leaf(
         .public_key(public)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(sign=True), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(SERVER_ONLY, critical=False)
         .add_extension(x509.SubjectAlternativeName(names.alt_names()), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(

@@ -23,6 +23,7 @@ from busd.broker.namespaces import Namespaces
 from busd.config.entities_file import EntitiesFile, load_entities
 from busd.config.settings import Settings
 from busd.net import origins, ports
+from busd.net.host_certificates import HostIssuer
 from busd.net.listener import Admission, Pending
 from busd.net.ports import ServicePort, Services
 from busd.net.tls import Tls
@@ -30,6 +31,7 @@ from busd.net.tls import load as load_tls
 from busd.server import stop_request
 from busd.server.exposure import default_key_warning
 from busd.server.seeding import seed_catalog
+from busd.storage import keys as keyspace
 from busd.storage.redis.waiting import wait_for_store
 
 uvloop: Any
@@ -196,7 +198,7 @@ class Server:
             """A namespace other than the default: a broker of its own over its own key
             prefix, with the default namespace's keys (docs/design.md §3.17)."""
             assert self.namespaces is not None
-            prefix = f"{settings.key_prefix}:ns:{name}"
+            prefix = keyspace.namespace_prefix(settings.key_prefix, name)
             broker = make_broker(prefix, dict(self.namespaces.keys(name)))
             if self.role is not None:
                 self.role.serving(prefix)
@@ -213,6 +215,8 @@ class Server:
             [settings.host, *settings.hostnames],
         )
         self.tls_context = self.tls.context
+        if isinstance(self.tls_context.sni_callback, HostIssuer):
+            self.tls_context.sni_callback.known = self.namespaces.known
         await seed_catalog(self.broker.catalog, self.entities)
         if self.role is not None:
             await self._join_peers(self.role.peer_dir, metrics)
@@ -355,6 +359,8 @@ class Server:
             )
         if self.http is not None:
             lines.append(f"  dashboard: http://{client_host(settings)}:{self.http.port}/")
+        if settings.faults:
+            lines.append("  faults:   on demand, over /admin/faults (--faults: for tests only)")
         if self.tls is not None:
             made = " (busd's CA, for local names only)" if self.tls.generated else ""
             lines.append(f"  certificate: {os.path.abspath(self.tls.cert_path)}{made}")

@@ -104,6 +104,11 @@ class Store(Protocol):
     async def namespace_known(self, name: str) -> bool:
         """Whether the namespace `name` was ever made (`namespace_add`)."""
 
+    async def namespace_record(self, name: str, kind: str, path: str) -> dict | None:
+        """A record of the catalog of the namespace `name` (other than the default), read
+        over the default namespace's store: a token for one of its entities is checked with
+        the entity's own keys before the namespace is made (busd.broker.namespaces)."""
+
     async def open_subscriptions(self, topic: TopicSpec | str, subscriptions: list[str]) -> None:
         """Mark subscriptions of a topic live: fan-out stores copies only in live ones (in
         each partition of a partitioned topic). Done before a subscription's record is

@@ -282,6 +282,12 @@ def catalog_channel(prefix: str) -> str:
     return f"{prefix}:catalog:changes"
 
 
+def namespace_prefix(prefix: str, name: str) -> str:
+    """The key prefix of the namespace `name` (other than the default) over the default
+    namespace's `prefix` (docs/design.md §3.17)."""
+    return f"{prefix}:ns:{name}"
+
+
 def namespaces_key(prefix: str) -> str:
     """The set of the namespaces other than the default ever made (by a Manage key) over the
     default namespace's prefix: a namespace here exists for every process (docs/design.md

@@ -82,7 +82,8 @@ class BusdBroker:
     own (`key_prefix`), and its keys are deleted at stop (`keep_data=True` keeps them, and the
     data directory). `args`: more `busd serve` options; `env`: more environment for the child
     (busd's own BUSD_* variables of this process are not passed on: the broker is the one
-    asked for, whatever the shell says)."""
+    asked for, whatever the shell says). `faults`: faults on demand on (`--faults`, what
+    `faults`, `inject_fault` and the lock-losing calls need; docs/faults.md)."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class BusdBroker:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         keep_data: bool = False,
+        faults: bool = True,
         startup_timeout: float = STARTUP_TIMEOUT_S,
         python: str = sys.executable,
     ) -> None:
@@ -105,6 +107,7 @@ class BusdBroker:
         self.args = list(args)
         self.env = dict(env or {})
         self.keep_data = keep_data
+        self.faults_on = faults
         self.startup_timeout = startup_timeout
         self.python = python
         self._own_dir = data_dir is None
@@ -210,6 +213,8 @@ class BusdBroker:
             cmd += ["--config", str(self.config)]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
+        if self.faults_on:
+            cmd.append("--faults")
         cmd += self.args
         env = {k: v for k, v in os.environ.items() if not k.startswith("BUSD_")}
         env.update({"PYTHONUNBUFFERED": "1", **self.env})

@@ -5,8 +5,9 @@
         ServiceBusClient.from_connection_string(busd.connection_string)
 
 The container runs with its embedded Valkey (nothing persisted outside it), seeded from a
-Config.json when one is given (mounted where the Service Bus emulator reads it), and counts as
-started once `GET /health` answers 200.
+Config.json when one is given (mounted where the Service Bus emulator reads it), with faults
+on demand on (BUSD_FAULTS, docs/faults.md; `faults=False`: off), and counts as started once
+`GET /health` answers 200.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class BusdContainer(DockerContainer):
         *,
         config: str | os.PathLike[str] | None = None,
         key: tuple[str, str] = DEFAULT_KEY,
+        faults: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(image, **kwargs)
@@ -45,6 +47,8 @@ class BusdContainer(DockerContainer):
         self._built: DockerImage | None = None
         self.with_exposed_ports(AMQP_PORT, HTTP_PORT, TLS_PORT, WS_PORT)
         self.with_env("BUSD_SAS_KEY", f"{key[0]}={key[1]}")
+        if faults:
+            self.with_env("BUSD_FAULTS", "1")
         if config is not None:
             self.with_volume_mapping(str(Path(config).resolve()), EMULATOR_CONFIG, "ro")
         self.waiting_for(

@@ -58,7 +58,8 @@ def busd(busd_factory):
             queue("dash-layout", RequiresSession=True),
             queue("dash-counted"),
             queue("dash-empty-q"),
-        ]
+        ],
+        extra_env={"BUSD_FAULTS": "1"},  # faults on demand on: the dashboard shows them
     )
 
 
@@ -273,6 +274,49 @@ def test_dashboard_shows_topics_their_rules_and_subjects(busd, browser):
     browser.find_element(By.ID, "peek-queue").click()
     _wait_text(browser, "#page-info", "page 1, 1 message(s)")
     assert _cell(browser, "#messages tbody tr", "subject") == "invoice"
+
+
+def test_dashboard_shows_the_faults_set_now(busd, browser):
+    _sign_in(browser, busd)
+    assert not _visible(browser, "#faults-box")  # none set: no table
+    document = {"kind": "server-busy", "entity": "dash-empty-q", "operations": ["send"]}
+    document["count"] = 2
+    request = urllib.request.Request(
+        busd.http_url + "/admin/faults",
+        data=json.dumps(document).encode(),
+        method="POST",
+        headers={"Authorization": _token(busd), "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        made = json.loads(response.read())
+    try:
+        _click(browser, "#refresh")
+        row = f'#faults tr[data-fault="{made["id"]}"]'
+        WebDriverWait(browser, 15).until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+        assert _visible(browser, "#faults-box")
+        cells = [_cell(browser, row, c) for c in ("kind", "entity", "operations", "count")]
+        assert cells == ["server-busy", "dash-empty-q", "send", "2"]
+        assert _cell(browser, row, "ends").endswith("Z")
+    finally:
+        removal = urllib.request.Request(
+            busd.http_url + f"/admin/faults/{made['id']}",
+            method="DELETE",
+            headers={"Authorization": _token(busd)},
+        )
+        urllib.request.urlopen(removal, timeout=10).close()
+    _click(browser, "#refresh")
+    WebDriverWait(browser, 15).until(
+        ec.invisibility_of_element_located((By.CSS_SELECTOR, "#faults-box"))
+    )
+
+
+def _token(busd) -> str:
+    return generate_sas_token(
+        busd.http_url.replace("http", "sb", 1) + "/",
+        "RootManageSharedAccessKey",
+        "SAS_KEY_VALUE",
+        int(time.time()) + 600,
+    )
 
 
 def test_dashboard_dead_letters_a_session_and_resubmits_it_in_order(busd, browser):

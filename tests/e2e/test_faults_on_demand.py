@@ -24,6 +24,7 @@ from tests.e2e.test_admin_cli import admin_token, http
 
 pytestmark = pytest.mark.timeout(180)
 
+FAULTS_ON = {"BUSD_FAULTS": "1"}  # off unless asked for (docs/faults.md)
 FAST_RETRIES = {"retry_backoff_factor": 0.05, "retry_backoff_max": 0.2}
 
 
@@ -38,8 +39,10 @@ def busd(busd_factory):
             queue("detached"),
             queue("slow", RequiresSession=True),
             queue("untouched"),
+            queue("capped"),
         ],
         topics=[topic("events", [subscription("audit")])],
+        extra_env=FAULTS_ON,
     )
 
 
@@ -297,6 +300,9 @@ def test_a_topic_and_a_subscription_are_scoped_by_their_names(busd):
         ({"kind": "detach", "entity": "busy", "condition": "no:such"}, 400),
         ({"kind": "delay", "entity": "busy"}, 400),
         ({"kind": "server-busy", "entity": "busy", "colour": "red"}, 400),
+        # a dead-letter queue's address names its parent's sub-queue: refused, not set there
+        ({"kind": "server-busy", "entity": "busy/$DeadLetterQueue"}, 400),
+        ({"kind": "detach", "entity": "events/Subscriptions/audit/$deadletterqueue"}, 400),
     ],
 )
 def test_bad_faults_are_refused_and_nothing_is_set(busd, document, status):
@@ -305,6 +311,64 @@ def test_bad_faults_are_refused_and_nothing_is_set(busd, document, status):
     assert got == status and "error" in answer, answer
     # nothing was added (a fault of an earlier test may have run out meanwhile)
     assert all(f in before for f in faults(busd))
+
+
+def test_a_dead_letter_queue_is_refused_with_a_clear_error(busd):
+    got, answer = http(
+        busd,
+        "POST",
+        "/admin/faults",
+        json.dumps({"kind": "server-busy", "entity": "busy/$DeadLetterQueue"}).encode(),
+    )
+    assert got == 400 and "dead-letter queue" in answer["error"], answer
+    assert not [f for f in faults(busd) if f["entity"] == "busy"]
+
+
+def test_every_fault_ends_a_count_alone_within_an_hour(busd):
+    made = fault(busd, kind="server-busy", entity="untouched", operations=["send"], count=5)
+    try:
+        assert made["until_ms"] - made["created_ms"] == 3600 * 1000
+        (listed,) = [f for f in faults(busd) if f["id"] == made["id"]]
+        assert listed["until_ms"] == made["until_ms"]
+    finally:
+        http(busd, "DELETE", f"/admin/faults/{made['id']}")
+
+
+def test_one_entity_takes_at_most_a_hundred_faults(busd):
+    made = [
+        fault(busd, kind="delay", entity="capped", operations=["accept"], delay_ms=1, count=1)
+        for _ in range(100)
+    ]
+    try:
+        document = {"kind": "server-busy", "entity": "capped", "duration_ms": 60_000}
+        got, answer = http(busd, "POST", "/admin/faults", json.dumps(document).encode())
+        assert got == 403 and "100" in answer["error"] and "capped" in answer["error"], answer
+        assert len([f for f in faults(busd) if f["entity"] == "capped"]) == 100
+        # another entity is not held back; one removed makes room
+        other = fault(busd, kind="server-busy", entity="untouched", operations=["send"], count=1)
+        http(busd, "DELETE", f"/admin/faults/{other['id']}")
+        http(busd, "DELETE", f"/admin/faults/{made.pop()['id']}")
+        made.append(fault(busd, **document))
+    finally:
+        for f in made:
+            http(busd, "DELETE", f"/admin/faults/{f['id']}")
+    assert not [f for f in faults(busd) if f["entity"] == "capped"]
+
+
+def test_faults_are_off_unless_busd_was_started_with_them(busd_factory, monkeypatch):
+    plain = busd_factory([queue("busy")])
+    document = {"kind": "server-busy", "entity": "busy", "operations": ["send"], "count": 1}
+    got, answer = http(plain, "POST", "/admin/faults", json.dumps(document).encode())
+    assert got == 403 and "--faults" in answer["error"], answer
+    assert faults(plain) == []
+    with ServiceBusClient.from_connection_string(plain.connection_string, retry_total=0) as client:
+        with client.get_queue_sender("busy") as sender:
+            sender.send_messages(ServiceBusMessage("served"))
+    monkeypatch.setenv("BUSD_SAS_KEY", "RootManageSharedAccessKey=SAS_KEY_VALUE")
+    refused = CliRunner().invoke(
+        cli, ["faults", "add", "server-busy", "busy", "--url", plain.http_url], prog_name="busd"
+    )
+    assert refused.exit_code != 0 and "--faults" in refused.output, refused.output
 
 
 def test_faults_need_the_manage_right(busd):
@@ -351,7 +415,7 @@ def test_the_command_line_sets_lists_and_removes_faults(busd, monkeypatch):
 
 @pytest.fixture(scope="module")
 def busd_workers(busd_factory):
-    return busd_factory([queue("busy")], extra_env={"BUSD_WORKERS": "2"})
+    return busd_factory([queue("busy")], extra_env={"BUSD_WORKERS": "2", **FAULTS_ON})
 
 
 def _send_on_new_connections(busd, bodies: list[str], *, at_once: bool = False) -> int:

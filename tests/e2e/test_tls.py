@@ -20,8 +20,10 @@ from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusConnectionError
 from cryptography import x509
 
+from busd.auth.sas import generate_sas_token
 from busd.net import tls
 from tests.e2e.conftest import amqp_header_over_tls, queue, receive
+from tests.e2e.test_admin_cli import http as admin_request
 from tests.test_tls import write_unconstrained
 
 pytestmark = pytest.mark.timeout(120)
@@ -192,6 +194,32 @@ def test_every_tls_port_presents_a_namespace_hosts_own_certificate(busd):
     for port in (busd.port, busd.tls_port, busd.http_port, busd.ws_port):
         host = f"p{port}-{time.time_ns() % 10**8}.localhost"
         assert presented_names(port, busd.cert_path, host) == [host]
+
+
+def _named_quietly(port: int, host: str) -> None:
+    """A TLS handshake naming `host` that goes no further (no authentication)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as raw:
+        with context.wrap_socket(raw, server_hostname=host):
+            pass
+
+
+def test_a_churn_of_made_up_hosts_leaves_known_namespaces_their_certificates(busd_factory):
+    """Made-up host names, named before any authentication, spend the issuing of other names
+    (64 at once, then 20 a second): a namespace made by its Manage key keeps its own."""
+    own = busd_factory([queue("plain")])
+    namespace = f"known-{time.time_ns() % 10**8}"
+    made = generate_sas_token(
+        "sb://localhost/", f"{namespace}/RootManageSharedAccessKey", "SAS_KEY_VALUE", 2**31
+    )
+    assert admin_request(own, "GET", "/admin/queues", token=made)[0] == 200  # the namespace is made
+    churn = [f"churn{i}-{time.time_ns() % 10**8}.localhost" for i in range(300)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: _named_quietly(own.tls_port, name), churn))
+    host = f"{namespace}.localhost"
+    assert presented_names(own.tls_port, own.cert_path, host) == [host]
 
 
 def test_the_unconstrained_certificate_of_an_earlier_busd_is_replaced(busd_factory, tmp_path):

@@ -15,6 +15,7 @@ from busd.auth.sas import SasError, generate_sas_token
 from busd.broker.broker import Broker
 from busd.broker.namespaces import Namespaces
 from busd.broker.settings import BrokerSettings
+from busd.entities import access_rules
 from busd.entities.records import QueueEntity
 from busd.storage.redis.store import RedisStore
 from busd.storage.specs import QueueSpec
@@ -103,9 +104,10 @@ async def test_a_namespace_let_go_takes_its_send_and_listen_keys_again(namespace
     assert grant.claims == {"Send"} and sent is namespaces.served(name)
     await asyncio.sleep(1.0)
     # a token for an entity that the namespace's keys refuse may be the entity's own: the
-    # namespace is made to read its catalog, which refuses it
+    # namespace's catalog in the store refuses it, the namespace left unmade
     with pytest.raises(SasError, match="unknown"):
         await namespaces.authenticate(token("orders", f"{name}/owner", "WRONG"), None)
+    assert name not in namespaces.serving()
     for refused in (
         token("", f"{never}/listener", "listen-key"),
         token("orders", f"{never}/sender", "send-key"),
@@ -114,3 +116,39 @@ async def test_a_namespace_let_go_takes_its_send_and_listen_keys_again(namespace
         with pytest.raises(SasError, match="holding Manage"):
             await namespaces.authenticate(refused, None)
     assert never not in namespaces.serving()
+
+
+async def test_a_token_signed_with_an_entitys_key_is_checked_before_its_namespace_is_made(
+    namespaces,
+):
+    """A token the namespace's keys refuse, for an entity with rules of its own, is checked
+    with the entity's keys read from the store: a wrong one leaves the namespace unmade (a
+    refusal costs no namespace start), a right one makes it."""
+    name = f"ents-{uuid.uuid4().hex[:6]}"
+    rules = access_rules.normalize([{"KeyName": "app", "Rights": ["Send"]}], fill=True)
+    broker, _ = await namespaces.authenticate(token("", f"{name}/manager", "manage-key"), None)
+    await broker.catalog.create(QueueEntity("orders", extra={"AuthorizationRules": rules}))
+    await namespaces._stop(name)  # let go, as when idle: its data stays
+    assert name not in namespaces.serving()
+    for refused in (
+        token("orders", "app", "WRONG"),  # the entity's key name, signed with another key
+        token("orders", f"{name}/app", "WRONG"),
+        token("orders", "nobody", "WRONG"),  # no such rule: the namespace's refusal stands
+        token("orders/secret", "app", rules[0]["PrimaryKey"]),  # another entity's audience
+    ):
+        with pytest.raises(SasError):
+            await namespaces.authenticate(refused, name)
+        assert name not in namespaces.serving()
+    for key in ("PrimaryKey", "SecondaryKey"):
+        served, grant = await namespaces.authenticate(token("orders", "app", rules[0][key]), name)
+        assert grant.claims == {"Send"} and grant.entity == "orders"
+        assert served is namespaces.served(name) and name in namespaces.serving()
+
+
+async def test_a_namespace_is_known_once_a_manage_key_made_it(namespaces):
+    """What keeps the certificate of a namespace's host apart (busd.net.host_certificates)."""
+    name, never = (f"{n}-{uuid.uuid4().hex[:6]}" for n in ("known", "never"))
+    assert not await namespaces.known(name) and not await namespaces.known(never)
+    await namespaces.authenticate(token("", f"{name}/manager", "manage-key"), None)
+    await namespaces._stop(name)  # let go here: the store still knows it
+    assert await namespaces.known(name) and not await namespaces.known(never)

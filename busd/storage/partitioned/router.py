@@ -71,6 +71,7 @@ class PartitionedStore(PartitionedMessageCalls, PartitionedSessionCalls):
     catalog_subscribe = whole(Store.catalog_subscribe)
     namespace_add = whole(Store.namespace_add)
     namespace_known = whole(Store.namespace_known)
+    namespace_record = whole(Store.namespace_record)
     fault_hit = whole(Store.fault_hit)
     fault_forget = whole(Store.fault_forget)
     # a transaction works in one partition, whose handles its operations hold already

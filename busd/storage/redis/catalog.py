@@ -118,6 +118,12 @@ class CatalogCalls(RedisConnection):
         assert self._client is not None
         return bool(await self._client.sismember(keyspace.namespaces_key(self.prefix), name))
 
+    async def namespace_record(self, name: str, kind: str, path: str) -> dict[str, Any] | None:
+        assert self._client is not None
+        key = keyspace.catalog_key(keyspace.namespace_prefix(self.prefix, name))
+        raw = await self._client.hget(key, catalog_field(kind, path))
+        return None if raw is None else json.loads(raw)
+
     async def catalog_subscribe(self, on_change: CatalogCallback) -> None:
         assert self._node is not None
         pubsub = self._node.pubsub(ignore_subscribe_messages=False)
