@@ -9,8 +9,8 @@ One table for every way an outcome arrives: a plain disposition on a receiver li
     rejected (DeadLetterReason, ...Description)  -> dead-letter
     released, or settled with no outcome         -> release
     modified, undeliverable-here                 -> defer
-    modified, delivery-failed only               -> abandon
-    modified, neither                            -> release
+    modified, without undeliverable-here         -> abandon (delivery-failed or not: the
+                                                    Java SDK abandons with neither flag)
 
 A modified outcome's message-annotations are the application properties to change.
 """
@@ -42,22 +42,19 @@ _DEAD_LETTER_DESCRIPTION = ("DeadLetterErrorDescription", symbol("DeadLetterErro
 def settlement_for(
     code: int,
     *,
-    failed: bool = False,
     undeliverable: bool = False,
     properties_patch: bytes | None = None,
     info: Any = None,
     description: str | None = None,
 ) -> Settlement | None:
     """The settlement (its token still to set) the outcome `code` asks for; None for a code
-    that is no outcome. `failed`/`undeliverable`/`properties_patch` are a modified
+    that is no outcome. `undeliverable`/`properties_patch` are a modified
     outcome's; `info` (its error's info map) and `description` (its error's) a rejected
     one's."""
     if code == ACCEPTED:
         return Settlement(token=b"", outcome=Outcome.COMPLETE)
     if code == MODIFIED:
         outcome = Outcome.DEFER if undeliverable else Outcome.ABANDON
-        if not failed and not undeliverable:
-            outcome = Outcome.RELEASE  # modified with nothing set is a plain release
         return Settlement(token=b"", outcome=outcome, properties_patch=properties_patch)
     if code == REJECTED:
         if not isinstance(info, dict):
@@ -89,11 +86,10 @@ def of_disposition(delivery) -> Settlement | None:
     it asks for none (docs/wire.md §7.1)."""
     state = engine.remote_state(delivery)
     if state == MODIFIED:
-        failed, undeliverable = engine.remote_modified(delivery)
+        _, undeliverable = engine.remote_modified(delivery)
         patch: Any = engine.wrap(delivery).remote.annotations  # properties to modify, if any
         return settlement_for(
             MODIFIED,
-            failed=failed,
             undeliverable=undeliverable,
             properties_patch=codec.encode_properties_patch(patch) if patch else None,
         )
@@ -123,10 +119,9 @@ def of_described(outcome: Any) -> Settlement | None:
     fields = outcome.value if isinstance(outcome.value, list) else []
     fields = fields + [None] * (3 - len(fields))
     if code == MODIFIED:
-        failed, undeliverable, annotations = fields[:3]
+        _, undeliverable, annotations = fields[:3]  # delivery-failed: abandon either way
         return settlement_for(
             MODIFIED,
-            failed=bool(failed),
             undeliverable=bool(undeliverable),
             properties_patch=_lenient_patch(annotations),
         )
