@@ -41,6 +41,9 @@ from busd.storage.messages import Outcome, ReceiveMode, Settlement, StoredMessag
 from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
+# A receive-and-delete delivery's tag (docs/wire.md §6.4): settled as it goes, so unique
+# need not be; not 16 bytes, so no SDK reads a lock token in it.
+SETTLED_TAG = b"\x00"
 
 
 def lock_tag(token: bytes) -> bytes:
@@ -156,10 +159,10 @@ class QueueReceiverEndpoint(LinkEndpoint):
     def _send(self, message: StoredMessage) -> None:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
         payload = delivery_payload(message, locked=peek_lock)
-        # receive-and-delete: settled before it goes, so nothing refers to it, and its tag is
-        # empty as Service Bus sends it (the Python SDK shows a message's tag, None then:
-        # docs/wire.md §6.4)
-        tag = lock_tag(message.lock_token) if peek_lock else b""  # type: ignore[arg-type]
+        # receive-and-delete: settled before it goes, so nothing refers to it; one byte, since
+        # proton sends an empty tag as none at all, which the Java SDK cannot take
+        # (docs/wire.md §6.4)
+        tag = lock_tag(message.lock_token) if peek_lock else SETTLED_TAG  # type: ignore[arg-type]
         delivery = engine.send(self._raw_link, tag, payload)
         if peek_lock:
             engine.hold(delivery)
