@@ -14,7 +14,18 @@ import logging
 import os
 from typing import Any
 
-from proton import Array, Data, Delivery, Described, Link, Message, Terminus, symbol, ulong
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Data,
+    Delivery,
+    Described,
+    Link,
+    Message,
+    Terminus,
+    symbol,
+    ulong,
+)
 
 from busd.amqp import engine
 from busd.broker.links.base import (
@@ -67,7 +78,9 @@ class CoordinatorEndpoint(LinkEndpoint):
         self.link.target.type = Terminus.COORDINATOR
         caps: Data = self.link.target.capabilities
         caps.clear()
-        caps.put_object(Array(Data.NULL, Data.SYMBOL, *CAPABILITIES))
+        # an array without a descriptor: the Java SDK's proton-j refuses a described one (as
+        # Data.NULL for the descriptor makes it) and closes the connection
+        caps.put_object(Array(UNDESCRIBED, Data.SYMBOL, *CAPABILITIES))
         self.link.open()
         self.link.flow(CREDIT_WINDOW)
 

@@ -38,6 +38,14 @@ log = logging.getLogger("busd.broker")
 # AMQP 1.0 Part 4 §4.5.5: the descriptor code of transactional-state.
 TRANSACTIONAL_STATE = 0x34
 _ACCEPTED = Described(ulong(outcomes.ACCEPTED), [])
+# A settlement's outcome as a transactional echo carries it (docs/wire.md §7.2).
+_ECHOES = {
+    Outcome.COMPLETE: _ACCEPTED,
+    Outcome.ABANDON: Described(ulong(outcomes.MODIFIED), [True, False]),
+    Outcome.DEFER: Described(ulong(outcomes.MODIFIED), [True, True]),
+    Outcome.DEAD_LETTER: Described(ulong(outcomes.REJECTED), []),
+    Outcome.RELEASE: Described(ulong(outcomes.RELEASED), []),
+}
 
 # The transaction a `$management` request carries in its transfer state (None: none); set
 # while the request's handler task is created, which copies it (busd.broker.links.management).
@@ -138,8 +146,8 @@ def _answer_transfer(
 
 def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: bytes) -> None:
     """A transactional settlement (the disposition's state is transactional-state with an
-    outcome): staged, then answered with the plain outcome; its effect waits for the commit,
-    the message staying locked meanwhile (docs/wire.md §10.4)."""
+    outcome): staged, then answered `transactional-state(txn-id, outcome)`; its effect waits
+    for the commit, the message staying locked meanwhile (docs/wire.md §10.4)."""
     txn_id = txn_id_of(raw_delivery) or b""
     data = engine.wrap(raw_delivery).remote.data or []
     settlement = outcomes.of_described(data[1] if len(data) > 1 else None)
@@ -162,10 +170,25 @@ def stage_disposition(endpoint: TransactionalReceiver, raw_delivery, token: byte
     future = txn.stage(StagedSettlement(endpoint.entity, settlement, endpoint.holder))
 
     def answered(_: Any) -> None:
-        endpoint.answer_settlement(raw_delivery, settlement, future.result())
+        error = future.result()
+        if error is None and not engine.remote_settled(raw_delivery):
+            _echo_transactional(raw_delivery, txn_id, settlement.outcome)
+        else:
+            endpoint.answer_settlement(raw_delivery, settlement, error)
         endpoint.kick()
 
     future.add_done_callback(answered)
+
+
+def _echo_transactional(raw_delivery, txn_id: bytes, outcome: Outcome) -> None:
+    """Settle a staged settlement's delivery with `transactional-state(txn-id, outcome)`, the
+    outcome as §7.2 echoes it: the Java SDK fails a transactional settlement answered with
+    the plain outcome."""
+    delivery = engine.wrap(raw_delivery)
+    delivery.local.data = [txn_id, _ECHOES[outcome]]  # type: ignore[list-item]  # any AMQP list
+    delivery.update(TRANSACTIONAL_STATE)
+    delivery.settle()
+    engine.release(raw_delivery)
 
 
 def _send_op(
