@@ -80,7 +80,7 @@ class CoordinatorEndpoint(LinkEndpoint):
         caps.clear()
         # an array without a descriptor: the Java SDK's proton-j refuses a described one (as
         # Data.NULL for the descriptor makes it) and closes the connection
-        caps.put_object(Array(UNDESCRIBED, Data.SYMBOL, *CAPABILITIES))
+        caps.put_object(Array(UNDESCRIBED, Data.SYMBOL, *CAPABILITIES))  # type: ignore[arg-type]
         self.link.open()
         self.link.flow(CREDIT_WINDOW)
 
