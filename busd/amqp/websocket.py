@@ -20,6 +20,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
@@ -66,7 +67,9 @@ class WebSocketAmqp(asyncio.Protocol):
         self.flush()
 
     def _handshake(self, request: Request) -> None:
-        path = request.path.split("?", 1)[0].replace("%24", "$").rstrip("/")
+        # origin-form, or absolute-form (`GET https://host/$servicebus/websocket`, as the
+        # Java SDK asks; RFC 9112 §3.2.2: a server takes both)
+        path = urlsplit(request.path).path.replace("%24", "$").rstrip("/")
         if path != PATH:
             response = self.ws.reject(404, f"AMQP over WebSockets is served at {PATH}\n")
         elif refusal := websocket_refusal(request.headers.get("Origin"), self.transport):

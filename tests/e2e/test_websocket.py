@@ -112,3 +112,27 @@ def test_other_paths_and_subprotocols_are_refused(busd):
     response = conn.getresponse()
     assert response.status == 101
     assert response.getheader("Sec-WebSocket-Protocol") == "AMQPWSB10"
+
+
+@pytest.mark.parametrize(
+    "target", ["https://localhost/$servicebus/websocket", "/$servicebus/websocket?x=1"]
+)
+def test_the_upgrade_is_taken_in_absolute_form(busd, target):
+    """The Java SDK asks `GET https://<host>/$servicebus/websocket` (absolute-form, which a
+    server must take: RFC 9112 §3.2.2); busd answered 404 before."""
+    conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
+    conn.request(
+        "GET",
+        target,
+        headers={
+            "Upgrade": "websocket",
+            "Connection": "Upgrade,Keep-Alive",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Protocol": "AMQPWSB10",
+        },
+    )
+    assert conn.getresponse().status == 101
+    conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
+    conn.request("GET", "https://localhost/elsewhere", headers={"Upgrade": "websocket"})
+    assert conn.getresponse().status == 404
