@@ -58,9 +58,24 @@ def java_run(busd_factory, tmp_path_factory):
     work = tmp_path_factory.mktemp("sdk-java")
     truststore = work / "busd-truststore.p12"
     subprocess.run(
-        ["keytool", "-importcert", "-noprompt", "-alias", "busd", "-file", busd.cert_path,
-         "-keystore", str(truststore), "-storetype", "PKCS12", "-storepass", "changeit"],
-        check=True, capture_output=True, timeout=60,
+        [
+            "keytool",
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "busd",
+            "-file",
+            busd.cert_path,
+            "-keystore",
+            str(truststore),
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            "changeit",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     tls = busd.connection_string.replace(f":{busd.port};", f":{busd.tls_port};").replace(
         "UseDevelopmentEmulator=true;", ""
@@ -69,7 +84,12 @@ def java_run(busd_factory, tmp_path_factory):
     reports = PROJECT / "target" / "surefire-reports"
     shutil.rmtree(reports, ignore_errors=True)
     command = [
-        "mvn", "-B", "-q", "-Dstyle.color=never", *(["-o"] if offline else []), "test",
+        "mvn",
+        "-B",
+        "-q",
+        "-Dstyle.color=never",
+        *(["-o"] if offline else []),
+        "test",
         f"-Dbusd.connectionString={busd.connection_string}",
         f"-Dbusd.tlsConnectionString={tls}",
         f"-Dbusd.httpPort={busd.http_port}",
