@@ -125,8 +125,8 @@ class AdministrationTest {
         assertEquals(1, topicRuntime.getSubscriptionCount());
 
         admin.deleteSubscription(topic, "sub1");
-        // (getSubscriptionExists of a deleted subscription: busd answers an empty feed, which
-        // this SDK cannot read; not covered here yet)
+        // not getSubscriptionExists: of a missing subscription Service Bus (and busd) answers
+        // 200 with an empty feed, which this SDK version fails to read (docs/features.md)
         List<String> left = new ArrayList<>();
         admin.listSubscriptions(topic).forEach(s -> left.add(s.getSubscriptionName()));
         assertEquals(List.of(), left);
