@@ -59,6 +59,11 @@ class ProcessorTest {
                 }
                 seen.computeIfAbsent(session, k -> java.util.Collections.synchronizedList(new ArrayList<>()))
                     .add(Integer.parseInt(context.getMessage().getBody().toString()));
+                try {
+                    Thread.sleep(2); // long enough for a second holder of the session to overlap
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
                 active.get(session).decrementAndGet();
                 concurrent.decrementAndGet();
                 handled.incrementAndGet();

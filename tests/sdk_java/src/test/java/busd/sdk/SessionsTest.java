@@ -233,10 +233,11 @@ class SessionsTest {
             assertNotNull(scheduled);
             assertEquals(kept, scheduled.getSequenceNumber());
             assertEquals(com.azure.messaging.servicebus.models.ServiceBusMessageState.SCHEDULED, scheduled.getState());
-            List<ServiceBusReceivedMessage> got = Busd.receive(receiver, 2, Duration.ofSeconds(8));
+            List<ServiceBusReceivedMessage> got = Busd.receive(receiver, 1, Duration.ofSeconds(15));
             assertEquals(List.of("kept"), bodies(got));
             assertTrue(!got.get(0).getEnqueuedTime().isBefore(at.minusSeconds(1)));
             receiver.complete(got.get(0));
+            assertNull(receiver.peekMessage()); // the cancelled one is gone, not scheduled
         } finally {
             receiver.close();
         }
