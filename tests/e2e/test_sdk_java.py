@@ -54,7 +54,8 @@ QUEUES = [
 
 @pytest.fixture(scope="module")
 def java_run(busd_factory, tmp_path_factory):
-    busd = busd_factory(QUEUES)
+    # faults on demand on (docs/faults.md): the lost session lock is one
+    busd = busd_factory(QUEUES, extra_env={"BUSD_FAULTS": "1"})
     work = tmp_path_factory.mktemp("sdk-java")
     truststore = work / "busd-truststore.p12"
     subprocess.run(
