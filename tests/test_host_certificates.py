@@ -37,7 +37,12 @@ class Pong(asyncio.Protocol):
 
 @asynccontextmanager
 async def listening(material: tls.Tls) -> AsyncIterator[int]:
-    port = ports.listen("127.0.0.1", 0, ports.Services(Pong, Pong, material.context), "test")
+    port = ports.listen(
+        "127.0.0.1",
+        0,
+        ports.Services(lambda _pending: Pong(), lambda _address: Pong(), material.context),
+        "test",
+    )
     try:
         yield port.port
     finally:
