@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"busd.amqp"},
     {"busd.entities"},
     {"busd.storage", "busd.net"},
-    {"busd.auth", "busd.errors", "busd.allocator", "busd"},
+    {"busd.auth", "busd.errors", "busd.units", "busd.process", "busd"},
 ]
 
 

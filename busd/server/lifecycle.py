@@ -156,7 +156,7 @@ class Server:
 
             self.embedded = embedded_store(settings.data_dir, shard_count(settings.store_shards))
             # On this thread, not a worker thread: its servers end when the thread that
-            # started them does (busd/child_processes.py). Nothing is served yet to wait.
+            # started them does (busd/process/children.py). Nothing is served yet to wait.
             self.embedded.start()
             url = self.embedded.url
 

@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from busd.broker.catalog import Catalog
-from busd.child_processes import end_with_parent
 from busd.config.entities_file import load_entities
 from busd.config.settings import ConfigError, Settings
 from busd.errors import EXIT_CONFIG, EXIT_UNAVAILABLE
 from busd.net.listener import bind
+from busd.process.children import end_with_parent
 from busd.server import stop_request
 from busd.server.exposure import default_key_warning
 from busd.server.lifecycle import GRACE_S, READY_LINE, entities_file, redacted, unless_stopped

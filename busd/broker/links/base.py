@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proton import Condition, Delivery, Link, Terminus, symbol
 
-from busd.allocator import trim_soon
 from busd.amqp import engine
 from busd.errors import BusdError
+from busd.process.memory import trim_soon
 
 if TYPE_CHECKING:
     from busd.amqp.addresses import Address

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Endpoint, Link
 
-from busd.allocator import trim_soon
 from busd.amqp import engine
 from busd.broker.limits import Buffers
 from busd.broker.links.base import (
@@ -41,6 +40,7 @@ from busd.broker.namespaces import namespace_of_host
 from busd.broker.transactions import TransactionScope
 from busd.errors import BusdError
 from busd.errors import Condition as Cond
+from busd.process.memory import trim_soon
 
 if TYPE_CHECKING:
     from busd.amqp.protocol import AmqpProtocol

