@@ -18,7 +18,13 @@ from busd.config.arm_expressions import TemplateError
 from busd.config.entities_file import load_entities
 from busd.errors import EXIT_INVALID
 
-TEMPLATE = Path(__file__).resolve().parent / "data" / "arm" / "orders.json"
+TEMPLATES = Path(__file__).resolve().parent / "data" / "arm"
+TEMPLATE = TEMPLATES / "orders.json"
+# as the portal's "Export template" writes a Standard namespace: every property at its value,
+# a networkRuleSets `default`, the namespace's geoDataReplication
+PORTAL_EXPORT = TEMPLATES / "portal-export.json"
+# the Azure docs' quickstart "Create a Service Bus namespace and queue using an ARM template"
+QUICKSTART = TEMPLATES / "servicebus-create-queue.json"
 NS = "Microsoft.ServiceBus/namespaces"
 API = "2022-10-01-preview"
 
@@ -273,10 +279,15 @@ def test_template_functions():
             "honoured: busd authenticates with shared access keys only",
         ),
         (
-            template(namespace("ns", child("networkRuleSets", "default", defaultAction="Deny"))),
-            "Microsoft.ServiceBus/namespaces/networkRuleSets 'ns/default': busd cannot serve "
+            template(namespace("ns", child("frobnicators", "default"))),
+            "Microsoft.ServiceBus/namespaces/frobnicators 'ns/default': busd cannot serve "
             "this kind of resource (it serves namespaces, queues, topics, subscriptions, rules "
             "and authorization rules)",
+        ),
+        (
+            template(namespace("ns", geoDataReplicaton={"locations": []})),
+            "Microsoft.ServiceBus/namespaces 'ns': property 'geoDataReplicaton' is not one busd "
+            "can serve for a namespace",
         ),
         (
             template(
@@ -564,3 +575,87 @@ def test_mutated_templates_are_converted_or_refused_by_name():
         except TemplateError:
             refused += 1
     assert 0 < refused < 400
+
+
+# --- templates as Azure writes them ------------------------------------------------------------
+
+
+def test_a_portal_export_imports_with_one_note_per_skipped_resource_and_serves_without_warnings(
+    tmp_path,
+):
+    out = tmp_path / "Config.json"
+    result = CliRunner().invoke(
+        cli, ["config", "import", str(PORTAL_EXPORT), "-o", str(out)], prog_name="busd"
+    )
+    assert result.exit_code == 0, result.output
+    skipped = [line for line in result.stderr.splitlines() if "skipped" in line]
+    assert skipped == [
+        "busd: note: skipped Microsoft.ServiceBus/namespaces/networkrulesets "
+        "'contoso-orders/default': network access rules: busd serves whoever reaches its ports "
+        "(--host)"
+    ]
+    found = load_entities(out)
+    assert [q.name for q in found.queues] == ["orders"]
+    assert found.queues[0].requires_session is True
+    assert [s.path for s in found.subscriptions] == ["events/subscriptions/audit"]
+    # every kept-only property is at Azure's default: busd serve has nothing to warn of
+    assert found.warnings == []
+
+
+def test_a_kept_only_property_off_azure_s_default_still_warns(tmp_path):
+    document = json.loads(PORTAL_EXPORT.read_text())
+    queue = next(r for r in document["resources"] if r["type"].endswith("/queues"))
+    queue["properties"] |= {"maxSizeInMegabytes": 5120, "status": "SendDisabled"}
+    out = tmp_path / "Config.json"
+    out.write_text(json.dumps(convert(document).document))
+    assert load_entities(out).warnings == [
+        f"queue 'orders': property {name!r} is kept and answered back by the management API, "
+        "but busd does not act on it"
+        for name in ("MaxSizeInMegabytes", "Status")
+    ]
+
+
+def test_the_azure_docs_quickstart_template_imports_as_is(tmp_path):
+    out = tmp_path / "Config.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "config", "import", str(QUICKSTART), "-o", str(out),
+            "-p", "serviceBusNamespaceName=sb-quickstart", "-p", "serviceBusQueueName=orders",
+        ],
+        prog_name="busd",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    found = load_entities(out)
+    (queue,) = found.queues
+    assert (queue.name, queue.lock_duration_ms, queue.max_delivery_count) == ("orders", 300_000, 10)
+    assert queue.default_ttl_ms is None  # TimeSpan.MaxValue: messages live until received
+    assert found.warnings == []
+
+
+@pytest.mark.parametrize(
+    "resource, what",
+    [
+        (child("networkRuleSets", "default", defaultAction="Deny", ipRules=[]), "network"),
+        (child("ipfilterrules", "office", ipMask="10.0.0.0/8", action="Accept"), "network"),
+        (child("virtualnetworkrules", "subnet", virtualNetworkSubnetId="x"), "network"),
+        (child("privateEndpointConnections", "pe", privateEndpoint={"id": "x"}), "network"),
+        (
+            child(
+                "disasterRecoveryConfigs",
+                "alias",
+                child("authorizationRules", "RootManageSharedAccessKey", rights=["Listen"]),
+                partnerNamespace="x",
+            ),
+            "Geo-DR",
+        ),
+        (child("migrationConfigurations", "$default", targetNamespace="x"), "migration"),
+    ],
+)
+def test_resources_that_change_no_entity_or_key_are_skipped_with_a_note(resource, what):
+    converted = convert(template(namespace("ns", resource, child("queues", "q"))))
+    assert [q["Name"] for q in entities(converted.document)["Queues"]] == ["q"]
+    (note,) = converted.notes
+    assert note.startswith(f"skipped Microsoft.ServiceBus/namespaces/{resource['type']} 'ns/")
+    assert what in note

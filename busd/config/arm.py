@@ -8,7 +8,9 @@ Properties map by name onto busd.entities.properties (ARM's `lockDuration` is th
 `LockDuration`), so every property busd keeps is read and nothing else is. What busd cannot
 honour is refused, one line naming the resource and the property: a misread template would
 otherwise give tests a namespace unlike the one deployed. Other resource providers' resources
-(a storage account beside the namespace) are left out with a note.
+(a storage account beside the namespace), and the Service Bus resources that change no entity
+and no key (network rules, a Geo-DR alias: `SKIPPED`, as the portal's exports carry them), are
+left out with a note each.
 
 As Azure does, a subscription keeps its `$Default` rule (TrueFilter) beside the rules the
 template declares, unless the template declares a rule named `$Default` itself.
@@ -42,6 +44,21 @@ KINDS = {
     f"{NAMESPACES}/queues/authorizationrules": "entity key",
     f"{NAMESPACES}/topics/authorizationrules": "entity key",
 }
+# Service Bus resources (ARM reference, 2025-05-01-preview and older) that change neither the
+# entities nor the keys busd serves, with what the note says of them: the portal exports them
+# (`networkRuleSets` `default` in every namespace), so they are skipped, not refused.
+_NETWORK = "network access rules: busd serves whoever reaches its ports (--host)"
+SKIPPED = {
+    f"{NAMESPACES}/networkrulesets": _NETWORK,
+    f"{NAMESPACES}/ipfilterrules": _NETWORK,
+    f"{NAMESPACES}/virtualnetworkrules": _NETWORK,
+    f"{NAMESPACES}/privateendpointconnections": _NETWORK,
+    f"{NAMESPACES}/networksecurityperimeterconfigurations": _NETWORK,
+    f"{NAMESPACES}/disasterrecoveryconfigs": "a Geo-DR alias pairs Azure namespaces",
+    f"{NAMESPACES}/disasterrecoveryconfigs/authorizationrules": "a Geo-DR alias's keys are "
+    "its namespace's",
+    f"{NAMESPACES}/migrationconfigurations": "a migration from Standard to Premium",
+}
 # A resource's members that say how Azure deploys it, not what busd serves: never evaluated.
 DEPLOYMENT_MEMBERS = frozenset(
     ("apiversion", "location", "tags", "dependson", "comments", "metadata", "identity", "scope",
@@ -55,8 +72,12 @@ READ_ONLY = frozenset(
 # Namespace properties that describe Azure's infrastructure: nothing busd serves changes.
 NAMESPACE_INFRASTRUCTURE = frozenset(
     ("zoneRedundant", "minimumTlsVersion", "publicNetworkAccess", "premiumMessagingPartitions",
-     "alternateName", "encryption", "privateEndpointConnections", "disableLocalAuth")
+     "alternateName", "encryption", "privateEndpointConnections", "disableLocalAuth",
+     "geoDataReplication", "platformCapabilities")
 )  # fmt: skip
+# A namespace's read-only properties (its `status` is Azure's provisioning state, not an
+# entity's Status).
+NAMESPACE_READ_ONLY = READ_ONLY | {"status"}
 # A subscription property Azure's schema has and Service Bus ignores.
 IGNORED_SUBSCRIPTION = frozenset(("duplicateDetectionHistoryTimeWindow",))
 CORRELATION_FIELDS = {
@@ -210,6 +231,10 @@ class _Reader:
             raise TemplateError(f"{where}: each resource needs a type and a name (strings)")
         full_type, names = _full_name(rtype, name, parent, where)
         label = f"{full_type} {'/'.join(names)!r}"
+        skipped = SKIPPED.get(full_type.lower())
+        if skipped is not None:  # its children (a Geo-DR alias's keys) go with it
+            self.notes.append(f"skipped {label}: {skipped}")
+            return
         kind = KINDS.get(full_type.lower())
         if kind is None:
             raise TemplateError(
@@ -274,7 +299,7 @@ class _Reader:
                     f"{res.label}: property 'disableLocalAuth' true cannot be honoured: "
                     "busd authenticates with shared access keys only"
                 )
-            if key not in NAMESPACE_INFRASTRUCTURE and key not in READ_ONLY:
+            if key not in NAMESPACE_INFRASTRUCTURE and key not in NAMESPACE_READ_ONLY:
                 raise TemplateError(
                     f"{res.label}: property {key!r} is not one busd can serve for a namespace"
                 )

@@ -4,8 +4,10 @@
 turns its queues, topics, subscriptions and rules into the records of entities.records, which
 seed the store's catalog, and reads busd's own `SharedAccessKeys` entries of a namespace (keys
 with their rights). Properties are read as busd.entities.properties declares them: a Service
-Bus property busd keeps but does not act on is a warning; a name Service Bus does not know for
-that kind of entity (a misspelling) refuses the start, naming the entity and the property.
+Bus property busd keeps but does not act on is a warning unless it has Azure's default value
+(an exported template writes them all: `Status` Active, `EnableBatchedOperations` true); a
+name Service Bus does not know for that kind of entity (a misspelling) refuses the start,
+naming the entity and the property.
 """
 
 from __future__ import annotations
@@ -236,7 +238,7 @@ def _properties(raw: dict, kind: str, label: str, warnings: list[str]) -> dict[s
             prop.check(values[key])
         except ConfigError as e:
             raise ConfigError(f"{label}: {e}") from None
-        if key in ep.KEPT_ONLY:
+        if key in ep.KEPT_ONLY and values[key] != prop.default:  # Azure's default: nothing to say
             warnings.append(
                 f"{label}: property {key!r} is kept and answered back by the "
                 "management API, but busd does not act on it"
