@@ -262,7 +262,8 @@ def dlq() -> None:
     "--limit",
     type=click.IntRange(1),
     default=None,
-    help="At most this many messages (default: all).",
+    help="At most this many messages (default: all); on a session queue, whole sessions "
+    "until this many (the last may take it past).",
 )
 @client_options
 def resubmit(queue: str, limit: int | None, url: str, cacert: str | None, as_json: bool) -> None:
@@ -270,7 +271,8 @@ def resubmit(queue: str, limit: int | None, url: str, cacert: str | None, as_jso
 
     Each gets a new sequence number, delivery count 0 and the queue's default time to live;
     it keeps its body, properties and session id. Messages a dead-letter receiver holds
-    locked stay."""
+    locked stay. On a session queue sessions move whole and in order, each message under its
+    own sequence number, as `busd sessions resubmit` moves one (docs/tools.md)."""
     client = AdminClient(url, cacert)
     total = client.call("GET", client.queue_path(queue))["counts"]["dead_letter"]
     if limit is not None:
@@ -293,8 +295,9 @@ def resubmit(queue: str, limit: int | None, url: str, cacert: str | None, as_jso
         as_json,
         result,
         lambda: (
-            f"{queue}: resubmitted {moved} dead-lettered message(s), "
-            f"{done['dead_letter']} left in the dead-letter queue"
+            f"{queue}: resubmitted {moved} dead-lettered message(s)"
+            + (" (sessions move whole)" if limit is not None and moved > limit else "")
+            + f", {done['dead_letter']} left in the dead-letter queue"
         ),
     )
 

@@ -405,7 +405,9 @@ class Store(Protocol):
         """Move up to `limit` dead-lettered messages (oldest first; not those a dead-letter
         receiver holds locked) back into the queue as new messages: new sequence number,
         delivery count 0, no dead-letter reason, the queue's default time to live from now.
-        Returns how many moved; 0 when none is left."""
+        On a session queue whole sessions move, oldest first, each as `resubmit_session`
+        moves it, until `limit` messages have: the last may take the count past `limit`.
+        Returns how many moved; fewer than `limit` when none is left."""
 
     async def counts(self, entity: QueueSpec) -> EntityCounts: ...
 

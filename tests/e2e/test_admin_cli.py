@@ -39,6 +39,7 @@ def busd(busd_factory):
         [
             queue("plain"),
             queue("sessions", RequiresSession=True),
+            queue("dead-sessions", RequiresSession=True),
             queue("orders/eu"),
             queue("dead"),
             queue("many"),
@@ -134,6 +135,7 @@ def test_queues_lists_every_queue_with_its_counts(busd):
     assert set(found) == {
         "plain",
         "sessions",
+        "dead-sessions",
         "orders/eu",
         "dead",
         "many",
@@ -252,6 +254,33 @@ def test_peek_dlq_purge_and_resubmit(busd):
     purged = tool(busd, "purge", "dead")
     assert purged.exit_code == 0 and purged.output.strip() == "dead: purged 2 message(s)"
     assert tool_json(busd, "peek", "dead") == [] and tool_json(busd, "peek", "dead", "--dlq") == []
+
+
+def test_dlq_resubmit_with_a_limit_keeps_a_session_whole_and_in_order(busd):
+    bodies = [str(i) for i in range(0, 100, 10)]
+    for body in bodies:
+        tool(busd, "send", "dead-sessions", body, "--session", "s1")
+    tool(busd, "send", "dead-sessions", "other", "--session", "s2")
+    for sid in ("s1", "s2"):
+        assert (
+            tool(busd, "sessions", "dead-letter", "dead-sessions", sid, "--reason", "x").exit_code
+            == 0
+        )
+    seqs = [m["sequence_number"] for m in tool_json(busd, "peek", "dead-sessions", "--dlq")]
+
+    # --limit 3 would split s1: it moves s1 whole (the oldest session) and leaves s2
+    done = tool(busd, "dlq", "resubmit", "dead-sessions", "--limit", "3")
+    assert done.output == (
+        "dead-sessions: resubmitted 10 dead-lettered message(s) (sessions move whole), "
+        "1 left in the dead-letter queue\n"
+    )
+    assert tool_json(busd, "sessions", "resubmit", "dead-sessions", "s2")["resubmitted"] == 1
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_queue_receiver("dead-sessions", session_id="s1", max_wait_time=3) as r:
+            got = [(str(m), m.sequence_number) for m in r]
+            for m in r.peek_messages(max_message_count=1):
+                raise AssertionError(f"left: {m}")
+    assert got == list(zip(bodies, seqs[:10]))  # in order, under their own numbers
 
 
 async def test_resubmit_of_many_goes_in_chunks(busd, redis_url):

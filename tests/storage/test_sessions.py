@@ -540,6 +540,37 @@ async def test_dead_letter_session_moves_every_state_in_order_with_its_state(
     assert await store.peek(sq.dead_letter_queue, 0, 10) == []
 
 
+async def test_resubmitting_dead_letters_moves_whole_sessions_in_their_order(store, sq, tokens):
+    await store.send(sq, msgs("a", b"a1", b"a2", b"a3"))
+    await store.send(sq, msgs("b", b"b1", b"b2"))
+    await store.send(sq, msgs("a", b"a4"))
+    for sid in ("a", "b"):
+        await store.dead_letter_session(sq, sid, "Poison", None)
+    dead = {m.blob: m.seq for m in await store.peek(sq.dead_letter_queue, 0, 10)}
+    sessions = {"a": [b"a1", b"a2", b"a3", b"a4"], "b": [b"b1", b"b2"]}
+
+    # a limit of 1 takes one session whole (the oldest, or a partition's oldest), never part
+    moved = await store.resubmit_dead_letters(sq, 1)
+    first, other = ("a", "b") if moved == 4 else ("b", "a")
+    assert moved == len(sessions[first])
+    assert [m.blob for m in await store.peek(sq.dead_letter_queue, 0, 10)] == sessions[other]
+    assert await store.resubmit_dead_letters(sq, 100) == len(sessions[other])
+    for sid, blobs in sessions.items():
+        back = await store.peek(sq, 0, 10, sid)
+        assert [(m.blob, m.seq) for m in back] == [(b, dead[b]) for b in blobs]  # their own
+
+    # a session split by a dead-letter receiver's lock comes back in order all the same
+    await store.dead_letter_session(sq, "b", "Poison", None)
+    (held,) = await store.receive(sq.dead_letter_queue, 1, PL, tokens(1))
+    assert held.blob == b"b1"
+    assert await store.resubmit_dead_letters(sq, 100) == 1
+    await store.settle(sq.dead_letter_queue, [Settlement(held.lock_token, Outcome.ABANDON)])
+    assert await store.resubmit_session(sq, "b") == (1, 0)
+    assert await store.accept_session(sq, "b", "h") is not None
+    got = await store.receive_session(sq, "b", "h", 10, PL, tokens(10))
+    assert [(m.blob, m.seq) for m in got] == [(b"b1", dead[b"b1"]), (b"b2", dead[b"b2"])]
+
+
 async def test_policy_dead_letters_the_session_at_max_delivery_count(store, make_queue, tokens):
     q = make_queue(
         requires_session=True, max_delivery_count=2, dead_letter_session_on_max_delivery=True

@@ -23,33 +23,12 @@
     receiver
 ]]
 --- @include "queueContext"
---- @include "sessionRange"
---- @include "memberSeq"
---- @include "readMeta"
---- @include "deleteMessage"
---- @include "placeMessage"
---- @include "writeSessionState"
+--- @include "resubmitSessionLetters"
 --- @include "countEvent"
 
 local Q = queueContext(0, 0)
 local sid = ARGV[QUEUE_ARGC + 1]
 local ttl = tonumber(ARGV[QUEUE_ARGC + 2])
-local lo, hi = sessionRange(sid)
-local moved, left = 0, 0
-for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.d.sall, lo, hi)) do
-  local seq = memberSeq(member)
-  local m = readMeta(Q.d, seq)
-  if m and (m.st == 'a' or m.st == 'd') then
-    local body = redis.call('HGET', Q.d.body, seq)
-    deleteMessage(Q, Q.d, seq, m)
-    placeMessage(Q, seq, body, sid, ttl, nil, true, m.pp)
-    if m.sst and redis.call('HEXISTS', Q.sstate, sid) == 0 then
-      writeSessionState(Q, sid, m.sst)
-    end
-    moved = moved + 1
-  elseif m then
-    left = left + 1
-  end
-end
+local moved, left = resubmitSessionLetters(Q, sid, ttl)
 countEvent(Q, Q.q, 'resubmitted', moved)
 return { moved, left }
