@@ -79,8 +79,10 @@ def session_row(d: SessionDetail, spec: QueueSpec, now_ms: int) -> dict[str, Any
         "holder_process": d.holder.rsplit(":", 1)[0] if d.holder else None,
         "holder_connection": container or None,
         "holder_address": address or None,
-        "message_count": d.active + d.in_flight + d.deferred + d.scheduled,
-        "active": d.active,
+        "message_count": d.message_count,
+        # as the entity's (queue_info): ActiveMessageCount's meaning, available plus in flight
+        "active": d.active_message_count,
+        "available": d.active,
         "in_flight": d.in_flight,
         "deferred": d.deferred,
         "scheduled": d.scheduled,
@@ -94,7 +96,7 @@ def session_row(d: SessionDetail, spec: QueueSpec, now_ms: int) -> dict[str, Any
         "last_activity": iso(d.last_activity_ms or None),
         "stuck": bool(
             held
-            and d.active + d.in_flight > 0
+            and d.active_message_count > 0
             and idle_ms is not None
             and idle_ms > spec.lock_duration_ms
         ),
@@ -278,7 +280,7 @@ class Admin:
                 )
                 row["partitions"] += 1
                 row["sessions"] += c.sessions
-                row["active"] += c.active
+                row["active"] += c.active_message_count
                 row["sent"] += c.totals.get("sent", 0)
                 row["received"] += c.totals.get("received", 0)
             out.append(

@@ -307,7 +307,7 @@ def resubmit(queue: str, limit: int | None, url: str, cacert: str | None, as_jso
 @client_options
 def shards(entity: str | None, url: str, cacert: str | None, as_json: bool) -> None:
     """Where each queue and subscription (or ENTITY) is kept: per store server (a Cluster's
-    shard), its partitions, sessions, available messages and messages sent and received,
+    shard), its partitions, sessions, active messages and messages sent and received,
     with each shard's share of what was sent against an even share."""
     found = AdminClient(url, cacert).call("GET", "/admin/shards", {"entity": entity})
 

@@ -101,7 +101,10 @@ class StoreCollector:
             for event, (name, doc) in _TOTALS.items()
         }
         messages = GaugeMetricFamily(
-            "busd_entity_messages", "Messages per entity and state.", labels=["entity", "state"]
+            "busd_entity_messages",
+            "Messages per entity and state: active (ActiveMessageCount: available plus locked), "
+            "locked (of the active ones), scheduled, deferred, dead_letter.",
+            labels=["entity", "state"],
         )
         sessions = GaugeMetricFamily(
             "busd_entity_sessions",
@@ -131,7 +134,7 @@ class StoreCollector:
                 if event not in _QUEUE_ONLY:
                     family.add_metric([dlq_name], dlq.totals.get(event, 0))
             for state, value in (
-                ("active", counts.active),
+                ("active", counts.active_message_count),
                 ("locked", counts.locked),
                 ("scheduled", counts.scheduled),
                 ("deferred", counts.deferred),

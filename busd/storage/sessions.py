@@ -40,8 +40,15 @@ class SessionDetail:
     cursor: str = ""  # what continues a listing after this session
 
     @property
+    def active_message_count(self) -> int:
+        """The session's share of the management API's ActiveMessageCount (available plus in
+        flight), as EntityCounts.active_message_count counts the entity's: what every view
+        calls its "active"."""
+        return self.active + self.in_flight
+
+    @property
     def message_count(self) -> int:
-        return self.active + self.in_flight + self.deferred + self.scheduled
+        return self.active_message_count + self.deferred + self.scheduled
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.management import ServiceBusAdministrationClient
 from click.testing import CliRunner
 
 from busd.amqp import codec
@@ -40,6 +41,7 @@ def busd(busd_factory):
             queue("plain"),
             queue("sessions", RequiresSession=True),
             queue("dead-sessions", RequiresSession=True),
+            queue("counted", RequiresSession=True),
             queue("orders/eu"),
             queue("dead"),
             queue("many"),
@@ -136,6 +138,7 @@ def test_queues_lists_every_queue_with_its_counts(busd):
         "plain",
         "sessions",
         "dead-sessions",
+        "counted",
         "orders/eu",
         "dead",
         "many",
@@ -211,6 +214,38 @@ def test_sessions_show_lock_locked_until_messages_and_state_size(busd):
             ]
             assert lines[1].split()[0] == "a" and lines[1].split()[1].startswith("127.0.0.1:")
             assert lines[1].split()[3] == "2" and "12345" in lines[1].split()
+
+
+def test_active_counts_locked_messages_in_every_view_as_activemessagecount(busd):
+    for body in ("m1", "m2", "m3"):
+        tool(busd, "send", "counted", body, "--session", "s1")
+    with ServiceBusClient.from_connection_string(busd.connection_string) as sb:
+        with sb.get_queue_receiver("counted", session_id="s1", max_wait_time=5) as receiver:
+            (held,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            # one of the three is locked, not settled: Service Bus counts it active
+            with ServiceBusAdministrationClient.from_connection_string(
+                busd.admin_connection_string, connection_verify=busd.cert_path
+            ) as admin:
+                runtime = admin.get_queue_runtime_properties("counted")
+            assert runtime.active_message_count == 3
+            (queue_row,) = [q for q in tool_json(busd, "queues") if q["name"] == "counted"]
+            assert (queue_row["counts"]["active"], queue_row["counts"]["locked"]) == (3, 1)
+            (session_row,) = tool_json(busd, "sessions", "counted")["sessions"]
+            assert (session_row["active"], session_row["in_flight"]) == (3, 1)
+            assert session_row["available"] == 2
+            (shard_row,) = tool_json(busd, "shards", "counted")[0]["shards"]
+            assert shard_row["active"] == 3
+            with urllib.request.urlopen(busd.http_url + "/metrics", timeout=10) as response:
+                metrics = response.read().decode()
+            assert 'busd_entity_messages{entity="counted",state="active"} 3.0' in metrics
+            assert 'busd_entity_messages{entity="counted",state="locked"} 1.0' in metrics
+            # the tables' ACTIVE columns say the same
+            queues_table = tool(busd, "queues").output.splitlines()
+            assert next(r.split() for r in queues_table if r.startswith("counted "))[2] == "3"
+            sessions_table = tool(busd, "sessions", "counted").output.splitlines()
+            active_column = sessions_table[0].split().index("ACTIVE")
+            assert sessions_table[1].split()[active_column] == "3"
+            receiver.complete_message(held)
 
 
 def test_peek_dlq_purge_and_resubmit(busd):
