@@ -41,6 +41,12 @@ class Condition(str, enum.Enum):
     TRANSACTION_ROLLBACK = "amqp:transaction:rollback"
     TRANSACTION_TIMEOUT = "amqp:transaction:timeout"
 
+    @property
+    def label(self) -> str:
+        """Its last part as a metric label: `com.microsoft:message-lock-lost` is
+        `message_lock_lost`."""
+        return self.value.rpartition(":")[2].replace("-", "_")
+
 
 # HTTP-like status codes used in `$management` responses for each condition.
 _STATUS = {

@@ -30,6 +30,7 @@ from prometheus_client.utils import floatToGoString
 from busd.errors import Condition
 from busd.storage.counts import EntityCounts
 from busd.storage.messages import Outcome
+from busd.storage.specs import QueueSpec
 
 _OUTCOME_NAMES = {
     Outcome.COMPLETE: "completed",
@@ -80,6 +81,13 @@ _QUEUE_ONLY = {
 }
 # Store calls one scrape runs at once.
 SCRAPE_CONCURRENCY = 16
+# Label values of the counters docs/operating.md's alert rules read: the caps an eviction
+# was made at (busd.net.listener, busd.http.server), the deadlines a handshake missed
+# (busd.net.listener, busd.broker.links.connection), why a pre-settled settlement was refused
+# (busd.broker.links.receiving).
+LIMITS = ("process", "address")
+HANDSHAKE_STAGES = ("handshake", "token")
+REFUSAL_REASONS = (Condition.MESSAGE_LOCK_LOST.label, Condition.SESSION_LOCK_LOST.label)
 
 
 class StoreCollector:
@@ -277,6 +285,16 @@ class Metrics:
         # Set on a worker of several (busd/observability/peers.py): the process figures of
         # every worker of the host, as Prometheus text.
         self.host_figures: Callable[[], Awaitable[list[str]]] | None = None
+        # Every label value an alert rule of docs/operating.md selects is there at 0 from the
+        # start: a rule over a series not yet made is "no data" rather than 0. Settlements
+        # refused are per entity: each entity's series are made at the scrape that first
+        # sees it (`_zero_refusals`).
+        for limit in LIMITS:
+            self.unauthenticated_evictions.labels(limit)
+            self.http_evictions.labels(limit)
+        for stage in HANDSHAKE_STAGES:
+            self.handshake_timeouts.labels(stage)
+        self._refusals_made: set[str] = set()
 
     def process_text(self) -> str:
         """This process's own figures, as Prometheus text."""
@@ -346,6 +364,14 @@ class Metrics:
     def fault_hit(self, entity: str, kind: str, operation: str) -> None:
         self.faults.labels(entity, kind, operation).inc()
 
+    def _zero_refusals(self, specs: Iterable[QueueSpec]) -> None:
+        for spec in specs:
+            if spec.name not in self._refusals_made:
+                self._refusals_made.add(spec.name)
+                for entity in (spec.path, spec.dead_letter_queue.path):
+                    for reason in REFUSAL_REASONS:
+                        self.settlements_refused.labels(entity, reason)
+
     def on_sweep(self, entity: str, result, seconds: float) -> None:
         # what the sweep expired is in the store's totals (with what receives expired lazily)
         self.sweep_seconds.observe(seconds)
@@ -353,6 +379,7 @@ class Metrics:
     # --- scrape -----------------------------------------------------------------------------
     async def render(self, broker) -> bytes:
         specs = list(broker.entities.values())
+        self._zero_refusals(specs)
         refs = [e for spec in specs for e in (spec, spec.dead_letter_queue)]
         figures: list[EntityCounts] = []
         for start in range(0, len(refs), SCRAPE_CONCURRENCY):  # bounded: one connection each

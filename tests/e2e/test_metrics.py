@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -171,3 +173,53 @@ def test_sessions_with_messages_and_locked_sessions(busd):
         lambda: value(scrape(busd), "busd_entity_sessions", entity="sessions", kind="locked") == 0
     )
     assert value(scrape(busd), "busd_messages_sent_total", entity="sessions") == 3
+
+
+OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
+
+
+def alert_selections() -> list[tuple[str, dict[str, str], set[str]]]:
+    """Each busd metric an alert rule of docs/operating.md reads: its name, the label values
+    it selects (`{state="dead_letter"}`) and the labels it groups by."""
+    text = OPERATING.read_text()
+    rules = text[text.index("Alert rules to start from") :]
+    rules = rules[: rules.index("```", rules.index("```yaml") + 7)]
+    found = []
+    for expr in re.findall(r"expr: (.*)", rules):
+        grouped = {
+            label.strip()
+            for labels in re.findall(r"by \(([^)]*)\)", expr)
+            for label in labels.split(",")
+        } - {"instance", "le"}  # Prometheus's own, and a histogram bucket's
+        for name, selector in re.findall(r"(busd_\w+)(\{[^}]*\})?", expr):
+            selected = dict(re.findall(r'(\w+)="([^"]*)"', selector or ""))
+            found.append((name, selected, grouped))
+    return found
+
+
+def test_every_alert_rule_s_metric_is_there_at_zero_on_a_fresh_busd(busd_factory):
+    fresh = busd_factory([queue("fresh"), queue("fresh-sessions", RequiresSession=True)])
+    selections = alert_selections()
+    assert {name for name, _, _ in selections} >= {
+        "busd_entity_messages",
+        "busd_settlements_refused_total",
+        "busd_handshake_timeouts_total",
+        "busd_sweep_seconds_bucket",
+    }  # the rules are read
+    samples = scrape(fresh)
+    for name, selected, grouped in selections:
+        matching = [
+            dict(labels)
+            for (sample, labels), _ in samples.items()
+            if sample == name and selected.items() <= dict(labels).items()
+        ]
+        assert matching, f"no sample of {name}{selected or ''} on a fresh busd"
+        assert all(grouped <= labels.keys() for labels in matching), (name, grouped)
+    # what an alert counts has not happened yet: 0, not "no data"
+    for name, labels in (
+        ("busd_settlements_refused_total", {"entity": "fresh", "reason": "message_lock_lost"}),
+        ("busd_handshake_timeouts_total", {"stage": "token"}),
+        ("busd_unauthenticated_evicted_total", {"limit": "address"}),
+        ("busd_entity_messages", {"entity": "fresh-sessions", "state": "dead_letter"}),
+    ):
+        assert samples[(name, frozenset(labels.items()))] == 0

@@ -262,7 +262,7 @@ class QueueReceiverEndpoint(LinkEndpoint):
     def _refused_silently(self, settlement: Settlement, error: BusdError) -> None:
         """A settlement the client sent already settled was refused: it cannot be told, so the
         operator is (the message comes back when its lock ends)."""
-        reason = error.condition.value.rpartition(":")[2].replace("-", "_")
+        reason = error.condition.label
         log.warning(
             "settlement %s of lock token %s on %s refused: %s",
             settlement.outcome.value,
