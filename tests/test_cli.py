@@ -189,3 +189,26 @@ def test_a_misspelt_entity_property_stops_serve_with_one_line(tmp_path):
         "'RequiresSesion': not a queue property of Service Bus (did you mean "
         "'RequiresSession'?)"
     ]
+
+
+def _commands(group, prefix=()):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+def test_every_tool_s_help_names_the_key_variable_it_signs_with():
+    tools = [
+        path
+        for path, command in _commands(cli)
+        if any("--url" in param.opts for param in command.params)
+    ]
+    assert {("queues",), ("dlq", "resubmit"), ("queue", "create"), ("config", "export")} <= set(
+        tools
+    )
+    for path in tools:
+        result = CliRunner().invoke(cli, [*path, "--help"], prog_name="busd")
+        assert result.exit_code == 0, (path, result.output)
+        assert "BUSD_SAS_KEY" in result.output, path

@@ -6,6 +6,8 @@ from __future__ import annotations
 import click
 
 from busd.cli.exits import _fail
+from busd.cli.output import URL_HELP
+from busd.client.admin import DEFAULT_URL
 
 
 @click.group("config")
@@ -37,9 +39,9 @@ def _notes(notes: list[str]) -> None:
 @click.option(
     "--url",
     envvar="BUSD_URL",
-    default="http://127.0.0.1:5300",
+    default=DEFAULT_URL,
     show_default=True,
-    help="busd's HTTP address (its --http-port; https:// too).",
+    help=URL_HELP,
 )
 @click.option(
     "--cacert", envvar="BUSD_CACERT", default=None, metavar="PATH", help="CA for https://."

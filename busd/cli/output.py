@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from busd.client.admin import DEFAULT_URL
+from busd.client.admin import DEFAULT_TOOL_KEY, DEFAULT_URL
+
+# --url's help, where a tool's --help says where its key comes from (busd.client.admin.tool_key)
+URL_HELP = (
+    "busd's HTTP address (its --http-port; https:// too). Requests are signed with the key "
+    "in BUSD_SAS_KEY: NAME=KEY[:RIGHTS], several separated by spaces, as busd serve "
+    f"--sas-key takes them (the first with Manage is used; default {DEFAULT_TOOL_KEY})."
+)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -34,7 +41,8 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def client_options(command: Callable) -> Callable:
-    """--url, --cacert and --json: how every tool reaches busd and prints its answer."""
+    """--url (its help names BUSD_SAS_KEY, the key the requests are signed with), --cacert and
+    --json: how every tool reaches busd and prints its answer."""
     command = click.option(
         "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
     )(command)
@@ -53,7 +61,7 @@ def client_options(command: Callable) -> Callable:
         envvar="BUSD_URL",
         default=DEFAULT_URL,
         show_default=True,
-        help="busd's HTTP address (its --http-port; https:// too).",
+        help=URL_HELP,
     )(command)
     return command
 
