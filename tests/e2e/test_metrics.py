@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from datetime import timedelta
+from importlib.metadata import version
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -171,3 +173,13 @@ def test_sessions_with_messages_and_locked_sessions(busd):
         lambda: value(scrape(busd), "busd_entity_sessions", entity="sessions", kind="locked") == 0
     )
     assert value(scrape(busd), "busd_messages_sent_total", entity="sessions") == 3
+
+
+def test_build_info_names_the_running_version(busd):
+    m = scrape(busd)
+    assert value(m, "busd_build_info", version=version("busd")) == 1
+    assert [k for k in m if k[0] == "busd_build_info"] == [
+        ("busd_build_info", frozenset({("version", version("busd"))}))
+    ]
+    with urllib.request.urlopen(busd.http_url + "/health/detail", timeout=10) as response:
+        assert json.loads(response.read())["version"] == version("busd")
