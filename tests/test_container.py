@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
@@ -185,6 +186,39 @@ def test_image_runs_busd_serve_on_every_interface_as_a_user():
     assert re.search(r"^EXPOSE 5672 5671 5443 5300\s*$", text, re.M)
 
 
+def dockerfile_healthcheck() -> tuple[dict[str, str], list[str]]:
+    """The Dockerfile's HEALTHCHECK: its --options and its exec-form command."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    match = re.search(r"^HEALTHCHECK\s+((?:--\S+\s+)*)CMD\s+(\[.*\])\s*$", text, re.M)
+    assert match, "the Dockerfile has no exec-form HEALTHCHECK"
+    options = dict(o.removeprefix("--").split("=") for o in match.group(1).split())
+    return options, json.loads(match.group(2))
+
+
+def test_image_checks_its_health_as_compose_does():
+    """`docker run` and compose files without a health test of their own (the emulator's)
+    get compose.yaml's."""
+    options, command = dockerfile_healthcheck()
+    compose = BUSD["healthcheck"]
+    assert ["CMD", *command] == compose["test"]
+    assert options == {
+        "interval": compose["interval"],
+        "timeout": compose["timeout"],
+        "start-period": compose["start_period"],
+        "retries": str(compose["retries"]),
+    }
+
+
+def test_image_is_told_its_version_or_says_the_fallback():
+    """The build has no git metadata: BUSD_VERSION, or pyproject.toml's fallback_version."""
+    text = (ROOT / "Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG BUSD_VERSION=(\S+)\s*$", text, re.M)
+    fallback = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools_scm"]
+    assert default == fallback["fallback_version"]
+    assert 'SETUPTOOLS_SCM_PRETEND_VERSION_FOR_BUSD="$BUSD_VERSION"' in text
+    assert BUSD["build"]["args"]["BUSD_VERSION"] == f"${{BUSD_VERSION:-{default}}}"
+
+
 def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_path):
     env = dockerfile_env()
     assert env["BUSD_DATA_DIR"] == "/data"
@@ -339,3 +373,4 @@ def test_the_tools_page_names_every_command():
     for command in ("queues", "peek", "sessions", "send", "purge", "dlq resubmit"):
         assert f"busd {command} " in section or f"busd {command}\n" in section, command
         assert command.split()[0] in cli.commands
+

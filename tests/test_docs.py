@@ -40,6 +40,7 @@ ALL_DOCS = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 FOREIGN_OPTIONS = {
     "docker compose": {"--rm", "--no-deps", "--entrypoint"},
     "docker build": {"--build-arg"},
+    "podman build": {"--format"},
     "git log": {"--oneline"},
     "scripts/bench": {"--scenario"},
 }
