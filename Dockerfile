@@ -1,15 +1,19 @@
 # python-qpid-proton ships as source only: build every wheel in a stage with a compiler,
 # then install the wheels in a slim image that has no build tools.
-FROM python:3.11-slim AS build
+FROM python:3.13-slim AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential libssl-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml ./
 COPY busd ./busd
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The build sees no git metadata, so the version comes from here (docs/operating.md#upgrades):
+# `docker build --build-arg BUSD_VERSION=0.3.0 .`; without it, pyproject.toml's fallback.
+ARG BUSD_VERSION=0.0
+RUN SETUPTOOLS_SCM_PRETEND_VERSION_FOR_BUSD="$BUSD_VERSION" \
+    pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.13-slim
 # jemalloc: the embedded Valkey runs with it when present (busd/storage/redis/embedded.py)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \
@@ -33,6 +37,11 @@ VOLUME ["/data"]
 # AMQP (HTTP and HTTPS answered on it too), AMQP over TLS, AMQP over WebSockets (ws and wss),
 # then the emulator's HTTP port: /health, metrics, admin, the management API
 EXPOSE 5672 5671 5443 5300
+# compose.yaml's health test, so that `docker run` and compose files without one (the
+# emulator's) get it too. The slim image has no curl: python's urllib fails on anything but
+# 200 (store down: 503). Podman keeps it only in the docker format (`--format docker`).
+HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5300/health', timeout=2)"]
 # One worker process per core the container may use, all on the same ports. Without
 # --redis-url the store is embedded in /data; `--store-shards auto` (or BUSD_STORE_SHARDS=auto)
 # runs it as a local Cluster of one shard per two cores, each in /data/shard-<i>, with new

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 
 from click.testing import CliRunner
 
@@ -22,6 +23,17 @@ def test_python_dash_m_busd_runs_the_cli():
     )
     assert result.returncode == 0
     assert __version__ in result.stdout
+
+
+def test_version_is_the_installed_package_s():
+    """The version the build took from git (pyproject.toml's setuptools-scm), not a constant
+    in the source: what /health/detail and busd_build_info show too."""
+    result = subprocess.run(
+        [sys.executable, "-m", "busd", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert result.stdout == f"busd, version {version('busd')}\n"
+    assert __version__ == version("busd")
 
 
 def test_serve_lists_every_option():

@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
@@ -185,6 +186,39 @@ def test_image_runs_busd_serve_on_every_interface_as_a_user():
     assert re.search(r"^EXPOSE 5672 5671 5443 5300\s*$", text, re.M)
 
 
+def dockerfile_healthcheck() -> tuple[dict[str, str], list[str]]:
+    """The Dockerfile's HEALTHCHECK: its --options and its exec-form command."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    match = re.search(r"^HEALTHCHECK\s+((?:--\S+\s+)*)CMD\s+(\[.*\])\s*$", text, re.M)
+    assert match, "the Dockerfile has no exec-form HEALTHCHECK"
+    options = dict(o.removeprefix("--").split("=") for o in match.group(1).split())
+    return options, json.loads(match.group(2))
+
+
+def test_image_checks_its_health_as_compose_does():
+    """`docker run` and compose files without a health test of their own (the emulator's)
+    get compose.yaml's."""
+    options, command = dockerfile_healthcheck()
+    compose = BUSD["healthcheck"]
+    assert ["CMD", *command] == compose["test"]
+    assert options == {
+        "interval": compose["interval"],
+        "timeout": compose["timeout"],
+        "start-period": compose["start_period"],
+        "retries": str(compose["retries"]),
+    }
+
+
+def test_image_is_told_its_version_or_says_the_fallback():
+    """The build has no git metadata: BUSD_VERSION, or pyproject.toml's fallback_version."""
+    text = (ROOT / "Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG BUSD_VERSION=(\S+)\s*$", text, re.M)
+    fallback = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools_scm"]
+    assert default == fallback["fallback_version"]
+    assert 'SETUPTOOLS_SCM_PRETEND_VERSION_FOR_BUSD="$BUSD_VERSION"' in text
+    assert BUSD["build"]["args"]["BUSD_VERSION"] == f"${{BUSD_VERSION:-{default}}}"
+
+
 def test_image_command_starts_with_its_embedded_store_and_answers_health(tmp_path):
     env = dockerfile_env()
     assert env["BUSD_DATA_DIR"] == "/data"
@@ -339,3 +373,187 @@ def test_the_tools_page_names_every_command():
     for command in ("queues", "peek", "sessions", "send", "purge", "dlq resubmit"):
         assert f"busd {command} " in section or f"busd {command}\n" in section, command
         assert command.split()[0] in cli.commands
+
+
+# --- the switch from Microsoft's emulator (docs/emulator.md) ----------------------------------
+
+EMULATOR_DIR = ROOT / "tests" / "data" / "emulator"
+EMULATOR_COMPOSE = EMULATOR_DIR / "compose.yaml"
+
+
+def emulator_diff() -> list[str]:
+    """The diff docs/emulator.md gives, line by line."""
+    (block,) = re.findall(r"```diff\n(.*?)```", doc_page("emulator.md"), re.S)
+    return block.splitlines()
+
+
+def test_the_emulator_switch_is_the_documented_diff_applied():
+    """The compose file run below is Microsoft's emulator file with the diff of
+    docs/emulator.md applied: the diff's new side, line for line."""
+    diff = emulator_diff()
+    assert all(line[:1] in (" ", "-", "+") for line in diff)
+    fixture = [
+        line for line in EMULATOR_COMPOSE.read_text().splitlines() if not line.startswith("#")
+    ]
+    assert [line[1:] for line in diff if not line.startswith("-")] == fixture
+    # the old side is the emulator's file: its image, pulled every time, next to SQL Server
+    old = yaml.safe_load("\n".join(line[1:] for line in diff if not line.startswith("+")))
+    emulator = old["services"]["emulator"]
+    assert emulator["image"] == "mcr.microsoft.com/azure-messaging/servicebus-emulator:latest"
+    assert emulator["pull_policy"] == "always"
+    assert emulator["depends_on"] == ["sqledge"]
+
+
+def test_the_emulator_switch_has_what_busd_needs_there():
+    services = yaml.safe_load(EMULATOR_COMPOSE.read_text())["services"]
+    assert list(services) == ["emulator"]  # no SQL Server
+    busd = services["emulator"]
+    assert busd["image"] == "busd"
+    assert busd["pull_policy"] == "never"  # built here, in no registry
+    assert f"${{CONFIG_PATH}}:{EMULATOR_CONFIG}" in busd["volumes"]
+    assert "busd-data:/data" in busd["volumes"]  # kept across down and up
+    assert busd["ports"] == ["5672:5672", "5300:5300"]
+    # every name the network knows it by: the service, its alias, its container
+    names = busd["environment"]["BUSD_HOSTNAME"].split()
+    assert {"emulator", busd["container_name"], *busd["networks"]["sb-emulator"]["aliases"]} == set(
+        names
+    )
+
+
+def test_the_emulator_switch_passes_docker_compose_config():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (CI installs it: .ci/run)")
+    result = subprocess.run(
+        [exe, "-f", str(EMULATOR_COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "CONFIG_PATH": str(ROOT / "config" / "Config.json")},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+SDK_ROUND_TRIP = """
+import json, sys, urllib.request
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+host = sys.argv[1]
+conn = (f"Endpoint=sb://{host}:5672;SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;")
+with ServiceBusClient.from_connection_string(conn, retry_total=10) as client:
+    with client.get_queue_sender("session-queue") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", session_id="s") for i in range(10)])
+    with client.get_queue_receiver("session-queue", session_id="s", max_wait_time=10) as r:
+        got = []
+        while len(got) < 10:
+            batch = r.receive_messages(max_message_count=10, max_wait_time=10)
+            if not batch:
+                break
+            for m in batch:
+                got.append(str(m))
+                r.complete_message(m)
+with urllib.request.urlopen(f"http://{host}:5300/health/detail", timeout=10) as answer:
+    health = json.loads(answer.read())
+print(json.dumps({"received": got, "health": health}))
+"""
+
+
+def container_tools() -> tuple[str, list[str]]:
+    """(engine, compose command), or skip where there are none."""
+    for engine, compose in (("docker", ["docker", "compose"]), ("podman", ["podman-compose"])):
+        if shutil.which(engine) and shutil.which(compose[0]):
+            probe = subprocess.run(
+                [*compose, "version"], capture_output=True, text=True, timeout=30
+            )
+            found = re.search(r"compose(?:r)? version:?\s+v?(\d+)\.(\d+)", probe.stdout, re.I)
+            # podman-compose before 1.1 reads neither ${VAR:-} defaults nor networks declared
+            # without settings
+            old = engine == "podman" and found and (int(found[1]), int(found[2])) < (1, 1)
+            if probe.returncode == 0 and not old:
+                return engine, compose
+    pytest.skip("no container engine with compose here (docker compose, podman-compose 1.1+)")
+
+
+def sdk_packages(dest: Path) -> Path:
+    """The SDK and what it imports, copied from this environment: pure Python, so the image's
+    Python runs them (the image has no SDK of its own)."""
+    import sysconfig
+
+    import azure.servicebus  # noqa: F401
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    for name, module in list(sys.modules.items()):
+        # a namespace package (azure) has a __path__ and no __file__
+        paths = list(getattr(module, "__path__", []))
+        where = Path(getattr(module, "__file__", None) or (paths[0] if paths else "/"))
+        if where.is_relative_to(site) and "." not in name and not name.startswith("_"):
+            top = site / where.relative_to(site).parts[0]
+            target = dest / top.name
+            if top.is_dir() and not target.exists():
+                shutil.copytree(top, target, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+            elif top.is_file():
+                shutil.copy2(top, target)
+    return dest
+
+
+@pytest.mark.timeout(300)
+def test_the_emulator_switch_runs_and_busd_answers_by_its_service_name(tmp_path):
+    """The file of docs/emulator.md, up: an SDK client in another container of its network
+    sends and receives session messages calling busd `emulator`, and reads /health/detail
+    there (421 without BUSD_HOSTNAME)."""
+    engine, compose = container_tools()
+    if (
+        subprocess.run(
+            [engine, "image", "exists" if engine == "podman" else "inspect", "busd"],
+            capture_output=True,
+            timeout=30,
+        ).returncode
+        != 0
+    ):
+        pytest.skip("no image named busd here: `docker build -t busd .` first")
+    # this machine's ports may be taken: the same file, published on free loopback ports, no
+    # fixed container name
+    shape = yaml.safe_load(EMULATOR_COMPOSE.read_text())
+    service = shape["services"]["emulator"]
+    del service["container_name"]
+    service["ports"] = [f"127.0.0.1::{p.split(':')[-1]}" for p in service["ports"]]
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump(shape))
+    project = f"busd-emulator-{uuid.uuid4().hex[:8]}"
+    run = [*compose, "-p", project, "-f", str(tmp_path / "compose.yaml")]
+    env = {**os.environ, "CONFIG_PATH": str(ROOT / "config" / "Config.json")}
+    (tmp_path / "sdk").mkdir()
+    (tmp_path / "sdk" / "round_trip.py").write_text(SDK_ROUND_TRIP)
+    sdk_packages(tmp_path / "sdk")
+    try:
+        up = subprocess.run(
+            [*run, "up", "-d"], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        client = subprocess.run(
+            [
+                engine,
+                "run",
+                "--rm",
+                "--user",
+                "root",
+                "--network",
+                f"{project}_sb-emulator",
+                "-v",
+                f"{tmp_path / 'sdk'}:/sdk:ro",
+                "-e",
+                "PYTHONPATH=/sdk",
+                "busd",
+                "python",
+                "/sdk/round_trip.py",
+                "emulator",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert client.returncode == 0, client.stdout + client.stderr
+        answer = json.loads(client.stdout.strip().splitlines()[-1])
+        assert answer["received"] == [f"m{i}" for i in range(10)]
+        assert answer["health"]["store"] is True
+    finally:
+        subprocess.run([*run, "down", "-v"], capture_output=True, env=env, timeout=120)

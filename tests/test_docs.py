@@ -39,6 +39,8 @@ ALL_DOCS = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 # option of a `busd` command.
 FOREIGN_OPTIONS = {
     "docker compose": {"--rm", "--no-deps", "--entrypoint"},
+    "docker build": {"--build-arg"},
+    "podman build": {"--format"},
     "git log": {"--oneline"},
     "scripts/bench": {"--scenario"},
 }
@@ -73,7 +75,11 @@ def _served_metric_names() -> set[str]:
     metrics.messages_received("q", 1)
     counts = EntityCounts(oldest_enqueued_ms=1, totals={"sent": 1})
     metrics.store_figures.snapshot = {"q": (counts, EntityCounts())}
-    text = metrics.process_text() + generate_latest(metrics.store_registry).decode()
+    text = (
+        metrics.process_text()
+        + generate_latest(metrics.store_registry).decode()
+        + generate_latest(metrics.build_registry).decode()
+    )
     names: set[str] = set()
     for family in text_string_to_metric_families(text):
         names.add(family.name)
@@ -130,7 +136,7 @@ def test_every_busd_command_and_option_exists(doc: Path) -> None:
         path = "busd"
         for word in words:
             command = COMMANDS[path]
-            if not isinstance(command, click.Group):
+            if not isinstance(command, click.Group) or word.startswith("-"):
                 break
             assert f"{path} {word}" in COMMANDS, f"{doc.name}: no command `{path} {word}`"
             path = f"{path} {word}"

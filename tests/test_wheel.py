@@ -58,16 +58,14 @@ def _source_copy(dest: Path) -> Path:
 
 
 def _can_build_offline() -> bool:
-    """Whether this Python's own setuptools makes wheels (setuptools 70.1+ has bdist_wheel;
-    before, the `wheel` package adds it): then the build needs no package index."""
+    """Whether this Python's own setuptools makes wheels as pyproject.toml's build-system asks
+    (setuptools 77+, which reads the SPDX license string and has bdist_wheel, and
+    setuptools-scm for the version): then the build needs no package index."""
     probe = (
-        "import setuptools, sys\n"
-        "try:\n"
-        "    from setuptools.command import bdist_wheel\n"
-        "except ImportError:\n"
-        "    import wheel.bdist_wheel\n"
+        "import setuptools, setuptools_scm, sys\n"
+        "from setuptools.command import bdist_wheel\n"
         "major, minor = (int(p) for p in setuptools.__version__.split('.')[:2])\n"
-        "sys.exit(0 if (major, minor) >= (64, 0) else 1)\n"
+        "sys.exit(0 if (major, minor) >= (77, 0) else 1)\n"
     )
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
@@ -83,7 +81,7 @@ def _build_wheel(source: Path, out: Path) -> Path:
     if result.returncode != 0 and "No matching distribution found for setuptools" in (
         result.stdout + result.stderr
     ):  # no build backend here, and no package index to fetch one from
-        pytest.skip("setuptools>=64 is neither installed nor reachable: the wheel cannot be built")
+        pytest.skip("setuptools>=77 is neither installed nor reachable: the wheel cannot be built")
     assert result.returncode == 0, f"pip wheel failed:\n{result.stdout}\n{result.stderr}"
     (wheel,) = out.glob("busd-*.whl")
     return wheel

@@ -9,6 +9,7 @@ import json
 import logging
 from http import HTTPStatus
 
+from busd import __version__
 from busd.auth.rights import MANAGE, Unauthorized, authorize_header
 
 log = logging.getLogger("busd.http")
@@ -99,7 +100,11 @@ async def route(server, method: str, path: str) -> tuple[str, str, bytes]:
         if path == "/health":  # the emulator's answer, which container tools wait on
             code, body = (200, HEALTHY) if store_ok else (503, UNHEALTHY)
             return _status(code), "application/json", body
-        health = {"status": "ok" if store_ok else "degraded", "store": store_ok}
+        health = {
+            "status": "ok" if store_ok else "degraded",
+            "store": store_ok,
+            "version": __version__,
+        }
         if server.peers is not None:  # one worker of several: the answer is the host's
             health["workers"] = [
                 {"pid": r["pid"], "connections": r["connections"]}

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from busd import __version__
 from busd.errors import Condition
 from busd.storage.counts import EntityCounts
 from busd.storage.messages import Outcome
@@ -282,6 +283,15 @@ class Metrics:
         self.store_figures = StoreCollector()
         self.store_registry = CollectorRegistry()
         self.store_registry.register(self.store_figures)
+        # The version this process runs, in a registry of its own: added once to a scrape,
+        # not summed over the workers of the host as their process figures are.
+        self.build_registry = CollectorRegistry()
+        Gauge(
+            "busd_build_info",
+            "The busd version this host runs (always 1), as `busd --version` shows it.",
+            ["version"],
+            registry=self.build_registry,
+        ).labels(version=__version__).set(1)
         # Set on a worker of several (busd/observability/peers.py): the process figures of
         # every worker of the host, as Prometheus text.
         self.host_figures: Callable[[], Awaitable[list[str]]] | None = None
@@ -393,7 +403,7 @@ class Metrics:
         self.store_figures.snapshot = {
             spec.name: (figures[2 * i], figures[2 * i + 1]) for i, spec in enumerate(specs)
         }
-        store = generate_latest(self.store_registry)
+        store = generate_latest(self.store_registry) + generate_latest(self.build_registry)
         if self.host_figures is None:
             return generate_latest(self.registry) + store
         return merge(await self.host_figures()) + store

@@ -8,6 +8,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from importlib.metadata import version
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -416,7 +417,10 @@ def test_store_unreachable_is_503_and_exit_69(tmp_path):
             200,
             {"status": "healthy", "message": "Service is healthy."},
         )
-        assert http(proc, "GET", "/health/detail") == (200, {"status": "ok", "store": True})
+        assert http(proc, "GET", "/health/detail") == (
+            200,
+            {"status": "ok", "store": True, "version": version("busd")},
+        )
         server.stop()
         # the emulator's answer, which container tools wait on; busd's own detail beside it
         assert http(proc, "GET", "/health") == (
@@ -426,7 +430,10 @@ def test_store_unreachable_is_503_and_exit_69(tmp_path):
                 "message": "Service not available. Please try after some time.",
             },
         )
-        assert http(proc, "GET", "/health/detail") == (503, {"status": "degraded", "store": False})
+        assert http(proc, "GET", "/health/detail") == (
+            503,
+            {"status": "degraded", "store": False, "version": version("busd")},
+        )
         assert http(proc, "GET", "/admin/queues")[0] == 503
         result = tool(proc, "queues")
         assert result.exit_code == EXIT_UNAVAILABLE

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
 from datetime import timedelta
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,13 @@ def test_every_alert_rule_s_metric_is_there_at_zero_on_a_fresh_busd(busd_factory
         ("busd_entity_messages", {"entity": "fresh-sessions", "state": "dead_letter"}),
     ):
         assert samples[(name, frozenset(labels.items()))] == 0
+
+
+def test_build_info_names_the_running_version(busd):
+    m = scrape(busd)
+    assert value(m, "busd_build_info", version=version("busd")) == 1
+    assert [k for k in m if k[0] == "busd_build_info"] == [
+        ("busd_build_info", frozenset({("version", version("busd"))}))
+    ]
+    with urllib.request.urlopen(busd.http_url + "/health/detail", timeout=10) as response:
+        assert json.loads(response.read())["version"] == version("busd")

@@ -5,8 +5,10 @@ answers as the Service Bus emulator's does on each of them."""
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import ssl
+from importlib.metadata import version
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -87,7 +89,10 @@ def test_health_answers_as_the_emulator_on_every_port(busd, port_of, scheme):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     assert _get(conn, "/health") == (200, "application/json", HEALTHY)
     status, content_type, body = _get(conn, "/health/detail")  # same kept-alive connection
-    assert (status, body) == (200, b'{"status": "ok", "store": true}')
+    assert (status, json.loads(body)) == (
+        200,
+        {"status": "ok", "store": True, "version": version("busd")},
+    )
     conn.close()
 
 

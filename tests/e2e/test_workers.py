@@ -14,6 +14,7 @@ import re
 import signal
 import time
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,8 @@ def test_connections_land_on_both_workers_and_scrapes_answer_for_the_host(busd):
         assert sum(w["connections"] for w in workers) == CONNECTIONS
         for _ in range(6):  # each scrape lands on either worker: every one counts the host
             assert metric(busd, "busd_connections") == CONNECTIONS
+            # the version once for the host, not once per worker
+            assert metric(busd, f'busd_build_info{{version="{version("busd")}"}}') == 1
             assert metric(busd, "busd_connections_opened_total") == opened_before + CONNECTIONS
     finally:
         for client in clients:
