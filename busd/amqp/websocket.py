@@ -1,7 +1,8 @@
 """AMQP over WebSockets [AMQP WebSocket binding 1.0]: ws and wss on one port (`--ws-port`).
 
 Service Bus serves AMQP at `wss://<namespace>:443/$servicebus/websocket` with the subprotocol
-`AMQPWSB10`; the SDKs connect there with `TransportType.AmqpOverWebsocket` (through a custom
+`AMQPWSB10`, or `amqp` (the binding's registered name, which the Go SDK's dialer asks for); the
+SDKs connect there with `TransportType.AmqpOverWebsocket` (through a custom
 endpoint to reach another host or port, docs/wire.md §1.1). Each accepted connection is
 sniffed: a first byte 0x16 is a TLS ClientHello (wss), anything else plain HTTP (ws). The
 WebSocket protocol itself is the `websockets` library's (sans-I/O); the binary messages carry
@@ -35,6 +36,8 @@ log = logging.getLogger("busd.amqp")
 
 PATH = "/$servicebus/websocket"
 SUBPROTOCOL = Subprotocol("AMQPWSB10")
+# the one the client asks for is answered; AMQPWSB10 first when it offers both
+SUBPROTOCOLS = (SUBPROTOCOL, Subprotocol("amqp"))
 MAX_MESSAGE = 1024 * 1024  # one WebSocket message; the SDKs send a frame or less per message
 _STREAM = (Opcode.BINARY, Opcode.CONT)
 # The AMQP connection inside, given its admission (busd.net.listener.Pending).
@@ -48,7 +51,7 @@ class WebSocketAmqp(asyncio.Protocol):
     def __init__(self, amqp_factory: AmqpFactory, pending: Pending | None = None) -> None:
         self._amqp_factory = amqp_factory
         self._pending = pending  # released by the AMQP connection inside, or when this goes
-        self.ws = ServerProtocol(subprotocols=[SUBPROTOCOL], max_size=MAX_MESSAGE)
+        self.ws = ServerProtocol(subprotocols=list(SUBPROTOCOLS), max_size=MAX_MESSAGE)
         self.amqp: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -78,9 +81,11 @@ class WebSocketAmqp(asyncio.Protocol):
             response = self.ws.accept(request)
             if (
                 response.status_code == 101
-                and response.headers.get("Sec-WebSocket-Protocol") != SUBPROTOCOL
+                and response.headers.get("Sec-WebSocket-Protocol") not in SUBPROTOCOLS
             ):
-                response = self.ws.reject(400, f"the subprotocol must be {SUBPROTOCOL}\n")
+                response = self.ws.reject(
+                    400, f"the subprotocol must be {' or '.join(SUBPROTOCOLS)}\n"
+                )
         self.ws.send_response(response)
         if self.ws.state is State.OPEN:
             self.amqp = self._amqp_factory(self._pending)

@@ -26,8 +26,9 @@ Kinds:
   now, as their expiry would (the messages come back with a counted attempt): the holder's
   next settle or renewal gets `com.microsoft:message-lock-lost`.
 - `session-lock-lost`: the session's lock ends in the store now, as its expiry does
-  (`Store.lose_session_lock`); the holder's next settle or renewal gets
-  `com.microsoft:session-lock-lost`, the next acceptor takes the session.
+  (`Store.lose_session_lock`), and its holder's link is detached with
+  `com.microsoft:session-lock-lost`, as at an expiry; the holder's next settle or renewal
+  gets that condition, the next acceptor takes the session.
 - `detach` / `close-connection`: every link of the entity (of the session, if given) is
   detached, or the connections holding one are closed, with the condition given.
 """
@@ -450,6 +451,21 @@ class Faults:
         elif fault.kind == "message-lock-lost":
             task = asyncio.get_running_loop().create_task(self._lose_message_locks(fault))
             task.add_done_callback(_log_failure)
+        elif fault.kind == "session-lock-lost":
+            self._lose_session(fault)
+
+    def _lose_session(self, fault: Fault) -> None:
+        """The session's holder here is told as at its lock's expiry: detached with
+        session-lock-lost (`add` ended the lock in the store first). The Go SDK learns of a
+        lost session lock from that detach alone: a refused settlement it retries on a
+        session it accepts again, and then counts as settled."""
+        error = BusdError(
+            Condition.SESSION_LOCK_LOST, f"The lock on session '{fault.session}' was lost."
+        )
+        for endpoint in list(self._endpoints(fault)):
+            lost = getattr(endpoint, "lost", None)
+            if lost is not None:
+                lost(error)
 
     def _detach(self, fault: Fault) -> None:
         error = fault.error()

@@ -112,6 +112,15 @@ def test_other_paths_and_subprotocols_are_refused(busd):
     response = conn.getresponse()
     assert response.status == 101
     assert response.getheader("Sec-WebSocket-Protocol") == "AMQPWSB10"
+    # the binding's registered name, which the Go SDK's dialer asks for, is answered as asked
+    for asked, status in (("amqp", 101), ("mqtt", 400)):
+        conn = http.client.HTTPConnection("127.0.0.1", busd.ws_port, timeout=10)
+        conn.request(
+            "GET", "/$servicebus/websocket", headers={**upgrade, "Sec-WebSocket-Protocol": asked}
+        )
+        response = conn.getresponse()
+        assert response.status == status
+        assert response.getheader("Sec-WebSocket-Protocol") == (asked if status == 101 else None)
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,17 @@ class ManagementEndpoint(RequestEndpoint):
         receiver = self.conn.links.named(name) if name else None
         return receiver if isinstance(receiver, Receiver) else None
 
+    def session_named(self, body: dict, app: dict) -> str | None:
+        """The request's `session-id`; without one, the session the receiver named by
+        `associated-link-name` holds (the Go SDK names a session receiver's session only
+        through that link, as Service Bus allows), if any."""
+        session_id = _session_id(body)
+        if session_id is None:
+            receiver = self.receiver_for(app)
+            if isinstance(receiver, SessionHolder) and receiver.lease is not None:
+                session_id = receiver.lease.session_id
+        return session_id
+
     def session_lease(self, app: dict, session_id: str) -> SessionLease:
         """The lease of the receiver of this connection holding `session_id`: only it may act
         on the session (docs/wire.md §8.4)."""
@@ -220,6 +231,8 @@ async def set_session_state(ep: ManagementEndpoint, body: dict, app: dict):
     state = body.get("session-state")
     if isinstance(state, str):
         state = state.encode("utf-8")
+    if not state:  # an empty state is none, as on Service Bus: the Go SDK clears with b""
+        state = None
     session_tools.check_state_size(ep.queue, state)
     if_match = body.get("if-match")  # busd's own (docs/wire.md §8.4.4)
     if if_match is not None and not isinstance(if_match, str):
@@ -262,7 +275,7 @@ async def resubmit_session(ep: ManagementEndpoint, body: dict, app: dict):
 async def peek_message(ep: ManagementEndpoint, body: dict, app: dict):
     from_seq = int(body.get("from-sequence-number") or 1)
     count = int(body.get("message-count") or 1)
-    messages = await ep.broker.store.peek(ep.entity, from_seq, count, _session_id(body))
+    messages = await ep.broker.store.peek(ep.entity, from_seq, count, ep.session_named(body, app))
     if not messages:
         return 204, None
     return 200, {"messages": [{"message": delivery_payload(m, state=True)} for m in messages]}
@@ -335,7 +348,7 @@ async def update_disposition(ep: ManagementEndpoint, body: dict, app: dict):
 async def receive_by_sequence_number(ep: ManagementEndpoint, body: dict, app: dict):
     seqs = _ints(body.get("sequence-numbers"))
     mode = ReceiveMode(1 if int(body.get("receiver-settle-mode", 1)) else 0)
-    session_id = _session_id(body)
+    session_id = ep.session_named(body, app)
     holder = None
     if session_id is not None:
         holder = ep.session_lease(app, session_id).holder
