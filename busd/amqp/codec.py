@@ -20,89 +20,24 @@ once for the few fields the broker needs, never decoded and encoded whole): docs
 
 from __future__ import annotations
 
-from busd.amqp.batches import unpack_batch
-from busd.amqp.decoding import decode_value, skip_value
-from busd.amqp.delivery import decode_properties_patch, encode_delivery, encode_properties_patch
-from busd.amqp.encoding import encode_value
-from busd.amqp.incoming import IncomingMessage, parse_incoming, parse_transfer
-from busd.amqp.messages import (
-    HEADER_FIELDS,
-    PROPERTY_FIELDS,
-    DecodedMessage,
-    decode_message,
-    encode_message,
-)
-from busd.amqp.sections import (
-    AMQP_SEQUENCE,
-    AMQP_VALUE,
-    APPLICATION_PROPERTIES,
-    DATA,
-    DELIVERY_ANNOTATIONS,
-    FOOTER,
-    HEADER,
-    MESSAGE_ANNOTATIONS,
-    PROPERTIES,
-    split_sections,
-)
-from busd.amqp.types import (
-    AmqpDecimal,
-    Array,
-    Byte,
-    CodecError,
-    Described,
-    Float,
-    Int,
-    Long,
-    Short,
-    Symbol,
-    Timestamp,
-    UByte,
-    UInt,
-    ULong,
-    UShort,
-)
+from busd.amqp import batches, decoding, delivery, encoding, incoming, messages, sections, types
+from busd.amqp.batches import *  # noqa: F403
+from busd.amqp.decoding import *  # noqa: F403
+from busd.amqp.delivery import *  # noqa: F403
+from busd.amqp.encoding import *  # noqa: F403
+from busd.amqp.incoming import *  # noqa: F403
+from busd.amqp.messages import *  # noqa: F403
+from busd.amqp.sections import *  # noqa: F403
+from busd.amqp.types import *  # noqa: F403
 
+# what each module names in its __all__, and nothing else
 __all__ = [
-    # values
-    "CodecError",
-    "Symbol",
-    "UByte",
-    "UShort",
-    "UInt",
-    "ULong",
-    "Byte",
-    "Short",
-    "Int",
-    "Long",
-    "Float",
-    "Timestamp",
-    "Array",
-    "Described",
-    "AmqpDecimal",
-    "decode_value",
-    "encode_value",
-    "skip_value",
-    # messages
-    "HEADER",
-    "DELIVERY_ANNOTATIONS",
-    "MESSAGE_ANNOTATIONS",
-    "PROPERTIES",
-    "APPLICATION_PROPERTIES",
-    "DATA",
-    "AMQP_SEQUENCE",
-    "AMQP_VALUE",
-    "FOOTER",
-    "PROPERTY_FIELDS",
-    "HEADER_FIELDS",
-    "split_sections",
-    "IncomingMessage",
-    "parse_incoming",
-    "parse_transfer",
-    "encode_delivery",
-    "encode_properties_patch",
-    "decode_properties_patch",
-    "unpack_batch",
-    "DecodedMessage",
-    "decode_message",
-    "encode_message",
+    *types.__all__,
+    *decoding.__all__,
+    *encoding.__all__,
+    *sections.__all__,
+    *incoming.__all__,
+    *batches.__all__,
+    *delivery.__all__,
+    *messages.__all__,
 ]

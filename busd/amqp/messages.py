@@ -183,6 +183,19 @@ _HEADER_TYPES: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def _fields(
+    given: dict[str, Any], names: tuple[str, ...], types: dict[str, Callable[[Any], Any]], what: str
+) -> list[Any]:
+    """A section's fields in `names` order, from `given` by name, each made its AMQP type."""
+    fields: list[Any] = [None] * len(names)
+    for name, v in given.items():
+        if name not in types:
+            raise CodecError(f"unknown {what} {name!r}")
+        if v is not None:
+            fields[names.index(name)] = types[name](v)
+    return fields
+
+
 def encode_message(
     *,
     header: dict[str, Any] | None = None,
@@ -203,14 +216,8 @@ def encode_message(
     out = bytearray()
     try:
         if header is not None:
-            fields = [None] * 5
-            for name, v in header.items():
-                if name not in _HEADER_TYPES:
-                    raise CodecError(f"unknown header field {name!r}")
-                if v is not None:
-                    fields[HEADER_FIELDS.index(name)] = _HEADER_TYPES[name](v)
             out += b"\x00\x53\x70"
-            encode_into(out, fields)
+            encode_into(out, _fields(header, HEADER_FIELDS, _HEADER_TYPES, "header field"))
         if message_annotations:
             out += ANNOTATIONS_OPEN
             encode_into(
@@ -218,12 +225,7 @@ def encode_message(
                 {Symbol(k) if type(k) is str else k: v for k, v in message_annotations.items()},
             )
         if properties:
-            fields = [None] * 13
-            for name, v in properties.items():
-                if name not in _PROPERTY_TYPES:
-                    raise CodecError(f"unknown message property {name!r}")
-                if v is not None:
-                    fields[PROPERTY_FIELDS.index(name)] = _PROPERTY_TYPES[name](v)
+            fields = _fields(properties, PROPERTY_FIELDS, _PROPERTY_TYPES, "message property")
             while fields and fields[-1] is None:
                 fields.pop()
             out += b"\x00\x53\x73"

@@ -34,7 +34,7 @@ def faults() -> None:
     ),
 )
 @click.argument("entity")
-@click.option("--session", default=None, help="Only this session of the entity.")
+@click.option("--session", help="Only this session of the entity.")
 @click.option(
     "--operation",
     "operations",
@@ -43,31 +43,26 @@ def faults() -> None:
     help="The operations it hits (repeatable; default: send, receive, settle; a delay's: "
     "accept, deliver).",
 )
-@click.option("--count", type=click.IntRange(1), default=None, help="Hit this many operations.")
+@click.option("--count", type=click.IntRange(1), help="Hit this many operations.")
 @click.option(
     "--for",
     "duration",
     type=click.FloatRange(0.001),
-    default=None,
     metavar="SECONDS",
     help="Hit every matching operation for this long (with --fraction, a share of them).",
 )
 @click.option(
     "--fraction",
     type=click.FloatRange(0, 1),
-    default=None,
     help="With --for: the share of the matching operations hit.",
 )
 @click.option(
     "--delay",
     type=click.FloatRange(0),
-    default=None,
     metavar="SECONDS",
     help="delay: how long each hit operation waits.",
 )
-@click.option(
-    "--condition", default=None, help="detach, close-connection: the AMQP error condition."
-)
+@click.option("--condition", help="detach, close-connection: the AMQP error condition.")
 @client_options
 def add_fault(
     kind: str,

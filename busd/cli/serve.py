@@ -4,6 +4,7 @@ the run of the server, in this process or as `--workers` processes."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -25,113 +26,68 @@ _DEFAULTS = Settings()
 _FIELDS = {f.name: f for f in fields(Settings)}
 
 
+def _option(option: str, field: str = "", **kw: Any) -> Callable[[Any], Any]:
+    """An option of `busd serve` for the Settings field `field` (by default named after it):
+    its environment variable BUSD_<OPTION>, its default the field's (shown where there is one;
+    a repeatable option's none)."""
+    name = option.removeprefix("--").replace("-", "_")
+    field = field or name
+    if not kw.get("multiple"):
+        kw["default"] = default = getattr(_DEFAULTS, field)
+        if default is not None and not kw.get("is_flag"):
+            kw["show_default"] = True
+    return click.option(option, field, envvar="BUSD_" + name.upper(), **kw)
+
+
 @click.command()
-@click.option(
-    "--host",
-    envvar="BUSD_HOST",
-    default=_DEFAULTS.host,
-    show_default=True,
-    help="Address to listen on for AMQP (0.0.0.0 in a container).",
-)
-@click.option(
-    "--port",
-    envvar="BUSD_PORT",
-    type=int,
-    default=_DEFAULTS.port,
-    show_default=True,
-    help="AMQP port (HTTP and HTTPS answered on it too).",
-)
-@click.option(
+@_option("--host", help="Address to listen on for AMQP (0.0.0.0 in a container).")
+@_option("--port", type=int, help="AMQP port (HTTP and HTTPS answered on it too).")
+@_option(
     "--config",
     "config_path",
-    envvar="BUSD_CONFIG",
-    default=None,
     type=click.Path(dir_okay=False),
     help="Entities file: the Service Bus emulator's Config.json, as is.",
 )
-@click.option(
+@_option(
     "--redis-url",
-    envvar="BUSD_REDIS_URL",
-    default=None,
     help="Redis/Valkey to keep state in (redis+cluster://host:port for a Cluster, "
     "redis+sentinel://host:port[,host:port...]/service for Sentinel); none: "
     "start an embedded Valkey.",
 )
-@click.option(
+@_option(
     "--store-wait",
     "store_wait_s",
-    envvar="BUSD_STORE_WAIT",
     type=float,
-    default=_DEFAULTS.store_wait_s,
-    show_default=True,
     help="Seconds start-up waits for --redis-url to answer, trying it every second (0: "
     "one try); then busd stops, exit code 69.",
 )
-@click.option(
-    "--data-dir",
-    envvar="BUSD_DATA_DIR",
-    default=_DEFAULTS.data_dir,
-    show_default=True,
-    help="Where the embedded Valkey keeps its files.",
+@_option("--data-dir", help="Where the embedded Valkey keeps its files.")
+@_option(
+    "--http-port", type=int, help="Port for health, metrics and admin over HTTP (0: any free port)."
 )
-@click.option(
-    "--http-port",
-    envvar="BUSD_HTTP_PORT",
-    type=int,
-    default=_DEFAULTS.http_port,
-    show_default=True,
-    help="Port for health, metrics and admin over HTTP (0: any free port).",
-)
-@click.option(
+@_option(
     "--tls-port",
-    envvar="BUSD_TLS_PORT",
     type=PORT_OR_OFF,
-    default=_DEFAULTS.tls_port,
-    show_default=True,
     help="Port for AMQP over TLS and HTTPS (0: any free port, off: none).",
 )
-@click.option(
+@_option(
     "--ws-port",
-    envvar="BUSD_WS_PORT",
     type=PORT_OR_OFF,
-    default=_DEFAULTS.ws_port,
-    show_default=True,
     help="Port for AMQP over WebSockets, ws and wss, at /$servicebus/websocket "
     "(0: any free port, off: none).",
 )
-@click.option(
+@_option(
     "--tls-cert",
-    envvar="BUSD_TLS_CERT",
-    default=None,
     type=click.Path(dir_okay=False),
     help="PEM certificate (chain) for TLS; none: busd's own, signed by its certificate "
     "authority for local names, both kept in the data directory.",
 )
-@click.option(
-    "--tls-key",
-    envvar="BUSD_TLS_KEY",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="PEM private key of --tls-cert.",
-)
-@click.option(
-    "--log-level",
-    envvar="BUSD_LOG_LEVEL",
-    default=_DEFAULTS.log_level,
-    show_default=True,
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-)
-@click.option(
-    "--log-format",
-    envvar="BUSD_LOG_FORMAT",
-    default=_DEFAULTS.log_format,
-    show_default=True,
-    type=click.Choice(LOG_FORMATS, case_sensitive=False),
-)
-@click.option(
+@_option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key of --tls-cert.")
+@_option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@_option("--log-format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
+@_option(
     "--sas-key",
     "sas_keys",
-    envvar="BUSD_SAS_KEY",
     multiple=True,
     metavar="NAME=KEY[:RIGHTS]",
     help="A shared access key clients may sign tokens with (repeatable; in "
@@ -139,135 +95,95 @@ _FIELDS = {f.name: f for f in fields(Settings)}
     "reader=KEY:Listen or app=KEY:Send,Listen (none given: Send, Listen and "
     "Manage); default RootManageSharedAccessKey=SAS_KEY_VALUE, as the emulator.",
 )
-@click.option(
-    "--key-prefix",
-    envvar="BUSD_KEY_PREFIX",
-    default=_DEFAULTS.key_prefix,
-    show_default=True,
-    help="Prefix of every store key: several brokers can share one Redis.",
-)
-@click.option(
+@_option("--key-prefix", help="Prefix of every store key: several brokers can share one Redis.")
+@_option(
     "--sweep-interval",
     "sweep_interval_s",
-    envvar="BUSD_SWEEP_INTERVAL",
     type=float,
-    default=_DEFAULTS.sweep_interval_s,
-    show_default=True,
     help="Seconds between sweeps for expired locks, TTL and scheduled messages.",
 )
-@click.option(
+@_option(
     "--store-connections",
-    envvar="BUSD_STORE_CONNECTIONS",
     type=int,
-    default=_DEFAULTS.store_connections,
-    show_default=True,
     help="Store calls in flight at once (pipelined on one connection); more wait "
     "for a turn, and one that waits 30 s is answered com.microsoft:server-busy.",
 )
-@click.option(
+@_option(
     "--max-namespaces",
-    envvar="BUSD_MAX_NAMESPACES",
     type=int,
-    default=_DEFAULTS.max_namespaces,
-    show_default=True,
     help="Namespaces besides the default one served at once; past it the least recently "
     "used idle one is let go, and when all are in use a new one is refused (403).",
 )
-@click.option(
+@_option(
     "--workers",
-    envvar="BUSD_WORKERS",
     type=COUNT_OR_AUTO,
-    default=_DEFAULTS.workers,
-    show_default=True,
     help="busd processes serving the same ports (auto: one per core it may use, "
     "its container's CPU quota counted, less one per --store-shards shard), started, "
     "restarted and stopped by this one; the embedded Valkey is started once.",
 )
-@click.option(
+@_option(
     "--store-shards",
-    envvar="BUSD_STORE_SHARDS",
     type=SHARDS_OR_AUTO,
-    default=_DEFAULTS.store_shards,
-    show_default=True,
     help="valkey-servers the embedded store runs as one local Cluster, each with its own "
     "data under --data-dir (auto: half the cores); above 1, queues and topics are "
     "partitioned over them unless they say otherwise.",
 )
-@click.option(
+@_option(
     "--durability",
-    envvar="BUSD_DURABILITY",
-    default=_DEFAULTS.durability,
-    show_default=True,
     type=click.Choice(DURABILITIES, case_sensitive=False),
     help="When a send, settlement, session-state write or commit is acknowledged: "
     "once the store ran it (local), once the primary fsynced it (fsync), or "
     "once a replica has it too (replicated); both need appendonly yes.",
 )
 @_limit_options
-@click.option(
+@_option(
     "--transaction-timeout",
     "transaction_timeout_s",
-    envvar="BUSD_TRANSACTION_TIMEOUT",
     type=float,
-    default=_DEFAULTS.transaction_timeout_s,
-    show_default=True,
     help="Seconds after its first operation a transaction is rolled back.",
 )
-@click.option(
+@_option(
     "--max-http-connections",
     "http_connections",
-    envvar="BUSD_MAX_HTTP_CONNECTIONS",
     type=int,
-    default=_DEFAULTS.http_connections,
-    show_default=True,
     help="HTTP connections this process serves at once, on all ports (0: no cap); past it "
     "the oldest one not inside an authenticated request is closed, or the new one answered "
     "503.",
 )
-@click.option(
+@_option(
     "--max-http-connections-per-address",
     "http_connections_per_address",
-    envvar="BUSD_MAX_HTTP_CONNECTIONS_PER_ADDRESS",
     type=int,
-    default=_DEFAULTS.http_connections_per_address,
-    show_default=True,
     help="HTTP connections this process serves at once from one peer address (0: no cap); "
     "past it that address's oldest one not inside an authenticated request is closed, or "
     "the new one answered 503.",
 )
-@click.option(
+@_option(
     "--http-request-timeout",
     "http_request_timeout_s",
-    envvar="BUSD_HTTP_REQUEST_TIMEOUT",
     type=float,
-    default=_DEFAULTS.http_request_timeout_s,
-    show_default=True,
     help="Seconds an HTTP request's head (its line and headers), and the body of one sent "
     "without a key (health, the dashboard), may take to arrive; then the connection is "
     "closed (408).",
 )
-@click.option(
+@_option(
     "--hostname",
     "hostnames",
-    envvar="BUSD_HOSTNAME",
     multiple=True,
     help="A host name clients reach busd by beyond localhost and its addresses (repeatable; "
     "in BUSD_HOSTNAME separated by spaces), e.g. the service's name in a container network: "
     "HTTP requests naming another host are refused (421).",
 )
-@click.option(
+@_option(
     "--allowed-origin",
     "allowed_origins",
-    envvar="BUSD_ALLOWED_ORIGIN",
     multiple=True,
     help="A web origin (https://app.example:8080, or * for any) whose pages may open AMQP "
     "over WebSockets, beyond pages of localhost and of --hostname (repeatable).",
 )
-@click.option(
+@_option(
     "--faults",
-    envvar="BUSD_FAULTS",
     is_flag=True,
-    default=_DEFAULTS.faults,
     help="Accept faults on demand over the admin API (docs/faults.md): for resilience tests, "
     "never in production.",
 )

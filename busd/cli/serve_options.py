@@ -11,21 +11,27 @@ from busd.config.settings import ConfigError
 from busd.server.cpu_quota import usable_cores
 
 
-class _PortOrOff(click.ParamType):
-    name = "port|off"
+class _NumberOr(click.ParamType):
+    """A whole number, or None for one of `words` (the first one is the option's)."""
+
+    def __init__(self, name: str, what: str, words: tuple[str, ...]) -> None:
+        self.name, self.what, self.words = name, what, words
 
     def convert(self, value, param, ctx):
         if value is None or isinstance(value, int):
             return value
-        if str(value).strip().lower() in ("off", "none", "no", "false"):
+        if str(value).strip().lower() in self.words:
             return None
         try:
             return int(value)
         except ValueError:
-            self.fail(f"{value!r} is neither a port number nor 'off'", param, ctx)
+            self.fail(f"{value!r} is neither {self.what} nor {self.words[0]!r}", param, ctx)
 
 
-PORT_OR_OFF = _PortOrOff()
+PORT_OR_OFF = _NumberOr("port|off", "a port number", ("off", "none", "no", "false"))
+# auto: for --workers, resolved where the store's shards are known; for --store-shards, chosen
+# from the cores where the store starts
+COUNT_OR_AUTO = SHARDS_OR_AUTO = _NumberOr("count|auto", "a number", ("auto",))
 
 
 def _cores() -> int:
@@ -41,42 +47,6 @@ def auto_workers(local_shards: int, cores: int | None = None) -> int:
     CPU (docs/design.md §3.19)."""
     cores = _cores() if cores is None else cores
     return max(1, cores - local_shards) if local_shards > 1 else cores
-
-
-class _CountOrAuto(click.ParamType):
-    """A count, or None for `auto` (resolved where the store's shards are known)."""
-
-    name = "count|auto"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        if str(value).strip().lower() == "auto":
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
-
-
-COUNT_OR_AUTO = _CountOrAuto()
-
-
-class _ShardsOrAuto(click.ParamType):
-    name = "count|auto"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        if str(value).strip().lower() == "auto":
-            return None  # chosen from the cores where the store starts
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
-
-
-SHARDS_OR_AUTO = _ShardsOrAuto()
 
 
 def _parse_sas_keys(values: tuple[str, ...]) -> dict[str, str] | None:

@@ -5,6 +5,7 @@ shares (busd/cli/output.py)."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from urllib.parse import quote, unquote
 
 import click
@@ -32,6 +33,20 @@ def _session_path(client: AdminClient, queue: str, session_id: str, action: str)
     return client.queue_path(queue, f"/sessions/{quote(session_id, safe='')}/{action}")
 
 
+def _act(
+    client: AdminClient,
+    queue: str,
+    session_id: str,
+    action: str,
+    as_json: bool,
+    said: Callable[[dict], str],
+    body: dict | None = None,
+) -> None:
+    """POST `action` on one session, and say what came of it."""
+    done = client.call("POST", _session_path(client, queue, session_id, action), body=body)
+    emit(as_json, done, lambda: f"{queue}: session {session_id!r}: {said(done)}")
+
+
 @sessions.command("dead-letter")
 @click.argument("queue")
 @click.argument("session_id", metavar="SESSION")
@@ -49,60 +64,47 @@ def dead_letter_session(
 ) -> None:
     """Move every message of SESSION (available, locked, deferred, scheduled) and its state
     to QUEUE's dead-letter sub-queue at once, in order."""
-    client = AdminClient(url, cacert)
-    done = client.call(
-        "POST",
-        _session_path(client, queue, session_id, "dead-letter"),
-        body={"reason": reason, "description": description},
-    )
-    emit(
+    _act(
+        AdminClient(url, cacert),
+        queue,
+        session_id,
+        "dead-letter",
         as_json,
-        done,
-        lambda: (
-            f"{queue}: session {session_id!r}: dead-lettered {done['dead_lettered']} message(s)"
-        ),
+        lambda done: f"dead-lettered {done['dead_lettered']} message(s)",
+        {"reason": reason, "description": description},
     )
 
 
-@sessions.command("resubmit")
-@click.argument("queue")
-@click.argument("session_id", metavar="SESSION")
-@client_options
-def resubmit_session(
-    queue: str, session_id: str, url: str, cacert: str | None, as_json: bool
-) -> None:
-    """Put SESSION's dead letters back into it, in their original order, with its state."""
-    client = AdminClient(url, cacert)
-    done = client.call("POST", _session_path(client, queue, session_id, "resubmit"))
-    emit(
-        as_json,
-        done,
-        lambda: (
-            f"{queue}: session {session_id!r}: resubmitted "
-            f"{done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)"
-        ),
+def _one_session_command(action: str, doc: str, said: Callable[[dict], str]) -> None:
+    """`busd sessions ACTION QUEUE SESSION`, with nothing more to say than which."""
+
+    def command(queue: str, session_id: str, url: str, cacert: str | None, as_json: bool) -> None:
+        _act(AdminClient(url, cacert), queue, session_id, action, as_json, said)
+
+    command.__doc__ = doc
+    decorators = (
+        sessions.command(action),
+        click.argument("queue"),
+        click.argument("session_id", metavar="SESSION"),
+        client_options,
     )
+    for decorate in reversed(decorators):
+        command = decorate(command)
 
 
-@sessions.command("release")
-@click.argument("queue")
-@click.argument("session_id", metavar="SESSION")
-@client_options
-def release_session(
-    queue: str, session_id: str, url: str, cacert: str | None, as_json: bool
-) -> None:
+_one_session_command(
+    "resubmit",
+    "Put SESSION's dead letters back into it, in their original order, with its state.",
+    lambda done: (
+        f"resubmitted {done['resubmitted']} message(s), {done['left']} left (locked in the DLQ)"
+    ),
+)
+_one_session_command(
+    "release",
     """Drop SESSION's lock, whoever holds it (a stuck receiver): its holder's next settle
-    fails with session-lock-lost, its unsettled messages are available again."""
-    client = AdminClient(url, cacert)
-    done = client.call("POST", _session_path(client, queue, session_id, "release"))
-    emit(
-        as_json,
-        done,
-        lambda: (
-            f"{queue}: session {session_id!r}: "
-            + ("lock released" if done["released"] else "not held")
-        ),
-    )
+    fails with session-lock-lost, its unsettled messages are available again.""",
+    lambda done: "lock released" if done["released"] else "not held",
+)
 
 
 def _age(seconds: float | None) -> str | None:

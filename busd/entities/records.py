@@ -107,11 +107,8 @@ class TopicEntity:
     def spec(self) -> TopicSpec:
         return TopicSpec(
             name=self.name,
-            default_ttl_ms=self.default_ttl_ms,
-            duplicate_detection_window_ms=self.duplicate_detection_window_ms,
-            max_message_size=self.max_message_size,
-            partitions=self.partitions,
             partition_layout=self.partition_layout,
+            **ep.store_fields(self.kind, self),
         )
 
 

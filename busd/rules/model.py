@@ -60,9 +60,16 @@ class FalseFilter:
 
 
 @dataclass(frozen=True, slots=True)
-class SqlFilter:
+class _Sql:
+    """SQL text and the values of its parameters: a filter's or an action's."""
+
     expression: str
     parameters: dict[str, Any] = field(default_factory=dict)  # "@name" -> value
+
+
+@dataclass(frozen=True, slots=True)
+class SqlFilter(_Sql):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +92,8 @@ Filter = TrueFilter | FalseFilter | SqlFilter | CorrelationFilter
 
 
 @dataclass(frozen=True, slots=True)
-class SqlRuleAction:
-    expression: str
-    parameters: dict[str, Any] = field(default_factory=dict)  # "@name" -> value
+class SqlRuleAction(_Sql):
+    pass
 
 
 @dataclass(frozen=True, slots=True)

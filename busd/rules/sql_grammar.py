@@ -14,23 +14,30 @@ from busd.rules.errors import RuleError
 MAX_EXPRESSION_LENGTH = 1024
 MAX_ACTION_STATEMENTS = 32
 
+# What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
+# accepted and have no effect (Service Bus ignores the first; a message's partition is
+# chosen when it is published, before any action runs).
+_SETTABLE = (
+    "MessageId",
+    "CorrelationId",
+    "To",
+    "ReplyTo",
+    "Label",
+    "SessionId",
+    "ReplyToSessionId",
+    "ContentType",
+    "TimeToLive",
+    "ScheduledEnqueueTimeUtc",
+    "PartitionKey",
+)
+SETTABLE_SYSTEM_PROPERTIES = frozenset(_SETTABLE)
 # `sys.` names (case-insensitive) -> the canonical name a scope answers to. These are the
-# BrokeredMessage properties Service Bus exposes to filters; `Subject` is the newer SDKs' name
-# for `Label`.
+# BrokeredMessage properties Service Bus exposes to filters (the settable ones and the
+# broker's own); `Subject` is the newer SDKs' name for `Label`.
 SYSTEM_PROPERTIES = {
     name.lower(): name
     for name in (
-        "MessageId",
-        "CorrelationId",
-        "To",
-        "ReplyTo",
-        "Label",
-        "SessionId",
-        "ReplyToSessionId",
-        "ContentType",
-        "TimeToLive",
-        "ScheduledEnqueueTimeUtc",
-        "PartitionKey",
+        *_SETTABLE,
         "ViaPartitionKey",
         "SequenceNumber",
         "EnqueuedSequenceNumber",
@@ -46,26 +53,8 @@ SYSTEM_PROPERTIES = {
     )
 }
 SYSTEM_PROPERTIES["subject"] = "Label"
-# What an action may SET or REMOVE. Changes to ScheduledEnqueueTimeUtc and PartitionKey are
-# accepted and have no effect (Service Bus ignores the first; a message's partition is
-# chosen when it is published, before any action runs).
-SETTABLE_SYSTEM_PROPERTIES = frozenset(
-    (
-        "MessageId",
-        "CorrelationId",
-        "To",
-        "ReplyTo",
-        "Label",
-        "SessionId",
-        "ReplyToSessionId",
-        "ContentType",
-        "TimeToLive",
-        "ScheduledEnqueueTimeUtc",
-        "PartitionKey",
-    )
-)
 
-_GRAMMAR = r"""
+_RULES = r"""
 filter: expr
 action: (statement ";"*)+
 
@@ -107,20 +96,8 @@ expr_list: expr ("," expr)*
 property: name ("." name)?
 ?name: NAME | BRACKETED | QUOTED
 
-AND.2: /and\b/i
-OR.2: /or\b/i
-NOT.2: /not\b/i
-IS.2: /is\b/i
-NULL.2: /null\b/i
-IN.2: /in\b/i
-LIKE.2: /like\b/i
-ESCAPE.2: /escape\b/i
-EXISTS.2: /exists\b/i
-TRUE.2: /true\b/i
-FALSE.2: /false\b/i
-SET.2: /set\b/i
-REMOVE.2: /remove\b/i
-NAME: /[A-Za-z_][A-Za-z0-9_]*/
+"""
+_TOKENS = r"""NAME: /[A-Za-z_][A-Za-z0-9_]*/
 BRACKETED: /\[(?:[^\]]|\]\])*\]/
 QUOTED: /"(?:[^"]|"")*"/
 STRING: /'(?:[^']|'')*'/
@@ -136,7 +113,10 @@ MULOP: "*" | "/" | "%"
 %ignore WS
 """
 
-_RESERVED = frozenset("and or not is null in like escape exists true false set remove".split())
+# the grammar's keywords (case-insensitive), which a name may not be unless bracketed or quoted
+_KEYWORDS = "and or not is null in like escape exists true false set remove".split()
+_RESERVED = frozenset(_KEYWORDS)
+_GRAMMAR = _RULES + "".join(f"{k.upper()}.2: /{k}\\b/i\n" for k in _KEYWORDS) + _TOKENS
 
 _PARSER = Lark(_GRAMMAR, start=["filter", "action"], parser="lalr", propagate_positions=True)
 

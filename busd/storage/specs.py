@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Self
 
 from busd.storage.keys import EVEN_LAYOUT, partition_scope
 
@@ -14,8 +15,32 @@ from busd.storage.keys import EVEN_LAYOUT, partition_scope
 BACKOFF_LONGEST_MS = 7 * 86_400_000
 
 
+class _Partitioned:
+    """A handle's partitions (a queue's, a subscription's, a topic's)."""
+
+    __slots__ = ()
+    partitions: int | None
+
+    def partition_spec(self, i: int) -> Self:
+        """The handle of partition `i`: one queue to the store, its keys the partition's, its
+        `partitions` None."""
+        return dataclasses.replace(
+            self,  # type: ignore[type-var]  # each subclass is a dataclass
+            partitions=None,
+            partition=i,
+            partition_count=self.partitions,
+        )
+
+    @property
+    def partition_specs(self) -> tuple[Self, ...]:
+        """A handle of each partition (`partition_spec`), itself when not partitioned."""
+        if not self.partitions:
+            return (self,)
+        return tuple(self.partition_spec(i) for i in range(self.partitions))
+
+
 @dataclass(frozen=True, slots=True)
-class QueueSpec:
+class QueueSpec(_Partitioned):
     """The handle of a queue-like entity in every Store call: a queue, or a topic's
     subscription (`topic` set), with the properties the store needs on each call; with `dlq`
     its dead-letter sub-queue (the same properties, other messages; `.dead_letter_queue`).
@@ -49,20 +74,6 @@ class QueueSpec:
     partition_layout: int = EVEN_LAYOUT
     partition_count: int | None = None  # a partition's handle: its entity's `partitions`
 
-    def partition_spec(self, i: int) -> QueueSpec:
-        """The handle of partition `i`: one queue to the store, its keys the partition's, its
-        `partitions` None."""
-        return dataclasses.replace(
-            self, partitions=None, partition=i, partition_count=self.partitions
-        )
-
-    @property
-    def partition_specs(self) -> tuple[QueueSpec, ...]:
-        """A handle of each partition (`partition_spec`), itself when not partitioned."""
-        if not self.partitions:
-            return (self,)
-        return tuple(self.partition_spec(i) for i in range(self.partitions))
-
     @property
     def dead_letter_queue(self) -> QueueSpec:
         return self if self.dlq else dataclasses.replace(self, dlq=True)
@@ -94,7 +105,7 @@ def subscription_path(topic: str, subscription: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicSpec:
+class TopicSpec(_Partitioned):
     """The handle of a topic in Store calls: what the store needs to accept a message sent to
     it (its subscriptions are given beside it, as QueueSpecs with `topic` set)."""
 
@@ -117,16 +128,3 @@ class TopicSpec:
             self.name, self.partition, self.partition_count, self.partition_layout
         )
         return (place, None)
-
-    def partition_spec(self, i: int) -> TopicSpec:
-        """As QueueSpec.partition_spec."""
-        return dataclasses.replace(
-            self, partitions=None, partition=i, partition_count=self.partitions
-        )
-
-    @property
-    def partition_specs(self) -> tuple[TopicSpec, ...]:
-        """As QueueSpec.partition_specs."""
-        if not self.partitions:
-            return (self,)
-        return tuple(self.partition_spec(i) for i in range(self.partitions))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import replace
 
 from busd.errors import Condition
 from busd.storage.api import Store
@@ -21,11 +23,13 @@ from busd.storage.messages import (
     Settlement,
     StoredMessage,
 )
-from busd.storage.partitioned.base import PartitionedBase, in_order
+from busd.storage.partitioned.base import PartitionedBase
 from busd.storage.partitioned.routes import in_turn, partitioned
 from busd.storage.partitioned.routing import (
     PARTITION_SHIFT,
+    by_message,
     first_seq,
+    in_order,
     partition_of_key,
     partition_of_token,
     stamped,
@@ -50,62 +54,47 @@ class PartitionedMessageCalls(PartitionedBase):
         # partition: each partition's send takes the offers of the sessions it holds, their
         # tokens stamped with it (settlements find it there), and hands over as one server
         # does (docs/design.md §3.5, §3.18).
-        parts, groups = self.parts(queue), self.by_message(queue, messages)
+        parts, groups = self.parts(queue), by_message(messages, queue.partitions, self._turn)
         if len(groups) == 1 and not offers:
             return Sent(await self.inner.send(parts[next(iter(groups))], messages), [])
         offered: dict[int, list[int]] = {}
         for j, o in enumerate(offers):
             if (p := partition_of_key(o.session_id, len(parts))) in groups:
                 offered.setdefault(p, []).append(j)
-        sends = [
-            (
-                parts[p],
-                [messages[i] for i in idx],
-                [
-                    HandOver(
-                        o.session_id, o.holder, o.count, stamped(o.tokens, p, 0, len(o.tokens))
-                    )
-                    for o in (offers[j] for j in offered.get(p, ()))
-                ],
-            )
-            for p, idx in groups.items()
-        ]
+
+        def offers_in(p: int) -> list[HandOver]:  # their tokens stamped with the partition
+            held = (offers[j] for j in offered.get(p, ()))
+            return [replace(o, tokens=stamped(o.tokens, p, 0, len(o.tokens))) for o in held]
+
+        sends = [(parts[p], [messages[i] for i in idx], offers_in(p)) for p, idx in groups.items()]
         try:
             answers: list[Sent | BaseException] = await self.inner.send_handing_over_many(sends)
         except Exception as exc:  # every partition's send failed
             answers = [exc] * len(sends)
+        handed: list[list[StoredMessage]] = [[] for _ in offers]
+        for p, answer in zip(groups, answers):
+            for j, taken in zip(offered.get(p, ()), getattr(answer, "handed", ())):
+                handed[j] = taken
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
         if failed is not None:  # its part failed; the others are stored
-            await self._give_back_handed(queue, offers, offered, groups, answers)
+            await self._give_back(queue, offers, handed)
             raise failed
-        sent = [a for a in answers if isinstance(a, Sent)]
-        handed: list[list[StoredMessage]] = [[] for _ in offers]
-        for p, answer in zip(groups, sent):
-            for j, taken in zip(offered.get(p, ()), answer.handed):
-                handed[j] = taken
-        return Sent(in_order(groups, (a.seqs for a in sent), len(messages)), handed)
+        seqs = (a.seqs for a in answers if isinstance(a, Sent))
+        return Sent(in_order(groups, seqs, len(messages)), handed)
 
-    async def _give_back_handed(
-        self,
-        queue: QueueSpec,
-        offers: Sequence[HandOver],
-        offered: dict[int, list[int]],
-        groups: dict[int, list[int]],
-        answers: list[Sent | BaseException],
+    async def _give_back(
+        self, queue: QueueSpec, offers: Sequence[HandOver], handed: list[list[StoredMessage]]
     ) -> None:
         """A send that failed in one partition fails as a whole (its caller hands nothing to
         the holders), so what the others handed over goes back: released (no count), its
         holder woken, ahead of its session's later messages as before. A release that fails
         too leaves them to the end of the session's lock."""
-        for p, answer in zip(groups, answers):
-            for j, taken in zip(offered.get(p, ()), getattr(answer, "handed", ())):
-                session = offers[j].session_id
-                back = [Settlement(m.lock_token or b"", RELEASE, session_id=session) for m in taken]
-                try:
-                    if back:
-                        await self.inner.settle(self.parts(queue)[p], back)
-                except Exception:  # the end of the session's lock returns them
-                    pass
+        for offer, taken in zip(offers, handed):
+            session = offer.session_id
+            back = [Settlement(m.lock_token or b"", RELEASE, session_id=session) for m in taken]
+            with suppress(Exception):  # the end of the session's lock returns them
+                if back:
+                    await self.inner.settle(self.part_of_session(queue, session), back)
 
     @partitioned
     async def publish(
@@ -116,7 +105,7 @@ class PartitionedMessageCalls(PartitionedBase):
         placements: list[list[Placement]] | None = None,
     ) -> list[int]:
         # A partitioned topic's partition p holds partition p of each of its subscriptions.
-        groups, tparts = self.by_message(topic, messages), self.parts(topic)
+        groups, tparts = by_message(messages, topic.partitions, self._turn), self.parts(topic)
         sparts = [self.parts(s) for s in subscriptions]
         answers = await asyncio.gather(
             *(
@@ -143,40 +132,25 @@ class PartitionedMessageCalls(PartitionedBase):
         tokens: Sequence[bytes],
         waiter: str | None = None,
     ) -> list[StoredMessage]:
-        """A receiver's fetch (with `waiter`): the partitions in turn, first the one it was
-        woken for, skipping those where this process waits already, until `count`; this
-        process's waiter is registered in each it found short of messages
-        (busd/storage/partitioned/waits.py), and the receiver waits with it when the count
-        was not met."""
+        """A receiver's fetch (with `waiter`): the partitions in turn until `count`
+        (busd/storage/partitioned/waits.py `look_in_turn`)."""
         if waiter is None:
             return await self._receive_in_turn(entity, count, mode, tokens)
-        kind = "d" if entity.dlq else "q"
-        waits = self._waits.of(entity.name, kind)
-        self._waits_specs[kind + entity.name] = entity
-        first, peek_lock = self._waits.begin(waits, waiter), mode == ReceiveMode.PEEK_LOCK
         out: list[StoredMessage] = []
-        filled: int | None = None  # a partition that had as many as asked: it may have more
-        try:
-            while True:
-                for part, p in self._to_look(entity, waits, first):
-                    want = count - len(out)
-                    if want <= 0:
-                        break
-                    given = stamped(tokens, p, len(out), want) if peek_lock else ()
-                    wakes = self._waits.wakes_of(waits, p)
-                    got = await self.inner.receive(
-                        part, want, mode, given, self._waits.waiter_id(waits, p)
-                    )
-                    out += got
-                    if len(got) < want:
-                        self._waits.registered(waits, p, wakes)
-                    else:  # the call took the waiter off there (lua/receiveMessages.lua)
-                        self._waits.unregistered(waits, p)
-                        filled = p
-                if len(out) >= count or (first := self._waits.next_pending(waits)) is None:
-                    return out
-        finally:
-            self._waits.end(waits, waiter, found=len(out) >= count, woken_for=filled, wait=True)
+
+        async def look(part: QueueSpec, p: int, waiter_id: str | None) -> bool:
+            want = count - len(out)
+            given = stamped(tokens, p, len(out), want) if mode == ReceiveMode.PEEK_LOCK else ()
+            got = await self.inner.receive(part, want, mode, given, waiter_id)
+            out.extend(got)
+            return len(got) >= want
+
+        if count > 0:
+            kind = "d" if entity.dlq else "q"
+            await self._waits.look_in_turn(
+                entity, kind, waiter, self.rotation, look, receiving=True
+            )
+        return out
 
     @partitioned
     async def settle(
@@ -192,16 +166,16 @@ class PartitionedMessageCalls(PartitionedBase):
     async def peek(
         self, entity: QueueSpec, from_seq: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
-        if session_id is not None:
-            part = self.part_of_session(entity, session_id)
-            start = max(from_seq, first_seq(part.partition or 0))
-            return list(await self.inner.peek(part, start, count, session_id))
         # In sequence-number order, which is partition by partition: a peek continued from
-        # the last number seen + 1 goes on where this one stopped.
+        # the last number seen + 1 goes on where this one stopped. A session's: in its own.
         out: list[StoredMessage] = []
-        for part in self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT :]:
+        if session_id is not None:
+            parts: Sequence[QueueSpec] = [self.part_of_session(entity, session_id)]
+        else:
+            parts = self.parts(entity)[max(from_seq, 0) >> PARTITION_SHIFT :]
+        for part in parts:
             if len(out) >= count:
                 break
             start = max(from_seq, first_seq(part.partition or 0))
-            out += await self.inner.peek(part, start, count - len(out))
+            out += await self.inner.peek(part, start, count - len(out), session_id)
         return out

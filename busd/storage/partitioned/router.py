@@ -6,17 +6,16 @@ A partitioned entity is P ordinary queues, each under a hash tag of its own (bus
 a Store and is one itself: it implements every method of the protocol (`wrap` is typed so that
 mypy checks it), forwarding nothing unseen; a call on an entity without partitions goes
 straight to the inner store. Each method is declared here once, in a line, by the route its
-calls take (busd/storage/partitioned/routes.py): a session lives in the partition of its id, a
-sequence number carries its partition in its top 16 bits and a lock token in its last byte
-(routing.py), a whole entity is its partitions together. The calls no route fits are written
-by hand: sending and publishing, receiving and accepting with this process's waiters
-(messages.py, sessions.py), and the catalog record of a partitioned entity (below).
+calls take (busd/storage/partitioned/routes.py). The calls no route fits are written by hand:
+sending and publishing, receiving and accepting with this process's waiters (messages.py,
+sessions.py), and the catalog record of a partitioned entity (below).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from typing import Any
 
 from busd.storage.api import Store
@@ -39,11 +38,10 @@ def _together(answers: list[Any]) -> Any:
     """The partitions' counts, sweep results or totals as one: numbers and totals added,
     lists joined, the oldest message the oldest of theirs."""
     if isinstance(answers[0], dict):
-        total: dict[str, int] = {}
+        total: Counter[str] = Counter()
         for totals in answers:
-            for name, n in totals.items():
-                total[name] = total.get(name, 0) + n
-        return total
+            total.update(totals)  # added, zeros kept
+        return dict(total)
     out = type(answers[0])()
     for field in dataclasses.fields(out):
         values = [getattr(a, field.name) for a in answers]

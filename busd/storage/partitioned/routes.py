@@ -24,8 +24,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from busd.storage.api import Store
 from busd.storage.messages import ReceiveMode
-from busd.storage.partitioned.base import PartitionedBase, in_order
-from busd.storage.partitioned.routing import partition_of_seq, partition_of_token, stamped
+from busd.storage.partitioned.base import PartitionedBase
+from busd.storage.partitioned.routing import in_order, partition_of_seq, partition_of_token, stamped
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -89,11 +89,12 @@ def partitioned(method: F) -> F:
     return cast(F, _route(method, lambda call, _: method(call.store, *call.args, **call.kw)))
 
 
-def by_session(method: StoreMethod[P, R]) -> Route[P, R]:
-    async def spread(call: Call, spec: Any) -> Any:
-        return await call.to(call.store.part_of_session(spec, call["session_id"]))
+def _to_session(call: Call, spec: Any) -> Awaitable[Any]:
+    return call.to(call.store.part_of_session(spec, call["session_id"]))
 
-    return cast(Route[P, R], _route(method, spread))
+
+def by_session(method: StoreMethod[P, R]) -> Route[P, R]:
+    return cast(Route[P, R], _route(method, _to_session))
 
 
 def _fan_out(call: Call, p: int) -> dict[str, Any]:
@@ -175,8 +176,8 @@ def in_turn(
     partition alone."""
 
     async def spread(call: Call, spec: Any) -> Any:
-        if "session_id" in call.params and (session := call["session_id"]) is not None:
-            return await call.to(call.store.part_of_session(spec, session))
+        if "session_id" in call.params and call["session_id"] is not None:
+            return await _to_session(call, spec)
         asked, done, out = call[count], 0, list[Any]()
         for part in call.store.rotation(spec) if rotate else call.store.parts(spec):
             if (want := asked - done) <= 0:

@@ -1,12 +1,10 @@
 """The partitioned store's session calls: a named session is in the partition of its id; the
-next available one is looked for in the partitions in turn, and a process whose acceptors
-wait is registered as one waiter in each partition it found empty
+next available one is looked for in the partitions in turn by this process's waiters
 (busd/storage/partitioned/waits.py); listings and the inspector's pages merge the partitions'
 (docs/design.md §3.18)."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 
@@ -37,9 +35,7 @@ class PartitionedSessionCalls(PartitionedBase):
         waiter: str | None = None,
     ) -> SessionLock | None:
         """A named session is in the partition of its id; the next available one is looked
-        for in the partitions in turn, first the one this acceptor was woken for, skipping
-        those where this process waits already; with `wait`, this process's waiter is
-        registered in each it found empty (busd/storage/partitioned/waits.py)."""
+        for in the partitions in turn (busd/storage/partitioned/waits.py `look_in_turn`)."""
         if release is not None:  # its partition is not the accept's: a call of its own first
             await self.inner.release_session(self.part_of_session(queue, release[0]), *release)
         asked = dict(count=count, mode=mode, client=client)
@@ -47,34 +43,18 @@ class PartitionedSessionCalls(PartitionedBase):
             part = self.part_of_session(queue, session_id)
             given = stamped(tokens, part.partition or 0, 0, count)
             return await self.inner.accept_session(part, session_id, holder, **asked, tokens=given)
-        waits = self._waits.of(queue.name)
-        self._waits_specs["s" + queue.name] = queue
-        first = self._waits.begin(waits, holder)
+        asked.update(wait=wait, waiting=False)
         lock: SessionLock | None = None
-        woken_for: int | None = None
-        try:
-            while True:
-                for part, p in self._to_look(queue, waits, first):
-                    wakes = self._waits.wakes_of(waits, p)
-                    lock = await self.inner.accept_session(
-                        part,
-                        None,
-                        holder,
-                        **asked,
-                        wait=wait,
-                        tokens=stamped(tokens, p, 0, count),
-                        waiting=False,
-                        waiter=self._waits.waiter_id(waits, p) if wait else None,
-                    )
-                    if lock is not None:
-                        woken_for = p if p == first else None
-                        return lock
-                    if wait:
-                        self._waits.registered(waits, p, wakes)
-                if not wait or (first := self._waits.next_pending(waits)) is None:
-                    return None
-        finally:
-            self._waits.end(waits, holder, found=lock is not None, woken_for=woken_for, wait=wait)
+
+        async def look(part: QueueSpec, p: int, waiter_id: str | None) -> bool:
+            nonlocal lock
+            lock = await self.inner.accept_session(
+                part, None, holder, **asked, tokens=stamped(tokens, p, 0, count), waiter=waiter_id
+            )
+            return lock is not None
+
+        await self._waits.look_in_turn(queue, "s", holder, self.rotation, look, wait=wait)
+        return lock
 
     @partitioned
     async def receive_session(
@@ -88,23 +68,16 @@ class PartitionedSessionCalls(PartitionedBase):
     ) -> list[StoredMessage]:
         parts = self.parts(queue)
         p = partition_of_key(session_id, len(parts))
-        tokens = stamped(tokens, p, 0, count)
-        return list(
-            await self.inner.receive_session_part(
-                queue, parts, p, session_id, holder, count, mode, tokens
-            )
-        )
+        asked = (session_id, holder, count, mode, stamped(tokens, p, 0, count))
+        return list(await self.inner.receive_session_part(queue, parts, p, *asked))
 
     @partitioned
     async def list_sessions(
         self, queue: QueueSpec, skip: int, top: int, updated_after_ms: int | None
     ) -> list[str]:
         # Each partition's first skip + top, merged in id order: a stable order for paging.
-        pages = await asyncio.gather(
-            *(
-                self.inner.list_sessions(p, 0, skip + top, updated_after_ms)
-                for p in self.parts(queue)
-            )
+        pages = await self.each(
+            queue, lambda part: self.inner.list_sessions(part, 0, skip + top, updated_after_ms)
         )
         return sorted(itertools.chain.from_iterable(pages))[skip : skip + top]
 
@@ -119,29 +92,22 @@ class PartitionedSessionCalls(PartitionedBase):
     ) -> SessionPage:
         """A partitioned entity's page merges its partitions' pages after the same cursor, in
         the sort's order (the cursor carries the last session's id, or its score and id)."""
-        pages = await asyncio.gather(
-            *(self.inner.session_page(p, sort, after, top, preview) for p in self.parts(queue))
+        pages = await self.each(
+            queue, lambda part: self.inner.session_page(part, sort, after, top, preview)
         )
         merged = sorted((d for page in pages for d in page.sessions), key=_page_order(sort))
         more = len(merged) > top or any(page.next for page in pages)
         merged = merged[:top]
-        return SessionPage(
-            merged,
-            merged[-1].cursor if more and merged else None,
-            sum(page.total for page in pages),
-        )
+        cursor = merged[-1].cursor if more and merged else None
+        return SessionPage(merged, cursor, sum(page.total for page in pages))
 
     # --- waiters -----------------------------------------------------------------------------
     @partitioned
     async def stop_waiting(self, queue: QueueSpec, waiters: str, waiter: str) -> bool:
-        if waiters == "s":  # this process waits for its acceptors (partition_waits.py)
-            return self._waits.leave(queue.name, waiter)
-        if self._waits.knows(queue.name, waiter, waiters):  # and for its receivers
-            return self._waits.leave(queue.name, waiter, waiters)
-        answers = await asyncio.gather(
-            *(self.inner.stop_waiting(p, waiters, waiter) for p in self.parts(queue))
-        )
-        return any(answers)
+        left = self._waits.stop(queue.name, waiter, waiters)  # this process's waiters' own
+        if left is not None:
+            return left
+        return any(await self.each(queue, lambda p: self.inner.stop_waiting(p, waiters, waiter)))
 
 
 def _page_order(sort: str) -> Callable[[SessionDetail], tuple]:

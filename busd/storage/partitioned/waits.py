@@ -27,9 +27,16 @@ subscription (WAKE_ALL) forgets them all.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from busd.storage.api import WAKE_ALL, WakeCallback
+
+log = logging.getLogger("busd.storage")
 
 # How long a registration is trusted without a wake-up: then an accept looks again (one call
 # per partition and process, registering the waiter again if it is still empty).
@@ -78,6 +85,48 @@ class PartitionWaits:
         self._ids: dict[str, tuple[str, int]] = {}  # waiter id -> (kind + name, partition)
         self.wake: Callable[[str], None] = lambda holder: None
         self.pass_on: Callable[[QueueWaits, int, str], None] = lambda waits, p, waiter: None
+        self.specs: dict[str, Any] = {}  # each waiting entity's spec, by kind + name
+        self._passing: set[asyncio.Task] = set()
+
+    # --- the store's side -----------------------------------------------------------------------
+    def routed(self, on_wake: WakeCallback) -> WakeCallback:
+        """What the inner store's subscription calls: a wake-up of this process's waiter of a
+        partition goes to an acceptor or receiver here; WAKE_ALL drops every registration and,
+        as any other, goes on to `on_wake`."""
+
+        def wake(waiter: str) -> None:
+            if waiter == WAKE_ALL:
+                self.lost()
+            elif self.woke(waiter):  # this process's waiter of a partition
+                return
+            on_wake(waiter)
+
+        self.wake = on_wake
+        return wake
+
+    def hands_back(self, store: Any, parts: Callable[[Any], Sequence[Any]]) -> None:
+        """A wake-up of this process's waiter that no acceptor or receiver here takes goes
+        back to `store` (the inner one: the partition's handle from `parts`), which wakes
+        another waiter if there is work in that partition (a free session, an available
+        message: lua/stopWaiting.lua)."""
+
+        def pass_on(waits: QueueWaits, partition: int, waiter: str) -> None:
+            spec = self.specs.get(waits.kind + waits.name)
+            if spec is None:
+                return
+            task = asyncio.get_running_loop().create_task(
+                store.stop_waiting(parts(spec)[partition], waits.kind, waiter)
+            )
+            self._passing.add(task)
+            task.add_done_callback(passed_on)
+
+        def passed_on(task: asyncio.Task) -> None:
+            self._passing.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                # the sweep wakes a waiter where a session is free (lua/sweepQueue.lua)
+                log.debug("passing a wake-up on failed: %s", task.exception())
+
+        self.pass_on = pass_on
 
     def of(self, name: str, kind: str = "s") -> QueueWaits:
         waits = self.queues.get(kind + name)
@@ -91,6 +140,59 @@ class PartitionWaits:
         return waiter
 
     # --- an accept ------------------------------------------------------------------------------
+    async def look_in_turn(
+        self,
+        spec: Any,
+        kind: str,
+        holder: str,
+        rotation: Callable[[Any], list[Any]],
+        look: Callable[[Any, int, str | None], Awaitable[bool]],
+        *,
+        wait: bool = True,
+        receiving: bool = False,
+    ) -> None:
+        """An accept (or a receive, `receiving`) of `holder` on the entity `spec`: `look(a
+        partition's handle, its number, this process's waiter there or None)` in its partitions
+        in turn (`to_look`, from `rotation(spec)`) until one finds what it looks for; with
+        `wait`, the waiter is registered in each found short, and the partitions woken for
+        meanwhile are looked in before the acceptor waits. A session found in the partition
+        the acceptor was woken for lets the next one look there too; so does a receive that
+        took all it asked for in any partition (the partition may have more: its call took
+        the waiter off there, lua/receiveMessages.lua)."""
+        waits = self.of(spec.name, kind)
+        self.specs[kind + spec.name] = spec
+        first = self.begin(waits, holder)
+        found, woken_for = False, None
+        try:
+            while True:
+                for part, p in self.to_look(waits, rotation(spec), first):
+                    wakes = self.wakes_of(waits, p)
+                    if await look(part, p, self.waiter_id(waits, p) if wait else None):
+                        if receiving:
+                            self.unregistered(waits, p)
+                        found, woken_for = True, p if receiving or p == first else None
+                        return
+                    if wait:
+                        self.registered(waits, p, wakes)
+                if not wait or (first := self.next_pending(waits)) is None:
+                    return
+        finally:
+            self.end(waits, holder, found=found, woken_for=woken_for, wait=wait)
+
+    @staticmethod
+    def to_look(waits: QueueWaits, order: list[Any], first: int | None) -> list[tuple[Any, int]]:
+        """The partitions a call looks in, in turn, with their numbers: `first` (the one it
+        was woken for) first, then in `order` (from a rotating one), less those where this
+        process waits already."""
+        if first is not None:
+            order = sorted(order, key=lambda part: (part.partition or 0) != first)
+        now = time.monotonic()
+        return [
+            (part, p)
+            for part in order
+            if (p := part.partition or 0) == first or not waits.skips(p, now)
+        ]
+
     def begin(self, waits: QueueWaits, holder: str) -> int | None:
         """An accept of `holder` starts: it no longer waits; the partition it was woken for,
         to look in first (None: none)."""
@@ -145,6 +247,16 @@ class PartitionWaits:
         if partition is not None:
             self._give(waits, partition)
         return was
+
+    def stop(self, name: str, holder: str, kind: str) -> bool | None:
+        """`holder` stops waiting (Store.stop_waiting): an acceptor always here, a receiver
+        here if it waited through this process's waiters (`knows`); whether it was waiting,
+        or None where the store has its registration."""
+        if kind == "s":
+            return self.leave(name, holder)
+        if self.knows(name, holder, kind):
+            return self.leave(name, holder, kind)
+        return None
 
     def knows(self, name: str, holder: str, kind: str) -> bool:
         """Whether `holder`, a receiver, waited through this process's waiters (else it

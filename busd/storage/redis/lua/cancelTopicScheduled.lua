@@ -9,10 +9,8 @@
   Context: topic
 
   Input:
-    KEYS      the topic context, then one queue context per subscription
-    ARGV[1]   topic name
-    ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+cn]  c per subscription, its queue context parameters
+    KEYS, ARGV[1..2+cn]  the topic context, with a queue context of c parameters for each of
+              its n subscriptions (includes/topicContext.lua)
     ARGV[3+cn..]  sequence numbers
 
   Output:

@@ -10,12 +10,9 @@
   Context: topic
 
   Input:
-    KEYS      the topic context, then one queue context per subscription
-              (includes/topicContext.lua)
-    ARGV[1]   topic name
-    ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+cn]  c per subscription, its queue context parameters
-              (includes/queueContext.lua; the name is the subscription's own name)
+    KEYS, ARGV[1..2+cn]  the topic context, with a queue context of c parameters for each of
+              its n subscriptions (includes/topicContext.lua; the name is the subscription's
+              own name)
     ARGV[3+cn]  '1' to delete the topic's own keys as well
 
   Output:

@@ -21,11 +21,8 @@
   Context: topic
 
   Input:
-    KEYS      the topic context, then one queue context per subscription
-              (includes/topicContext.lua)
-    ARGV[1]   topic name
-    ARGV[2]   n: the number of subscriptions
-    ARGV[3..2+cn]  c per subscription, its queue context parameters
+    KEYS, ARGV[1..2+cn]  the topic context, with a queue context of c parameters for each of
+              its n subscriptions (includes/topicContext.lua)
     then (b = 3+cn):
     ARGV[b]   duplicate detection window ms (0: off)
     ARGV[b+1 .. b+2n]  two per subscription: '1' when it requires sessions, its default time
