@@ -318,6 +318,9 @@ class Admin:
                 "message_count": counts.message_count,
             },
             "size_in_bytes": size,
+            # What the store counted for the entity since it began (sent, received, ...; an
+            # event that never happened is absent): the dashboard's rates are their change.
+            "totals": dict(counts.totals),
         }
 
     async def peek(

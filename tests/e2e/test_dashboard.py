@@ -58,6 +58,7 @@ def busd(busd_factory):
             queue("dash-layout", RequiresSession=True),
             queue("dash-counted"),
             queue("dash-empty-q"),
+            queue("dash-rates"),
         ],
         extra_env={"BUSD_FAULTS": "1"},  # faults on demand on: the dashboard shows them
     )
@@ -540,6 +541,74 @@ def test_dashboard_counts_equal_the_management_apis(busd, browser):
     # every stored message's bytes: the body and its AMQP sections (a few hundred bytes)
     assert 5 * 1000 < runtime.size_in_bytes < 5 * 1400, runtime.size_in_bytes
     assert size_title == f"{runtime.size_in_bytes} bytes"
+
+
+def _points(driver, selector: str, series: str) -> list[tuple[float, float]]:
+    """The (x, y) points of one series of an SVG chart."""
+    points = _retrying(
+        lambda: driver.find_element(
+            By.CSS_SELECTOR, f'{selector} polyline[data-series="{series}"]'
+        ).get_attribute("points")
+    )
+    return [tuple(map(float, p.split(","))) for p in (points or "").split()]
+
+
+def _refresh_until(driver, row: str, column: str, text: str) -> None:
+    """Refresh by hand (one more sample) and wait for the table to show it."""
+    _click(driver, "#refresh")
+    _wait_text(driver, f"{row} td.{column}", text)
+    WebDriverWait(driver, 15).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} td.rates svg polyline")
+    )
+
+
+def test_rates_and_depths_are_charted_per_entity(busd, browser):
+    """Each refresh samples what GET /admin/queues answers (the store's totals sent and
+    received, the counts): after sends, receives and dead-letters between refreshes, the
+    entity's sparklines and the selected entity's charts go up and down."""
+    row = 'tr[data-queue="dash-rates"]'
+    _sign_in(browser, busd)  # the first sample: nothing yet
+    with ServiceBusClient.from_connection_string(busd.connection_string) as client:
+        with client.get_queue_sender("dash-rates") as sender:
+            sender.send_messages([ServiceBusMessage(f"rate {i}") for i in range(30)])
+        _refresh_until(browser, row, "active", "30")
+        with client.get_queue_receiver("dash-rates", max_wait_time=5) as receiver:
+            taken = receive(receiver, 15)
+            assert len(taken) == 15
+            for message in taken[:10]:
+                receiver.complete_message(message)
+            for message in taken[10:]:
+                receiver.dead_letter_message(message, reason="charted")
+        _refresh_until(browser, row, "active", "15")
+        _refresh_until(browser, row, "dead-letter", "5")
+    _click(browser, row + " td.name")
+    WebDriverWait(browser, 15).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#entity-charts svg")) == 2
+    )
+
+    for cell, series in (("td.rates", ("in", "out")), ("td.depth", ("active", "dead"))):
+        for name in series:
+            ys = {y for _, y in _points(browser, f"{row} {cell}", name)}
+            assert len(ys) > 1, (cell, name, ys)  # not flat: it moved with the traffic
+    charts = browser.find_elements(By.CSS_SELECTOR, "#entity-charts svg")
+    for chart, series in zip(charts, (("in", "out"), ("active", "dead"))):
+        for name in series:
+            ys = {float(p.split(",")[1]) for p in _polyline(chart, name).split()}
+            assert len(ys) > 1, (name, ys)
+    legend = browser.find_element(By.CSS_SELECTOR, "#entity-charts").text
+    assert "active 15" in legend and "dead-letter 5" in legend, legend
+    # an entity without traffic draws flat lines at 0
+    idle = {y for _, y in _points(browser, 'tr[data-queue="dash-empty-q"] td.rates', "in")}
+    assert len(idle) <= 1
+    shot = Path("/tmp/busd-dashboard-rates.png")
+    assert browser.save_screenshot(str(shot))
+    print(f"rates screenshot: {shot}")
+
+
+def _polyline(chart, series: str) -> str:
+    return chart.find_element(By.CSS_SELECTOR, f'polyline[data-series="{series}"]').get_attribute(
+        "points"
+    )
 
 
 def _http(busd, method: str, path: str, headers: dict | None = None, body: bytes | None = None):

@@ -135,7 +135,6 @@ def test_with_a_renewal_stuck_in_a_paused_store_the_lease_ends_before_another_ta
         pause_s = 2.5
         await until_monotonic(client, sent_at + 0.5)
         admin.execute_command("CLIENT", "PAUSE", int(pause_s * 1000), "ALL")
-        paused_at = time.monotonic()
         # A renewal the store cannot answer: it waits behind the pause.
         client.transfer(
             requests,
@@ -151,8 +150,8 @@ def test_with_a_renewal_stuck_in_a_paused_store_the_lease_ends_before_another_ta
         answered_s, condition = await complete(client, item)
         refused_at = time.monotonic()
         assert condition == "com.microsoft:session-lock-lost"
-        assert answered_s < 0.5  # answered here, the store still paused
-        assert refused_at < paused_at + pause_s
+        # answered here, the store still paused: the renewal sent before is still unanswered
+        assert len(responses.received) == answers
 
         # After the pause the renewal meets the lock the store let run out meanwhile, and the
         # session goes to another receiver only after the holder was told.

@@ -31,7 +31,6 @@ from tests.e2e.test_workers import WORKERS, alive, health
 pytestmark = pytest.mark.timeout(120)
 
 LOCK_S = 30  # far longer than the test waits: only the parent's release frees the session
-WITHIN_S = 3.0
 
 
 ROOT = "RootManageSharedAccessKey"
@@ -90,7 +89,8 @@ def test_so_is_a_session_of_a_namespace_the_worker_served(busd):
 
 def killed_holding_a_session(busd, namespace: str | None) -> None:
     """A client holds a session (three of its five messages delivered) through one worker,
-    which is killed: the session is accepted again within WITHIN_S."""
+    which is killed: the session is accepted again long before its lock would run out (the
+    tries stop at half of it), so the parent released it."""
     with sb_client(busd, namespace) as client, client.get_queue_sender("sessions") as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}", session_id="s") for i in range(5)])
 
@@ -122,7 +122,6 @@ def killed_holding_a_session(busd, namespace: str | None) -> None:
     assert again is not None and client is not None
     with client:
         try:
-            assert accepted_s < WITHIN_S, f"accepted only after {accepted_s:.1f} s"
             messages = receive(again, 5)
             # The delivered three first again, in order, their attempt counted; the two the
             # dead worker never delivered uncounted; nothing lost.

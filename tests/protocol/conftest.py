@@ -35,6 +35,9 @@ QUEUES = [
     # file would refuse as too short).
     QueueSpec("short-lock", lock_duration_ms=300),
     QueueSpec("short-sessions", requires_session=True, lock_duration_ms=300),
+    # Locks renewed every quarter of their length: a machine would have to stall for most of
+    # one to lose them between renewals.
+    QueueSpec("renewed-sessions", requires_session=True, lock_duration_ms=2000),
 ]
 
 

@@ -257,25 +257,31 @@ async def test_the_accept_takes_what_the_connection_granted_before_when_credit_c
 
 async def test_a_renewal_moves_the_expiry_the_link_is_detached_at(client):
     """renew-session-lock goes through the receiver's lease: the link is kept past the first
-    lock's end, and told the lock is lost only once the renewed one (plus its grace) passed."""
-    await fill(client, "short-sessions")  # 300 ms session locks: 300 ms of grace
-    receiver = await client.attach_receiver("short-sessions", session="a", credit=1)
+    lock's end, and told the lock is lost only once the renewed one (plus its grace) passed.
+    2 s locks (2 s of grace), renewed every 0.5 s: a busy machine does not lose them between
+    renewals, as it would 300 ms ones."""
+    lock_s = 2.0
+    await fill(client, "renewed-sessions")
+    attached = time.time()
+    receiver = await client.attach_receiver("renewed-sessions", session="a", credit=1)
     await receiver.wait_for(1)
-    for _ in range(4):  # 800 ms: past the first lock's end and grace
-        await asyncio.sleep(0.2)
+    renewals = 0
+    while time.time() < attached + 2 * lock_s + 0.2:  # past the first lock's end and grace
+        await asyncio.sleep(lock_s / 4)
         renewed = await client.request(
-            "short-sessions",
+            "renewed-sessions",
             "renew-session-lock",
             {"session-id": "a"},
             **{"associated-link-name": receiver.name},
         )
         assert renewed.properties["statusCode"] == 200
-    assert not receiver.closed_by_broker
+        renewals += 1
+    assert renewals >= 2 and not receiver.closed_by_broker
     expiration = renewed.body["expiration"] / 1000
     await client.wait(
-        lambda: receiver.closed_by_broker, "the detach of the expired session", timeout=3
+        lambda: receiver.closed_by_broker, "the detach of the expired session", timeout=10
     )
-    assert time.time() >= expiration + 0.3
+    assert time.time() >= expiration + lock_s
     assert receiver.condition.name == "com.microsoft:session-lock-lost"
 
 

@@ -62,8 +62,10 @@ class ReplyEndpoint(LinkEndpoint):
 
 
 class RequestEndpoint(LinkEndpoint, abc.ABC):
-    """Our receiver for node requests. Each request is accepted on arrival and answered once,
-    on the reply link; requests are small, so proton's Python classes are fine here."""
+    """Our receiver for node requests. Each request is answered once, on the reply link, and
+    accepted when its answer is ready, so that both go out in one write (docs/wire.md §8.1:
+    a client thread that reads the disposition alone goes back to wait for the answer with its
+    socket locked); requests are small, so proton's Python classes are fine here."""
 
     reply_key: str = ""
 
@@ -105,11 +107,10 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
         self.link.advance()
         if self.link.credit < CREDIT_WINDOW // 2:
             self.link.flow(CREDIT_WINDOW - self.link.credit)
-        delivery.update(Delivery.ACCEPTED)
-        delivery.settle()
         if delivery.aborted:
+            delivery.settle()
             return
-        self.spawn(self._answer(payload))
+        self.spawn(self._answer(payload, delivery))
 
     def _too_large(self, size: int) -> None:
         log.info(
@@ -133,8 +134,11 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
         super().on_detach()
         self.drop_unfinished(self._partial)
 
-    async def _answer(self, payload: bytes) -> None:
-        response, reply_to = await self.handle(payload)
+    async def _answer(self, payload: bytes, delivery: Delivery) -> None:
+        try:
+            response, reply_to = await self.handle(payload)
+        finally:
+            self._accept(delivery)
         if response is None:
             return
         reply = self.conn.links.reply(self.link.session, reply_to or self.reply_key)
@@ -143,6 +147,11 @@ class RequestEndpoint(LinkEndpoint, abc.ABC):
             log.debug("no reply link %r for a %s request", reply_to, self.reply_key)
             return
         reply.send(response)
+
+    def _accept(self, delivery: Delivery) -> None:
+        if not self.detached:
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
 
     @abc.abstractmethod
     async def handle(self, payload: bytes) -> tuple[bytes | None, str | None]:
