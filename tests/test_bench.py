@@ -469,7 +469,7 @@ def test_failover_run_kills_the_primary_and_finds_no_violation() -> None:
     assert re.search(
         r"^failover: primary :\d+ killed\s+2[34]\d\s.*served again [\d.]+ s "
         r"\(send\) / [\d.]+ s \(receive\) after the kill; .*lost 0, stuck 0, "
-        r"duplicated after complete 0, order 0, overlap 0",
+        r"duplicated after complete 0, completed but back 0, order 0, overlap 0",
         out,
         re.M,
     ), out
