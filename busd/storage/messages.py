@@ -149,6 +149,13 @@ class HandOver:
     tokens: Sequence[bytes]
 
 
+class Received(list[StoredMessage]):
+    """What a session receive took (busd.storage.api Store.receive_session), and with `stand`
+    how many messages the holder's standing offer it replaced had handed over (`booked`)."""
+
+    booked: int = 0
+
+
 @dataclass(slots=True)
 class Sent:
     """What `Store.send_handing_over` did: the sequence number of each message (0 for a

@@ -28,7 +28,7 @@ from busd.broker.links.outbox import MAX_BATCH
 from busd.broker.links.receiving import QueueReceiverEndpoint
 from busd.broker.messages import new_tokens
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.messages import HandOver, ReceiveMode, StoredMessage
+from busd.storage.messages import HandOver, ReceiveMode, Settlement, StoredMessage
 from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
@@ -45,6 +45,13 @@ DOTNET_EPOCH_TICKS = 621355968000000000
 # its receivers has granted any yet): one message, so that its first delivery goes out with
 # the first credit rather than after a receive call of its own, a store round trip in series.
 FIRST_ACCEPT_TAKES = 1
+
+
+def _offer_of(token: bytes | None) -> bytes:
+    """The standing offer a lock token was handed over under: its random bytes (a token is the
+    message's sequence number and 8 bytes of the broker's, the last of them a partitioned
+    entity's partition, which the store's offer has and this link's tokens have not)."""
+    return bytes(token[8:15]) if token else b""
 
 
 def unix_ms_to_ticks(ms: int) -> int:
@@ -76,6 +83,18 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accept_task: asyncio.Task | None = None
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._credit_seen = False  # first_credit was learnt from this link
+        # Its standing offer (docs/design.md §3.5, busd.broker.links.outbox): the last 8 bytes
+        # of the tokens it hands messages over under, and how many came under each offer not
+        # yet replaced; a replaced offer's count still awaited (`_awaited`: its bytes).
+        self._offer: bytes | None = None
+        self._arrived: dict[bytes, int] = {}
+        self._awaited: bytes | None = None
+        self._asked: set[bytes] = set()  # those of the fetch under way: one may be the next
+        self._recover = False  # wake-ups may have been lost: the next fetch recovers
+        # the lock tokens of what went out and the store has not settled yet, which a
+        # recovering fetch returns again (and of what the last recovery found)
+        self._out: set[bytes] = set()
+        self._recovered: set[bytes] = set()
 
     @property
     def ready(self) -> bool:
@@ -267,14 +286,85 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         )
 
     async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
+        peek_lock = self.mode == ReceiveMode.PEEK_LOCK
+        recover, self._recover = self._recover, False
+        replaced = self._offer
+        if peek_lock:
+            self._asked = {_offer_of(t) for t in tokens[:count]}
         try:
-            return await self.broker.store.receive_session(
-                self.queue, self.locked_session, self.holder, count, self.mode, tokens
+            got = await self.broker.store.receive_session(
+                self.queue,
+                self.locked_session,
+                self.holder,
+                count,
+                self.mode,
+                tokens,
+                stand=peek_lock,
+                recover=recover,
             )
         except BusdError as error:
             if error.condition == Condition.SESSION_LOCK_LOST and self.lease is not None:
                 self.lease.lost = True
             raise
+        if not peek_lock:
+            return got
+        outbox = self.outbox
+        messages: list[StoredMessage] = got
+        if recover:  # what went out already stays out; what the fetch took is new
+            ours = self._asked
+            taken = [m for m in got if _offer_of(m.lock_token) in ours]
+            found = [m for m in got if _offer_of(m.lock_token) not in ours]
+            self._recovered = {m.lock_token for m in found}  # type: ignore[misc]
+            messages = [m for m in found if m.lock_token not in self._out] + taken
+        else:
+            taken = got
+        # the offer the fetch replaced: what it handed over that has not come yet
+        missing = got.booked - self._arrived.pop(replaced, 0) if replaced is not None else 0
+        self._awaited = replaced if missing > 0 and not recover else None
+        outbox.awaiting = missing if self._awaited is not None else 0
+        self._asked = set()
+        if len(taken) < count:
+            self._offer = _offer_of(tokens[len(taken)])
+            outbox.standing = max(count - len(taken) - self._arrived.get(self._offer, 0), 0)
+        else:
+            self._offer = None
+            outbox.standing = 0
+        return messages
+
+    def booked(self, messages: Sequence[StoredMessage]) -> None:
+        """A send handed these over under this link's standing offer (a wake-up carried them)."""
+        if not self._accepted:
+            return  # (a stale offer: its lock is another link's; the release returns them)
+        fresh = []
+        awaited = 0
+        for m in messages:
+            offer = _offer_of(m.lock_token)
+            if offer == self._awaited:
+                awaited += 1
+            elif offer == self._offer or offer in self._asked:
+                self._arrived[offer] = self._arrived.get(offer, 0) + 1
+            else:
+                continue  # an offer replaced and no longer awaited: a recovery found them
+            if m.lock_token not in self._recovered:
+                fresh.append(m)
+        self.outbox.booked(fresh, awaited)
+
+    def missed(self) -> None:
+        """Wake-ups may have been lost: the next fetch recovers what they carried."""
+        if self.mode == ReceiveMode.PEEK_LOCK and self._accepted:
+            self._recover = True
+            self._awaited = None
+            self._offer = None
+            self.outbox.recover()
+
+    def transmit(self, messages: list[StoredMessage]) -> None:
+        if self.mode == ReceiveMode.PEEK_LOCK:
+            self._out.update(m.lock_token for m in messages)  # type: ignore[misc]
+        super().transmit(messages)
+
+    def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
+        self._out.discard(settlement.token)
+        super().answer_settlement(delivery, settlement, error)
 
     def on_detach(self) -> None:
         super().on_detach()

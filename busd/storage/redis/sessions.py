@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from busd.storage.messages import ReceiveMode, StoredMessage
+from busd.storage.messages import Received, ReceiveMode
 from busd.storage.redis.codec import (
     ScriptStatus,
     as_text,
@@ -25,7 +25,13 @@ from busd.storage.specs import QueueSpec
 
 
 def _receive_request(
-    session_id: str, holder: str, count: int, mode: ReceiveMode, tokens: Sequence[bytes]
+    session_id: str,
+    holder: str,
+    count: int,
+    mode: ReceiveMode,
+    tokens: Sequence[bytes],
+    stand: bool,
+    recover: bool,
 ) -> list[Any]:
     """One request of receiveSessionMessages (lua/receiveSessionMessages.lua)."""
     peek_lock = mode == ReceiveMode.PEEK_LOCK
@@ -34,16 +40,21 @@ def _receive_request(
     return [
         holder,
         session_arg(session_id),
-        1 if peek_lock else 0,
+        (1 + 2 * stand + 4 * recover) if peek_lock else 0,
         max(count, 0),
         token_string(tokens, count) if peek_lock else b"",
     ]
 
 
-def _received(reply: list[Any]) -> list[StoredMessage]:
-    """One request's answer of receiveSessionMessages: its status, then the messages."""
+def _received(reply: list[Any], stand: bool) -> Received:
+    """One request's answer of receiveSessionMessages: its status, then the messages, and with
+    `stand` how many the holder's earlier standing offer handed over."""
     check_status(reply[0])
-    return [stored_message(r) for r in reply[1:]]
+    if not stand:
+        return Received(stored_message(r) for r in reply[1:])
+    received = Received(stored_message(r) for r in reply[1:-1])
+    received.booked = reply[-1]
+    return received
 
 
 class SessionCalls(RedisConnection):
@@ -97,15 +108,18 @@ class SessionCalls(RedisConnection):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
-        request = _receive_request(session_id, holder, count, mode, tokens)
+        *,
+        stand: bool = False,
+        recover: bool = False,
+    ) -> Received:
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, recover)
         # with the receives of other links of the queue that come while one call of them is
         # in flight (busd/storage/redis/coalesce.py): with many sessions held, each woken for a
         # message or two, the call's own cost is most of a receive's
         (reply,) = await self._coalesced.call(
             ("receive", queue), [request], lambda requests: self._receive_sessions(queue, requests)
         )
-        return _received(reply)
+        return _received(reply, stand and mode == ReceiveMode.PEEK_LOCK)
 
     async def receive_session_part(
         self,
@@ -117,11 +131,14 @@ class SessionCalls(RedisConnection):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
+        *,
+        stand: bool = False,
+        recover: bool = False,
+    ) -> Received:
         """`receive_session` on a partitioned queue, the session being in `partition` (of
         `parts`): coalesced over the queue's partitions, so that the receives of many held
         sessions, in many partitions, are one store call per server."""
-        request = _receive_request(session_id, holder, count, mode, tokens)
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, recover)
         (reply,) = await self._coalesced.call(
             ("receive", queue),
             [(partition, request)],
@@ -129,7 +146,7 @@ class SessionCalls(RedisConnection):
         )
         if isinstance(reply, BaseException):  # its partition's call failed
             raise reply
-        return _received(reply)
+        return _received(reply, stand and mode == ReceiveMode.PEEK_LOCK)
 
     async def _receive_session_parts(
         self, parts: tuple[QueueSpec, ...], items: list[tuple[int, list[Any]]]

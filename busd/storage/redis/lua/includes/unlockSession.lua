@@ -17,6 +17,7 @@ local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
+  redis.call('HDEL', Q.sbook, sid) -- its holder's standing offer, if it left one
   if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   local lo, hi = sessionRange(sid)
   -- The usual end of a session whose last message was settled: no message to return or to
