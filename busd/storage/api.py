@@ -231,11 +231,12 @@ class Store(Protocol):
     ) -> Received:
         """Take up to `count` available messages of a session the holder has locked, in order.
         Raises SESSION_LOCK_LOST when the holder does not hold a live lock. Peek-lock only:
-        `stand`, finding fewer than `count`, leave the holder's standing offer of the rest
-        (finding `count`, end the one an earlier receive left), under which sends of any
-        process hand the session's next messages over to it, delivered by its wake-ups
-        (docs/design.md §3.5); `recover`, the holder may have missed such wake-ups: the
-        session's messages in flight under its lock come first, delivered or not."""
+        `stand`, finding fewer than `count`, leave the holder's standing offer (finding
+        `count`, end the one an earlier receive left), under which sends of any process hand
+        the session's next messages over to it, delivered by its wake-ups (docs/design.md
+        §3.5), and tell the session's messages in flight before it (`in_flight`); `recover`,
+        the holder may have missed such wake-ups: the session's messages in flight under its
+        lock come first, delivered or not."""
 
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         """Extend the lock by LockDuration from now; returns the new locked-until."""

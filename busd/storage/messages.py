@@ -151,9 +151,10 @@ class HandOver:
 
 class Received(list[StoredMessage]):
     """What a session receive took (busd.storage.api Store.receive_session), and with `stand`
-    how many messages the holder's standing offer it replaced had handed over (`booked`)."""
+    the sequence numbers of the session's messages in flight under the holder's lock before
+    it took any (`in_flight`)."""
 
-    booked: int = 0
+    in_flight: Sequence[int] = ()
 
 
 @dataclass(slots=True)

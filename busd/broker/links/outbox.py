@@ -22,15 +22,17 @@ as a waiter, so a flow that only tops up credit costs no store call until the st
 A drain is answered after one more look.
 
 A fourth producer is a held session's standing offer (docs/design.md §3.5): a fetch that
-found fewer messages than it asked for leaves in the store the offer of the rest of its
-credit, under which a send of any process locks the session's next messages for the link
-and publishes them on this process's wake-up channel (`booked`). While such messages may
+found fewer messages than it asked for leaves its offer in the store, under which a send of
+any process locks the session's next messages for the link and publishes them on this
+process's wake-up channel (`booked`); what exceeds the credit goes back as after a drain,
+and its release, which files it available, ends the offer. While such messages may
 still come (`standing`), sends of this process make no offer of their own, so that what they
 hand over, returned on the store connection, never overtakes a booked message still on the
 wake-up channel: their messages are handed over under the standing offer too, and come the
-same way, in the store's order. The next fetch replaces the offer and learns how many it
-handed over; its round ends only once all of those have come (`awaiting`), or the wake-ups
-may have been lost and a fetch that recovers them (the link's messages in flight) ends it.
+same way, in the store's order. The next fetch replaces the offer and learns which of the
+session's messages were in flight before it; its round ends only once those of them the
+link has not seen have come (`awaiting`), or the wake-ups may have been lost and a fetch
+that recovers them (the link's messages in flight) ends it.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ class Outbox:
         self._looked = False  # the round under way includes a fetch
         # a standing offer's messages: how many may still come, how many of a replaced offer
         # the round waits for (see the module's docstring)
-        self.standing = 0
-        self.awaiting = 0
+        self.standing = False
+        self.awaiting: set[int] = set()
         self._back_later: list[StoredMessage] = []  # booked during a give-back: go back too
 
     @property
@@ -179,7 +181,7 @@ class Outbox:
         sink = self._sink
         if self._returning is not None or (self._gathered and self._credited):
             return 0  # what goes back first, or the round is closing
-        if self.standing > 0 or self.awaiting > 0:
+        if self.standing or self.awaiting:
             return 0  # booked messages may be on their way: see the module's docstring
         if sink.detached or not sink.ready or not sink.delivering:
             return 0
@@ -204,11 +206,15 @@ class Outbox:
                 self._woken = True  # the round's end looks again
         self._end_round(looked=False)
 
-    def booked(self, messages: list[StoredMessage], awaited: int) -> None:
-        """Messages a send handed over under the link's standing offer (`awaited` of them
-        ones the round waits for)."""
-        self.standing = max(self.standing - len(messages), 0)
-        self.awaiting = max(self.awaiting - awaited, 0)
+    @property
+    def gathered(self) -> set[int]:
+        """The sequence numbers of what the round gathered so far."""
+        return {m.seq for m in self._gathered}
+
+    def booked(self, messages: list[StoredMessage]) -> None:
+        """Messages a send handed over under the link's standing offer."""
+        if self.awaiting:
+            self.awaiting.difference_update(m.seq for m in messages)
         if self._returning is not None:  # later in the session than what goes back now
             self._back_later += messages
             return
@@ -218,7 +224,7 @@ class Outbox:
     def recover(self) -> None:
         """Wake-ups may have been lost, booked messages with them: look again at once, the
         link's messages in flight included (the sink's take knows), before the round ends."""
-        self.awaiting = 0
+        self.awaiting = set()
         self._dry = False
         if self._under_way or self._returning is not None:
             self._woken = True

@@ -48,9 +48,9 @@ FIRST_ACCEPT_TAKES = 1
 
 
 def _offer_of(token: bytes | None) -> bytes:
-    """The standing offer a lock token was handed over under: its random bytes (a token is the
+    """The random bytes of a lock token, which tell the tokens of one call (a token is the
     message's sequence number and 8 bytes of the broker's, the last of them a partitioned
-    entity's partition, which the store's offer has and this link's tokens have not)."""
+    entity's partition, which the store's token has and this link's have not)."""
     return bytes(token[8:15]) if token else b""
 
 
@@ -83,18 +83,14 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accept_task: asyncio.Task | None = None
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._credit_seen = False  # first_credit was learnt from this link
-        # Its standing offer (docs/design.md §3.5, busd.broker.links.outbox): the last 8 bytes
-        # of the tokens it hands messages over under, and how many came under each offer not
-        # yet replaced; a replaced offer's count still awaited (`_awaited`: its bytes).
-        self._offer: bytes | None = None
-        self._arrived: dict[bytes, int] = {}
-        self._awaited: bytes | None = None
-        self._asked: set[bytes] = set()  # those of the fetch under way: one may be the next
-        self._recover = False  # wake-ups may have been lost: the next fetch recovers
-        # the lock tokens of what went out and the store has not settled yet, which a
-        # recovering fetch returns again (and of what the last recovery found)
-        self._out: set[bytes] = set()
-        self._recovered: set[bytes] = set()
+        # Its standing offer (docs/design.md §3.5, busd.broker.links.outbox): the random bytes
+        # of the tokens of the fetch under way (one of them may name the next offer), whether
+        # the next fetch recovers what lost wake-ups carried, the sequence numbers of what
+        # went out and the store has not settled yet, and of what the last recovery found.
+        self._asked: set[bytes] = set()
+        self._recover = False
+        self._out: set[int] = set()
+        self._recovered: set[int] = set()
 
     @property
     def ready(self) -> bool:
@@ -288,7 +284,6 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
         recover, self._recover = self._recover, False
-        replaced = self._offer
         if peek_lock:
             self._asked = {_offer_of(t) for t in tokens[:count]}
         try:
@@ -310,60 +305,42 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return got
         outbox = self.outbox
         messages: list[StoredMessage] = got
+        taken = len(got)
         if recover:  # what went out already stays out; what the fetch took is new
-            ours = self._asked
-            taken = [m for m in got if _offer_of(m.lock_token) in ours]
-            found = [m for m in got if _offer_of(m.lock_token) not in ours]
-            self._recovered = {m.lock_token for m in found}  # type: ignore[misc]
-            messages = [m for m in found if m.lock_token not in self._out] + taken
-        else:
-            taken = got
-        # the offer the fetch replaced: what it handed over that has not come yet
-        missing = got.booked - self._arrived.pop(replaced, 0) if replaced is not None else 0
-        self._awaited = replaced if missing > 0 and not recover else None
-        outbox.awaiting = missing if self._awaited is not None else 0
+            new = [m for m in got if _offer_of(m.lock_token) in self._asked]
+            found = [m for m in got if _offer_of(m.lock_token) not in self._asked]
+            self._recovered = {m.seq for m in found}
+            messages = [m for m in found if m.seq not in self._out] + new
+            taken = len(new)
         self._asked = set()
-        if len(taken) < count:
-            self._offer = _offer_of(tokens[len(taken)])
-            outbox.standing = max(count - len(taken) - self._arrived.get(self._offer, 0), 0)
-        else:
-            self._offer = None
-            outbox.standing = 0
+        # what was in flight before the fetch and has not come yet is on its way on wake-ups
+        # (a send handed it over under the offer the fetch replaced): the round waits for it
+        known = self._out.union(m.seq for m in messages)
+        outbox.awaiting = {seq for seq in got.in_flight if seq not in known} - outbox.gathered
+        outbox.standing = taken < count
         return messages
 
     def booked(self, messages: Sequence[StoredMessage]) -> None:
         """A send handed these over under this link's standing offer (a wake-up carried them)."""
         if not self._accepted:
-            return  # (a stale offer: its lock is another link's; the release returns them)
-        fresh = []
-        awaited = 0
-        for m in messages:
-            offer = _offer_of(m.lock_token)
-            if offer == self._awaited:
-                awaited += 1
-            elif offer == self._offer or offer in self._asked:
-                self._arrived[offer] = self._arrived.get(offer, 0) + 1
-            else:
-                continue  # an offer replaced and no longer awaited: a recovery found them
-            if m.lock_token not in self._recovered:
-                fresh.append(m)
-        self.outbox.booked(fresh, awaited)
+            return  # (its release returns them)
+        out, recovered = self._out, self._recovered
+        self.outbox.booked([m for m in messages if m.seq not in out and m.seq not in recovered])
 
     def missed(self) -> None:
         """Wake-ups may have been lost: the next fetch recovers what they carried."""
         if self.mode == ReceiveMode.PEEK_LOCK and self._accepted:
             self._recover = True
-            self._awaited = None
-            self._offer = None
             self.outbox.recover()
 
     def transmit(self, messages: list[StoredMessage]) -> None:
         if self.mode == ReceiveMode.PEEK_LOCK:
-            self._out.update(m.lock_token for m in messages)  # type: ignore[misc]
+            self._out.update(m.seq for m in messages)
         super().transmit(messages)
 
     def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
-        self._out.discard(settlement.token)
+        if settlement.token:
+            self._out.discard(int.from_bytes(settlement.token[:8], "big"))
         super().answer_settlement(delivery, settlement, error)
 
     def on_detach(self) -> None:

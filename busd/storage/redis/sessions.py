@@ -48,12 +48,12 @@ def _receive_request(
 
 def _received(reply: list[Any], stand: bool) -> Received:
     """One request's answer of receiveSessionMessages: its status, then the messages, and with
-    `stand` how many the holder's earlier standing offer handed over."""
+    `stand` the sequence numbers of the session's messages in flight before it."""
     check_status(reply[0])
     if not stand:
         return Received(stored_message(r) for r in reply[1:])
     received = Received(stored_message(r) for r in reply[1:-1])
-    received.booked = reply[-1]
+    received.in_flight = reply[-1]
     return received
 
 

@@ -21,17 +21,17 @@
 
   Standing offer (docs/design.md §3.5): a peek-lock request with 2 replaces the offer its
   holder left before: taking fewer than `count` messages, none of them held back by a
-  redelivery backoff, it leaves the holder's offer of the rest of its count in `sbook` (one
-  per session: '<the next token's last 8 bytes><count left>:<count handed over>:<holder>'),
-  under which sends of other processes hand the session's next messages over
-  (lua/sendMessages.lua); else none. Its answer ends with how many the offer it replaced had
-  handed over, so that its process waits for the wake-ups still carrying them.
+  redelivery backoff, it leaves the holder's offer in `sbook` ('<the next token's last 8
+  bytes><holder>'), under which sends of any process hand the session's next messages over
+  (lua/sendMessages.lua); else none. Its answer ends with the sequence numbers of the
+  session's messages in flight under the holder's lock before it took any: those its
+  process has not seen yet are on their way to it on wake-ups, and it waits for them.
   Recover (4): the holder may have missed wake-ups that carried messages handed over to it:
   the session's messages in flight under its lock come first in the answer, whether it
   delivered them or not (its process keeps those it has not).
 
   Output:
-    per request: { 0, delivery row, ..., (with 2) the count handed over } (includes/
+    per request: { 0, delivery row, ..., (with 2) { seq in flight, ... } } (includes/
     deliveryRow.lua; locked-until is the session's), or { -2 } SESSION_LOCK_LOST: its holder holds no live lock on the session
 
   Events:
@@ -63,31 +63,33 @@ for i = QUEUE_ARGC + 1, #ARGV, 5 do
   if lockedUntil then
     local out = { 0 }
     local count = tonumber(ARGV[i + 3])
-    if mode >= 4 then -- recover: what is in flight under this holder's lock
+    local stands = tokens and mode % 4 >= 2
+    local inFlight
+    if mode >= 4 or stands then
       local lo, hi = sessionRange(sid)
+      inFlight = {}
       for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)) do
         local seq = memberSeq(member)
-        local m, body = readMessage(Q.q, seq)
-        if m and m.st == 'l' and m.h == holder then
-          out[#out + 1] = deliveryRow(seq, body, m, m.tok, lockedUntil)
+        inFlight[#inFlight + 1] = seq
+        if mode >= 4 then -- recover: what is in flight under this holder's lock
+          local m, body = readMessage(Q.q, seq)
+          if m and m.st == 'l' and m.h == holder then
+            out[#out + 1] = deliveryRow(seq, body, m, m.tok, lockedUntil)
+          end
         end
       end
     end
     Q.waits = false
     local taken = takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
     received = received + taken
-    if tokens and mode % 4 >= 2 then
-      local before = redis.call('HGET', Q.sbook, sid)
-      local booked, owner = 0, nil
-      if before then booked, owner = string.match(before, '^%d+:(%d+):(.*)$', 9) end
+    if stands then
       if taken < count and not Q.waits then
         local next = (taken + 1) * 16
-        redis.call('HSET', Q.sbook, sid,
-          string.sub(tokens, next - 7, next) .. (count - taken) .. ':0:' .. holder)
-      elseif before then
+        redis.call('HSET', Q.sbook, sid, string.sub(tokens, next - 7, next) .. holder)
+      else
         redis.call('HDEL', Q.sbook, sid)
       end
-      out[#out + 1] = owner == holder and tonumber(booked) or 0
+      out[#out + 1] = inFlight
     end
     answers[#answers + 1] = out
   else

@@ -72,27 +72,23 @@ for _ = 1, tonumber(ARGV[QUEUE_ARGC + 3]) do
 end
 
 -- The standing offer of session `sid`'s holder (lua/receiveSessionMessages.lua), read once
--- per call, or false: only of a held session whose holder holds a live lock and has nothing
--- available before the message (one left by an earlier holder is inert).
+-- per call, or false: only of a held session whose holder holds a live lock (one left by an
+-- earlier holder is inert). It stands only while the session has nothing available
+-- (includes/unbook.lua), so what it takes is the session's next message.
 local books, bookList = {}, {}
+Q.books = books
 local function standingOffer(sid)
   local o = books[sid]
   if o ~= nil then return o end
   o = false
   local holder = sessionHolder(Q, sid)
   local raw = holder and redis.call('HGET', Q.sbook, sid)
-  if raw then
-    local left, booked, owner = string.match(raw, '^(%d+):(%d+):(.*)$', 9)
-    if owner == holder and tonumber(left) > 0 then
-      local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
-      local lo, hi = sessionRange(sid)
-      if lockedUntil and lockedUntil > Q.now
-          and #redis.call('ZRANGEBYLEX', Q.q.sready, lo, hi, 'LIMIT', 0, 1) == 0 then
-        o = { sid = sid, holder = holder, left = tonumber(left), booked = tonumber(booked),
-              lockedUntil = lockedUntil, suffix = string.sub(raw, 1, 8), rows = {} }
-        o.token = string.rep('\0', 8) .. o.suffix
-        bookList[#bookList + 1] = o
-      end
+  if raw and string.sub(raw, 9) == holder then
+    local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
+    if lockedUntil and lockedUntil > Q.now then
+      o = { holder = holder, lockedUntil = lockedUntil, left = math.huge, rows = {},
+            token = string.rep('\0', 8) .. string.sub(raw, 1, 8) }
+      bookList[#bookList + 1] = o
     end
   end
   books[sid] = o
@@ -104,8 +100,7 @@ end
 local function offerFor(sid)
   if sessionQueue and sid and not offers[sid] then
     local o = standingOffer(sid)
-    if o and o.left > 0 then return o end
-    return false
+    return o and books[sid] and o
   end
   local o = sessionQueue and sid and offers[sid]
   if not o or o.left <= 0 then return false end
@@ -170,20 +165,17 @@ for i = first, #ARGV, 5 do
       o.rows[#o.rows + 1] = Q.handOver.row
       o.left = o.left - 1
       Q.handOver = nil
-    elseif now and sid and (offers[sid] or books[sid]) then
-      (offers[sid] or books[sid]).left = 0 -- filed available: nothing may overtake it
+    elseif now and sid and offers[sid] then
+      offers[sid].left = 0 -- filed available: nothing after it may overtake it
     end
   end
 end
 local handed = 0
 for _, o in ipairs(offerList) do handed = handed + #o.rows end
--- The standing offers that took messages: what is left of each (kept at 0, so that the holder's
--- next receive learns how many it was handed), and the rows to their holders.
+-- The standing offers that took messages: the rows to their holders (the offers stay).
 for _, o in ipairs(bookList) do
   if #o.rows > 0 then
     handed = handed + #o.rows
-    redis.call('HSET', Q.sbook, o.sid, o.suffix .. math.max(o.left, 0) .. ':'
-      .. (o.booked + #o.rows) .. ':' .. o.holder)
     redis.call(Q.publish, Q.channel .. string.match(o.holder, '^[^:]*'),
       o.holder .. '\n' .. packRows(o.rows))
   end
