@@ -48,6 +48,9 @@ class HeldSession(Protocol):
         """Its connection (a ConnectionScope of busd.broker.links.base, which names this module):
         only compared, so that `$management` acts on a session its own connection holds."""
 
+    def sent_here(self) -> None:
+        """A send of this process carries messages of the session."""
+
     def offer(self, wanted: int) -> HandOver | None:
         """Take part in a send with up to `wanted` messages of the session: the offer, or
         None when it cannot take any now. `handed_over` follows, whatever the send's fate."""
@@ -154,7 +157,10 @@ class Receivers:
         made = []
         for session_id, count in wanted.items():
             receiver = self._held.get((queue.name, session_id))
-            if receiver is not None and (offer := receiver.offer(count)) is not None:
+            if receiver is None:
+                continue
+            receiver.sent_here()
+            if (offer := receiver.offer(count)) is not None:
                 made.append((receiver, offer, carried[session_id]))
         return made
 

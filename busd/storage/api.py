@@ -227,14 +227,16 @@ class Store(Protocol):
         tokens: Sequence[bytes],
         *,
         stand: bool = False,
+        replace: bool = False,
         recover: bool = False,
     ) -> Received:
         """Take up to `count` available messages of a session the holder has locked, in order.
         Raises SESSION_LOCK_LOST when the holder does not hold a live lock. Peek-lock only:
-        `stand`, finding fewer than `count`, leave the holder's standing offer (finding
-        `count`, end the one an earlier receive left), under which sends of any process hand
-        the session's next messages over to it, delivered by its wake-ups (docs/design.md
-        §3.5), and tell the session's messages in flight before it (`in_flight`); `recover`,
+        `replace`, end the holder's standing offer that an earlier receive may have left, and
+        tell the session's messages in flight before it (`in_flight`); `stand`, the same, and
+        finding fewer than `count` leave a new one, under which sends of any process hand the
+        session's next messages over to it, delivered by its wake-ups (docs/design.md §3.5);
+        `recover`,
         the holder may have missed such wake-ups: the session's messages in flight under its
         lock come first, delivered or not."""
 

@@ -88,6 +88,12 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         # the next fetch recovers what lost wake-ups carried, the sequence numbers of what
         # went out and the store has not settled yet, and of what the last recovery found.
         self._asked: set[bytes] = set()
+        # Since its last fetch: woken by the store, and a send of this process carried the
+        # session's messages. Woken with no send of its own to explain it, its messages come
+        # from other processes, and its next fetch leaves a standing offer for them; else
+        # the hand-over in this process (busd.broker.receivers) serves it better.
+        self._nudged = False
+        self._sent_here = False
         self._recover = False
         self._out: set[int] = set()
         self._recovered: set[int] = set()
@@ -110,6 +116,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         """A wake-up from the store: a session became free (while waiting for one), or the
         held session got messages."""
         if self._accepted:
+            self._nudged = True
             self.outbox.wake()
         elif self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
@@ -284,6 +291,9 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
     async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
         peek_lock = self.mode == ReceiveMode.PEEK_LOCK
         recover, self._recover = self._recover, False
+        stand = peek_lock and self._nudged and not self._sent_here
+        self._nudged = self._sent_here = False
+        replace = self.outbox.standing
         if peek_lock:
             self._asked = {_offer_of(t) for t in tokens[:count]}
         try:
@@ -294,16 +304,18 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
                 count,
                 self.mode,
                 tokens,
-                stand=peek_lock,
+                stand=stand,
+                replace=replace,
                 recover=recover,
             )
         except BusdError as error:
             if error.condition == Condition.SESSION_LOCK_LOST and self.lease is not None:
                 self.lease.lost = True
             raise
-        if not peek_lock:
-            return got
         outbox = self.outbox
+        outbox.standing = False
+        if not (stand or replace or recover):
+            return got
         messages: list[StoredMessage] = got
         taken = len(got)
         if recover:  # what went out already stays out; what the fetch took is new
@@ -315,10 +327,14 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._asked = set()
         # what was in flight before the fetch and has not come yet is on its way on wake-ups
         # (a send handed it over under the offer the fetch replaced): the round waits for it
-        known = self._out.union(m.seq for m in messages)
-        outbox.awaiting = {seq for seq in got.in_flight if seq not in known} - outbox.gathered
-        outbox.standing = taken < count
+        if stand or replace:
+            known = self._out.union(m.seq for m in messages)
+            outbox.awaiting = {s for s in got.in_flight if s not in known} - outbox.gathered
+            outbox.standing = stand and taken < count
         return messages
+
+    def sent_here(self) -> None:
+        self._sent_here = True
 
     def booked(self, messages: Sequence[StoredMessage]) -> None:
         """A send handed these over under this link's standing offer (a wake-up carried them)."""

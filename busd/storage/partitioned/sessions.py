@@ -67,12 +67,13 @@ class PartitionedSessionCalls(PartitionedBase):
         tokens: Sequence[bytes],
         *,
         stand: bool = False,
+        replace: bool = False,
         recover: bool = False,
     ) -> Received:
         parts = self.parts(queue)
         p = partition_of_key(session_id, len(parts))
         asked = (session_id, holder, count, mode, stamped(tokens, p, 0, count))
-        flags = {"stand": stand, "recover": recover}
+        flags = {"stand": stand, "replace": replace, "recover": recover}
         return await self.inner.receive_session_part(queue, parts, p, *asked, **flags)
 
     @partitioned

@@ -31,6 +31,7 @@ def _receive_request(
     mode: ReceiveMode,
     tokens: Sequence[bytes],
     stand: bool,
+    replace: bool,
     recover: bool,
 ) -> list[Any]:
     """One request of receiveSessionMessages (lua/receiveSessionMessages.lua)."""
@@ -40,7 +41,7 @@ def _receive_request(
     return [
         holder,
         session_arg(session_id),
-        (1 + 2 * stand + 4 * recover) if peek_lock else 0,
+        (1 + 2 * (stand or replace) + 4 * recover + 8 * stand) if peek_lock else 0,
         max(count, 0),
         token_string(tokens, count) if peek_lock else b"",
     ]
@@ -110,16 +111,17 @@ class SessionCalls(RedisConnection):
         tokens: Sequence[bytes],
         *,
         stand: bool = False,
+        replace: bool = False,
         recover: bool = False,
     ) -> Received:
-        request = _receive_request(session_id, holder, count, mode, tokens, stand, recover)
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, replace, recover)
         # with the receives of other links of the queue that come while one call of them is
         # in flight (busd/storage/redis/coalesce.py): with many sessions held, each woken for a
         # message or two, the call's own cost is most of a receive's
         (reply,) = await self._coalesced.call(
             ("receive", queue), [request], lambda requests: self._receive_sessions(queue, requests)
         )
-        return _received(reply, stand and mode == ReceiveMode.PEEK_LOCK)
+        return _received(reply, (stand or replace) and mode == ReceiveMode.PEEK_LOCK)
 
     async def receive_session_part(
         self,
@@ -133,12 +135,13 @@ class SessionCalls(RedisConnection):
         tokens: Sequence[bytes],
         *,
         stand: bool = False,
+        replace: bool = False,
         recover: bool = False,
     ) -> Received:
         """`receive_session` on a partitioned queue, the session being in `partition` (of
         `parts`): coalesced over the queue's partitions, so that the receives of many held
         sessions, in many partitions, are one store call per server."""
-        request = _receive_request(session_id, holder, count, mode, tokens, stand, recover)
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, replace, recover)
         (reply,) = await self._coalesced.call(
             ("receive", queue),
             [(partition, request)],
@@ -146,7 +149,7 @@ class SessionCalls(RedisConnection):
         )
         if isinstance(reply, BaseException):  # its partition's call failed
             raise reply
-        return _received(reply, stand and mode == ReceiveMode.PEEK_LOCK)
+        return _received(reply, (stand or replace) and mode == ReceiveMode.PEEK_LOCK)
 
     async def _receive_session_parts(
         self, parts: tuple[QueueSpec, ...], items: list[tuple[int, list[Any]]]

@@ -15,17 +15,18 @@
   Input:
     KEYS, ARGV[1..c]  the queue context (includes/queueContext.lua)
     ARGV[c+1..] five per request: holder, session id, receive mode ('0' receive-and-delete,
-              else peek-lock: 1, plus 2 to leave a standing offer, plus 4 to recover), count,
+              else peek-lock: 1, plus 2 to end the holder's standing offer, plus 8 to leave
+              a new one, plus 4 to recover), count,
               and in peek-lock the lock tokens, 16 bytes each, one per message (at least
               `count`), as one string ('' otherwise)
 
-  Standing offer (docs/design.md §3.5): a peek-lock request with 2 replaces the offer its
-  holder left before: taking fewer than `count` messages, none of them held back by a
-  redelivery backoff, it leaves the holder's offer in `sbook` ('<the next token's last 8
-  bytes><holder>'), under which sends of any process hand the session's next messages over
-  (lua/sendMessages.lua); else none. Its answer ends with the sequence numbers of the
-  session's messages in flight under the holder's lock before it took any: those its
-  process has not seen yet are on their way to it on wake-ups, and it waits for them.
+  Standing offer (docs/design.md §3.5): a peek-lock request with 2 ends the offer its holder
+  left before, and with 8 as well, taking fewer than `count` messages, none of them held back
+  by a redelivery backoff, leaves a new one in `sbook` ('<the next token's last 8 bytes>
+  <holder>'), under which sends of any process hand the session's next messages over
+  (lua/sendMessages.lua). Its answer ends with the sequence numbers of the session's messages
+  in flight under the holder's lock before it took any: those its process has not seen yet
+  are on their way to it on wake-ups, and it waits for them.
   Recover (4): the holder may have missed wake-ups that carried messages handed over to it:
   the session's messages in flight under its lock come first in the answer, whether it
   delivered them or not (its process keeps those it has not).
@@ -63,15 +64,16 @@ for i = QUEUE_ARGC + 1, #ARGV, 5 do
   if lockedUntil then
     local out = { 0 }
     local count = tonumber(ARGV[i + 3])
-    local stands = tokens and mode % 4 >= 2
+    local ends = tokens and mode % 4 >= 2
+    local recovers = mode % 8 >= 4
     local inFlight
-    if mode >= 4 or stands then
+    if recovers or ends then
       local lo, hi = sessionRange(sid)
       inFlight = {}
       for _, member in ipairs(redis.call('ZRANGEBYLEX', Q.q.sinflight, lo, hi)) do
         local seq = memberSeq(member)
         inFlight[#inFlight + 1] = seq
-        if mode >= 4 then -- recover: what is in flight under this holder's lock
+        if recovers then -- what is in flight under this holder's lock
           local m, body = readMessage(Q.q, seq)
           if m and m.st == 'l' and m.h == holder then
             out[#out + 1] = deliveryRow(seq, body, m, m.tok, lockedUntil)
@@ -82,8 +84,8 @@ for i = QUEUE_ARGC + 1, #ARGV, 5 do
     Q.waits = false
     local taken = takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
     received = received + taken
-    if stands then
-      if taken < count and not Q.waits then
+    if ends then
+      if mode >= 8 and taken < count and not Q.waits then
         local next = (taken + 1) * 16
         redis.call('HSET', Q.sbook, sid, string.sub(tokens, next - 7, next) .. holder)
       else
