@@ -243,9 +243,13 @@ class Store(Protocol):
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         """Extend the lock by LockDuration from now; returns the new locked-until."""
 
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+    async def release_session(
+        self, queue: QueueSpec, session_id: str, holder: str, *, offered: bool = True
+    ) -> None:
         """Receiver closed: unlock the session; its unsettled messages become available again
-        with no delivery-count increment. No-op when the holder does not hold it."""
+        with no delivery-count increment. No-op when the holder does not hold it. `offered`
+        False: the holder never left a standing offer (`receive_session`'s `stand`), so the
+        release spares looking for one."""
 
     async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
         """A broker process is gone: every session lock whose holder id starts with `id_prefix`

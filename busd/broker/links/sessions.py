@@ -94,6 +94,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         # the hand-over in this process (busd.broker.receivers) serves it better.
         self._nudged = False
         self._sent_here = False
+        self._offered = False  # it asked for a standing offer once (its release ends it)
         self._recover = False
         self._out: set[int] = set()
         self._recovered: set[int] = set()
@@ -293,6 +294,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         recover, self._recover = self._recover, False
         stand = peek_lock and self._nudged and not self._sent_here
         self._nudged = self._sent_here = False
+        self._offered = self._offered or stand
         replace = self.outbox.standing
         if peek_lock:
             self._asked = {_offer_of(t) for t in tokens[:count]}
@@ -381,7 +383,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return  # never held it, or the lock ran out (the sweep counts the attempt)
         try:
             # Closed by the client: unsettled messages are available again, count unchanged.
-            await self.lease.release()
+            await self.lease.release(offered=self._offered)
         except Exception as exc:  # the lock then runs out by itself
             log.warning(
                 "releasing session %r of %s failed: %s", self.session_id, self.queue.name, exc

@@ -185,8 +185,12 @@ class SessionCalls(RedisConnection):
         check_status(reply)
         return reply
 
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self._run_queue("releaseSession", queue, holder, session_arg(session_id))
+    async def release_session(
+        self, queue: QueueSpec, session_id: str, holder: str, *, offered: bool = True
+    ) -> None:
+        await self._run_queue(
+            "releaseSession", queue, holder, session_arg(session_id), "", 1 if offered else 0
+        )
 
     async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
         if not id_prefix:
