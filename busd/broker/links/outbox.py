@@ -106,8 +106,8 @@ class Outbox:
         self._credited = False
         self._expected = 0
         self._looked = False  # the round under way includes a fetch
-        # a standing offer's messages: how many may still come, how many of a replaced offer
-        # the round waits for (see the module's docstring)
+        # the link's standing offer: whether one stands, and the sequence numbers the round
+        # waits for, in flight before the fetch that replaced it (see the module's docstring)
         self.standing = False
         self.awaiting: set[int] = set()
         self._back_later: list[StoredMessage] = []  # booked during a give-back: go back too
@@ -221,6 +221,12 @@ class Outbox:
         self._gathered += messages
         self._end_round(looked=False)
 
+    def settled(self, seq: int) -> None:
+        """The store settled a message of the link: it is no longer awaited."""
+        if seq in self.awaiting:
+            self.awaiting.discard(seq)
+            self._end_round(looked=False)
+
     def recover(self) -> None:
         """Wake-ups may have been lost, booked messages with them: look again at once, the
         link's messages in flight included (the sink's take knows), before the round ends."""
@@ -258,6 +264,8 @@ class Outbox:
         """Once nothing is under way: send what was gathered, in order, as far as the credit
         goes, and give back the rest. `looked`: the round was a look at the store (a fetch or
         an accept), whose finding answers a drain."""
+        if self.awaiting:  # what came by any way, or was settled meanwhile, is not awaited
+            self.awaiting.difference_update([m.seq for m in self._gathered])
         if self._under_way or self.awaiting:
             return
         looked, self._looked = looked or self._looked, False

@@ -357,9 +357,11 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         super().transmit(messages)
 
     def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
-        if settlement.token:
-            self._out.discard(int.from_bytes(settlement.token[:8], "big"))
         super().answer_settlement(delivery, settlement, error)
+        if settlement.token:
+            seq = int.from_bytes(settlement.token[:8], "big")
+            self._out.discard(seq)
+            self.outbox.settled(seq)
 
     def on_detach(self) -> None:
         super().on_detach()
