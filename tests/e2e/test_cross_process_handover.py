@@ -9,6 +9,7 @@ functions each call ran. The clients are python-qpid-proton on real sockets.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -20,15 +21,10 @@ from proton import Message
 from tests.e2e.amqp_client import SEQUENCE_NUMBER, ProtonCbsClient
 from tests.e2e.conftest import queue
 from tests.e2e.test_multiprocess import start_pair
+from tests.e2e.test_session_handover import NO_SWEEP, redis_url
 
 pytestmark = pytest.mark.timeout(120)
-
-NO_SWEEP = {"BUSD_SWEEP_INTERVAL": "3600"}
-
-
-@pytest.fixture(scope="module")
-def redis_url(own_redis_url):
-    return own_redis_url
+__all__ = ["redis_url"]  # the module's own store, as the in-process hand-over's tests have
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +34,24 @@ def pair(busd_factory):
         [queue(name, RequiresSession=True) for name in ("counted", "missed")],
         extra_env=NO_SWEEP,
     )
+
+
+@contextlib.contextmanager
+def held_elsewhere(pair, name: str):
+    """A receiver on the first process holding session "s" of queue `name`, and a sender on
+    the second, after a first message: filed, its holder woken, whose receive leaves the
+    standing offer."""
+    a, b = pair
+    with ProtonCbsClient(a.port) as holding, ProtonCbsClient(b.port) as sending:
+        holding.authorize(name)
+        sending.authorize(name)
+        receiver = holding.receiver(name, credit=50, session="s")
+        sender = sending.sender(name)
+        sender.send(Message(body="first", group_id="s"))
+        assert receiver.receive(timeout=10).body == "first"
+        receiver.accept()
+        time.sleep(0.3)
+        yield receiver, sender
 
 
 class Functions:
@@ -71,18 +85,8 @@ class Functions:
 
 
 def test_a_message_for_a_session_held_in_another_process_needs_no_receive(pair, redis_url):
-    a, b = pair
     count = 20
-    with ProtonCbsClient(a.port) as holding, ProtonCbsClient(b.port) as sending:
-        holding.authorize("counted")
-        sending.authorize("counted")
-        receiver = holding.receiver("counted", credit=50, session="s")
-        sender = sending.sender("counted")
-        # the first is filed and its holder woken: its receive leaves the standing offer
-        sender.send(Message(body="first", group_id="s"))
-        assert receiver.receive(timeout=10).body == "first"
-        receiver.accept()
-        time.sleep(0.3)
+    with held_elsewhere(pair, "counted") as (receiver, sender):
         functions = Functions(redis_url)
         try:
             seqs = []
@@ -101,17 +105,8 @@ def test_a_message_for_a_session_held_in_another_process_needs_no_receive(pair, 
 
 
 def test_a_holder_that_missed_its_wake_ups_gets_its_messages_in_order(pair, redis_url):
-    a, b = pair
     store = redis.Redis.from_url(redis_url)
-    with ProtonCbsClient(a.port) as holding, ProtonCbsClient(b.port) as sending:
-        holding.authorize("missed")
-        sending.authorize("missed")
-        receiver = holding.receiver("missed", credit=50, session="s")
-        sender = sending.sender("missed")
-        sender.send(Message(body="first", group_id="s"))
-        assert receiver.receive(timeout=10).body == "first"
-        receiver.accept()
-        time.sleep(0.3)  # the standing offer is left
+    with held_elsewhere(pair, "missed") as (receiver, sender):
         # the processes' subscriptions are cut: the wake-ups carrying these are lost, and
         # each process looks again once it has subscribed again
         store.client_kill_filter(_type="pubsub")

@@ -13,36 +13,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from busd.storage.messages import (
-    LockTokens,
-    NewMessage,
-    Outcome,
-    ReceiveMode,
-    Settlement,
-    StoredMessage,
-)
-from tests.storage.test_handover import _commands_per_message
+from busd.storage.messages import LockTokens, Outcome, Settlement, StoredMessage
+from tests.storage.test_handover import PL, _commands_per_message, held, msgs, sq
 
 pytestmark = pytest.mark.every_store
-
-PL = ReceiveMode.PEEK_LOCK
-
-
-def msgs(sid, *bodies, **kw):
-    return [NewMessage(b, session_id=sid, **kw) for b in bodies]
-
-
-@pytest.fixture
-def sq(make_queue):
-    return make_queue(requires_session=True, lock_duration_ms=30_000)
-
-
-@pytest.fixture
-async def held(store, sq):
-    """The id of a holder of this store's process that holds session s1 (no messages)."""
-    holder = f"{store.process_id}:1"
-    await store.accept_session(sq, "s1", holder)
-    return holder
+__all__ = ["held", "sq"]  # the fixtures, shared with the in-process hand-over's tests
 
 
 class Wakes:
