@@ -117,10 +117,10 @@ class SessionLease:
             self._leases.file(self)
         return locked_until_ms
 
-    async def release(self) -> None:
+    async def release(self, *, offered: bool = True) -> None:
         """The receiver closed: unlock the session (its unsettled messages are available
-        again, count unchanged)."""
-        await self.store.release_session(self.queue, self.session_id, self.holder)
+        again, count unchanged). `offered` False: it never left a standing offer."""
+        await self.store.release_session(self.queue, self.session_id, self.holder, offered=offered)
 
     def lost_at(self) -> float:
         """When the receiver is told its session lock ran out (docs/wire.md §6.5): the lock's

@@ -13,13 +13,15 @@ wake-up and a receive of the holder's own; offered, the send's store call locks 
 holder and returns it, and it goes out through the holder's outbox (busd.broker.links.outbox) as
 its own receive would have sent it. Only a receiver of this process can be offered (this
 process delivers what was handed over), and the store hands over only what is next in its
-session's order.
+session's order. A holder of another process is reached through the store instead: its
+standing offer, left by its own receive, lets a send lock the message for it, and the wake-up
+that would have sent it looking carries the message (`booked`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from busd.broker.lease import LeaseTimer
@@ -46,6 +48,9 @@ class HeldSession(Protocol):
         """Its connection (a ConnectionScope of busd.broker.links.base, which names this module):
         only compared, so that `$management` acts on a session its own connection holds."""
 
+    def sent_here(self) -> None:
+        """A send of this process carries messages of the session."""
+
     def offer(self, wanted: int) -> HandOver | None:
         """Take part in a send with up to `wanted` messages of the session: the offer, or
         None when it cannot take any now. `handed_over` follows, whatever the send's fate."""
@@ -56,6 +61,12 @@ class HeldSession(Protocol):
 
     def lost(self, error: BusdError) -> None:
         """Detach with `error` (the session is let go)."""
+
+    def booked(self, messages: Sequence[StoredMessage]) -> None:
+        """A send of another process handed these over under the receiver's standing offer."""
+
+    def missed(self) -> None:
+        """Wake-ups may have been lost: its next look recovers what was handed over to it."""
 
 
 # Each offer, with how many messages of its session the send carries.
@@ -68,6 +79,7 @@ class Receivers:
     def __init__(self) -> None:
         self._listening: dict[str, Callable[[], None]] = {}  # id -> what a wake-up calls
         self._held: dict[tuple[str, str], HeldSession] = {}  # (entity path, session id)
+        self._booking: dict[str, HeldSession] = {}  # the same by their id in the store
         self.lease_timer = LeaseTimer()  # the one timer of the held sessions' leases
 
     # --- wake-ups ------------------------------------------------------------------------------
@@ -77,11 +89,22 @@ class Receivers:
     def forget(self, receiver_id: str) -> None:
         self._listening.pop(receiver_id, None)
 
-    def wake(self, receiver_id: str) -> None:
-        """The store woke one of our receivers (or, WAKE_ALL, wake-ups may have been lost). A
-        wake-up for a receiver that has gone is dropped: it passed it on when it left."""
+    def wake(self, receiver_id: str, booked: Sequence[StoredMessage] = ()) -> None:
+        """The store woke one of our receivers (or, WAKE_ALL, wake-ups may have been lost), or
+        carried messages handed over to one of our holders (`booked`). A wake-up for a
+        receiver that has gone is dropped: it passed it on when it left."""
         if receiver_id == WAKE_ALL:
+            for receiver in list(self._held.values()):
+                receiver.missed()
             targets = list(self._listening.values())
+        elif booked:
+            held = self._booking.get(receiver_id)
+            if held is not None:  # (else it let its session go: its release returned them)
+                try:
+                    held.booked(booked)
+                except Exception:
+                    log.exception("delivering to %s failed", receiver_id)
+            return
         else:
             target = self._listening.get(receiver_id)
             targets = [target] if target is not None else []
@@ -96,6 +119,7 @@ class Receivers:
         """`receiver` holds the session of its lease from now."""
         assert receiver.lease is not None
         self._held[(receiver.queue.name, receiver.lease.session_id)] = receiver
+        self._booking[receiver.holder] = receiver
 
     def let_go(self, receiver: HeldSession) -> None:
         if receiver.lease is None:
@@ -103,6 +127,8 @@ class Receivers:
         key = (receiver.queue.name, receiver.lease.session_id)
         if self._held.get(key) is receiver:
             del self._held[key]
+        if self._booking.get(receiver.holder) is receiver:
+            del self._booking[receiver.holder]
 
     def holding(self, entity: str, session_id: str) -> HeldSession | None:
         """The receiver of this process holding `session_id` of `entity`, if any."""
@@ -131,7 +157,10 @@ class Receivers:
         made = []
         for session_id, count in wanted.items():
             receiver = self._held.get((queue.name, session_id))
-            if receiver is not None and (offer := receiver.offer(count)) is not None:
+            if receiver is None:
+                continue
+            receiver.sent_here()
+            if (offer := receiver.offer(count)) is not None:
                 made.append((receiver, offer, carried[session_id]))
         return made
 

@@ -28,6 +28,7 @@ from busd.storage.messages import (
     HandOver,
     NewMessage,
     Placement,
+    Received,
     ReceiveMode,
     Sent,
     Settlement,
@@ -45,9 +46,15 @@ class StoreUnavailable(Exception):
     (docs/design.md §2.11)."""
 
 
-# Called with the id of a waiter or lock holder of this process that may have work now (or
-# with WAKE_ALL: wake-ups may have been missed, everyone should look again).
-WakeCallback = Callable[[str], None]
+class WakeCallback(Protocol):
+    """Called with the id of a waiter or lock holder of this process that may have work now
+    (or with WAKE_ALL: wake-ups may have been missed, everyone should look again), and with
+    the messages a send of another process handed over to it, locked for it under its
+    standing offer (docs/design.md §3.5), when the wake-up carried them."""
+
+    def __call__(self, waiter: str, booked: Sequence[StoredMessage] = (), /) -> None: ...
+
+
 WAKE_ALL = "*"
 # Called with the `<kind>:<path>` of a catalog record that changed (created, updated or
 # deleted, by any process), or with None: changes may have been missed (the subscription was
@@ -218,16 +225,31 @@ class Store(Protocol):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
+        *,
+        stand: bool = False,
+        replace: bool = False,
+        recover: bool = False,
+    ) -> Received:
         """Take up to `count` available messages of a session the holder has locked, in order.
-        Raises SESSION_LOCK_LOST when the holder does not hold a live lock."""
+        Raises SESSION_LOCK_LOST when the holder does not hold a live lock. Peek-lock only:
+        `replace`, end the holder's standing offer that an earlier receive may have left, and
+        tell the session's messages in flight before it (`in_flight`); `stand`, the same, and
+        finding fewer than `count` leave a new one, under which sends of any process hand the
+        session's next messages over to it, delivered by its wake-ups (docs/design.md §3.5);
+        `recover`,
+        the holder may have missed such wake-ups: the session's messages in flight under its
+        lock come first, delivered or not."""
 
     async def renew_session_lock(self, queue: QueueSpec, session_id: str, holder: str) -> int:
         """Extend the lock by LockDuration from now; returns the new locked-until."""
 
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
+    async def release_session(
+        self, queue: QueueSpec, session_id: str, holder: str, *, offered: bool = True
+    ) -> None:
         """Receiver closed: unlock the session; its unsettled messages become available again
-        with no delivery-count increment. No-op when the holder does not hold it."""
+        with no delivery-count increment. No-op when the holder does not hold it. `offered`
+        False: the holder never left a standing offer (`receive_session`'s `stand`), so the
+        release spares looking for one."""
 
     async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
         """A broker process is gone: every session lock whose holder id starts with `id_prefix`

@@ -113,6 +113,13 @@ KEY_DOC: dict[str, str] = {
     "holder's connection, while held (the session inspector)",
     "quiet": "string, set for QUIET_MS (includes/housekeeping.lua): lazy housekeeping found "
     "nothing of the queue due a moment ago; scripts until it expires skip the look",
+    "sbook": "hash: session id -> the standing offer of its holder, '<8 token bytes><holder>': "
+    "left by a receive of the holder that found fewer messages than it asked for "
+    "(lua/receiveSessionMessages.lua); a send of any process locks the session's next "
+    "messages for that holder and publishes their delivery rows on the holder's channel "
+    "(lua/sendMessages.lua, docs/design.md §3.5). Kept only while the session has no "
+    "available message (includes/unbook.lua); the holder's next receive replaces it, the end "
+    "of its lock removes it",
     "fwd": "hash: '<entity>' -> the forwarder holding the entity's forwarding lease ('q' the "
     "queue, 'd' its dead-letter sub-queue), '<entity>.u' -> ms the lease ends",
 }
@@ -153,7 +160,7 @@ QUEUE_KEYS: tuple[str, ...] = (
     QUEUE_WIDE
     + tuple(f"q.{n}" for n in QUEUE_ENTITY)
     + tuple(f"d.{n}" for n in DLQ_ENTITY)
-    + ("stats", "fwd", "sidle", "sactive", "sclient", "quiet", "q.backoff")
+    + ("stats", "fwd", "sidle", "sactive", "sclient", "quiet", "q.backoff", "sbook")
 )
 
 

@@ -149,6 +149,14 @@ class HandOver:
     tokens: Sequence[bytes]
 
 
+class Received(list[StoredMessage]):
+    """What a session receive took (busd.storage.api Store.receive_session), and with `stand`
+    the sequence numbers of the session's messages in flight under the holder's lock before
+    it took any (`in_flight`)."""
+
+    in_flight: Sequence[int] = ()
+
+
 @dataclass(slots=True)
 class Sent:
     """What `Store.send_handing_over` did: the sequence number of each message (0 for a

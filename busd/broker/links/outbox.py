@@ -20,6 +20,19 @@ anything a send under way may hand over. After a fetch that found fewer messages
 asked for, and no wake-up came meanwhile, the link is dry: the same store call registered it
 as a waiter, so a flow that only tops up credit costs no store call until the store wakes it.
 A drain is answered after one more look.
+
+A fourth producer is a held session's standing offer (docs/design.md §3.5): a fetch that
+found fewer messages than it asked for leaves its offer in the store, under which a send of
+any process locks the session's next messages for the link and publishes them on this
+process's wake-up channel (`booked`); what exceeds the credit goes back as after a drain,
+and its release, which files it available, ends the offer. While such messages may
+still come (`standing`), sends of this process make no offer of their own, so that what they
+hand over, returned on the store connection, never overtakes a booked message still on the
+wake-up channel: their messages are handed over under the standing offer too, and come the
+same way, in the store's order. The next fetch replaces the offer and learns which of the
+session's messages were in flight before it; its round ends only once those of them the
+link has not seen have come (`awaiting`), or the wake-ups may have been lost and a fetch
+that recovers them (the link's messages in flight) ends it.
 """
 
 from __future__ import annotations
@@ -93,6 +106,11 @@ class Outbox:
         self._credited = False
         self._expected = 0
         self._looked = False  # the round under way includes a fetch
+        # the link's standing offer: whether one stands, and the sequence numbers the round
+        # waits for, in flight before the fetch that replaced it (see the module's docstring)
+        self.standing = False
+        self.awaiting: set[int] = set()
+        self._back_later: list[StoredMessage] = []  # booked during a give-back: go back too
 
     @property
     def under_way(self) -> int:
@@ -163,6 +181,8 @@ class Outbox:
         sink = self._sink
         if self._returning is not None or (self._gathered and self._credited):
             return 0  # what goes back first, or the round is closing
+        if self.standing or self.awaiting:
+            return 0  # booked messages may be on their way: see the module's docstring
         if sink.detached or not sink.ready or not sink.delivering:
             return 0
         limit = sink.link.credit if self._credited else self._expected
@@ -185,6 +205,40 @@ class Outbox:
             if self._fetch is not None:
                 self._woken = True  # the round's end looks again
         self._end_round(looked=False)
+
+    @property
+    def gathered(self) -> set[int]:
+        """The sequence numbers of what the round gathered so far."""
+        return {m.seq for m in self._gathered}
+
+    def booked(self, messages: list[StoredMessage]) -> None:
+        """Messages a send handed over under the link's standing offer."""
+        if self.awaiting:
+            self.awaiting.difference_update(m.seq for m in messages)
+        if self._returning is not None:  # later in the session than what goes back now
+            self._back_later += messages
+            return
+        self._gathered += messages
+        self._end_round(looked=False)
+
+    def settled(self, seq: int) -> None:
+        """The store settled a message of the link: it is no longer awaited."""
+        if seq in self.awaiting:
+            self.awaiting.discard(seq)
+            self._end_round(looked=False)
+
+    def recover(self) -> None:
+        """Wake-ups may have been lost, booked messages with them: look again at once, the
+        link's messages in flight included (the sink's take knows), before the round ends."""
+        self.awaiting = set()
+        self._dry = False
+        if self._under_way or self._returning is not None:
+            self._woken = True
+            return
+        self._under_way += 1
+        self._woken = False
+        count = min(max(self._sink.link.credit, 0), MAX_BATCH)
+        self._fetch = self._sink.spawn(self._fetch_some(count))
 
     async def _fetch_some(self, count: int) -> None:
         messages: list[StoredMessage] = []
@@ -210,7 +264,9 @@ class Outbox:
         """Once nothing is under way: send what was gathered, in order, as far as the credit
         goes, and give back the rest. `looked`: the round was a look at the store (a fetch or
         an accept), whose finding answers a drain."""
-        if self._under_way:
+        if self.awaiting:  # what came by any way, or was settled meanwhile, is not awaited
+            self.awaiting.difference_update([m.seq for m in self._gathered])
+        if self._under_way or self.awaiting:
             return
         looked, self._looked = looked or self._looked, False
         sink = self._sink
@@ -227,6 +283,9 @@ class Outbox:
             self._credited = True
         if len(messages) > 1:
             messages.sort(key=lambda m: m.seq)  # sends may finish in any order
+            # a fetch that recovered the link's messages in flight may meet what a send or a
+            # wake-up brought in the same round
+            messages = [m for i, m in enumerate(messages) if not i or messages[i - 1].seq != m.seq]
         if messages:
             sink.transmit(messages[:credit])
         if len(messages) > credit:
@@ -250,6 +309,10 @@ class Outbox:
             log.warning("giving back %d messages failed: %s", len(messages), exc)
         finally:
             self._returning = None
+        if self._back_later:
+            later, self._back_later = self._back_later, []
+            self._give_back(later)
+            return
         self.wake()  # they may be next again
 
     # --- the end ---------------------------------------------------------------------------

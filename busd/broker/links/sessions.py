@@ -28,7 +28,7 @@ from busd.broker.links.outbox import MAX_BATCH
 from busd.broker.links.receiving import QueueReceiverEndpoint
 from busd.broker.messages import new_tokens
 from busd.errors import BusdError, Condition, store_unavailable
-from busd.storage.messages import HandOver, ReceiveMode, StoredMessage
+from busd.storage.messages import HandOver, ReceiveMode, Settlement, StoredMessage
 from busd.storage.specs import QueueSpec
 
 log = logging.getLogger("busd.broker")
@@ -45,6 +45,13 @@ DOTNET_EPOCH_TICKS = 621355968000000000
 # its receivers has granted any yet): one message, so that its first delivery goes out with
 # the first credit rather than after a receive call of its own, a store round trip in series.
 FIRST_ACCEPT_TAKES = 1
+
+
+def _offer_of(token: bytes | None) -> bytes:
+    """The random bytes of a lock token, which tell the tokens of one call (a token is the
+    message's sequence number and 8 bytes of the broker's, the last of them a partitioned
+    entity's partition, which the store's token has and this link's have not)."""
+    return bytes(token[8:15]) if token else b""
 
 
 def unix_ms_to_ticks(ms: int) -> int:
@@ -76,6 +83,21 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         self._accept_task: asyncio.Task | None = None
         self._woken: asyncio.Future | None = None  # set while waiting for a free session
         self._credit_seen = False  # first_credit was learnt from this link
+        # Its standing offer (docs/design.md §3.5, busd.broker.links.outbox): the random bytes
+        # of the tokens of the fetch under way (one of them may name the next offer), whether
+        # the next fetch recovers what lost wake-ups carried, the sequence numbers of what
+        # went out and the store has not settled yet, and of what the last recovery found.
+        self._asked: set[bytes] = set()
+        # Since its last fetch: woken by the store, and a send of this process carried the
+        # session's messages. Woken with no send of its own to explain it, its messages come
+        # from other processes, and its next fetch leaves a standing offer for them; else
+        # the hand-over in this process (busd.broker.receivers) serves it better.
+        self._nudged = False
+        self._sent_here = False
+        self._offered = False  # it asked for a standing offer once (its release ends it)
+        self._recover = False
+        self._out: set[int] = set()
+        self._recovered: set[int] = set()
 
     @property
     def ready(self) -> bool:
@@ -95,6 +117,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         """A wake-up from the store: a session became free (while waiting for one), or the
         held session got messages."""
         if self._accepted:
+            self._nudged = True
             self.outbox.wake()
         elif self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
@@ -267,14 +290,78 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
         )
 
     async def _receive(self, count: int, tokens: Sequence[bytes]) -> list[StoredMessage]:
+        peek_lock = self.mode == ReceiveMode.PEEK_LOCK
+        recover, self._recover = self._recover, False
+        stand = peek_lock and self._nudged and not self._sent_here
+        self._nudged = self._sent_here = False
+        self._offered = self._offered or stand
+        replace = self.outbox.standing
+        if peek_lock:
+            self._asked = {_offer_of(t) for t in tokens[:count]}
         try:
-            return await self.broker.store.receive_session(
-                self.queue, self.locked_session, self.holder, count, self.mode, tokens
+            got = await self.broker.store.receive_session(
+                self.queue,
+                self.locked_session,
+                self.holder,
+                count,
+                self.mode,
+                tokens,
+                stand=stand,
+                replace=replace,
+                recover=recover,
             )
         except BusdError as error:
             if error.condition == Condition.SESSION_LOCK_LOST and self.lease is not None:
                 self.lease.lost = True
             raise
+        outbox = self.outbox
+        outbox.standing = False
+        if not (stand or replace or recover):
+            return got
+        messages: list[StoredMessage] = got
+        taken = len(got)
+        if recover:  # what went out already stays out; what the fetch took is new
+            new = [m for m in got if _offer_of(m.lock_token) in self._asked]
+            found = [m for m in got if _offer_of(m.lock_token) not in self._asked]
+            self._recovered = {m.seq for m in found}
+            messages = [m for m in found if m.seq not in self._out] + new
+            taken = len(new)
+        self._asked = set()
+        # what was in flight before the fetch and has not come yet is on its way on wake-ups
+        # (a send handed it over under the offer the fetch replaced): the round waits for it
+        if stand or replace:
+            known = self._out.union(m.seq for m in messages)
+            outbox.awaiting = {s for s in got.in_flight if s not in known} - outbox.gathered
+            outbox.standing = stand and taken < count
+        return messages
+
+    def sent_here(self) -> None:
+        self._sent_here = True
+
+    def booked(self, messages: Sequence[StoredMessage]) -> None:
+        """A send handed these over under this link's standing offer (a wake-up carried them)."""
+        if not self._accepted:
+            return  # (its release returns them)
+        out, recovered = self._out, self._recovered
+        self.outbox.booked([m for m in messages if m.seq not in out and m.seq not in recovered])
+
+    def missed(self) -> None:
+        """Wake-ups may have been lost: the next fetch recovers what they carried."""
+        if self.mode == ReceiveMode.PEEK_LOCK and self._accepted:
+            self._recover = True
+            self.outbox.recover()
+
+    def transmit(self, messages: list[StoredMessage]) -> None:
+        if self.mode == ReceiveMode.PEEK_LOCK:
+            self._out.update(m.seq for m in messages)
+        super().transmit(messages)
+
+    def answer_settlement(self, delivery, settlement: Settlement, error: BusdError | None) -> None:
+        super().answer_settlement(delivery, settlement, error)
+        if settlement.token:
+            seq = int.from_bytes(settlement.token[:8], "big")
+            self._out.discard(seq)
+            self.outbox.settled(seq)
 
     def on_detach(self) -> None:
         super().on_detach()
@@ -298,7 +385,7 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             return  # never held it, or the lock ran out (the sweep counts the attempt)
         try:
             # Closed by the client: unsettled messages are available again, count unchanged.
-            await self.lease.release()
+            await self.lease.release(offered=self._offered)
         except Exception as exc:  # the lock then runs out by itself
             log.warning(
                 "releasing session %r of %s failed: %s", self.session_id, self.queue.name, exc

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from busd.storage.messages import ReceiveMode, StoredMessage
+from busd.storage.messages import Received, ReceiveMode
 from busd.storage.partitioned.base import PartitionedBase
 from busd.storage.partitioned.routes import partitioned
 from busd.storage.partitioned.routing import partition_of_key, stamped
@@ -65,11 +65,16 @@ class PartitionedSessionCalls(PartitionedBase):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
+        *,
+        stand: bool = False,
+        replace: bool = False,
+        recover: bool = False,
+    ) -> Received:
         parts = self.parts(queue)
         p = partition_of_key(session_id, len(parts))
         asked = (session_id, holder, count, mode, stamped(tokens, p, 0, count))
-        return list(await self.inner.receive_session_part(queue, parts, p, *asked))
+        flags = {"stand": stand, "replace": replace, "recover": recover}
+        return await self.inner.receive_session_part(queue, parts, p, *asked, **flags)
 
     @partitioned
     async def list_sessions(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from busd.storage.api import WAKE_ALL, WakeCallback
+from busd.storage.messages import StoredMessage
 
 log = logging.getLogger("busd.storage")
 
@@ -94,12 +95,15 @@ class PartitionWaits:
         partition goes to an acceptor or receiver here; WAKE_ALL drops every registration and,
         as any other, goes on to `on_wake`."""
 
-        def wake(waiter: str) -> None:
+        def wake(waiter: str, booked: Sequence[StoredMessage] = ()) -> None:
             if waiter == WAKE_ALL:
                 self.lost()
             elif self.woke(waiter):  # this process's waiter of a partition
                 return
-            on_wake(waiter)
+            if booked:  # messages handed over to a holder (docs/design.md §3.5)
+                on_wake(waiter, booked)
+            else:
+                on_wake(waiter)
 
         self.wake = on_wake
         return wake

@@ -5,6 +5,7 @@ here (callers get a Condition or a BusdError)."""
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,42 @@ def stored_message(row: list[Any]) -> StoredMessage:
         dead_letter_description=as_text(desc),
         properties_patch=patch,
     )
+
+
+_LENGTH = struct.Struct(">I")
+_FIELDS = struct.Struct(">H")
+
+
+def wake_payload(data: bytes) -> tuple[str, list[StoredMessage]]:
+    """A wake-up as published on a process's channel: the id of the waiter or holder woken,
+    and the delivery rows of messages a send handed over to it (a holder's standing offer,
+    lua/sendMessages.lua), packed by lua/includes/packRows.lua after a newline."""
+    cut = data.find(b"\n")
+    if cut < 0:
+        return data.decode(), []
+    return data[:cut].decode(), [stored_message(row) for row in _unpack_rows(data, cut + 1)]
+
+
+def _unpack_rows(data: bytes, at: int) -> list[list[Any]]:
+    rows = []
+    end = len(data)
+    while at < end:
+        (fields,) = _FIELDS.unpack_from(data, at)
+        at += 2
+        row: list[Any] = []
+        for _ in range(fields):
+            tag = data[at]
+            at += 1
+            if tag == 0x46:  # 'F': false, a null reply
+                row.append(None)
+                continue
+            (size,) = _LENGTH.unpack_from(data, at)
+            at += 4
+            value = data[at : at + size]
+            at += size
+            row.append(int(value) if tag == 0x4E else value)  # 'N' an integer, 'S' bytes
+        rows.append(row)
+    return rows
 
 
 def _forwarded_message(row: list[Any]) -> StoredMessage:

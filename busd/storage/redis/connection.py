@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -20,9 +21,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, StoreUnavailable, WakeCallback
+from busd.storage.messages import StoredMessage
 from busd.storage.redis.call_limiter import CALL_WAIT_S, CallLimiter
 from busd.storage.redis.coalesce import Coalescer
-from busd.storage.redis.codec import as_text
+from busd.storage.redis.codec import as_text, wake_payload
 from busd.storage.redis.pipeline import DURABILITY
 from busd.storage.redis.scripts import QUEUE_ARGC, ScriptError, Scripts
 from busd.storage.redis.shard_wakeups import ShardWakeups
@@ -316,14 +318,19 @@ class RedisConnection:
                     continue
                 if message is None or message.get("type") != "message":
                     continue
-                self._wake_safely(on_wake, message["data"].decode())
+                self._wake_safely(on_wake, *wake_payload(message["data"]))
         finally:
             await pubsub.aclose()
 
     @staticmethod
-    def _wake_safely(on_wake: WakeCallback, waiter: str) -> None:
+    def _wake_safely(
+        on_wake: WakeCallback, waiter: str, booked: Sequence[StoredMessage] = ()
+    ) -> None:
         try:
-            on_wake(waiter)
+            if booked:
+                on_wake(waiter, booked)
+            else:  # (a plain wake-up: callbacks may take the id alone)
+                on_wake(waiter)
         except Exception:
             log.exception("wake-up callback failed")
 

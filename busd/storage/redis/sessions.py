@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from busd.storage.messages import ReceiveMode, StoredMessage
+from busd.storage.messages import Received, ReceiveMode
 from busd.storage.redis.codec import (
     ScriptStatus,
     as_text,
@@ -25,7 +25,14 @@ from busd.storage.specs import QueueSpec
 
 
 def _receive_request(
-    session_id: str, holder: str, count: int, mode: ReceiveMode, tokens: Sequence[bytes]
+    session_id: str,
+    holder: str,
+    count: int,
+    mode: ReceiveMode,
+    tokens: Sequence[bytes],
+    stand: bool,
+    replace: bool,
+    recover: bool,
 ) -> list[Any]:
     """One request of receiveSessionMessages (lua/receiveSessionMessages.lua)."""
     peek_lock = mode == ReceiveMode.PEEK_LOCK
@@ -34,16 +41,21 @@ def _receive_request(
     return [
         holder,
         session_arg(session_id),
-        1 if peek_lock else 0,
+        (1 + 2 * (stand or replace) + 4 * recover + 8 * stand) if peek_lock else 0,
         max(count, 0),
         token_string(tokens, count) if peek_lock else b"",
     ]
 
 
-def _received(reply: list[Any]) -> list[StoredMessage]:
-    """One request's answer of receiveSessionMessages: its status, then the messages."""
+def _received(reply: list[Any], stand: bool) -> Received:
+    """One request's answer of receiveSessionMessages: its status, then the messages, and with
+    `stand` the sequence numbers of the session's messages in flight before it."""
     check_status(reply[0])
-    return [stored_message(r) for r in reply[1:]]
+    if not stand:
+        return Received(stored_message(r) for r in reply[1:])
+    received = Received(stored_message(r) for r in reply[1:-1])
+    received.in_flight = reply[-1]
+    return received
 
 
 class SessionCalls(RedisConnection):
@@ -97,15 +109,19 @@ class SessionCalls(RedisConnection):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
-        request = _receive_request(session_id, holder, count, mode, tokens)
+        *,
+        stand: bool = False,
+        replace: bool = False,
+        recover: bool = False,
+    ) -> Received:
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, replace, recover)
         # with the receives of other links of the queue that come while one call of them is
         # in flight (busd/storage/redis/coalesce.py): with many sessions held, each woken for a
         # message or two, the call's own cost is most of a receive's
         (reply,) = await self._coalesced.call(
             ("receive", queue), [request], lambda requests: self._receive_sessions(queue, requests)
         )
-        return _received(reply)
+        return _received(reply, (stand or replace) and mode == ReceiveMode.PEEK_LOCK)
 
     async def receive_session_part(
         self,
@@ -117,11 +133,15 @@ class SessionCalls(RedisConnection):
         count: int,
         mode: ReceiveMode,
         tokens: Sequence[bytes],
-    ) -> list[StoredMessage]:
+        *,
+        stand: bool = False,
+        replace: bool = False,
+        recover: bool = False,
+    ) -> Received:
         """`receive_session` on a partitioned queue, the session being in `partition` (of
         `parts`): coalesced over the queue's partitions, so that the receives of many held
         sessions, in many partitions, are one store call per server."""
-        request = _receive_request(session_id, holder, count, mode, tokens)
+        request = _receive_request(session_id, holder, count, mode, tokens, stand, replace, recover)
         (reply,) = await self._coalesced.call(
             ("receive", queue),
             [(partition, request)],
@@ -129,7 +149,7 @@ class SessionCalls(RedisConnection):
         )
         if isinstance(reply, BaseException):  # its partition's call failed
             raise reply
-        return _received(reply)
+        return _received(reply, (stand or replace) and mode == ReceiveMode.PEEK_LOCK)
 
     async def _receive_session_parts(
         self, parts: tuple[QueueSpec, ...], items: list[tuple[int, list[Any]]]
@@ -165,8 +185,12 @@ class SessionCalls(RedisConnection):
         check_status(reply)
         return reply
 
-    async def release_session(self, queue: QueueSpec, session_id: str, holder: str) -> None:
-        await self._run_queue("releaseSession", queue, holder, session_arg(session_id))
+    async def release_session(
+        self, queue: QueueSpec, session_id: str, holder: str, *, offered: bool = True
+    ) -> None:
+        await self._run_queue(
+            "releaseSession", queue, holder, session_arg(session_id), "", 1 if offered else 0
+        )
 
     async def release_process_locks(self, queue: QueueSpec, id_prefix: str) -> int:
         if not id_prefix:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster
@@ -28,6 +28,8 @@ from redis.exceptions import RedisError
 
 from busd.storage import keys as keyspace
 from busd.storage.api import WAKE_ALL, StoreUnavailable, WakeCallback
+from busd.storage.messages import StoredMessage
+from busd.storage.redis.codec import wake_payload
 
 log = logging.getLogger("busd.storage")
 
@@ -72,7 +74,7 @@ class _NodeSubscription:
                     continue
                 kind, channel = message.get("type"), message.get("channel")
                 if kind == "smessage":
-                    self._owner.woken(message["data"].decode())
+                    self._owner.woken(*wake_payload(message["data"]))
                 elif kind == "ssubscribe":
                     self._owner.confirmed(channel)
                 elif kind == "sunsubscribe":  # the slot moved: make it again where it went
@@ -189,10 +191,13 @@ class ShardWakeups:
         if waiting is not None and not waiting.done():
             waiting.set_result(None)
 
-    def woken(self, waiter: str) -> None:
+    def woken(self, waiter: str, booked: Sequence[StoredMessage] = ()) -> None:
         for on_wake in self._callbacks:
             try:
-                on_wake(waiter)
+                if booked:
+                    on_wake(waiter, booked)
+                else:
+                    on_wake(waiter)
             except Exception:
                 log.exception("wake-up callback failed")
 

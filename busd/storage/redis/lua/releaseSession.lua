@@ -18,6 +18,8 @@
     ARGV[c+1] holder ('' an operator: whoever holds it)
     ARGV[c+2] session id
     ARGV[c+3] '1': end the lock as if it had expired (optional)
+    ARGV[c+4] '0': the holder never left a standing offer (lua/receiveSessionMessages.lua),
+              so none is looked for (optional)
 
   Output:
     1 released, 0 not held (by this holder) (nothing changed)
@@ -29,5 +31,6 @@
 --- @include "releaseSessionLock"
 
 local Q = queueContext(0, 0)
+Q.unoffered = ARGV[QUEUE_ARGC + 4] == '0'
 return releaseSessionLock(Q, ARGV[QUEUE_ARGC + 1], ARGV[QUEUE_ARGC + 2],
   ARGV[QUEUE_ARGC + 3] == '1')

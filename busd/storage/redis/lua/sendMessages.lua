@@ -13,6 +13,11 @@
   next message of the session in order, and the holder's own receive (and the wake-up that
   would have led to it) is saved. Each offer takes at most its count; once a message of the
   session is filed available instead, none after it is handed over (docs/design.md §3.5).
+  A session held by a receiver of another process is handed over likewise under the standing
+  offer its holder left in `sbook` (lua/receiveSessionMessages.lua): the message is locked for
+  that holder under the offer's token bytes, and the call publishes the delivery rows on the
+  holder's channel (includes/packRows.lua) instead of a wake-up; its process delivers them
+  without a receive call of its own.
 
   Invariant: with duplicate detection on, a message id accepted within the last `window` ms
   is not accepted again; every message is in q.body (body and metadata) and the index of
@@ -39,7 +44,9 @@
   Events:
     wake-ups (includes/wakeWaiters.lua) when a message is available now and not handed over;
     none to a holder offered in this call: its process sees from the rows returned that the
-    session got more than was handed over, and has that holder look again itself
+    session got more than was handed over, and has that holder look again itself. Per holder
+    of a standing offer that took messages: '<holder>\n' and their packed delivery rows on
+    its process's channel
 ]]
 --- @include "queueContext"
 --- @include "enqueueMessage"
@@ -47,6 +54,8 @@
 --- @include "sessionRange"
 --- @include "tokenAt"
 --- @include "countEvent"
+--- @include "sessionHolder"
+--- @include "packRows"
 
 local Q = queueContext(0, 0)
 local window = tonumber(ARGV[QUEUE_ARGC + 1])
@@ -62,9 +71,37 @@ for _ = 1, tonumber(ARGV[QUEUE_ARGC + 3]) do
   first = first + 4
 end
 
+-- The standing offer of session `sid`'s holder (lua/receiveSessionMessages.lua), read once
+-- per call, or false: only of a held session whose holder holds a live lock (one left by an
+-- earlier holder is inert). It stands only while the session has nothing available
+-- (includes/unbook.lua), so what it takes is the session's next message.
+local books, bookList = {}, {}
+Q.books = books
+local function standingOffer(sid)
+  local o = books[sid]
+  if o ~= nil then return o end
+  o = false
+  local holder = sessionHolder(Q, sid)
+  local raw = holder and redis.call('HGET', Q.sbook, sid)
+  if raw and string.sub(raw, 9) == holder then
+    local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
+    if lockedUntil and lockedUntil > Q.now then
+      o = { holder = holder, lockedUntil = lockedUntil, left = math.huge, rows = {},
+            token = string.rep('\0', 8) .. string.sub(raw, 1, 8) }
+      bookList[#bookList + 1] = o
+    end
+  end
+  books[sid] = o
+  return o
+end
+
 -- The offer that takes a message of session `sid` enqueued now, or false. Checked once per
 -- offer: the holder's lock is live and the session has nothing available before it.
 local function offerFor(sid)
+  if sessionQueue and sid and not offers[sid] then
+    local o = standingOffer(sid)
+    return o and books[sid] and o
+  end
   local o = sessionQueue and sid and offers[sid]
   if not o or o.left <= 0 then return false end
   if not o.lockedUntil then
@@ -120,8 +157,8 @@ for i = first, #ARGV, 5 do
     local now = not (due and due > Q.now) -- else scheduled (includes/placeMessage.lua)
     local o = now and offerFor(sid)
     if o then
-      Q.handOver = { token = tokenAt(o.tokens, #o.rows + 1), lockedUntil = o.lockedUntil,
-                     holder = o.holder }
+      Q.handOver = { token = o.token or tokenAt(o.tokens, #o.rows + 1),
+                     lockedUntil = o.lockedUntil, holder = o.holder }
     end
     out[#out + 1] = enqueueMessage(Q, ARGV[i], sid, tonumber(ARGV[i + 3]), due, sessionQueue)
     if o then
@@ -135,6 +172,14 @@ for i = first, #ARGV, 5 do
 end
 local handed = 0
 for _, o in ipairs(offerList) do handed = handed + #o.rows end
+-- The standing offers that took messages: the rows to their holders (the offers stay).
+for _, o in ipairs(bookList) do
+  if #o.rows > 0 then
+    handed = handed + #o.rows
+    redis.call(Q.publish, Q.channel .. string.match(o.holder, '^[^:]*'),
+      o.holder .. '\n' .. packRows(o.rows))
+  end
+end
 -- a message handed over is sent and received at once: counted once, as 'handed', which
 -- lua/countEntity.lua adds to both (one command where a whole send was handed over)
 countEvent(Q, Q.q, 'sent', #out - duplicates - handed)

@@ -5,6 +5,7 @@
 --- @include "wakeWaiters"
 --- @include "refreshFreeSession"
 --- @include "sessionHolder"
+--- @include "unbook"
 -- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
 -- lockMessage's job) and save its metadata. An available message wakes exactly who can take
 -- it: its session's holder; else, for a session that just became free, one waiting
@@ -20,6 +21,8 @@
 -- sready while available, sinflight while locked (includes/lockMessage.lua), sall while
 -- deferred or scheduled. m.xs says it is out of sall; a message written by a store before
 -- this layout lacks it and is in sall too, until it is filed or deleted.
+-- A held session's standing offer ends when a message of it is filed available
+-- (includes/unbook.lua).
 -- A message coming back from flight under a session lock goes back into E.all (m.xa,
 -- includes/lockMessage.lua).
 local function fileMessage(Q, E, seq, m, blob)
@@ -41,7 +44,11 @@ local function fileMessage(Q, E, seq, m, blob)
     redis.call('ZADD', E.backoff, m.due, seq)
     if m.ss then
       redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
-      if redis.call('HEXISTS', Q.sholder, m.sid) == 0 then refreshFreeSession(Q, m.sid, true) end
+      if redis.call('HEXISTS', Q.sholder, m.sid) == 0 then
+        refreshFreeSession(Q, m.sid, true)
+      else
+        unbook(Q, m.sid)
+      end
     end
     if m.exp then redis.call('ZADD', E.ttl, m.exp, seq) end
   elseif st == 'a' then
@@ -60,6 +67,7 @@ local function fileMessage(Q, E, seq, m, blob)
           end
         else
           wakeHolder(Q, holder)
+          unbook(Q, m.sid)
         end
         if filed then filed[m.sid] = holder end
       end

@@ -33,7 +33,7 @@ local function queueKeys(base)
           ready = k('d.ready'), locked = k('d.locked'), tokens = k('d.tokens'),
           deferred = k('d.deferred'), sall = k('d.sall'), waiters = k('d.waiters') },
     stats = k('stats'), fwd = k('fwd'), sidle = k('sidle'), sactive = k('sactive'),
-    sclient = k('sclient'), quiet = k('quiet'),
+    sclient = k('sclient'), quiet = k('quiet'), sbook = k('sbook'),
   }
   -- bounded (about 3 KB of the server's Lua memory each): a server with more queues in use
   -- than this builds them again now and then

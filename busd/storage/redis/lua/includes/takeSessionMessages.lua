@@ -26,6 +26,7 @@ local function takeSessionMessages(Q, sid, count, tokens, lockedUntil, out)
         redis.call('ZREM', Q.q.sready, member) -- not available (cannot happen; never loop on it)
       elseif Q.bo and m.due and m.due > Q.now then
         waits = true
+        Q.waits = true -- (lua/receiveSessionMessages.lua: no standing offer past it)
         break
       elseif not expireIfDue(Q, seq, m) then
         local token = false

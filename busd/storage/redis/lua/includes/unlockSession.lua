@@ -17,6 +17,8 @@ local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
+  -- its holder's standing offer, if it left one (`Q.unoffered`: it says it never did)
+  if not Q.unoffered then redis.call('HDEL', Q.sbook, sid) end
   if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   local lo, hi = sessionRange(sid)
   -- The usual end of a session whose last message was settled: no message to return or to
