@@ -307,23 +307,3 @@ async def test_an_offered_holder_is_not_woken_and_looks_again_itself(broker, con
     await receiver.wait_for(2)
     assert bodies(receiver) == ["k0", "k1"]
     assert calls.counts["receive_session"] == 1
-
-
-async def test_a_connection_s_first_accept_takes_the_first_message_before_any_credit(
-    broker, client
-):
-    """No session receiver of this connection granted credit yet: the accept takes one
-    message all the same, so the first delivery goes out with the first credit, not after a
-    receive call of its own (a store round trip in series)."""
-    await client.send_to("sessions", *(Message(body=f"f{i}", group_id="f") for i in range(2)))
-    gate = Gate(broker.store, "receive_session")  # the link's own fetch is held
-    receiver = await client.attach_receiver("sessions", session="f")
-    await client.settle_down(0.05)
-    assert receiver.received == []  # no credit yet
-    receiver.flow(10)
-    await receiver.wait_for(1)  # the accept's message, with no receive answered
-    assert bodies(receiver) == ["f0"]
-    gate.opened.set()
-    await receiver.wait_for(2)
-    assert bodies(receiver) == ["f0", "f1"]
-    assert [r.message.delivery_count for r in receiver.received] == [0, 0]

@@ -41,10 +41,6 @@ LOCKED_UNTIL_NAME = LOCKED_UNTIL_PROPERTY.encode()
 # Without `com.microsoft:timeout`, wait this long for a session, as Service Bus does.
 DEFAULT_ACCEPT_TIMEOUT_MS = 60_000
 DOTNET_EPOCH_TICKS = 621355968000000000
-# What a connection's first session accept takes before the client grants credit (none of
-# its receivers has granted any yet): one message, so that its first delivery goes out with
-# the first credit rather than after a receive call of its own, a store round trip in series.
-FIRST_ACCEPT_TAKES = 1
 
 
 def _offer_of(token: bytes | None) -> bytes:
@@ -151,17 +147,15 @@ class SessionReceiverEndpoint(QueueReceiverEndpoint):
             self._woken = woken = loop.create_future()
             # The same store call takes the session's first messages: as many as the client
             # has granted credit, else (most clients grant it once the attach is answered) as
-            # many as this connection's last session receiver first granted (one on its
-            # first), held until the credit comes. Only in peek-lock: a link detached
-            # meanwhile gives them back with the session, whereas receive-and-delete would
-            # have deleted them.
+            # many as this connection's last session receiver first granted, held until the
+            # credit comes. Only in peek-lock: a link detached meanwhile gives them back with
+            # the session, whereas receive-and-delete would have deleted them.
             credit = max(self.link.credit, 0)
             if credit:
                 self._learn_credit()
             count = 0
             if self.mode == ReceiveMode.PEEK_LOCK:
-                learnt = self.conn.first_credit.get(self.queue.name, FIRST_ACCEPT_TAKES)
-                count = min(credit or learnt, MAX_BATCH)
+                count = min(credit or self.conn.first_credit.get(self.queue.name, 0), MAX_BATCH)
             sent_at = time.monotonic()  # the lease's end here counts from it (lease.py)
             try:
                 # With none free, the store registers us as a waiter in the same step: a
