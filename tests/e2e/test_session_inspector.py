@@ -91,11 +91,12 @@ def test_paged_listing_stuck_session_release_and_clear_state(busd):
                 rx.session.renew_lock()
                 time.sleep(0.5)
             (held,), _ = _get(busd, "/admin/queues/inspect/sessions?sort=locked")
+            # active is ActiveMessageCount: the one in flight counts (docs/management.md §4)
             assert (held["session_id"], held["stuck"], held["in_flight"], held["active"]) == (
                 "stuck",
                 True,
                 1,
-                2,
+                3,
             )
             assert held["holder_address"].startswith("127.0.0.1:")
             assert held["oldest_message_age_s"] >= 3
