@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from busd.errors import BusdError, Condition
+from busd.storage import keys as keyspace
 from busd.storage.messages import MessageState, NewMessage, Outcome, ReceiveMode, Settlement
 from tests.storage.conftest import named
 
@@ -299,6 +301,21 @@ async def test_release_session_returns_messages_without_count(store, sq, tokens)
     assert [(m.blob, m.delivery_count) for m in got] == [(b"1", 0), (b"2", 0)]
 
 
+async def test_a_release_after_the_lock_expired_returns_messages_with_a_count(
+    store, make_queue, tokens
+):
+    """The release reads the lock's end only when it has messages to return
+    (lua/includes/unlockSession.lua): a lock that had expired still counts their attempt."""
+    q = make_queue(requires_session=True, lock_duration_ms=100)
+    await store.send(q, msgs("s1", b"1"))
+    await store.accept_session(q, "s1", "h1", count=1, tokens=tokens(1))
+    await asyncio.sleep(0.2)
+    await store.release_session(q, "s1", "h1")
+    await store.accept_session(q, "s1", "h2")
+    got = await store.receive_session(q, "s1", "h2", 5, PL, tokens(5))
+    assert [(m.blob, m.delivery_count) for m in got] == [(b"1", 1)]
+
+
 async def test_release_session_by_non_holder_changes_nothing(store, sq, tokens):
     await store.send(sq, msgs("s1", b"1"))
     await store.accept_session(sq, "s1", "h1")
@@ -426,6 +443,41 @@ async def test_session_wide_expiry_spares_locked_messages(store, make_queue, tok
         q, [Settlement(first.lock_token, Outcome.COMPLETE, session_id="s1")], "h1"
     ) == [OK]
     assert (await store.counts(q)).active == 0
+
+
+@pytest.mark.not_on("cluster", reason="holds housekeeping off through one server's key")
+@pytest.mark.not_on("partitioned", reason="holds housekeeping off through one server's key")
+async def test_a_message_expiring_mid_accept_spares_those_taken_before_it(
+    store, make_queue, tokens, store_url
+):
+    """The accept moves the messages of a look together (lua/includes/takeSessionMessages.lua):
+    those taken before one that expires its session are locked first, so the session-wide
+    expiry spares them. The queue's housekeeping is held off, so the accept meets the expiry."""
+    q = make_queue(requires_session=True, dead_letter_on_expiration=True)
+    await store.send(q, msgs("s1", b"a", b"b"))
+    await store.send(q, [NewMessage(b"short", session_id="s1", ttl_ms=100)])
+    await store.send(q, msgs("s1", b"c"))
+    await asyncio.sleep(0.15)
+    with redis.Redis.from_url(store_url) as client:
+        client.set(keyspace.key(store.prefix, q.key_scope[0], "quiet"), b"1", px=60_000)
+    lock = await store.accept_session(q, "s1", "h1", count=10, tokens=tokens(10))
+    assert [m.blob for m in lock.messages] == [b"a", b"b"]
+    dead = await store.peek(q.dead_letter_queue, 0, 10)
+    assert [m.blob for m in dead] == [b"short", b"c"]  # the session's others, not those taken
+    settled = [Settlement(m.lock_token, Outcome.COMPLETE, session_id="s1") for m in lock.messages]
+    assert await store.settle(q, settled, "h1") == [OK, OK]
+    c = await store.counts(q)
+    assert (c.active, c.locked) == (0, 0)
+
+
+async def test_an_accept_takes_more_messages_than_one_look_moves(store, sq, tokens):
+    """A look moves at most 500 messages (lua/includes/takeSessionMessages.lua): an accept
+    that asks for more gets them all, in order."""
+    sent = await store.send(sq, msgs("s1", *[b"%d" % i for i in range(1200)]))
+    lock = await store.accept_session(sq, "s1", "h1", count=1100, tokens=tokens(1100))
+    assert [m.seq for m in lock.messages] == sent[:1100]
+    rest = await store.receive_session(sq, "s1", "h1", 200, PL, tokens(200))
+    assert [m.seq for m in rest] == sent[1100:]
 
 
 async def test_message_with_session_id_on_plain_queue_is_a_plain_message(store, make_queue, tokens):

@@ -7,8 +7,9 @@ local function releaseSessionLock(Q, holder, sid, expire)
   if not current or (holder ~= '' and current ~= holder) then return 0 end
   local caller = Q.caller
   Q.caller = current -- its wake-ups go to others
-  local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
-  unlockSession(Q, sid, expire or not lockedUntil or lockedUntil <= Q.now)
+  -- whether its lock had expired is read only when it has messages to return
+  -- (includes/unlockSession.lua)
+  unlockSession(Q, sid, expire or nil)
   Q.caller = caller
   return 1
 end

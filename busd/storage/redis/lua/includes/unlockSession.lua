@@ -13,17 +13,24 @@
 -- lock is the session's last activity; left without messages, it is idle from now, or, with
 -- no state either, forgotten here: its settlements left it listed while it was held
 -- (lua/settleMessages.lua), and this is the one place that ends that, once per lock.
+-- `failed` nil: as the lock's end says, read only when there are messages to return (a
+-- session released with none, the usual end, costs no read of it).
 local function unlockSession(Q, sid, failed)
   if Q.held == sid then Q.held = nil end
+  -- The usual end of a session whose last message was settled: no message to return or to
+  -- be free with, which counting its indexes says (includes/sessionHasMessages.lua).
+  local has = sessionHasMessages(Q, sid)
+  if has and failed == nil then
+    local lockedUntil = tonumber(redis.call('ZSCORE', Q.slocks, sid))
+    failed = not lockedUntil or lockedUntil <= Q.now
+  end
   redis.call('HDEL', Q.sholder, sid)
   redis.call('ZREM', Q.slocks, sid)
   -- its holder's standing offer, if it left one (`Q.unoffered`: it says it never did)
   if not Q.unoffered then redis.call('HDEL', Q.sbook, sid) end
   if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   local lo, hi = sessionRange(sid)
-  -- The usual end of a session whose last message was settled: no message to return or to
-  -- be free with, which counting its indexes says (includes/sessionHasMessages.lua).
-  if not sessionHasMessages(Q, sid) then
+  if not has then
     if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
       redis.call('HSET', Q.sactive, sid, Q.now)
     end

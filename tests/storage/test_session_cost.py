@@ -1,0 +1,83 @@
+"""What a short session's own steps cost the store, command by command (docs/design.md §3.19):
+the accept that locks it and takes its first messages, and the release of the emptied session.
+A change that makes them cost more must change the bounds here, on purpose."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from busd.storage import keys as keyspace
+from busd.storage.messages import LockTokens, NewMessage, Outcome, ReceiveMode, Settlement
+
+pytestmark = pytest.mark.every_store
+
+PL = ReceiveMode.PEEK_LOCK
+PER_SESSION = 3  # messages, as scripts/bench --scenario churn-5000 sends
+ROUNDS = 5
+
+# A next-available accept with credit that takes a session's 3 messages, the queue's lazy
+# housekeeping held off (its quiet window, lua/includes/housekeeping.lua: how often it looks
+# depends on the machine, not on the accept). Measured 26: the script, TIME, the window's
+# EXISTS, the free session (ZRANGE), the lock (HSET, ZADD, ZREM of sfree), the inspector's
+# last activity and connection (2 HSET), the session's available messages (ZRANGEBYLEX), the
+# count received (HINCRBY), and 5 per message (read, out of sready, into sinflight, out of
+# q.all, metadata written); 16 since the messages of one look move in one command per index
+# (lua/includes/takeSessionMessages.lua): 5 for all of them.
+ACCEPT_COMMANDS = 16
+# The release of the session once its messages are settled. Measured 14: the script, TIME,
+# its holder and the lock's end (HGET, ZSCORE), the lock (HDEL, ZREM), the inspector's
+# connection (HDEL), the session's three indexes of messages (ZLEXCOUNT each), its state
+# (HEXISTS) and, with neither, the session forgotten (ZREM of sessions and supdated, HDEL of
+# sactive); 13 since the lock's end is read only when the session has messages to return
+# (lua/includes/unlockSession.lua).
+RELEASE_COMMANDS = 13
+
+
+def _commands(client: redis.Redis) -> int:
+    """Commands the server has run so far (those inside scripts included), less INFO."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+@pytest.mark.not_on("cluster", reason="counts one server's commands")
+@pytest.mark.not_on("partitioned", reason="counts one server's commands")
+async def test_a_short_sessions_accept_and_release_cost_few_commands(store, store_url, make_queue):
+    q = make_queue(requires_session=True, lock_duration_ms=30_000)
+    quiet = keyspace.key(store.prefix, q.key_scope[0], "quiet")
+    holder = f"{store.process_id}:1"
+    sids = [f"s{i}" for i in range(ROUNDS)]
+    sent = {}
+    for sid in sids:
+        sent[sid] = await store.send(q, [NewMessage(b"%d" % i, session_id=sid) for i in range(3)])
+    accepts, releases = [], []
+    with redis.Redis.from_url(store_url) as client:
+        for sid in sids:
+            client.set(quiet, b"1", px=60_000)
+            before = _commands(client)
+            lock = await store.accept_session(
+                q,
+                None,
+                holder,
+                count=10,
+                mode=PL,
+                tokens=LockTokens(10),
+                client="c\0a",
+                waiting=False,
+            )
+            accepts.append(_commands(client) - before)
+            assert lock is not None and lock.session_id == sid  # the oldest free session
+            # all of them, in order, locked for the holder: each settles
+            assert [m.seq for m in lock.messages] == sent[sid]
+            assert [m.blob for m in lock.messages] == [b"0", b"1", b"2"]
+            settlements = [Settlement(m.lock_token, Outcome.COMPLETE, sid) for m in lock.messages]
+            assert await store.settle(q, settlements, holder) == [None] * PER_SESSION
+            before = _commands(client)
+            await store.release_session(q, sid, holder, offered=False)
+            releases.append(_commands(client) - before)
+    # the lower count: whatever else reaches the server meanwhile only adds
+    assert min(accepts) <= ACCEPT_COMMANDS, accepts
+    assert min(releases) <= RELEASE_COMMANDS, releases
+    counts = await store.counts(q)
+    assert (counts.active, counts.locked) == (0, 0)
+    assert await store.list_sessions(q, 0, 10, None) == []  # forgotten, nothing left behind
