@@ -58,14 +58,18 @@ def test_a_renewer_keeps_300_locks(busd):
                     on_lock_renew_failure=lambda renewable, error: failures.append(error),
                 )
             time.sleep(HOLD_S)
+            # What went wrong while the locks were held. The renewer stops before the messages
+            # are completed: a renewal task that found its message unsettled just before a
+            # completion would otherwise renew a settled message and report that as a failure.
+            held_failures = [(error, getattr(error, "inner_exception", None)) for error in failures]
+            renewer.close()
             lost = [m.sequence_number for m in messages if m._lock_expired]
             for message in messages:
                 if not message._lock_expired:
                     receiver.complete_message(message)
-        renewer.close()
     times = sorted(renewals)
     print(
         f"\n{len(times)} renewals in {HOLD_S:.0f} s: median {times[len(times) // 2] * 1000:.1f} "
         f"ms, p90 {times[len(times) * 9 // 10] * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms"
     )
-    assert lost == [] and failures == []
+    assert lost == [] and held_failures == []
