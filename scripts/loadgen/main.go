@@ -31,6 +31,7 @@ import (
 	"math/rand"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -432,6 +433,16 @@ func worker() int {
 		return 2
 	}
 	rec := &recorder{worker: int64(cfg.Index), cpuStart: 0}
+	if dir := os.Getenv("LOADGEN_CPUPROFILE_DIR"); dir != "" {
+		// one CPU profile a worker, for go tool pprof: where the client's time goes
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("worker-%d.pprof", cfg.Index)))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen worker:", err)
+			return 2
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	var doneMu sync.Mutex
 	done := map[[2]any]bool{}
 	markDone := func(sid string, index int, t float64) {
