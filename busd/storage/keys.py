@@ -108,9 +108,12 @@ KEY_DOC: dict[str, str] = {
     "(includes/expireIdleSessions.lua). Kept loosely: a session that has messages or a "
     "holder again keeps its entry until the sweep meets it and drops it",
     "sactive": "hash: session id -> ms of its last activity: accepted, a message settled by "
-    "its holder, its lock ended (the session inspector, lua/sessionPage.lua)",
-    "sclient": "hash: session id -> '<client container id>\\0<client address>' of its "
-    "holder's connection, while held (the session inspector)",
+    "its holder, its lock ended (the session inspector, lua/sessionPage.lua); and "
+    "'<session id>\\0c' -> '<client container id>\\0<client address>' of the holder's "
+    "connection that last accepted it ('' unknown), written in the accept's one HSET and read "
+    "only while the session is held (includes/noteActivity.lua)",
+    "sclient": "hash: session id -> the holder's connection, as a busd before the connection "
+    "moved into `sactive` kept it; read by the inspector only where `sactive` has none",
     "quiet": "string, set for QUIET_MS (includes/housekeeping.lua): lazy housekeeping found "
     "nothing of the queue due a moment ago; scripts until it expires skip the look",
     "sbook": "hash: session id -> the standing offer of its holder, '<8 token bytes><holder>': "

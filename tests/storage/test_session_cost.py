@@ -23,15 +23,18 @@ ROUNDS = 5
 # last activity and connection (2 HSET), the session's available messages (ZRANGEBYLEX), the
 # count received (HINCRBY), and 5 per message (read, out of sready, into sinflight, out of
 # q.all, metadata written); 16 since the messages of one look move in one command per index
-# (lua/includes/takeSessionMessages.lua): 5 for all of them.
-ACCEPT_COMMANDS = 16
+# (lua/includes/takeSessionMessages.lua): 5 for all of them. 14 since the free session is
+# found and taken off `sfree` by one ZPOPMIN, and the holder's connection is written with the
+# last activity in one HSET (lua/includes/noteActivity.lua).
+ACCEPT_COMMANDS = 14
 # The release of the session once its messages are settled. Measured 14: the script, TIME,
 # its holder and the lock's end (HGET, ZSCORE), the lock (HDEL, ZREM), the inspector's
 # connection (HDEL), the session's three indexes of messages (ZLEXCOUNT each), its state
 # (HEXISTS) and, with neither, the session forgotten (ZREM of sessions and supdated, HDEL of
 # sactive); 13 since the lock's end is read only when the session has messages to return
-# (lua/includes/unlockSession.lua).
-RELEASE_COMMANDS = 13
+# (lua/includes/unlockSession.lua); 12 since the holder's connection is a field beside the
+# last activity, deleted with it when the session is forgotten (not by the release).
+RELEASE_COMMANDS = 12
 
 
 def _commands(client: redis.Redis) -> int:

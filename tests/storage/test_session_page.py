@@ -167,3 +167,46 @@ async def test_a_short_lock_has_its_last_activity_recorded_more_often(store, mak
     await asyncio.sleep(0.25)
     await _complete(store, q, b)
     assert await _last_activity(store, q) >= first + 200
+
+
+async def test_the_holders_connection_shows_while_held_and_goes_with_the_session(
+    store, make_queue, redis_url
+):
+    """The accept writes its holder's connection beside the session's last activity
+    (lua/includes/noteActivity.lua); the inspector shows it while the session is held, a later
+    holder's replaces it, and nothing of it is left once the session is forgotten. A session
+    whose connection an earlier busd kept in `sclient` still shows it."""
+    from busd.storage import keys as keyspace
+
+    q = make_queue(requires_session=True, lock_duration_ms=30_000)
+    await store.send(q, [NewMessage(b"a", session_id="s1"), NewMessage(b"b", session_id="s2")])
+    assert (await store.accept_session(q, "s1", "h1", client="c1\0127.0.0.1:1")) is not None
+
+    async def shown(sid: str) -> tuple[str | None, str | None]:
+        page = await store.session_page(q, "id", None, 10)
+        (row,) = [s for s in page.sessions if s.session_id == sid]
+        return row.holder, row.client
+
+    assert await shown("s1") == ("h1", "c1\0127.0.0.1:1")
+    await store.release_session(q, "s1", "h1")
+    assert await shown("s1") == (None, None)  # not held: no connection shown
+    assert (await store.accept_session(q, "s1", "h2")) is not None  # its connection unknown
+    assert await shown("s1") == ("h2", None)  # not the earlier holder's
+    # an earlier busd's record of a holder's connection
+    with redis.Redis.from_url(redis_url) as client:
+        sactive = keyspace.key(store.prefix, q.key_scope[0], "sactive")
+        client.hdel(sactive, "s2\0c")
+        assert (await store.accept_session(q, "s2", "h3")) is not None
+        client.hdel(sactive, "s2\0c")
+        client.hset(keyspace.key(store.prefix, q.key_scope[0], "sclient"), "s2", "old\0addr")
+        assert await shown("s2") == ("h3", "old\0addr")
+        # both sessions emptied and let go: forgotten, their fields with them
+        for sid, holder in (("s1", "h2"), ("s2", "h3")):
+            (m,) = await store.receive_session(
+                q, sid, holder, 1, ReceiveMode.PEEK_LOCK, [b"t" * 16]
+            )
+            assert await store.settle(
+                q, [Settlement(m.lock_token, Outcome.COMPLETE, sid)], holder
+            ) == [None]
+            await store.release_session(q, sid, holder)
+        assert client.hlen(sactive) == 0

@@ -81,7 +81,8 @@ if not nextAvailable then
     end
   end
 else
-  sid = redis.call('ZRANGE', Q.sfree, 0, 0)[1]
+  -- taken off the free sessions in the same command that finds it: it is locked below
+  sid = redis.call('ZPOPMIN', Q.sfree)[1]
   if not sid then
     local wait = ARGV[QUEUE_ARGC + 3]
     if wait == '1' then
@@ -97,15 +98,15 @@ end
 local lockedUntil = Q.now + Q.lockMs
 redis.call('HSET', Q.sholder, sid, holder)
 redis.call('ZADD', Q.slocks, lockedUntil, sid)
-redis.call('ZREM', Q.sfree, sid)
+if not nextAvailable then redis.call('ZREM', Q.sfree, sid) end
 -- A held session is in `sessions` while held, whatever it has (a send hands it messages
 -- without filing it there, includes/placeMessage.lua); one without messages or state is not
 -- listed (includes/unlistedSession.lua) and its lock's end forgets it. A free session has
 -- available messages, so it is there already.
 if not nextAvailable then redis.call('ZADD', Q.sessions, 0, sid) end
-noteActivity(Q, sid, true) -- and its settles of the next second write none
-local client = ARGV[QUEUE_ARGC + 7]
-if client and client ~= '' then redis.call('HSET', Q.sclient, sid, client) end
+-- Its last activity is now, so its settles of the next second write none; the holder's
+-- connection ('' unknown) goes beside it, for the session inspector (includes/noteActivity.lua).
+noteActivity(Q, sid, true, ARGV[QUEUE_ARGC + 7] or '')
 local out = { 0, sid, lockedUntil }
 local count = tonumber(ARGV[QUEUE_ARGC + 5])
 if count > 0 then

@@ -22,6 +22,7 @@
 --- @include "messageCount"
 --- @include "countEvent"
 --- @include "noteIdleSession"
+--- @include "clientField"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -39,7 +40,7 @@ if not E.dlq then
     if sid and redis.call('HEXISTS', Q.sstate, sid) == 0 then
       redis.call('ZREM', Q.sessions, sid)
       redis.call('ZREM', Q.supdated, sid)
-      redis.call('HDEL', Q.sactive, sid)
+      redis.call('HDEL', Q.sactive, sid, clientField(sid))
     elseif sid then
       noteIdleSession(Q, sid, { stateful = true, empty = true })
     end

@@ -41,6 +41,7 @@
 --- @include "sessionMembers"
 --- @include "readMeta"
 --- @include "unlistedSession"
+--- @include "clientField"
 
 local Q = queueContext(0, 0)
 local sort = ARGV[QUEUE_ARGC + 1]
@@ -118,7 +119,13 @@ for i, sid in ipairs(sids) do
     local lu = tonumber(redis.call('ZSCORE', Q.slocks, sid))
     if lu and lu > Q.now then lockedUntil = lu else holder = false end
   end
-  local client = holder and redis.call('HGET', Q.sclient, sid)
+  -- its last activity and its holder's connection (includes/noteActivity.lua), read only while
+  -- it is held; '' unknown. A store written before the connection lived there kept it in
+  -- `sclient`, read instead when the field is missing.
+  local activity = redis.call('HMGET', Q.sactive, sid, clientField(sid))
+  local client = holder and activity[2]
+  if holder and not client then client = redis.call('HGET', Q.sclient, sid) end
+  if client == '' then client = false end
   local stateSize = redis.call('HSTRLEN', Q.sstate, sid)
   local preview = false
   if stateSize > 0 and previewBytes > 0 then
@@ -155,7 +162,7 @@ for i, sid in ipairs(sids) do
   end
   out[#out + 1] = {
     sid, holder or false, lockedUntil, client or false, stateSize, preview, active, inflight,
-    deferred, scheduled, oldest, tonumber(redis.call('HGET', Q.sactive, sid)) or 0,
+    deferred, scheduled, oldest, tonumber(activity[1]) or 0,
     tonumber(redis.call('ZSCORE', Q.supdated, sid)) or 0, scores[i] or false,
   }
 end

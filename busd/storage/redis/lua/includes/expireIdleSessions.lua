@@ -1,3 +1,4 @@
+--- @include "clientField"
 --- @include "sessionHasMessages"
 --- @include "countEvent"
 -- Remove the sessions idle (no messages, no holder) for longer than `ttlMs`, state and
@@ -12,7 +13,7 @@ local function expireIdleSessions(Q, ttlMs, limit)
     redis.call('ZREM', Q.sidle, sid)
     if redis.call('HEXISTS', Q.sholder, sid) == 0 and not sessionHasMessages(Q, sid) then
       redis.call('HDEL', Q.sstate, sid)
-      redis.call('HDEL', Q.sactive, sid)
+      redis.call('HDEL', Q.sactive, sid, clientField(sid))
       redis.call('ZREM', Q.supdated, sid)
       redis.call('ZREM', Q.sessions, sid)
       n = n + 1

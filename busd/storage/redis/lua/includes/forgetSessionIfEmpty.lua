@@ -1,3 +1,4 @@
+--- @include "clientField"
 --- @include "sessionHasMessages"
 --- @include "noteIdleSession"
 -- A session exists while it has messages or state; one left with only its state and no
@@ -18,7 +19,7 @@ local function forgetSessionIfEmpty(Q, sid, known)
   if redis.call('HEXISTS', Q.sstate, sid) == 0 then
     redis.call('ZREM', Q.sessions, sid)
     redis.call('ZREM', Q.supdated, sid)
-    if Q.sactive then redis.call('HDEL', Q.sactive, sid) end
+    if Q.sactive then redis.call('HDEL', Q.sactive, sid, clientField(sid)) end
     return true
   end
   noteIdleSession(Q, sid, { stateful = true, empty = true })

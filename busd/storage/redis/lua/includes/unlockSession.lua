@@ -28,7 +28,6 @@ local function unlockSession(Q, sid, failed)
   redis.call('ZREM', Q.slocks, sid)
   -- its holder's standing offer, if it left one (`Q.unoffered`: it says it never did)
   if not Q.unoffered then redis.call('HDEL', Q.sbook, sid) end
-  if Q.sclient then redis.call('HDEL', Q.sclient, sid) end -- the holder's connection
   local lo, hi = sessionRange(sid)
   if not has then
     if not forgetSessionIfEmpty(Q, sid, { unheld = true, empty = true }) and Q.sactive then
