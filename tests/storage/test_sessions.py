@@ -828,3 +828,63 @@ async def test_sessions_updated_after_leave_out_the_unlisted_held_ones(store, sq
     listed = ["u0", "u3", "u4", "u5"]
     for skip, top in ((0, 10), (1, 2), (2, 1), (3, 5), (4, 5)):
         assert await store.list_sessions(sq, skip, top, 0) == listed[skip : skip + top]
+
+
+async def test_completions_in_one_call_each_count_once_and_leave_nothing(store, make_queue, tokens):
+    """A settle call deletes its completions' messages with one removal per key for all of
+    them (lua/includes/removeFrom.lua): each is answered on its own, one completed twice in the
+    call has its lock lost the second time, and other outcomes between them act on what the
+    completions before them left."""
+    q = make_queue(requires_session=True)
+    await store.send(q, msgs("s1", *[b"%d" % i for i in range(6)]))
+    lock = await store.accept_session(q, "s1", "h1", count=6, tokens=tokens(6))
+    a, b, c, d, e, f = lock.messages
+
+    def settle(m, outcome=Outcome.COMPLETE):
+        return Settlement(m.lock_token, outcome, "s1")
+
+    statuses = await store.settle(
+        q,
+        [
+            settle(a),
+            settle(b),
+            settle(a),
+            settle(c, Outcome.ABANDON),
+            settle(d),
+            settle(e),
+            settle(d, Outcome.DEFER),
+            settle(f, Outcome.DEFER),
+        ],
+        "h1",
+    )
+    lost = Condition.MESSAGE_LOCK_LOST
+    assert statuses == [OK, OK, lost, OK, OK, OK, lost, OK]
+    counts = await store.counts(q)
+    assert (counts.active, counts.locked, counts.deferred) == (1, 0, 1)
+    (again,) = await store.receive_session(q, "s1", "h1", 10, PL, tokens(10))
+    assert (again.blob, again.delivery_count) == (b"2", 1)  # c, abandoned once
+
+
+async def test_a_completion_before_a_session_dead_letters_is_not_dead_lettered(
+    store, make_queue, tokens
+):
+    """An abandon reaching MaxDeliveryCount dead-letters its whole session
+    (docs/design.md §2.9); a message completed earlier in the same call is gone by then."""
+    q = make_queue(
+        requires_session=True, max_delivery_count=1, dead_letter_session_on_max_delivery=True
+    )
+    await store.send(q, msgs("s1", b"done", b"bad", b"rest"))
+    lock = await store.accept_session(q, "s1", "h1", count=2, tokens=tokens(2))
+    done, bad = lock.messages
+    statuses = await store.settle(
+        q,
+        [
+            Settlement(done.lock_token, Outcome.COMPLETE, "s1"),
+            Settlement(bad.lock_token, Outcome.ABANDON, "s1"),
+        ],
+        "h1",
+    )
+    assert statuses == [OK, OK]
+    dead = await store.peek(q.dead_letter_queue, 0, 10)
+    assert [m.blob for m in dead] == [b"bad", b"rest"]
+    assert (await store.counts(q)).active == 0

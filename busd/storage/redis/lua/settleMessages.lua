@@ -35,6 +35,7 @@
 --- @include "applySettlement"
 --- @include "countEvent"
 --- @include "noteActivity"
+--- @include "flushRemovals"
 
 local Q = queueContext(0, 0)
 local E = Q[ARGV[QUEUE_ARGC + 1]]
@@ -56,23 +57,38 @@ for i = QUEUE_ARGC + 3, #ARGV, 7 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
 end
 
+-- Completions in a row delete their messages with one removal per key for all of them
+-- (includes/removeFrom.lua): a message completed earlier in the call is still readable
+-- until then, so `completed` says it is gone (settled again, its lock is lost, as it would be
+-- read). Any other outcome first makes the removals gathered so far, and runs unbatched: what
+-- it reads and writes is then what it would be had each completion been made alone.
 local out = {}
 local settled = {} -- sessions whose holder settled: their last activity is now
 local counts = {}
 local locks = {}
+local completed = {}
 for i = QUEUE_ARGC + 2, #ARGV, 7 do
   local holder = orNil(ARGV[i + 6]) or false
   Q.caller = holder -- its own wake-ups are not sent (includes/wakeHolder.lua)
   local sid = orNil(ARGV[i + 2]) or false
   local status, seq, m = checkSettlement(Q, E, locks, holder, ARGV[i], sid)
+  if status == 0 and completed[seq] then status = -1 end
   if status == 0 then
     if sid and E == Q.q then settled[sid] = true end
-    local event = applySettlement(Q, E, seq, m, ARGV[i + 1], orNil(ARGV[i + 3]),
+    local outcome = ARGV[i + 1]
+    if outcome == 'complete' then
+      if not Q.batch then flushRemovals(Q, true) end
+      completed[seq] = true
+    elseif Q.batch then
+      flushRemovals(Q, false)
+    end
+    local event = applySettlement(Q, E, seq, m, outcome, orNil(ARGV[i + 3]),
       orNil(ARGV[i + 4]), orNil(ARGV[i + 5]) or false)
     if event then counts[event] = (counts[event] or 0) + 1 end
   end
   out[#out + 1] = status
 end
+flushRemovals(Q, false)
 for sid in pairs(settled) do noteActivity(Q, sid) end
 for _, event in ipairs({ 'completed', 'abandoned', 'released', 'deferred', 'deadlettered' }) do
   countEvent(Q, E, event, counts[event] or 0)

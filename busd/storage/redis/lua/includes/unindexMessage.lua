@@ -1,8 +1,11 @@
 --- @include "seqMember"
 --- @include "refreshFreeSession"
+--- @include "removeFrom"
 -- Take a message out of the index of its current state (the message itself stays) and mark
 -- it detached ('x'); the caller files it elsewhere or deletes it. A session message its
 -- forwarder held under a plain lock (fl, lua/forwardTake.lua) is a session message again.
+-- Out of its lock's index in the call's batch of removals when it has one
+-- (includes/removeFrom.lua).
 local function unindexMessage(Q, E, seq, m)
   local st = m.st
   if st == 'a' then
@@ -20,9 +23,9 @@ local function unindexMessage(Q, E, seq, m)
     if m.exp and not E.dlq then redis.call('ZREM', E.ttl, seq) end
   elseif st == 'l' then
     if m.ss then
-      redis.call('ZREM', E.sinflight, seqMember(m.sid, seq))
+      removeFrom(Q, 'ZREM', E.sinflight, seqMember(m.sid, seq))
     else
-      redis.call('ZREM', E.locked, seq)
+      removeFrom(Q, 'ZREM', E.locked, seq)
     end
     -- only a lock taken before tokens named their message has an entry (lockedMessage.lua)
     if #m.tok ~= 16 or struct.unpack('>I8', m.tok) ~= seq then redis.call('HDEL', E.tokens, m.tok) end
