@@ -53,15 +53,20 @@ end
 
 local outcomes = { complete = true, abandon = true, release = true, defer = true }
 outcomes['dead-letter'] = true
+local completions = 0
 for i = QUEUE_ARGC + 3, #ARGV, 7 do
   if not outcomes[ARGV[i]] then return redis.error_reply('unknown outcome ' .. ARGV[i]) end
+  if ARGV[i] == 'complete' then completions = completions + 1 end
 end
 
 -- Completions in a row delete their messages with one removal per key for all of them
--- (includes/removeFrom.lua): a message completed earlier in the call is still readable
--- until then, so `completed` says it is gone (settled again, its lock is lost, as it would be
--- read). Any other outcome first makes the removals gathered so far, and runs unbatched: what
--- it reads and writes is then what it would be had each completion been made alone.
+-- (includes/removeFrom.lua), in a call that has two or more (one alone gains nothing from
+-- gathering, which costs the script's own work): a message completed earlier in the call is
+-- still readable until then, so `completed` says it is gone (settled again, its lock is lost,
+-- as it would be read). Any other outcome first makes the removals gathered so far, and runs
+-- unbatched: what it reads and writes is then what it would be had each completion been made
+-- alone.
+local gather = completions > 1
 local out = {}
 local settled = {} -- sessions whose holder settled: their last activity is now
 local counts = {}
@@ -77,8 +82,10 @@ for i = QUEUE_ARGC + 2, #ARGV, 7 do
     if sid and E == Q.q then settled[sid] = true end
     local outcome = ARGV[i + 1]
     if outcome == 'complete' then
-      if not Q.batch then flushRemovals(Q, true) end
-      completed[seq] = true
+      if gather then
+        if not Q.batch then flushRemovals(Q, true) end
+        completed[seq] = true
+      end
     elseif Q.batch then
       flushRemovals(Q, false)
     end

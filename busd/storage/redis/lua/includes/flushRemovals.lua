@@ -1,11 +1,12 @@
 -- Make the removals gathered in `Q.batch` (includes/removeFrom.lua), then gather anew
 -- (`again`) or stop gathering.
 local function flushRemovals(Q, again)
-  local b = Q.batch
-  if b then
-    for _, e in ipairs(b.order) do
-      if #e[3] > 0 then redis.call(e[1], e[2], unpack(e[3])) end
+  local batch = Q.batch
+  if batch then
+    for _, key in ipairs(batch.keys) do
+      local list = batch[key]
+      if list and #list > 0 then redis.call(list.cmd, key, unpack(list)) end
     end
   end
-  Q.batch = again and { order = {} } or nil
+  Q.batch = again and { keys = {} } or nil
 end
