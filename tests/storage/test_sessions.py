@@ -255,12 +255,18 @@ async def test_session_lock_expiry_counts_in_flight_messages(store, make_queue, 
     assert [(m.blob, m.delivery_count) for m in got] == [(b"1", 1), (b"2", 1), (b"3", 0)]
 
 
+# Long enough that the accept and receive before the wait finish within the lock on a busy
+# machine: at 300 ms the first of these failed once on the partitioned store, in a parallel
+# run while the machine also installed a second environment.
+LAZY_LOCK_MS = 1000
+
+
 async def test_expired_session_lock_is_handled_lazily_on_accept(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=300)
+    q = make_queue(requires_session=True, lock_duration_ms=LAZY_LOCK_MS)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(LAZY_LOCK_MS / 1000 + 0.1)
     lock = await store.accept_session(q, None, "h2")  # no sweep in between
     assert lock.session_id == "s1"
     (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
@@ -268,11 +274,11 @@ async def test_expired_session_lock_is_handled_lazily_on_accept(store, make_queu
 
 
 async def test_accept_specific_session_whose_lock_expired(store, make_queue, tokens):
-    q = make_queue(requires_session=True, lock_duration_ms=300)
+    q = make_queue(requires_session=True, lock_duration_ms=LAZY_LOCK_MS)
     await store.send(q, msgs("s1", b"1"))
     await store.accept_session(q, "s1", "h1")
     await store.receive_session(q, "s1", "h1", 1, PL, tokens(1))
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(LAZY_LOCK_MS / 1000 + 0.1)
     await store.accept_session(q, "s1", "h2")
     (m,) = await store.receive_session(q, "s1", "h2", 1, PL, tokens(1))
     assert m.delivery_count == 1
