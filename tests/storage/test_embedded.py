@@ -100,3 +100,34 @@ def test_a_data_directory_keeps_the_shard_count_it_was_made_with(tmp_path):
         EmbeddedCluster(sharded, 3).start()
     with EmbeddedCluster(sharded, 2) as again:  # back on the ports it had
         assert [node.port for node in again.nodes] == ports
+
+
+@pytest.mark.parametrize("which", ["port", "bus port"])
+def test_a_node_whose_port_is_taken_after_its_probe_starts_again_on_fresh_ports(
+    tmp_path, monkeypatch, which
+):
+    """Another process can take a port between busd's look at it and the server's bind (a
+    restart after a crash, with the machine's other processes binding and connecting): the
+    node starts on fresh ports and the cluster comes back whole, its data kept."""
+    import socket
+
+    from busd.storage.redis import embedded
+
+    with embedded.EmbeddedCluster(tmp_path, 2) as first:
+        had = (first.nodes[0].port, first._buses[0])
+        client = redis.RedisCluster(host="127.0.0.1", port=first.nodes[1].port)
+        keys = [f"k{i}" for i in range(20)]  # over both nodes' slots
+        for key in keys:
+            client.set(key, key)
+        client.close()
+    taken = had[0] if which == "port" else had[1]
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past its TIME_WAITs
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        monkeypatch.setattr(embedded, "_port_free", lambda port: True)  # free when looked at
+        with embedded.EmbeddedCluster(tmp_path, 2) as again:
+            assert taken not in (again.nodes[0].port, again._buses[0])
+            client = redis.RedisCluster(host="127.0.0.1", port=again.nodes[1].port)
+            assert [client.get(key) for key in keys] == [key.encode() for key in keys]
+            client.close()

