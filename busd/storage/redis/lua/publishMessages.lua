@@ -44,6 +44,7 @@
 --- @include "topicSubscriptions"
 --- @include "fanOutMessage"
 --- @include "countFanOut"
+--- @include "flushAdds"
 
 local T = topicContext()
 local n = T.n
@@ -53,6 +54,32 @@ local subs = topicSubscriptions(T, 0, 0, b)
 
 if window > 0 then
   redis.call('ZREMRANGEBYSCORE', T.dedup, '-inf', T.now - window)
+end
+
+-- A call of several messages makes what they add to each subscription's indexes and bodies
+-- one command per key (includes/addTo.lua) and reads a session's holder once, as
+-- lua/sendMessages.lua does; a subscription with a redelivery backoff is left out: filing a
+-- session's message there reads its session's first one (includes/refreshFreeSession.lua).
+-- Messages that every subscription takes unchanged, with no duplicate detection, have their
+-- numbers reserved by one INCRBY (a placement's second copy takes the next number at once,
+-- so that it follows its original in its subscription).
+local messages, unplaced, at = 0, true, b + 2 * n + 1
+while at <= #ARGV do
+  messages = messages + 1
+  local np = tonumber(ARGV[at + 5])
+  if np >= 0 then unplaced = false end
+  at = at + 6 + 7 * math.max(np, 0)
+end
+local nextSeq
+if messages > 1 then
+  for _, Q in ipairs(subs) do
+    if Q.live and not Q.bo then
+      Q.adds, Q.filed, Q.added, Q.holders = { keys = {} }, {}, {}, {}
+    end
+  end
+  if unplaced and window == 0 then
+    nextSeq = redis.call('INCRBY', T.seq, messages) - messages + 1
+  end
 end
 
 local out = {}
@@ -78,10 +105,12 @@ while i <= #ARGV do
     out[#out + 1] = 0
     duplicates = duplicates + 1
   else
-    local seq, placed = fanOutMessage(T, subs, blob, sid, ttl, due, np, first, nil)
+    local seq, placed = fanOutMessage(T, subs, blob, sid, ttl, due, np, first, nil, nextSeq)
+    if nextSeq then nextSeq = nextSeq + 1 end
     out[#out + 1] = seq
     if placed == 0 then dropped = dropped + 1 end
   end
 end
+for _, Q in ipairs(subs) do flushAdds(Q) end
 countFanOut(T, subs, #out - duplicates, duplicates, dropped)
 return out

@@ -56,6 +56,7 @@
 --- @include "countEvent"
 --- @include "sessionHolder"
 --- @include "packRows"
+--- @include "flushAdds"
 
 local Q = queueContext(0, 0)
 local window = tonumber(ARGV[QUEUE_ARGC + 1])
@@ -145,6 +146,29 @@ end
 -- This call only adds messages: a session's holder and its place in the session index are
 -- looked up once per call (includes/fileMessage.lua, includes/placeMessage.lua).
 Q.filed, Q.added, Q.holders = {}, {}, {}
+-- A call of several messages makes what they add to each index and the bodies' hash one
+-- command per key (includes/addTo.lua), and reads its sessions' holders with one HMGET. It
+-- reads nothing it gathers: the hand-over's look at a session's available messages comes
+-- before any of that session is filed, and only a redelivery backoff's look at a session's
+-- first message (includes/refreshFreeSession.lua) would read one: not gathered with it on.
+if accepted > 1 and not Q.bo then
+  Q.adds = { keys = {} }
+  if sessionQueue then
+    local sids, seen = {}, {}
+    for i = first, #ARGV, 5 do
+      local sid = ARGV[i + 1]
+      if sid ~= '' and not seen[sid] then
+        seen[sid] = true
+        sids[#sids + 1] = sid
+      end
+    end
+    for j = 1, #sids, 500 do
+      local part = { unpack(sids, j, math.min(j + 499, #sids)) }
+      local got = redis.call('HMGET', Q.sholder, unpack(part))
+      for k, sid in ipairs(part) do Q.holders[sid] = got[k] or false end
+    end
+  end
+end
 
 local out = {}
 for i = first, #ARGV, 5 do
@@ -170,6 +194,7 @@ for i = first, #ARGV, 5 do
     end
   end
 end
+flushAdds(Q)
 local handed = 0
 for _, o in ipairs(offerList) do handed = handed + #o.rows end
 -- The standing offers that took messages: the rows to their holders (the offers stay).

@@ -6,6 +6,7 @@
 --- @include "refreshFreeSession"
 --- @include "sessionHolder"
 --- @include "unbook"
+--- @include "addTo"
 -- Put a detached message into the index of its state m.st ('a', 'd' or 's'; locking is
 -- lockMessage's job) and save its metadata. An available message wakes exactly who can take
 -- it: its session's holder; else, for a session that just became free, one waiting
@@ -53,7 +54,7 @@ local function fileMessage(Q, E, seq, m, blob)
     if m.exp then redis.call('ZADD', E.ttl, m.exp, seq) end
   elseif st == 'a' then
     if m.ss then
-      redis.call('ZADD', E.sready, 0, seqMember(m.sid, seq))
+      addTo(Q, 'ZADD', E.sready, 0, seqMember(m.sid, seq))
       local filed = Q.filed
       local holder = filed and filed[m.sid]
       if holder == nil then
@@ -72,14 +73,13 @@ local function fileMessage(Q, E, seq, m, blob)
         if filed then filed[m.sid] = holder end
       end
     else
-      redis.call('ZADD', E.ready, seq, seq)
-      wakeWaiters(Q, E.waiters, 1)
+      addTo(Q, 'ZADD', E.ready, seq, seq, nil, nil, nil, E.waiters) -- wakes one
     end
-    if m.exp and not E.dlq then redis.call('ZADD', E.ttl, m.exp, seq) end
+    if m.exp and not E.dlq then addTo(Q, 'ZADD', E.ttl, m.exp, seq) end
   elseif st == 'd' then
     redis.call('ZADD', E.deferred, seq, seq)
   elseif st == 's' then
-    redis.call('ZADD', E.sched, m.sch, seq)
+    addTo(Q, 'ZADD', E.sched, m.sch, seq)
   end
-  writeMeta(E, seq, m, blob)
+  writeMeta(E, seq, m, blob, Q)
 end

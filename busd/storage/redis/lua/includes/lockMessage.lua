@@ -1,6 +1,7 @@
 --- @include "seqMember"
 --- @include "writeMeta"
 --- @include "lockToken"
+--- @include "addTo"
 -- Lock a detached message under the broker's `token` made to name it (includes/lockToken.lua;
 -- the lock's token is m.tok from then on) until `lockedUntil`. A session message is held by
 -- its session's lock, so it goes to sinflight and keeps no lock time of its own; the caller
@@ -17,7 +18,7 @@ local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
   m.tok = lockToken(token, seq)
   if m.ss then
     local member = seqMember(m.sid, seq)
-    redis.call('ZADD', E.sinflight, 0, member)
+    addTo(Q, 'ZADD', E.sinflight, 0, member)
     if not (blob or m.xs) then redis.call('ZREM', E.sall, member) end
     m.xs = 1
     if not (blob or m.xa) then redis.call('ZREM', E.all, seq) end
@@ -30,5 +31,5 @@ local function lockMessage(Q, E, seq, m, token, lockedUntil, blob)
     m.lu = lockedUntil
     redis.call('ZADD', E.locked, lockedUntil, seq)
   end
-  writeMeta(E, seq, m, blob)
+  writeMeta(E, seq, m, blob, Q)
 end

@@ -3,6 +3,7 @@
 --- @include "lockMessage"
 --- @include "deliveryRow"
 --- @include "sessionHolder"
+--- @include "addTo"
 -- Store a new message under sequence number `seq`: enqueued now, or at `due` when that is
 -- later (scheduled; its time to live then counts from its activation). On a session queue
 -- (`sessionQueue`) a message with a session id is filed under its session, which exists from
@@ -28,7 +29,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     if sessionQueue and not scheduled then
       m.xs = 1
     else
-      redis.call('ZADD', Q.q.sall, 0, seqMember(sid, seq))
+      addTo(Q, 'ZADD', Q.q.sall, 0, seqMember(sid, seq))
     end
     if sessionQueue then
       m.ss = 1
@@ -40,7 +41,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
       local added = Q.added
       if not (added and added[sid]) and not handed
           and not (Q.holders and not scheduled and sessionHolder(Q, sid)) then
-        redis.call('ZADD', Q.sessions, 0, sid)
+        addTo(Q, 'ZADD', Q.sessions, 0, sid)
         if added then added[sid] = true end
       end
     end
@@ -60,7 +61,7 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     lockMessage(Q, Q.q, seq, m, h.token, h.lockedUntil, blob)
     h.row = deliveryRow(seq, blob, m, m.tok, h.lockedUntil)
   else
-    redis.call('ZADD', Q.q.all, seq, seq)
+    addTo(Q, 'ZADD', Q.q.all, seq, seq)
     fileMessage(Q, Q.q, seq, m, blob)
   end
 end
