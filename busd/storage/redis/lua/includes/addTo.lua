@@ -1,10 +1,11 @@
 --- @include "makeAdds"
 -- Additions gathered per key while a send files its messages one after another (`Q.adds`, set
--- by lua/sendMessages.lua for a call of two or more messages): what each message adds to an
--- index (ZADD) or writes beside its body (HSET) is made by one command per key when the call
--- flushes (includes/flushAdds.lua), not one per message, so a send of n messages to n sessions
--- costs each index one ZADD (docs/design.md §3.19). Without `Q.adds`, at once. Sound only
--- while the call reads none of what it gathered; sendMessages gathers where it reads none.
+-- by lua/sendMessages.lua, and per subscription by lua/publishMessages.lua, for a call of two
+-- or more messages): what each message adds to an index (ZADD) or writes beside its body
+-- (HSET) is made by one command per key when the call flushes (includes/flushAdds.lua), not
+-- one per message, so a send of n messages to n sessions costs each index one ZADD
+-- (docs/design.md §3.19). Without `Q.adds`, at once. Sound only while the call reads none of
+-- what it gathered: those two gather only where they read none.
 -- `wake`: the waiters a ZADD wakes, one per member it adds (includes/wakeWaiters.lua), as a
 -- ZADD of one member wakes one when it adds it; `flag`, a ZADD flag (LT) for the whole key.
 -- A key is added to by one kind of command with one flag, so the key names its list. A key's

@@ -15,9 +15,10 @@
 -- An available message waiting out its redelivery backoff (m.due, docs/design.md §2.17) wakes
 -- no one: it is filed in `backoff` instead of `ready`; under a session, in `sready` too (it
 -- keeps its place) while its session is not free (includes/refreshFreeSession.lua).
--- With `Q.filed` (a table, lua/sendMessages.lua: a call that only adds messages, so no holder
--- changes and every later message has a higher seq) a session's holder is read and the
--- session filed as free once per call: a batch of n messages of one session costs one look.
+-- With `Q.filed` (a table, lua/sendMessages.lua and lua/publishMessages.lua: a call that only
+-- adds messages, so no holder changes and every later message has a higher seq) a session's
+-- holder is read and the session filed as free once per call: a batch of n messages of one
+-- session costs one look.
 -- A session message is in one of its session's indexes at a time (docs/design.md §3.4):
 -- sready while available, sinflight while locked (includes/lockMessage.lua), sall while
 -- deferred or scheduled. m.xs says it is out of sall; a message written by a store before

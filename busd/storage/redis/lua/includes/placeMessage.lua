@@ -33,7 +33,8 @@ local function placeMessage(Q, seq, blob, sid, ttl, due, sessionQueue, patch, ex
     end
     if sessionQueue then
       m.ss = 1
-      -- `Q.added` (a table, lua/sendMessages.lua): a call that removes no session adds each once.
+      -- `Q.added` (a table, lua/sendMessages.lua, lua/publishMessages.lua): a call that removes
+      -- no session adds each once.
       -- A message handed over goes to a held session, which is there already
       -- (lua/acceptSession.lua); so does one filed available under a held session, where the
       -- call reads holders once (`Q.holders`, includes/sessionHolder.lua): fileMessage reads

@@ -1,5 +1,6 @@
 -- The holder of session `sid`, false when none. With `Q.holders` (a table,
--- lua/sendMessages.lua: a call in which no holder changes) it is read once per call.
+-- lua/sendMessages.lua, lua/publishMessages.lua: a call in which no holder changes) it is read
+-- once per call.
 local function sessionHolder(Q, sid)
   local known = Q.holders
   local holder = known and known[sid]
