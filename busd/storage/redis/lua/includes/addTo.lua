@@ -1,4 +1,4 @@
---- @include "makeAdds"
+--- @include "makeGathered"
 -- Additions gathered per key while a send files its messages one after another (`Q.adds`, set
 -- by lua/sendMessages.lua, and per subscription by lua/publishMessages.lua, for a call of two
 -- or more messages): what each message adds to an index (ZADD) or writes beside its body
@@ -38,5 +38,5 @@ local function addTo(Q, cmd, key, a, b, c, d, flag, wake)
     list[#list + 1] = c
     list[#list + 1] = d
   end
-  if #list >= ADD_MAX then makeAdds(Q, key, list) end
+  if #list >= ADD_MAX then makeGathered(Q, key, list) end
 end

@@ -1,3 +1,4 @@
+--- @include "makeGathered"
 -- Make the removals gathered in `Q.batch` (includes/removeFrom.lua), then gather anew
 -- (`again`) or stop gathering.
 local function flushRemovals(Q, again)
@@ -5,7 +6,7 @@ local function flushRemovals(Q, again)
   if batch then
     for _, key in ipairs(batch.keys) do
       local list = batch[key]
-      if list and #list > 0 then redis.call(list.cmd, key, unpack(list)) end
+      if list and #list > 0 then makeGathered(Q, key, list) end
     end
   end
   Q.batch = again and { keys = {} } or nil

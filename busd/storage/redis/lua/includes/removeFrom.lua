@@ -1,3 +1,4 @@
+--- @include "makeGathered"
 -- Removals gathered per key while a call deletes messages one after another (`Q.batch`, set by
 -- lua/settleMessages.lua while it applies two or more completions): the members or fields a
 -- deletion takes out of a key (`a`, and `b` when given) are taken out of it by one command per
@@ -21,8 +22,5 @@ local function removeFrom(Q, cmd, key, a, b)
   end
   list[#list + 1] = a
   if b then list[#list + 1] = b end
-  if #list >= REMOVE_MAX then
-    redis.call(cmd, key, unpack(list))
-    for i = #list, 1, -1 do list[i] = nil end
-  end
+  if #list >= REMOVE_MAX then makeGathered(Q, key, list) end
 end
